@@ -1,0 +1,49 @@
+# Two commands for a newcomer on a fresh Debian/Ubuntu machine (as root, for the local cluster):
+#   make demo   install what is missing, create .venv, bring up the local Slurm cluster, run coral-hpc
+#   make test   the same set-up, then the whole test suite
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+CLUSTER := scripts/dev-cluster
+export SLURM_CONF ?= /var/tmp/coral-dev-cluster/etc/slurm.conf
+
+.PHONY: demo test unit integration venv cluster cluster-down lint wheel-check clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -m venv --help >/dev/null 2>&1 && $(PYTHON) -c 'import ensurepip' 2>/dev/null || \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv python3-pip; }
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	@touch $@
+
+cluster:
+	$(CLUSTER) up
+
+cluster-down:
+	$(CLUSTER) down
+
+demo: venv cluster
+	@scripts/demo
+
+test: venv cluster
+	$(BIN)/python -m pytest tests -q
+
+unit: venv
+	$(BIN)/python -m pytest tests/unit -q
+
+integration: venv cluster
+	$(BIN)/python -m pytest tests/integration -q -m slurm
+
+lint: venv
+	$(BIN)/lint-imports
+	$(BIN)/ruff check coral_hpc solver tests bench
+
+wheel-check: venv
+	scripts/wheel-check
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache

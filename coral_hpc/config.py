@@ -1,0 +1,587 @@
+"""``models.yaml``: one frozen, validated description of a deployment.
+
+:func:`load_deployment` reads the file, validates it with pydantic (unknown keys rejected) and
+returns a :class:`Deployment`. Every problem is reported at once, each naming the file, the line,
+the field (``models[1].slo.ttft_s``) and what would be valid; see :class:`coral_hpc.errors.ConfigError`.
+
+Units, one meaning everywhere (../shared/ARCHITECTURE.md): demand and throughput are requests per
+second of the model's own request mix; token-based demand is converted on load
+(output tokens/s ÷ mean output tokens).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from coral_hpc.errors import ConfigError
+
+#: Names end up in Slurm job names, URLs and file names: keep them to a safe alphabet.
+SAFE_NAME = r"^[a-z0-9][a-z0-9._-]{0,62}$"
+_SAFE_NAME_RE = re.compile(SAFE_NAME)
+_GPU_TYPE_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
+_SLURM_TIME_RE = re.compile(r"^(?:(\d+)-)?(?:(\d+):)?(\d+)(?::(\d+))?$")
+
+
+class _Frozen(BaseModel):
+    """Every config section: immutable, unknown keys rejected."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+def parse_slurm_time(value: str | int) -> int:
+    """Convert a Slurm time spec (``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH[:MM[:SS]]``) or a
+    number of minutes to seconds."""
+    if isinstance(value, bool):
+        raise ValueError("expected a Slurm time such as '04:00:00' or '1-00:00:00'")
+    if isinstance(value, int):
+        if value <= 0:
+            raise ValueError("must be a positive number of minutes")
+        return value * 60
+    text = str(value).strip()
+    match = _SLURM_TIME_RE.match(text)
+    if not match:
+        raise ValueError(
+            f"{text!r} is not a Slurm time; use MM, HH:MM:SS or D-HH:MM:SS such as '04:00:00'"
+        )
+    days, first, second, third = match.groups()
+    parts = [int(p) for p in (first, second, third) if p is not None]
+    if days is not None:
+        # D-HH, D-HH:MM, D-HH:MM:SS
+        hours, minutes, seconds = (parts + [0, 0, 0])[:3]
+        total = int(days) * 86400 + hours * 3600 + minutes * 60 + seconds
+    elif len(parts) == 1:
+        total = parts[0] * 60
+    elif len(parts) == 2:
+        total = parts[0] * 60 + parts[1]
+    else:
+        total = parts[0] * 3600 + parts[1] * 60 + parts[2]
+    if total <= 0:
+        raise ValueError("must be longer than zero")
+    return total
+
+
+# --------------------------------------------------------------------------- cluster section
+
+
+class VenvEnvironment(_Frozen):
+    """vLLM installed in a virtual environment on the shared filesystem."""
+
+    kind: Literal["venv"] = "venv"
+    path: str = Field(description="venv directory; its bin/ holds `vllm`")
+    modules: tuple[str, ...] = Field(default=(), description="`module load` these first (CUDA)")
+
+
+class ModuleEnvironment(_Frozen):
+    """vLLM provided by environment modules."""
+
+    kind: Literal["module"] = "module"
+    modules: tuple[str, ...] = Field(min_length=1, description="`module load` lines, in order")
+
+
+class ApptainerEnvironment(_Frozen):
+    """vLLM inside an Apptainer/Singularity image (`apptainer exec --nv`)."""
+
+    kind: Literal["apptainer"] = "apptainer"
+    image: str = Field(description="path to the .sif image on the shared filesystem")
+    binds: tuple[str, ...] = Field(default=(), description="extra --bind specs (model cache)")
+    modules: tuple[str, ...] = Field(default=(), description="`module load apptainer` etc.")
+
+
+EngineEnvironment = Annotated[
+    Union[VenvEnvironment, ModuleEnvironment, ApptainerEnvironment],
+    Field(discriminator="kind"),
+]
+
+
+class PartitionConfig(_Frozen):
+    """One Slurm partition coral-hpc may place replicas on."""
+
+    name: str = Field(description="Slurm partition name")
+    gpu_types: tuple[str, ...] = Field(
+        default=(), description="GPU types to use here; empty = every type Slurm reports"
+    )
+    price: dict[str, float] | Literal["billing"] = Field(
+        default="billing",
+        description="price per GPU-hour per GPU type, or 'billing' for Slurm's billing formula",
+    )
+    environment: EngineEnvironment | None = Field(
+        default=None, description="how to run vLLM on this partition (engine: vllm needs it)"
+    )
+    max_gpus: int | None = Field(default=None, ge=0, description="quota: GPUs held here at most")
+
+    @field_validator("name")
+    @classmethod
+    def _safe_partition(cls, value: str) -> str:
+        if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", value):
+            raise ValueError("must be a Slurm partition name (letters, digits, '.', '_', '-')")
+        return value
+
+    @field_validator("gpu_types")
+    @classmethod
+    def _safe_gpu_types(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for gpu in value:
+            if not _GPU_TYPE_RE.match(gpu):
+                raise ValueError(f"{gpu!r} is not a GPU type such as 'a100' or 'a100-80g'")
+        return value
+
+    @field_validator("price")
+    @classmethod
+    def _positive_prices(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            if not value:
+                raise ValueError("give at least one 'gpu_type: price per GPU-hour', or 'billing'")
+            for gpu, price in value.items():
+                if not _GPU_TYPE_RE.match(gpu):
+                    raise ValueError(f"{gpu!r} is not a GPU type such as 'a100'")
+                if price < 0:
+                    raise ValueError(f"price for {gpu!r} must be ≥ 0 per GPU-hour, got {price}")
+        return value
+
+    @model_validator(mode="after")
+    def _prices_name_used_types(self) -> "PartitionConfig":
+        if isinstance(self.price, dict) and self.gpu_types:
+            missing = [g for g in self.gpu_types if g not in self.price]
+            if missing:
+                raise ValueError(
+                    f"price has no entry for GPU type(s) {missing}; price every type in gpu_types"
+                )
+        return self
+
+
+class SlurmSettings(_Frozen):
+    """How coral-hpc talks to Slurm."""
+
+    backend: Literal["auto", "cli", "pyslurm"] = Field(
+        default="auto", description="auto = pyslurm when importable and version-matched, else CLI"
+    )
+    command_timeout_s: float = Field(default=30.0, gt=0, description="per Slurm command")
+
+
+class ClusterConfig(_Frozen):
+    """Where and as whom replicas run."""
+
+    account: str | None = Field(default=None, description="Slurm account (-A)")
+    qos: str | None = Field(default=None, description="Slurm QOS (--qos)")
+    slurm: SlurmSettings = SlurmSettings()
+    time_limit: str | int = Field(default="04:00:00", description="replica job time limit")
+    partitions: tuple[PartitionConfig, ...] = Field(min_length=1)
+    gpu_quotas: dict[str, int] = Field(
+        default_factory=dict, description="GPUs held at most per GPU type, over all partitions"
+    )
+
+    @field_validator("time_limit")
+    @classmethod
+    def _valid_time(cls, value: str | int) -> str | int:
+        parse_slurm_time(value)
+        return value
+
+    @property
+    def time_limit_s(self) -> int:
+        """The replica job time limit in seconds."""
+        return parse_slurm_time(self.time_limit)
+
+    @property
+    def price_unit(self) -> Literal["gpu_hour", "billing"]:
+        """The one cost unit of this deployment."""
+        return "billing" if self.partitions[0].price == "billing" else "gpu_hour"
+
+    @model_validator(mode="after")
+    def _one_price_unit(self) -> "ClusterConfig":
+        names = [p.name for p in self.partitions]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"partition(s) {dupes} listed twice; list each partition once")
+        kinds = {("billing" if p.price == "billing" else "per GPU-hour") for p in self.partitions}
+        if len(kinds) > 1:
+            raise ValueError(
+                "partitions mix 'price: billing' with per-GPU-hour prices; one cost unit per "
+                "deployment: give every partition a per-GPU-hour price, or 'billing' to all"
+            )
+        for gpu, quota in self.gpu_quotas.items():
+            if quota < 0:
+                raise ValueError(f"gpu_quotas[{gpu!r}] must be ≥ 0, got {quota}")
+        return self
+
+
+# --------------------------------------------------------------------------- engine, gateway, policy
+
+
+class EngineConfig(_Frozen):
+    """Which engine replicas run."""
+
+    kind: Literal["vllm", "sim"] = Field(default="vllm", description="sim = no GPU needed")
+    args: tuple[str, ...] = Field(default=(), description="extra engine args for every model")
+    version: str | None = Field(default=None, description="vLLM version the environments hold")
+
+
+class GatewayConfig(_Frozen):
+    """The one OpenAI-compatible endpoint."""
+
+    listen: str = Field(default="127.0.0.1:8000", description="host:port")
+    api_keys_file: str | None = Field(
+        default=None, description="file of hashed API keys; required beyond loopback"
+    )
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+
+    @field_validator("listen")
+    @classmethod
+    def _host_port(cls, value: str) -> str:
+        host, sep, port = value.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"{value!r} is not host:port such as '127.0.0.1:8000'")
+        return value
+
+    @property
+    def host(self) -> str:
+        return self.listen.rpartition(":")[0].strip("[]")
+
+    @property
+    def port(self) -> int:
+        return int(self.listen.rpartition(":")[2])
+
+
+class PolicyConfig(_Frozen):
+    """How the daemon plans and reacts. Every field has a default that suits a real cluster."""
+
+    replan_interval_s: float = Field(default=60.0, gt=0, description="plan at least this often")
+    poll_interval_s: float = Field(default=5.0, gt=0, description="observe Slurm this often")
+    demand_headroom: float = Field(default=0.2, ge=0, le=5, description="plan for demand × (1+h)")
+    demand_change_threshold: float = Field(
+        default=0.25, gt=0, description="re-plan early when demand moves by this fraction"
+    )
+    pending_timeout_s: float = Field(default=600.0, gt=0, description="re-plan a pending replica")
+    walltime_lead_s: float = Field(default=900.0, ge=0, description="start successors this early")
+    startup_time_s: float = Field(default=180.0, gt=0, description="submit→READY until learnt")
+    crash_limit: int = Field(default=3, ge=1, description="crashes before a template cools down")
+    crash_cooldown_s: float = Field(default=1800.0, gt=0)
+    n_max: int = Field(default=6, ge=1, le=16, description="Stage 1: nodes per template at most")
+    rho: float = Field(default=12.0, gt=1, description="Stage 1: GPU memory ≤ ρ × model size")
+    heterogeneous: bool = Field(default=True, description="allow stages on different GPU types")
+    solver_time_limit_s: float = Field(default=10.0, gt=0)
+    solver_mip_gap: float = Field(default=1e-4, ge=0, lt=1)
+
+
+# --------------------------------------------------------------------------- models
+
+
+class RequestMix(_Frozen):
+    """Mean request shape of a model's traffic."""
+
+    input_tokens: int = Field(gt=0, le=1_048_576)
+    output_tokens: int = Field(gt=0, le=1_048_576)
+
+
+class Demand(_Frozen):
+    """Declared demand: requests/s, or output tokens/s (converted on load)."""
+
+    requests_per_s: float | None = Field(default=None, ge=0)
+    output_tokens_per_s: float | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> "Demand":
+        given = [v is not None for v in (self.requests_per_s, self.output_tokens_per_s)]
+        if sum(given) != 1:
+            raise ValueError(
+                "give exactly one of requests_per_s or output_tokens_per_s (or demand: auto)"
+            )
+        return self
+
+
+class SLO(_Frozen):
+    """Latency targets a template's throughput is measured under."""
+
+    ttft_s: float = Field(gt=0, le=600, description="time to first token, seconds")
+    tpot_s: float = Field(gt=0, le=10, description="time per output token, seconds")
+
+
+class ModelConfig(_Frozen):
+    """One served model."""
+
+    name: str = Field(description="safe identifier: job names, URLs, file names")
+    source: str = Field(min_length=1, description="Hugging Face id or path on the shared FS")
+    architecture: str = Field(description="an architecture in profiles/models.yaml")
+    mix: RequestMix
+    demand: Demand | Literal["auto"]
+    slo: SLO
+    priority: float = Field(default=1.0, gt=0, description="weight when GPUs are scarce")
+    min_replicas: int = Field(default=0, ge=0)
+    max_replicas: int | None = Field(default=None, ge=0)
+    partitions: tuple[str, ...] = Field(default=(), description="allowed partitions; empty = all")
+    gpu_types: tuple[str, ...] = Field(default=(), description="allowed GPU types; empty = all")
+    max_model_len: int | None = Field(default=None, gt=0)
+    vllm_args: tuple[str, ...] = Field(default=())
+
+    @field_validator("demand", mode="before")
+    @classmethod
+    def _demand_shape(cls, value: Any) -> Any:
+        if not isinstance(value, dict) and value != "auto":
+            raise ValueError(
+                f"{value!r} is not a demand: use 'auto' (measured at the gateway), "
+                "{requests_per_s: N} or {output_tokens_per_s: N}"
+            )
+        return value
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, value: str) -> str:
+        if not _SAFE_NAME_RE.match(value):
+            raise ValueError(
+                f"{value!r} is not a safe name: use 1–63 lowercase letters, digits, '.', '_' or "
+                "'-', starting with a letter or digit"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _replica_bounds(self) -> "ModelConfig":
+        if self.max_replicas is not None and self.max_replicas < self.min_replicas:
+            raise ValueError(
+                f"max_replicas ({self.max_replicas}) is below min_replicas ({self.min_replicas})"
+            )
+        return self
+
+    @property
+    def demand_rps(self) -> float | None:
+        """Declared demand in requests/s of this model's mix; None when measured (auto)."""
+        if self.demand == "auto":
+            return None
+        if self.demand.requests_per_s is not None:
+            return self.demand.requests_per_s
+        return self.demand.output_tokens_per_s / self.mix.output_tokens
+
+
+# --------------------------------------------------------------------------- deployment
+
+
+class Deployment(_Frozen):
+    """The whole of ``models.yaml``."""
+
+    deployment: str = Field(description="name used to tag this deployment's Slurm jobs")
+    state_dir: str = Field(description="shared filesystem: endpoint files, logs, scripts")
+    db_path: str = Field(description="daemon host's local disk: the SQLite database")
+    cluster: ClusterConfig
+    engine: EngineConfig = EngineConfig()
+    gateway: GatewayConfig = GatewayConfig()
+    policy: PolicyConfig = PolicyConfig()
+    models: tuple[ModelConfig, ...] = Field(min_length=1)
+
+    @field_validator("deployment")
+    @classmethod
+    def _safe_deployment(cls, value: str) -> str:
+        if not _SAFE_NAME_RE.match(value):
+            raise ValueError(
+                f"{value!r} is not a safe name: use lowercase letters, digits, '.', '_' or '-'"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> "Deployment":
+        names = [m.name for m in self.models]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"model name(s) {dupes} used twice; model names must be unique")
+        known = {p.name for p in self.cluster.partitions}
+        for index, model in enumerate(self.models):
+            unknown = [p for p in model.partitions if p not in known]
+            if unknown:
+                raise _FieldError(
+                    ("models", index, "partitions"),
+                    f"partition(s) {unknown} not in cluster.partitions; valid: {sorted(known)}",
+                )
+        if self.engine.kind == "vllm":
+            for index, part in enumerate(self.cluster.partitions):
+                if part.environment is None:
+                    raise _FieldError(
+                        ("cluster", "partitions", index, "environment"),
+                        "engine 'vllm' needs an environment per partition "
+                        "(kind: venv | module | apptainer)",
+                    )
+        return self
+
+    @property
+    def state_path(self) -> Path:
+        """This deployment's folder on the shared filesystem."""
+        return Path(self.state_dir).expanduser() / self.deployment
+
+    def model(self, name: str) -> ModelConfig:
+        """The configured model called ``name``; KeyError if none."""
+        for model in self.models:
+            if model.name == name:
+                return model
+        raise KeyError(name)
+
+
+class _FieldError(ValueError):
+    """A cross-field check that knows exactly which field is wrong."""
+
+    def __init__(self, loc: tuple[str | int, ...], message: str):
+        self.loc = loc
+        super().__init__(message)
+
+
+# --------------------------------------------------------------------------- loading with line numbers
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys (PyYAML keeps the last one silently)."""
+
+
+def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False):
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None,
+                None,
+                f"duplicate key {key!r} (first on line {seen[key]})",
+                key_node.start_mark,
+            )
+        seen[key] = key_node.start_mark.line + 1
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping
+)
+
+
+def _line_index(node: yaml.Node, path: tuple = (), out: dict | None = None) -> dict[tuple, int]:
+    """Map every field path (``('models', 1, 'slo')``) to its 1-based line in the file."""
+    out = {} if out is None else out
+    out.setdefault(path, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            key = key_node.value
+            out[path + (key,)] = key_node.start_mark.line + 1
+            _line_index(value_node, path + (key,), out)
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            out[path + (index,)] = item.start_mark.line + 1
+            _line_index(item, path + (index,), out)
+    return out
+
+
+def _dotted(loc: tuple) -> str:
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text or "(top level)"
+
+
+def _clean_loc(loc: tuple) -> tuple:
+    """Drop pydantic's union-branch tags (``'function-after[...]'``, ``'venv'``) from a location."""
+    cleaned = []
+    for part in loc:
+        if isinstance(part, str) and ("[" in part or part in ("venv", "module", "apptainer")):
+            if "[" in part:
+                continue
+            # discriminator tag of the engine environment union
+            if cleaned and cleaned[-1] == "environment":
+                continue
+        cleaned.append(part)
+    return tuple(cleaned)
+
+
+def _nearest_line(lines: dict[tuple, int], loc: tuple) -> int:
+    for cut in range(len(loc), -1, -1):
+        if loc[:cut] in lines:
+            return lines[loc[:cut]]
+    return 1
+
+
+def _valid_keys_hint(loc: tuple) -> str:
+    """For an unknown key, list the keys that section accepts."""
+    section = _section_model(loc[:-1])
+    if section is None:
+        return ""
+    return f"; valid keys here: {', '.join(sorted(section.model_fields))}"
+
+
+def _section_model(loc: tuple) -> type[BaseModel] | None:
+    model: Any = Deployment
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return None
+        field = model.model_fields.get(part)
+        if field is None:
+            return None
+        model = _first_model(field.annotation)
+    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+
+
+def _first_model(annotation: Any) -> Any:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()) or ():
+        found = _first_model(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _problems_from(error: ValidationError, lines: dict[tuple, int], path: str) -> list[str]:
+    problems = []
+    items = [(item, _clean_loc(tuple(item["loc"]))) for item in error.errors()]
+    for item, loc in items:
+        # pydantic adds "too short" for a list whose items failed: the item errors say it all
+        if item["type"] == "too_short" and any(
+            len(other) > len(loc) and other[: len(loc)] == loc for _, other in items
+        ):
+            continue
+        message = item["msg"]
+        ctx_error = (item.get("ctx") or {}).get("error")
+        if isinstance(ctx_error, _FieldError):
+            loc = loc + tuple(ctx_error.loc)
+            message = str(ctx_error)
+        elif message.startswith("Value error, "):
+            message = message[len("Value error, ") :]
+        if item["type"] == "extra_forbidden":
+            message = f"unknown key '{loc[-1]}'{_valid_keys_hint(loc)}"
+        elif item["type"] == "missing":
+            message = "required field is missing"
+        line = _nearest_line(lines, loc)
+        problems.append(f"{path}:{line}: {_dotted(loc)}: {message}")
+    # pydantic reports each union branch separately; keep each line once, in order
+    return list(dict.fromkeys(problems))
+
+
+def parse_deployment(text: str, path: str = "<string>") -> Deployment:
+    """Validate the YAML ``text`` of a models.yaml. Raises :class:`ConfigError`."""
+    try:
+        root = yaml.compose(text, Loader=_UniqueKeyLoader)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark else 1
+        raise ConfigError(path, [f"{path}:{line}: not valid YAML: {exc.problem or exc}"]) from None
+    if not isinstance(data, dict):
+        raise ConfigError(path, [f"{path}:1: (top level): expected a mapping of settings"])
+    lines = _line_index(root) if root is not None else {}
+    try:
+        return Deployment.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(path, _problems_from(exc, lines, path)) from None
+
+
+def load_deployment(path: str | Path) -> Deployment:
+    """Read and validate ``models.yaml`` at ``path``. Raises :class:`ConfigError`."""
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(str(file), [f"{file}: cannot read: {exc.strerror}"]) from None
+    return parse_deployment(text, str(file))

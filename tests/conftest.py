@@ -1,0 +1,118 @@
+"""Shared fixtures. Integration tests (marker ``slurm``) run against the local cluster that
+``scripts/dev-cluster up`` starts; without it they are skipped with the reason."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+DEV_SLURM_CONF = "/var/tmp/coral-dev-cluster/etc/slurm.conf"
+
+
+def _slurm_env() -> dict[str, str]:
+    env = dict(os.environ)
+    if "SLURM_CONF" not in env and Path(DEV_SLURM_CONF).exists():
+        env["SLURM_CONF"] = DEV_SLURM_CONF
+    return env
+
+
+def slurm_answers() -> str | None:
+    """None when a Slurm controller answers, else the reason it does not."""
+    if shutil.which("scontrol") is None:
+        return "Slurm client commands are not installed (run scripts/dev-cluster up)"
+    try:
+        out = subprocess.run(
+            ["scontrol", "ping"], capture_output=True, text=True, timeout=10, env=_slurm_env()
+        )
+    except subprocess.TimeoutExpired:
+        return "scontrol ping timed out"
+    if "UP" not in out.stdout:
+        return f"no Slurm controller answers: {out.stdout.strip() or out.stderr.strip()}"
+    return None
+
+
+def wait_until(
+    predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.2
+) -> object:
+    """Poll ``predicate`` until it returns something truthy; fail naming ``what`` and the last
+    value seen when ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last seen: {last!r}")
+
+
+class SlurmRunner:
+    """Runs Slurm commands for tests and remembers every job submitted, to cancel them all."""
+
+    def __init__(self) -> None:
+        self.env = _slurm_env()
+        self.job_ids: list[str] = []
+
+    def run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            list(argv), capture_output=True, text=True, timeout=60, env=self.env, check=check
+        )
+
+    def sbatch(self, *args: str) -> str:
+        out = self.run("sbatch", "--parsable", *args)
+        job_id = out.stdout.strip().split(";")[0]
+        self.job_ids.append(job_id)
+        return job_id
+
+    def track(self, job_id: str | int) -> None:
+        self.job_ids.append(str(job_id))
+
+    def cancel_all(self) -> None:
+        if self.job_ids:
+            self.run("scancel", *self.job_ids, check=False)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> dict[str, str]:
+    """The environment for talking to the local cluster; skips when none answers."""
+    reason = slurm_answers()
+    if reason:
+        pytest.skip(f"local Slurm cluster unavailable: {reason}")
+    return _slurm_env()
+
+
+@pytest.fixture
+def slurm(slurm_cluster: dict[str, str]):
+    """A :class:`SlurmRunner` that cancels every job the test submitted at teardown."""
+    runner = SlurmRunner()
+    yield runner
+    runner.cancel_all()
+
+
+@pytest.fixture
+def node_restorer(slurm: SlurmRunner):
+    """Resume any node or partition a test drained or set down, even when the test fails."""
+    touched_nodes: list[str] = []
+    touched_partitions: list[str] = []
+
+    class Restorer:
+        def drain_node(self, node: str, reason: str = "coral-test") -> None:
+            touched_nodes.append(node)
+            slurm.run("scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}")
+
+        def set_partition(self, partition: str, state: str) -> None:
+            touched_partitions.append(partition)
+            slurm.run("scontrol", "update", f"PartitionName={partition}", f"State={state}")
+
+    yield Restorer()
+    for node in touched_nodes:
+        slurm.run("scontrol", "update", f"NodeName={node}", "State=RESUME", check=False)
+    for partition in touched_partitions:
+        slurm.run("scontrol", "update", f"PartitionName={partition}", "State=UP", check=False)
