@@ -180,6 +180,10 @@ class ClusterConfig(_Frozen):
     gpu_quotas: dict[str, int] = Field(
         default_factory=dict, description="GPUs held at most per GPU type, over all partitions"
     )
+    # A replica job asks for CPUs and memory in proportion to its GPUs; the same shape prices a
+    # job under `price: billing`, so plans and accounting agree.
+    cpus_per_gpu: int = Field(default=4, ge=1, description="CPUs requested per GPU")
+    mem_per_gpu_gb: int = Field(default=32, ge=1, description="memory (GB) requested per GPU")
 
     @field_validator("time_limit")
     @classmethod
