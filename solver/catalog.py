@@ -1,0 +1,267 @@
+"""GPU specs and model architectures: the static inputs of the performance model.
+
+Read from ``profiles/gpus.yaml``, ``profiles/models.yaml`` and ``profiles/calibration.yaml`` (which
+GPUs have their own fitted efficiency factors). Names are Slurm GRES type names for GPUs
+(lowercase, hyphenated; a few aliases accepted) and ``architecture:`` keys for models.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from solver.resources import profiles_dir
+
+#: bytes per parameter of a served checkpoint, by quantization
+BYTES_PER_PARAM = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "mxfp4": 4.25 / 8}
+INTERCONNECTS = ("nvlink", "pcie")
+
+
+class CatalogError(ValueError):
+    """A profiles file is missing, malformed, or names something invalid (message says where)."""
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """Datasheet specs of one GPU type (per GPU)."""
+
+    name: str
+    memory_gb: float
+    mem_bw_gbs: float
+    fp16_tflops: float
+    bf16: bool
+    fp8: bool
+    interconnect: str  # 'nvlink' | 'pcie'
+    link_bw_gbs: float
+    compute_capability: float
+    calibrated: bool
+    gpu_class: str = "hbm"  # efficiency class used when the GPU has no fitted factors
+
+
+@dataclass(frozen=True)
+class ModelArch:
+    """Architecture of one served model, as vLLM loads it."""
+
+    name: str
+    layers: int
+    hidden: int
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int  # dense FFN width, or one expert's width for MoE
+    experts: int
+    active_experts: int
+    params_b: float
+    active_params_b: float
+    vocab: int
+    max_context: int
+    weight_bytes: float  # total bytes of weights as served (bf16 2/param, mxfp4 ...)
+    kv_bytes_per_token: int  # all layers, K and V, 16-bit
+    quantization: str  # 'bf16' | 'mxfp4' | 'fp8' ...
+    tied_embeddings: bool = False
+
+    @property
+    def embedding_bytes(self) -> float:
+        """Bytes of the input embedding plus lm_head (kept in 16 bit even in quantised models)."""
+        return self.vocab * self.hidden * 2.0 * (1 if self.tied_embeddings else 2)
+
+    @property
+    def weights_per_layer_bytes(self) -> float:
+        """(Weights minus embeddings/lm_head) / layers: the bytes one transformer layer holds."""
+        return max(self.weight_bytes - self.embedding_bytes, 0.0) / self.layers
+
+    @property
+    def attention_params_per_layer(self) -> float:
+        """Q, K, V and O projection parameters of one layer."""
+        return float(self.hidden * self.head_dim * (2 * self.q_heads + 2 * self.kv_heads))
+
+    @property
+    def expert_bytes_per_layer(self) -> float:
+        """Bytes of all routed experts of one layer (0 for dense models)."""
+        if not self.experts:
+            return 0.0
+        per_param = BYTES_PER_PARAM.get(self.quantization, 2.0)
+        expert_bytes = self.experts * 3.0 * self.hidden * self.ffn * per_param
+        return min(expert_bytes, self.weights_per_layer_bytes)
+
+    @property
+    def active_params_per_layer(self) -> float:
+        """Parameters one token touches in one layer (excluding embeddings/lm_head)."""
+        embed_params = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
+        return max(self.active_params_b * 1e9 - embed_params, 0.0) / self.layers
+
+    @property
+    def is_moe(self) -> bool:
+        """True for mixture-of-experts models."""
+        return self.experts > 0
+
+
+def _normalise(name: str) -> str:
+    return name.strip().lower().replace("_", "-")
+
+
+def _load_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise CatalogError(f"{path}: file not found")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise CatalogError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise CatalogError(f"{path}: expected a mapping of name -> fields at the top level")
+    return data
+
+
+def _field(path: Path, key: str, entry: dict[str, Any], field: str, kind: type, default: Any = None):
+    if field not in entry:
+        if default is not None:
+            return default
+        raise CatalogError(f"{path}: entry '{key}': missing field '{field}'")
+    value = entry[field]
+    try:
+        if kind is bool:
+            if not isinstance(value, bool):
+                raise TypeError
+            return value
+        return kind(value)
+    except (TypeError, ValueError) as exc:
+        raise CatalogError(
+            f"{path}: entry '{key}': field '{field}' = {value!r} is not a {kind.__name__}"
+        ) from exc
+
+
+@functools.lru_cache(maxsize=8)
+def _calibrated_gpus(profiles: Path) -> frozenset[str]:
+    path = profiles / "calibration.yaml"
+    if not path.is_file():
+        return frozenset()
+    gpus = _load_yaml(path).get("gpus") or {}
+    return frozenset(_normalise(g) for g in gpus)
+
+
+@functools.lru_cache(maxsize=8)
+def _gpus(profiles: Path) -> tuple[dict[str, GpuSpec], dict[str, str]]:
+    path = profiles / "gpus.yaml"
+    calibrated = _calibrated_gpus(profiles)
+    specs: dict[str, GpuSpec] = {}
+    aliases: dict[str, str] = {}
+    for raw_key, entry in _load_yaml(path).items():
+        key = _normalise(str(raw_key))
+        if not isinstance(entry, dict):
+            raise CatalogError(f"{path}: entry '{raw_key}': expected a mapping of fields")
+        interconnect = _field(path, key, entry, "interconnect", str)
+        if interconnect not in INTERCONNECTS:
+            raise CatalogError(
+                f"{path}: entry '{key}': interconnect '{interconnect}' is not one of {INTERCONNECTS}"
+            )
+        specs[key] = GpuSpec(
+            name=key,
+            memory_gb=_field(path, key, entry, "memory_gb", float),
+            mem_bw_gbs=_field(path, key, entry, "mem_bw_gbs", float),
+            fp16_tflops=_field(path, key, entry, "fp16_tflops", float),
+            bf16=_field(path, key, entry, "bf16", bool),
+            fp8=_field(path, key, entry, "fp8", bool),
+            interconnect=interconnect,
+            link_bw_gbs=_field(path, key, entry, "link_bw_gbs", float),
+            compute_capability=_field(path, key, entry, "compute_capability", float),
+            calibrated=key in calibrated,
+            gpu_class=_field(path, key, entry, "class", str, "hbm"),
+        )
+        for alias in entry.get("aliases") or []:
+            aliases[_normalise(str(alias))] = key
+    return specs, aliases
+
+
+@functools.lru_cache(maxsize=8)
+def _models(profiles: Path) -> tuple[dict[str, ModelArch], dict[str, str]]:
+    path = profiles / "models.yaml"
+    archs: dict[str, ModelArch] = {}
+    aliases: dict[str, str] = {}
+    for raw_key, entry in _load_yaml(path).items():
+        key = str(raw_key).strip().lower()
+        if not isinstance(entry, dict):
+            raise CatalogError(f"{path}: entry '{raw_key}': expected a mapping of fields")
+        quantization = _field(path, key, entry, "quantization", str)
+        if quantization not in BYTES_PER_PARAM:
+            raise CatalogError(
+                f"{path}: entry '{key}': quantization '{quantization}' is not one of "
+                f"{sorted(BYTES_PER_PARAM)}"
+            )
+        layers = _field(path, key, entry, "layers", int)
+        kv_heads = _field(path, key, entry, "kv_heads", int)
+        head_dim = _field(path, key, entry, "head_dim", int)
+        kv_default = 2 * layers * kv_heads * head_dim * 2
+        archs[key] = ModelArch(
+            name=key,
+            layers=layers,
+            hidden=_field(path, key, entry, "hidden", int),
+            q_heads=_field(path, key, entry, "q_heads", int),
+            kv_heads=kv_heads,
+            head_dim=head_dim,
+            ffn=_field(path, key, entry, "ffn", int),
+            experts=_field(path, key, entry, "experts", int, 0),
+            active_experts=_field(path, key, entry, "active_experts", int, 0),
+            params_b=_field(path, key, entry, "params_b", float),
+            active_params_b=_field(path, key, entry, "active_params_b", float),
+            vocab=_field(path, key, entry, "vocab", int),
+            max_context=_field(path, key, entry, "max_context", int),
+            weight_bytes=_field(path, key, entry, "weight_gb", float) * 1e9,
+            kv_bytes_per_token=_field(path, key, entry, "kv_bytes_per_token", int, kv_default),
+            quantization=quantization,
+            tied_embeddings=_field(path, key, entry, "tied_embeddings", bool, False),
+        )
+        for alias in entry.get("aliases") or []:
+            aliases[str(alias).strip().lower()] = key
+    return archs, aliases
+
+
+def _dir(profiles: Path | None) -> Path:
+    return Path(profiles).resolve() if profiles is not None else profiles_dir().resolve()
+
+
+def load_gpus(profiles: Path | None = None) -> dict[str, GpuSpec]:
+    """All GPU specs by canonical name (a fresh dict; the specs themselves are frozen)."""
+    return dict(_gpus(_dir(profiles))[0])
+
+
+def load_models(profiles: Path | None = None) -> dict[str, ModelArch]:
+    """All model architectures by canonical name."""
+    return dict(_models(_dir(profiles))[0])
+
+
+def canonical_gpu_name(name: str, profiles: Path | None = None) -> str | None:
+    """The canonical GPU type for ``name`` or one of its aliases; None when unknown."""
+    specs, aliases = _gpus(_dir(profiles))
+    key = _normalise(name)
+    if key in specs:
+        return key
+    return aliases.get(key)
+
+
+def gpu_spec(name: str, profiles: Path | None = None) -> GpuSpec:
+    """The spec of GPU type ``name`` (aliases accepted); KeyError listing valid names otherwise."""
+    specs, _ = _gpus(_dir(profiles))
+    key = canonical_gpu_name(name, profiles)
+    if key is None:
+        raise KeyError(f"unknown GPU type {name!r}; known: {', '.join(sorted(specs))}")
+    return specs[key]
+
+
+def model_arch(name: str, profiles: Path | None = None) -> ModelArch:
+    """The architecture ``name`` (or a Hugging Face id alias); KeyError listing valid names."""
+    archs, aliases = _models(_dir(profiles))
+    key = name.strip().lower()
+    key = key if key in archs else aliases.get(key, "")
+    if key not in archs:
+        raise KeyError(f"unknown model architecture {name!r}; known: {', '.join(sorted(archs))}")
+    return archs[key]
+
+
+def gpu_memory_gb(gpu_type: str) -> float | None:
+    """Memory per GPU of ``gpu_type`` in GB, or None when the type is not in the catalog."""
+    key = canonical_gpu_name(gpu_type)
+    return None if key is None else _gpus(_dir(None))[0][key].memory_gb

@@ -1,0 +1,401 @@
+"""Performance model: what one pipeline stage of a vLLM replica sustains under an SLO.
+
+The model is the standard roofline with calibrated efficiencies (../shared/data/
+GPU-AND-MODEL-FACTS.md §7): prefill is compute-bound, decode reads the weights and the KV cache,
+KV capacity bounds the batch, tensor parallelism adds two all-reduces per layer priced by the
+node's interconnect, and pipeline stages on different nodes add a hand-off per step. Efficiency
+factors come from ``profiles/calibration.yaml`` (fitted by ``bench/calibrate.py``); measured
+profiles in ``profiles/measured/`` override the model (see :mod:`solver.perf_profiles`).
+
+Units: seconds, tokens, requests per second of the model's mix (ARCHITECTURE "Units").
+Everything public is memoised: Stage 1 calls :func:`stage_throughput` 10^4-10^5 times.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from solver import catalog
+from solver.catalog import GpuSpec, ModelArch
+from solver.perf_profiles import Calibration, MeasuredProfile, load_calibration, load_measured
+from solver.resources import profiles_dir
+
+__all__ = [
+    "Mix", "Slo", "configure", "engine_dtype", "is_calibrated", "kv_capacity_tokens",
+    "stage_throughput", "step_latency_s", "valid_tp_degrees",
+]
+
+
+@dataclass(frozen=True)
+class Slo:
+    """Latency objectives: time to first token and time per output token, seconds."""
+
+    ttft_s: float
+    tpot_s: float
+
+
+@dataclass(frozen=True)
+class Mix:
+    """A model's request mix: mean input and output tokens per request."""
+
+    input_tokens: int
+    output_tokens: int
+
+
+# --- configuration --------------------------------------------------------------------------
+
+_profiles: Path | None = None
+_measured_dirs: tuple[Path, ...] | None = None
+
+
+def configure(profiles: Path | None = None, measured: list[Path] | tuple[Path, ...] | None = None
+              ) -> None:
+    """Point the model at another profiles folder and/or measured-profile folders.
+
+    ``profiles`` None: the shipped profiles; ``measured`` None: ``<profiles>/measured``.
+    Clears every memoised result, so later calls see the new inputs.
+    """
+    global _profiles, _measured_dirs
+    _profiles = Path(profiles).resolve() if profiles is not None else None
+    _measured_dirs = tuple(Path(p).resolve() for p in measured) if measured is not None else None
+    for cached in (_base_coeffs, _stage_coeffs, _stage_throughput, _kv_capacity, _step_correction,
+                   load_calibration, load_measured):
+        cached.cache_clear()
+
+
+def _calibration() -> Calibration:
+    return load_calibration(_profiles)
+
+
+def _measured() -> dict[tuple[str, str, int], tuple[MeasuredProfile, ...]]:
+    dirs = _measured_dirs
+    if dirs is None:
+        dirs = ((_profiles or profiles_dir()).resolve() / "measured",)
+    return load_measured(dirs, _profiles)
+
+
+# --- rules ----------------------------------------------------------------------------------
+
+def valid_tp_degrees(arch: ModelArch, max_tp: int) -> list[int]:
+    """TP degrees vLLM accepts for ``arch``, up to ``max_tp``.
+
+    vLLM shards attention heads: q_heads % tp == 0 and (kv_heads % tp == 0 or tp % kv_heads == 0,
+    i.e. KV heads are replicated). Phi-4 (40 q / 10 kv heads) allows only 1, 2, 5, 10.
+    """
+    return [tp for tp in range(1, max_tp + 1)
+            if arch.q_heads % tp == 0 and (arch.kv_heads % tp == 0 or tp % arch.kv_heads == 0)]
+
+
+def engine_dtype(arch: ModelArch, gpu: GpuSpec) -> str | None:
+    """vLLM ``--dtype`` for ``arch`` on ``gpu``: 'bfloat16', 'half', or None when it cannot run.
+
+    No bf16 before compute capability 8.0 (V100, T4) -> 'half'. MXFP4 (gpt-oss) needs Marlin/Triton
+    MXFP4 kernels (sm80+); FP8 checkpoints need sm89 natively or Marlin on sm80+; vLLM's fused-MoE
+    kernels do not run on Volta (sm70). Below sm70 vLLM does not run at all.
+    """
+    cc = gpu.compute_capability
+    if cc < 7.0:
+        return None
+    if arch.quantization == "mxfp4" and cc < 8.0:
+        return None
+    if arch.quantization == "fp8" and cc < 8.0:
+        return None
+    if arch.is_moe and cc < 7.5:
+        return None
+    return "bfloat16" if gpu.bf16 else "half"
+
+
+# --- memory ---------------------------------------------------------------------------------
+
+def _stage_weight_bytes_per_gpu(arch: ModelArch, tp: int, layers: int) -> float:
+    # Embeddings and lm_head are spread over layers in proportion, so a stage's weights grow with
+    # the layers it holds (keeps every quantity monotone in `layers`; exact for a whole model).
+    return arch.weight_bytes * layers / arch.layers / tp
+
+
+def _kv_bytes_per_token_per_gpu(arch: ModelArch, tp: int, layers: int) -> float:
+    # KV heads are split across TP ranks; when tp > kv_heads each rank keeps one replicated head.
+    head_share = max(1.0 / tp, 1.0 / arch.kv_heads)
+    return arch.kv_bytes_per_token * layers / arch.layers * head_share
+
+
+@functools.lru_cache(maxsize=65536)
+def _kv_capacity(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, util: float) -> int:
+    cal = _calibration()
+    free = util * gpu.memory_gb * 1e9 - cal.reserve_gb * 1e9
+    free -= _stage_weight_bytes_per_gpu(arch, tp, layers)
+    if free <= 0:
+        return 0
+    return int(free // _kv_bytes_per_token_per_gpu(arch, tp, layers))
+
+
+def kv_capacity_tokens(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int,
+                       gpu_memory_utilization: float = 0.9) -> int:
+    """Tokens of KV cache one stage (tp GPUs holding ``layers`` layers) has room for; 0 if the
+    weights do not fit. Per GPU: utilisation x memory - reserve (activations, CUDA graphs,
+    runtime) - weight shard, divided by the KV bytes per token of this rank's heads and layers."""
+    if layers <= 0 or tp <= 0:
+        return 0
+    return _kv_capacity(arch, gpu, tp, layers, gpu_memory_utilization)
+
+
+# --- step latency ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Coeffs:
+    """Per-(arch, gpu, tp, layers) constants, so one step costs a handful of float operations."""
+
+    flops_per_token: float  # linear layers, per GPU, per token
+    lm_head_flops: float  # per decoded token (share of this stage), per GPU
+    attn_flops: float  # per (query token x context token), per GPU
+    flops: float  # effective FLOP/s (prefill MFU x peak)
+    attn_flops_rate: float
+    dense_bytes: float  # weights always read per step, per GPU
+    expert_bytes: float  # routed-expert weights, per GPU (read in proportion to experts touched)
+    expert_pick: float  # active_experts / experts
+    weight_bw: float  # effective bytes/s for weights
+    kv_bytes_per_token: float  # per GPU
+    kv_bw: float
+    overlap: float
+    floor_s: float  # per step: layers x layer floor
+    comm_alpha_s: float  # per step: 2 x layers x alpha (0 when tp == 1)
+    comm_s_per_token: float  # per step per token: 2 x layers x ring factor x hidden x 2 B / bus BW
+    hidden_bytes: float  # activation bytes per token handed to the next stage
+    correction: float  # measured/model ratio from measured step latencies (1.0 if none)
+
+
+@functools.lru_cache(maxsize=65536)
+def _base_coeffs(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int) -> _Coeffs:
+    """The analytic model's coefficients, before any measured correction."""
+    cal = _calibration()
+    f = cal.factors(gpu)
+    share = layers / arch.layers
+    per_layer_dense = arch.weights_per_layer_bytes - arch.expert_bytes_per_layer
+    lm_head_bytes = arch.embedding_bytes / (1 if arch.tied_embeddings else 2)
+    if tp > 1:
+        alpha = cal.tp_alpha_s[gpu.interconnect]
+        ring = 2.0 * (tp - 1) / tp
+        comm_alpha = 2 * layers * alpha
+        comm_per_token = 2 * layers * ring * arch.hidden * 2.0 / cal.tp_bus_bw[gpu.interconnect]
+    else:
+        comm_alpha = comm_per_token = 0.0
+    return _Coeffs(
+        flops_per_token=2.0 * arch.active_params_per_layer * layers / tp,
+        lm_head_flops=2.0 * arch.hidden * arch.vocab * share / tp,
+        attn_flops=4.0 * arch.q_heads * arch.head_dim * layers / tp,
+        flops=gpu.fp16_tflops * 1e12 * f.prefill_mfu,
+        attn_flops_rate=gpu.fp16_tflops * 1e12 * f.attn_mfu,
+        dense_bytes=(per_layer_dense * layers + lm_head_bytes * share) / tp,
+        expert_bytes=arch.expert_bytes_per_layer * layers / tp,
+        expert_pick=arch.active_experts / arch.experts if arch.experts else 0.0,
+        weight_bw=gpu.mem_bw_gbs * 1e9 * f.decode_mbu,
+        kv_bytes_per_token=_kv_bytes_per_token_per_gpu(arch, tp, layers),
+        kv_bw=gpu.mem_bw_gbs * 1e9 * f.kv_mbu,
+        overlap=f.overlap,
+        floor_s=layers * f.layer_floor_us * 1e-6,
+        comm_alpha_s=comm_alpha,
+        comm_s_per_token=comm_per_token,
+        hidden_bytes=arch.hidden * 2.0,
+        correction=1.0,
+    )
+
+
+@functools.lru_cache(maxsize=65536)
+def _stage_coeffs(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int) -> _Coeffs:
+    """Coefficients with the measured step-latency correction of (arch, gpu, tp) applied."""
+    coeffs = _base_coeffs(arch, gpu, tp, layers)
+    correction = _step_correction(arch, gpu, tp)
+    if correction != 1.0:
+        coeffs = _Coeffs(**{**coeffs.__dict__, "correction": correction})
+    return coeffs
+
+
+def _compute_time(c: _Coeffs, decode: float, prefill: float, context: float,
+                  prefill_ctx: float) -> float:
+    """Busy time of the GPUs for one step, without per-step overheads (seconds)."""
+    tokens = decode + prefill
+    t_flops = (c.flops_per_token * tokens + c.lm_head_flops * decode) / c.flops
+    t_flops += c.attn_flops * (prefill * prefill_ctx + context) / c.attn_flops_rate
+    weights = c.dense_bytes
+    if c.expert_bytes:
+        # expected fraction of experts at least one of `tokens` tokens routes to
+        weights += c.expert_bytes * (1.0 - (1.0 - c.expert_pick) ** tokens)
+    t_mem = weights / c.weight_bw + c.kv_bytes_per_token * (context + prefill) / c.kv_bw
+    hi, lo = (t_flops, t_mem) if t_flops >= t_mem else (t_mem, t_flops)
+    t = hi + c.overlap * lo + c.floor_s
+    if c.comm_alpha_s:
+        t += c.comm_alpha_s + c.comm_s_per_token * tokens
+    return t
+
+
+def _step(c: _Coeffs, decode: float, prefill: float, context: float, prefill_ctx: float,
+          overhead_s: float, n_stages: int, pp_alpha_s: float, pp_bw: float) -> float:
+    t = (_compute_time(c, decode, prefill, context, prefill_ctx) + overhead_s / n_stages)
+    t *= c.correction
+    if n_stages > 1:
+        t += pp_alpha_s + (decode + prefill) * c.hidden_bytes / pp_bw
+    return t
+
+
+def step_latency_s(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, decode_seqs: int,
+                   prefill_tokens: int, context_tokens: int) -> float:
+    """Seconds of one continuous-batching engine step on this stage.
+
+    ``decode_seqs`` sequences decode one token each, reading ``context_tokens`` KV tokens in total;
+    ``prefill_tokens`` prompt tokens (assumed to be one prompt chunk, so its attention context
+    averages half of it) are prefilled in the same step. Includes the per-step engine overhead.
+    """
+    cal = _calibration()
+    c = _stage_coeffs(arch, gpu, tp, layers)
+    return _step(c, decode_seqs, prefill_tokens, context_tokens, prefill_tokens / 2.0,
+                 cal.step_overhead_s, 1, cal.pp_alpha_s, cal.pp_bw)
+
+
+# --- measured overrides ---------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=4096)
+def _step_correction(arch: ModelArch, gpu: GpuSpec, tp: int) -> float:
+    """Median measured/model step-latency ratio over measured steps of (arch, gpu, tp)."""
+    ratios = []
+    cal = _calibration()
+    for profile in _measured().get((arch.name, gpu.name, tp), ()):
+        if not profile.step_latency:
+            continue
+        c = _base_coeffs(arch, gpu, tp, profile.layers)
+        for point in profile.step_latency:
+            model = _step(c, point.decode_seqs, point.prefill_tokens, point.context_tokens,
+                          point.prefill_tokens / 2.0, cal.step_overhead_s, 1, 0.0, 1.0)
+            ratios.append(point.seconds / model)
+    if not ratios:
+        return 1.0
+    ratios.sort()
+    mid = len(ratios) // 2
+    return ratios[mid] if len(ratios) % 2 else 0.5 * (ratios[mid - 1] + ratios[mid])
+
+
+def _measured_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, slo: Slo, mix: Mix
+                         ) -> tuple[int, float, bool] | None:
+    """(layers, req/s, exact SLO match) of the best applicable measured point, or None.
+
+    A point applies to the same mix when its SLO is at least as strict as the one asked for
+    (what met a stricter SLO meets a looser one)."""
+    best: tuple[int, float, bool] | None = None
+    for profile in _measured().get((arch.name, gpu.name, tp), ()):
+        for p in profile.throughput:
+            if (p.input_tokens, p.output_tokens) != (mix.input_tokens, mix.output_tokens):
+                continue
+            if p.ttft_s > slo.ttft_s or p.tpot_s > slo.tpot_s:
+                continue
+            exact = math.isclose(p.ttft_s, slo.ttft_s) and math.isclose(p.tpot_s, slo.tpot_s)
+            candidate = (profile.layers, p.requests_per_s, exact)
+            if best is None or (candidate[2], candidate[1]) > (best[2], best[1]):
+                best = candidate
+    return best
+
+
+# --- throughput under SLO -------------------------------------------------------------------
+
+def _model_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_stages: int,
+                      slo: Slo, mix: Mix) -> float:
+    cal = _calibration()
+    cap = kv_capacity_tokens(arch, gpu, tp, layers, cal.gpu_memory_utilization)
+    n_in, n_out = mix.input_tokens, mix.output_tokens
+    if cap <= 0 or n_in + n_out > cap:
+        return 0.0
+    ctx = n_in + n_out / 2.0  # mean KV tokens a running sequence holds
+    # With S stages vLLM keeps S micro-batches in flight; each stage stores KV for all of them.
+    b_max = min(cal.max_num_seqs, int(cap // (n_stages * ctx)),
+                int(cal.max_num_batched_tokens // (1.0 + n_in / n_out)))
+    if b_max < 1:
+        return 0.0
+    tpot = slo.tpot_s / n_stages
+    ttft = slo.ttft_s / n_stages
+    c = _stage_coeffs(arch, gpu, tp, layers)
+    over, alpha, bw = cal.step_overhead_s, cal.pp_alpha_s, cal.pp_bw
+    queue = cal.ttft_queue_steps
+    prefill_ctx = n_in / 2.0
+
+    def step(b: int) -> float:
+        # Chunked prefill interleaves prompts with decodes: b/n_out requests arrive per step.
+        return _step(c, b, b * n_in / n_out, b * ctx, prefill_ctx, over, n_stages, alpha, bw)
+
+    def feasible(b: int) -> tuple[bool, float]:
+        t = step(b)
+        if t > tpot:
+            return False, t
+        # TTFT: wait for the running step(s), then one step carrying the whole prompt.
+        t_first = queue * t + _step(c, b, max(n_in, b * n_in / n_out), b * ctx, prefill_ctx,
+                                    over, n_stages, alpha, bw)
+        return t_first <= ttft, t
+
+    ok, t1 = feasible(1)
+    if not ok:
+        return 0.0
+    lo, t_lo = 1, t1  # feasibility is monotone in b (every term grows with the batch)
+    hi = b_max
+    ok, t_hi = feasible(hi)
+    if ok:
+        lo, t_lo = hi, t_hi
+    else:
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            ok, t_mid = feasible(mid)
+            if ok:
+                lo, t_lo = mid, t_mid
+            else:
+                hi = mid
+    # b / step(b) grows with b (step time has a positive intercept and grows at most linearly),
+    # so the largest feasible batch gives the most requests per second.
+    return lo / (n_out * t_lo)
+
+
+@functools.lru_cache(maxsize=262144)
+def _stage_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_stages: int,
+                      slo: Slo, mix: Mix) -> float:
+    if engine_dtype(arch, gpu) is None or tp < 1 or layers < 1 or layers > arch.layers:
+        return 0.0
+    if mix.input_tokens < 1 or mix.output_tokens < 1 or n_stages < 1:
+        return 0.0
+    model = _model_throughput(arch, gpu, tp, layers, n_stages, slo, mix)
+    if n_stages == 1:
+        measured = _measured_throughput(arch, gpu, tp, slo, mix)
+        if measured is not None:
+            m_layers, m_rps, exact = measured
+            # Keep "fewer layers never slower": the measured point pins its own layer count,
+            # fewer layers do at least as well, more layers at most as well.
+            if layers == m_layers:
+                return m_rps if exact else max(model, m_rps)
+            return max(model, m_rps) if layers < m_layers else min(model, m_rps)
+    return model
+
+
+def stage_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_stages: int,
+                     slo: Slo, mix: Mix) -> float:
+    """Requests/s of ``mix`` that ONE pipeline stage sustains within its SLO share.
+
+    The stage is one node's ``tp`` GPUs holding ``layers`` layers of ``arch``, one of ``n_stages``
+    stages, so it gets TTFT/n_stages and TPOT/n_stages. Finds the largest decode batch B whose
+    step (with chunked prefill interleaved: B * input/output prompt tokens per step) meets the
+    TPOT share, whose prompt step after one queued step meets the TTFT share, and whose KV cache
+    (n_stages micro-batches of B sequences of input + output/2 tokens) fits; returns
+    B / (output_tokens x step). 0.0 when the stage cannot run, does not fit, or misses the SLO.
+    Non-increasing in ``layers``; non-decreasing as the SLO loosens. Measured profiles override.
+    """
+    return _stage_throughput(arch, gpu, tp, layers, n_stages, slo, mix)
+
+
+def is_calibrated(arch_name: str, gpu_name: str) -> bool:
+    """True when the prediction for (arch, gpu) rests on measurements: a measured profile exists,
+    or the GPU has its own fitted factors and the model is of a family the fits cover (dense,
+    16-bit). Uncalibrated pairs use datasheet specs and their GPU class's efficiency."""
+    arch = catalog.model_arch(arch_name, _profiles)
+    gpu = catalog.gpu_spec(gpu_name, _profiles)
+    if any(a == arch.name and g == gpu.name for (a, g, _tp) in _measured()):
+        return True
+    cal = _calibration()
+    family_ok = arch.quantization in cal.calibrated_quantizations and (
+        not arch.is_moe or cal.calibrated_moe)
+    return gpu.name in cal.gpus and family_ok

@@ -1,0 +1,249 @@
+"""Efficiency factors and measured profiles that parameterise :mod:`solver.perf`.
+
+``profiles/calibration.yaml`` holds per-GPU-class and per-GPU efficiency factors fitted by
+``bench/calibrate.py``; ``profiles/measured/*.yaml`` hold measurements written by
+``coral-hpc profile``, which override the analytic model.
+
+Measured profile schema (one file per (arch, gpu, tp); every list optional)::
+
+    arch: llama-3.1-8b        # a key of profiles/models.yaml (or an alias)
+    gpu: a100                 # a key of profiles/gpus.yaml (or an alias)
+    tp: 1
+    layers: 32                # layers held by the measured engine; default: all of the model
+    source: "coral-hpc profile on a100-01, vLLM 0.11.0, 2026-05-01"
+    throughput:               # Melange-style: most req/s that met the SLO, per mix bucket
+      - {input_tokens: 512, output_tokens: 128, ttft_s: 2.0, tpot_s: 0.05, requests_per_s: 10.5}
+    step_latency:             # measured engine steps; they rescale the model's step latency
+      - {decode_seqs: 16, prefill_tokens: 0, context_tokens: 8192, seconds: 0.0132}
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from solver.catalog import CatalogError, GpuSpec, canonical_gpu_name, model_arch
+from solver.resources import profiles_dir
+
+
+@dataclass(frozen=True)
+class Factors:
+    """Efficiency factors of one GPU type (see profiles/calibration.yaml for meanings)."""
+
+    prefill_mfu: float
+    decode_mbu: float
+    kv_mbu: float
+    attn_mfu: float
+    layer_floor_us: float
+    overlap: float = 0.0  # 0: compute and memory time overlap fully (roofline max); 1: they add
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Everything in calibration.yaml, parsed."""
+
+    source: str
+    gpu_memory_utilization: float
+    reserve_gb: float
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    step_overhead_s: float
+    ttft_queue_steps: float
+    classes: dict[str, Factors]
+    gpus: dict[str, Factors]
+    tp_alpha_s: dict[str, float]
+    tp_bus_bw: dict[str, float]  # bytes/s
+    pp_alpha_s: float
+    pp_bw: float  # bytes/s
+    calibrated_quantizations: tuple[str, ...]
+    calibrated_moe: bool
+
+    def __hash__(self) -> int:  # dict fields: identity is enough (one object per file load)
+        return id(self)
+
+    def factors(self, gpu: GpuSpec) -> Factors:
+        """The GPU's own fitted factors, else its class's, else the 'hbm' class's."""
+        if gpu.name in self.gpus:
+            return self.gpus[gpu.name]
+        return self.classes.get(gpu.gpu_class) or self.classes["hbm"]
+
+
+@dataclass(frozen=True)
+class ThroughputPoint:
+    """One measured max-throughput-under-SLO point."""
+
+    input_tokens: int
+    output_tokens: int
+    ttft_s: float
+    tpot_s: float
+    requests_per_s: float
+
+
+@dataclass(frozen=True)
+class StepPoint:
+    """One measured engine step."""
+
+    decode_seqs: int
+    prefill_tokens: int
+    context_tokens: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class MeasuredProfile:
+    """A measured profile of (arch, gpu, tp, layers) from one file."""
+
+    path: str
+    arch: str
+    gpu: str
+    tp: int
+    layers: int
+    source: str
+    throughput: tuple[ThroughputPoint, ...]
+    step_latency: tuple[StepPoint, ...]
+
+
+def _num(path: Path, where: str, entry: dict[str, Any], field: str, kind: type, minimum: float):
+    if field not in entry:
+        raise CatalogError(f"{path}: {where}: missing field '{field}'")
+    try:
+        value = kind(entry[field])
+    except (TypeError, ValueError) as exc:
+        raise CatalogError(
+            f"{path}: {where}: field '{field}' = {entry[field]!r} is not a {kind.__name__}"
+        ) from exc
+    if value < minimum:
+        raise CatalogError(f"{path}: {where}: field '{field}' = {value} must be >= {minimum}")
+    return value
+
+
+def _mapping(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise CatalogError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise CatalogError(f"{path}: expected a mapping at the top level")
+    return data
+
+
+@functools.lru_cache(maxsize=8)
+def load_calibration(profiles: Path | None = None) -> Calibration:
+    """Parse ``calibration.yaml`` from ``profiles`` (default: the shipped profiles folder)."""
+    path = (profiles or profiles_dir()) / "calibration.yaml"
+    if not path.is_file():
+        raise CatalogError(f"{path}: file not found")
+    data = _mapping(path)
+
+    def factors(where: str, entry: Any, base: Factors | None) -> Factors:
+        if not isinstance(entry, dict):
+            raise CatalogError(f"{path}: {where}: expected a mapping of factors")
+        merged = dict(base.__dict__) if base else {}
+        merged.update({k: v for k, v in entry.items() if k in Factors.__dataclass_fields__})
+        missing = [f for f in ("prefill_mfu", "decode_mbu", "kv_mbu", "attn_mfu") if f not in merged]
+        if missing:
+            raise CatalogError(f"{path}: {where}: missing factor(s) {missing}")
+        merged.setdefault("layer_floor_us", 0.0)
+        for name in merged:
+            _num(path, where, merged, name, float, 0.0)
+        return Factors(**{k: float(v) for k, v in merged.items()})
+
+    classes = {str(k): factors(f"classes.{k}", v, None) for k, v in (data.get("classes") or {}).items()}
+    if "hbm" not in classes:
+        raise CatalogError(f"{path}: classes: the default class 'hbm' is missing")
+    from solver.catalog import gpu_spec
+
+    gpus: dict[str, Factors] = {}
+    for name, entry in (data.get("gpus") or {}).items():
+        canonical = canonical_gpu_name(str(name), profiles)
+        if canonical is None:
+            raise CatalogError(f"{path}: gpus.{name}: not a GPU type in gpus.yaml")
+        base = classes.get(gpu_spec(canonical, profiles).gpu_class, classes["hbm"])
+        gpus[canonical] = factors(f"gpus.{name}", entry, base)
+    engine = data.get("engine") or {}
+    tp_comm = data.get("tp_comm") or {}
+    for kind in ("nvlink", "pcie"):
+        if kind not in tp_comm:
+            raise CatalogError(f"{path}: tp_comm: missing '{kind}'")
+    pipeline = data.get("pipeline") or {}
+    return Calibration(
+        source=str(data.get("source", "")),
+        gpu_memory_utilization=float(engine.get("gpu_memory_utilization", 0.9)),
+        reserve_gb=float(engine.get("reserve_gb", 2.0)),
+        max_num_seqs=int(engine.get("max_num_seqs", 256)),
+        max_num_batched_tokens=int(engine.get("max_num_batched_tokens", 8192)),
+        step_overhead_s=float(engine.get("step_overhead_ms", 1.5)) / 1e3,
+        ttft_queue_steps=float(engine.get("ttft_queue_steps", 1.0)),
+        classes=classes,
+        gpus=gpus,
+        tp_alpha_s={k: _num(path, f"tp_comm.{k}", v, "alpha_us", float, 0) / 1e6 for k, v in tp_comm.items()},
+        tp_bus_bw={k: _num(path, f"tp_comm.{k}", v, "bus_bw_gbs", float, 1e-9) * 1e9 for k, v in tp_comm.items()},
+        pp_alpha_s=float(pipeline.get("alpha_ms", 0.25)) / 1e3,
+        pp_bw=float(pipeline.get("bw_gbs", 10.0)) * 1e9,
+        calibrated_quantizations=tuple(data.get("calibrated_quantizations") or ("bf16",)),
+        calibrated_moe=bool(data.get("calibrated_moe", False)),
+    )
+
+
+def parse_measured(path: Path, profiles: Path | None = None) -> MeasuredProfile:
+    """Parse and validate one measured profile file (errors name the file and field)."""
+    data = _mapping(path)
+    for field in ("arch", "gpu"):
+        if field not in data:
+            raise CatalogError(f"{path}: missing field '{field}'")
+    try:
+        arch = model_arch(str(data["arch"]), profiles)
+    except KeyError as exc:
+        raise CatalogError(f"{path}: field 'arch': {exc.args[0]}") from exc
+    gpu = canonical_gpu_name(str(data["gpu"]), profiles)
+    if gpu is None:
+        raise CatalogError(f"{path}: field 'gpu': unknown GPU type {data['gpu']!r}")
+    tp = _num(path, "top level", data, "tp", int, 1)
+    layers = _num(path, "top level", {"layers": data.get("layers", arch.layers)}, "layers", int, 1)
+    if layers > arch.layers:
+        raise CatalogError(f"{path}: field 'layers' = {layers} exceeds the model's {arch.layers}")
+    throughput = []
+    for i, entry in enumerate(data.get("throughput") or []):
+        where = f"throughput[{i}]"
+        if not isinstance(entry, dict):
+            raise CatalogError(f"{path}: {where}: expected a mapping")
+        throughput.append(ThroughputPoint(
+            input_tokens=_num(path, where, entry, "input_tokens", int, 1),
+            output_tokens=_num(path, where, entry, "output_tokens", int, 1),
+            ttft_s=_num(path, where, entry, "ttft_s", float, 0),
+            tpot_s=_num(path, where, entry, "tpot_s", float, 0),
+            requests_per_s=_num(path, where, entry, "requests_per_s", float, 0),
+        ))
+    steps = []
+    for i, entry in enumerate(data.get("step_latency") or []):
+        where = f"step_latency[{i}]"
+        if not isinstance(entry, dict):
+            raise CatalogError(f"{path}: {where}: expected a mapping")
+        steps.append(StepPoint(
+            decode_seqs=_num(path, where, entry, "decode_seqs", int, 0),
+            prefill_tokens=_num(path, where, entry, "prefill_tokens", int, 0),
+            context_tokens=_num(path, where, entry, "context_tokens", int, 0),
+            seconds=_num(path, where, entry, "seconds", float, 1e-9),
+        ))
+    return MeasuredProfile(
+        path=str(path), arch=arch.name, gpu=gpu, tp=tp, layers=layers,
+        source=str(data.get("source", "")), throughput=tuple(throughput), step_latency=tuple(steps),
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def load_measured(measured_dirs: tuple[Path, ...], profiles: Path | None = None
+                  ) -> dict[tuple[str, str, int], tuple[MeasuredProfile, ...]]:
+    """All measured profiles under ``measured_dirs`` (``*.yaml``), keyed by (arch, gpu, tp)."""
+    found: dict[tuple[str, str, int], list[MeasuredProfile]] = {}
+    for folder in measured_dirs:
+        if not folder.is_dir():
+            continue
+        for path in sorted(folder.glob("*.yaml")):
+            profile = parse_measured(path, profiles)
+            found.setdefault((profile.arch, profile.gpu, profile.tp), []).append(profile)
+    return {key: tuple(v) for key, v in found.items()}
