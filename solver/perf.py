@@ -20,6 +20,14 @@ from pathlib import Path
 
 from solver import catalog
 from solver.catalog import GpuSpec, ModelArch
+from solver.perf_model import (
+    StageCoeffs,
+    build_coeffs,
+    kv_bytes_per_token_per_gpu,
+    stage_weight_bytes_per_gpu,
+    step_time,
+    with_correction,
+)
 from solver.perf_profiles import Calibration, MeasuredProfile, load_calibration, load_measured
 from solver.resources import profiles_dir
 
@@ -110,26 +118,14 @@ def engine_dtype(arch: ModelArch, gpu: GpuSpec) -> str | None:
 
 # --- memory ---------------------------------------------------------------------------------
 
-def _stage_weight_bytes_per_gpu(arch: ModelArch, tp: int, layers: int) -> float:
-    # Embeddings and lm_head are spread over layers in proportion, so a stage's weights grow with
-    # the layers it holds (keeps every quantity monotone in `layers`; exact for a whole model).
-    return arch.weight_bytes * layers / arch.layers / tp
-
-
-def _kv_bytes_per_token_per_gpu(arch: ModelArch, tp: int, layers: int) -> float:
-    # KV heads are split across TP ranks; when tp > kv_heads each rank keeps one replicated head.
-    head_share = max(1.0 / tp, 1.0 / arch.kv_heads)
-    return arch.kv_bytes_per_token * layers / arch.layers * head_share
-
-
 @functools.lru_cache(maxsize=65536)
 def _kv_capacity(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, util: float) -> int:
     cal = _calibration()
     free = util * gpu.memory_gb * 1e9 - cal.reserve_gb * 1e9
-    free -= _stage_weight_bytes_per_gpu(arch, tp, layers)
+    free -= stage_weight_bytes_per_gpu(arch, tp, layers)
     if free <= 0:
         return 0
-    return int(free // _kv_bytes_per_token_per_gpu(arch, tp, layers))
+    return int(free // kv_bytes_per_token_per_gpu(arch, tp, layers))
 
 
 def kv_capacity_tokens(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int,
@@ -144,100 +140,20 @@ def kv_capacity_tokens(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int,
 
 # --- step latency ---------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class _Coeffs:
-    """Per-(arch, gpu, tp, layers) constants, so one step costs a handful of float operations."""
-
-    flops_per_token: float  # linear layers, per GPU, per token
-    lm_head_flops: float  # per decoded token (share of this stage), per GPU
-    attn_flops: float  # per (query token x context token), per GPU
-    flops: float  # effective FLOP/s (prefill MFU x peak)
-    attn_flops_rate: float
-    dense_bytes: float  # weights always read per step, per GPU
-    expert_bytes: float  # routed-expert weights, per GPU (read in proportion to experts touched)
-    expert_pick: float  # active_experts / experts
-    weight_bw: float  # effective bytes/s for weights
-    kv_bytes_per_token: float  # per GPU
-    kv_bw: float
-    overlap: float
-    floor_s: float  # per step: layers x layer floor
-    comm_alpha_s: float  # per step: 2 x layers x alpha (0 when tp == 1)
-    comm_s_per_token: float  # per step per token: 2 x layers x ring factor x hidden x 2 B / bus BW
-    hidden_bytes: float  # activation bytes per token handed to the next stage
-    correction: float  # measured/model ratio from measured step latencies (1.0 if none)
-
-
 @functools.lru_cache(maxsize=65536)
-def _base_coeffs(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int) -> _Coeffs:
+def _base_coeffs(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int) -> StageCoeffs:
     """The analytic model's coefficients, before any measured correction."""
     cal = _calibration()
-    f = cal.factors(gpu)
-    share = layers / arch.layers
-    per_layer_dense = arch.weights_per_layer_bytes - arch.expert_bytes_per_layer
-    lm_head_bytes = arch.embedding_bytes / (1 if arch.tied_embeddings else 2)
-    if tp > 1:
-        alpha = cal.tp_alpha_s[gpu.interconnect]
-        ring = 2.0 * (tp - 1) / tp
-        comm_alpha = 2 * layers * alpha
-        comm_per_token = 2 * layers * ring * arch.hidden * 2.0 / cal.tp_bus_bw[gpu.interconnect]
-    else:
-        comm_alpha = comm_per_token = 0.0
-    return _Coeffs(
-        flops_per_token=2.0 * arch.active_params_per_layer * layers / tp,
-        lm_head_flops=2.0 * arch.hidden * arch.vocab * share / tp,
-        attn_flops=4.0 * arch.q_heads * arch.head_dim * layers / tp,
-        flops=gpu.fp16_tflops * 1e12 * f.prefill_mfu,
-        attn_flops_rate=gpu.fp16_tflops * 1e12 * f.attn_mfu,
-        dense_bytes=(per_layer_dense * layers + lm_head_bytes * share) / tp,
-        expert_bytes=arch.expert_bytes_per_layer * layers / tp,
-        expert_pick=arch.active_experts / arch.experts if arch.experts else 0.0,
-        weight_bw=gpu.mem_bw_gbs * 1e9 * f.decode_mbu,
-        kv_bytes_per_token=_kv_bytes_per_token_per_gpu(arch, tp, layers),
-        kv_bw=gpu.mem_bw_gbs * 1e9 * f.kv_mbu,
-        overlap=f.overlap,
-        floor_s=layers * f.layer_floor_us * 1e-6,
-        comm_alpha_s=comm_alpha,
-        comm_s_per_token=comm_per_token,
-        hidden_bytes=arch.hidden * 2.0,
-        correction=1.0,
-    )
+    return build_coeffs(arch, gpu, tp, layers, cal.factors(gpu), cal.tp_alpha_s[gpu.interconnect],
+                        cal.tp_bus_bw[gpu.interconnect])
 
 
 @functools.lru_cache(maxsize=65536)
-def _stage_coeffs(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int) -> _Coeffs:
+def _stage_coeffs(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int) -> StageCoeffs:
     """Coefficients with the measured step-latency correction of (arch, gpu, tp) applied."""
     coeffs = _base_coeffs(arch, gpu, tp, layers)
     correction = _step_correction(arch, gpu, tp)
-    if correction != 1.0:
-        coeffs = _Coeffs(**{**coeffs.__dict__, "correction": correction})
-    return coeffs
-
-
-def _compute_time(c: _Coeffs, decode: float, prefill: float, context: float,
-                  prefill_ctx: float) -> float:
-    """Busy time of the GPUs for one step, without per-step overheads (seconds)."""
-    tokens = decode + prefill
-    t_flops = (c.flops_per_token * tokens + c.lm_head_flops * decode) / c.flops
-    t_flops += c.attn_flops * (prefill * prefill_ctx + context) / c.attn_flops_rate
-    weights = c.dense_bytes
-    if c.expert_bytes:
-        # expected fraction of experts at least one of `tokens` tokens routes to
-        weights += c.expert_bytes * (1.0 - (1.0 - c.expert_pick) ** tokens)
-    t_mem = weights / c.weight_bw + c.kv_bytes_per_token * (context + prefill) / c.kv_bw
-    hi, lo = (t_flops, t_mem) if t_flops >= t_mem else (t_mem, t_flops)
-    t = hi + c.overlap * lo + c.floor_s
-    if c.comm_alpha_s:
-        t += c.comm_alpha_s + c.comm_s_per_token * tokens
-    return t
-
-
-def _step(c: _Coeffs, decode: float, prefill: float, context: float, prefill_ctx: float,
-          overhead_s: float, n_stages: int, pp_alpha_s: float, pp_bw: float) -> float:
-    t = (_compute_time(c, decode, prefill, context, prefill_ctx) + overhead_s / n_stages)
-    t *= c.correction
-    if n_stages > 1:
-        t += pp_alpha_s + (decode + prefill) * c.hidden_bytes / pp_bw
-    return t
+    return coeffs if correction == 1.0 else with_correction(coeffs, correction)
 
 
 def step_latency_s(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, decode_seqs: int,
@@ -250,7 +166,7 @@ def step_latency_s(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, decode_s
     """
     cal = _calibration()
     c = _stage_coeffs(arch, gpu, tp, layers)
-    return _step(c, decode_seqs, prefill_tokens, context_tokens, prefill_tokens / 2.0,
+    return step_time(c, decode_seqs, prefill_tokens, context_tokens, prefill_tokens / 2.0,
                  cal.step_overhead_s, 1, cal.pp_alpha_s, cal.pp_bw)
 
 
@@ -266,7 +182,7 @@ def _step_correction(arch: ModelArch, gpu: GpuSpec, tp: int) -> float:
             continue
         c = _base_coeffs(arch, gpu, tp, profile.layers)
         for point in profile.step_latency:
-            model = _step(c, point.decode_seqs, point.prefill_tokens, point.context_tokens,
+            model = step_time(c, point.decode_seqs, point.prefill_tokens, point.context_tokens,
                           point.prefill_tokens / 2.0, cal.step_overhead_s, 1, 0.0, 1.0)
             ratios.append(point.seconds / model)
     if not ratios:
@@ -320,14 +236,14 @@ def _model_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_sta
 
     def step(b: int) -> float:
         # Chunked prefill interleaves prompts with decodes: b/n_out requests arrive per step.
-        return _step(c, b, b * n_in / n_out, b * ctx, prefill_ctx, over, n_stages, alpha, bw)
+        return step_time(c, b, b * n_in / n_out, b * ctx, prefill_ctx, over, n_stages, alpha, bw)
 
     def feasible(b: int) -> tuple[bool, float]:
         t = step(b)
         if t > tpot:
             return False, t
         # TTFT: wait for the running step(s), then one step carrying the whole prompt.
-        t_first = queue * t + _step(c, b, max(n_in, b * n_in / n_out), b * ctx, prefill_ctx,
+        t_first = queue * t + step_time(c, b, max(n_in, b * n_in / n_out), b * ctx, prefill_ctx,
                                     over, n_stages, alpha, bw)
         return t_first <= ttft, t
 
@@ -387,12 +303,13 @@ def stage_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_stag
     return _stage_throughput(arch, gpu, tp, layers, n_stages, slo, mix)
 
 
-def is_calibrated(arch_name: str, gpu_name: str) -> bool:
+def is_calibrated(arch_name: str | ModelArch, gpu_name: str | GpuSpec) -> bool:
     """True when the prediction for (arch, gpu) rests on measurements: a measured profile exists,
     or the GPU has its own fitted factors and the model is of a family the fits cover (dense,
-    16-bit). Uncalibrated pairs use datasheet specs and their GPU class's efficiency."""
-    arch = catalog.model_arch(arch_name, _profiles)
-    gpu = catalog.gpu_spec(gpu_name, _profiles)
+    16-bit). Uncalibrated pairs use datasheet specs and their GPU class's efficiency.
+    Accepts names (aliases too) or the catalog objects themselves."""
+    arch = arch_name if isinstance(arch_name, ModelArch) else catalog.model_arch(arch_name, _profiles)
+    gpu = gpu_name if isinstance(gpu_name, GpuSpec) else catalog.gpu_spec(gpu_name, _profiles)
     if any(a == arch.name and g == gpu.name for (a, g, _tp) in _measured()):
         return True
     cal = _calibration()

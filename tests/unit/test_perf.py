@@ -132,6 +132,7 @@ def test_calibration_flags():
     assert is_calibrated("llama-3.1-8b", "a100")
     assert not is_calibrated("llama-3.1-8b", "h200")  # no public data on H200
     assert not is_calibrated("mixtral-8x7b", "a100")  # MoE not covered by the measurements
+    assert is_calibrated(model_arch("qwen3-8b"), gpu_spec("a100-40g"))
 
 
 def _write_measured(folder, text):
