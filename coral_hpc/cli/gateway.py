@@ -1,0 +1,133 @@
+"""``coral-hpc gateway models.yaml`` (run the gateway alone) and ``coral-hpc keys`` (API keys)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import click
+
+from coral_hpc.cli._output import console, fail, print_json
+from coral_hpc.config import load_deployment
+from coral_hpc.errors import ConfigError, PermanentError
+
+
+@click.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--table", "table", type=click.Path(dir_okay=False),
+              help="Routing table to follow [default: <state_dir>/<deployment>/routing-table.json].")
+@click.option("--replica-key-file", type=click.Path(dir_okay=False),
+              help="File holding the key replicas require [default: "
+                   "<state_dir>/<deployment>/replica.key, when it exists].")
+@click.option("--listen", help="host:port, overriding gateway.listen (port 0 = any free port).")
+@click.option("--ready-file", type=click.Path(dir_okay=False),
+              help="Write the bound host:port here once listening.")
+@click.option("--read-timeout", type=float, default=600.0, show_default=True,
+              help="Seconds of silence from a replica before it counts as stalled.")
+@click.option("--probe-interval", type=float, default=1.0, show_default=True,
+              help="Seconds between /health probes of each replica.")
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"]))
+def gateway(file: str, table: str | None, replica_key_file: str | None, listen: str | None,
+            ready_file: str | None, read_timeout: float, probe_interval: float,
+            log_level: str) -> None:
+    """Serve every model of FILE behind one OpenAI-compatible endpoint."""
+    from coral_hpc.gateway.proxy import GatewaySettings
+    from coral_hpc.gateway.server import run_gateway
+    from coral_hpc.gateway.table import default_replica_key_path, default_table_path
+
+    try:
+        deployment = load_deployment(file)
+    except ConfigError as exc:
+        fail(exc.problems + [f"{file}: {len(exc.problems)} problem(s); gateway not started"])
+    config = deployment.gateway
+    host, port = config.host, config.port
+    if listen is not None:
+        # port 0 (any free port, reported in --ready-file) is fine here, unlike in models.yaml
+        host, _, port_text = listen.rpartition(":")
+        host = host.strip("[]")
+        if not host or not port_text.isdigit() or int(port_text) > 65535:
+            fail(f"--listen {listen!r}: expected host:port such as 127.0.0.1:8000")
+        port = int(port_text)
+    if replica_key_file is None:
+        default_key = default_replica_key_path(deployment)
+        key_path = default_key if default_key.exists() else None
+    else:
+        key_path = Path(replica_key_file)
+        if not key_path.exists():
+            fail(f"--replica-key-file {replica_key_file}: no such file")
+    settings = GatewaySettings(
+        models=tuple(m.name for m in deployment.models),
+        table_path=Path(table) if table else default_table_path(deployment),
+        api_keys_file=Path(config.api_keys_file).expanduser() if config.api_keys_file else None,
+        replica_key_file=key_path,
+        max_body_bytes=config.max_body_bytes,
+        read_timeout_s=read_timeout,
+        probe_interval_s=probe_interval,
+    )
+    logging.basicConfig(level=log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        run_gateway(settings, host, port, Path(ready_file) if ready_file else None)
+    except PermanentError as exc:
+        fail(f"{file}: {exc}")
+    except OSError as exc:
+        fail(f"gateway cannot listen on {host}:{port}: {exc.strerror or exc}", status=3)
+
+
+@click.group()
+def keys() -> None:
+    """Manage the gateway's API-keys file (hashes only; a key is shown once)."""
+
+
+@keys.command("add")
+@click.argument("keys_file", type=click.Path(dir_okay=False))
+@click.argument("name")
+def keys_add(keys_file: str, name: str) -> None:
+    """Create key NAME in KEYS_FILE and print it (the only time it is shown)."""
+    from coral_hpc.gateway.auth import KeysFileError, add_key
+
+    try:
+        key = add_key(keys_file, name)
+    except KeysFileError as exc:
+        fail(str(exc))
+    click.echo(key)
+    click.echo(f"key {name!r} added to {keys_file}; store it now, it is not kept", err=True)
+
+
+@keys.command("list")
+@click.argument("keys_file", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
+def keys_list(keys_file: str, as_json: bool) -> None:
+    """List the key names in KEYS_FILE."""
+    from coral_hpc.gateway.auth import KeysFileError, read_keys_file
+
+    try:
+        entries = read_keys_file(keys_file)
+    except KeysFileError as exc:
+        fail(str(exc))
+    rows = [{"name": e.name, "created": e.created, "sha256_prefix": e.digest[:12]}
+            for e in entries]
+    if as_json:
+        print_json(rows)
+        return
+    from rich.table import Table
+
+    table = Table("name", "created", "sha256 prefix")
+    for row in rows:
+        table.add_row(row["name"], row["created"], row["sha256_prefix"])
+    console.print(table)
+
+
+@keys.command("remove")
+@click.argument("keys_file", type=click.Path(dir_okay=False))
+@click.argument("name")
+def keys_remove(keys_file: str, name: str) -> None:
+    """Delete key NAME from KEYS_FILE (a running gateway notices within a second)."""
+    from coral_hpc.gateway.auth import KeysFileError, remove_key
+
+    try:
+        remove_key(keys_file, name)
+    except KeysFileError as exc:
+        fail(str(exc))
+    click.echo(f"key {name!r} removed from {keys_file}", err=True)

@@ -1,0 +1,543 @@
+"""The gateway's HTTP application: one OpenAI-compatible endpoint in front of every model's replicas.
+
+Request path (``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``)::
+
+    key (401) → size (413) → JSON (400) → model known (404) → a READY replica (503 + Retry-After)
+    → forward; on a transport failure before any byte reached the client, mark the replica down
+      and retry on another one (at most ``max_retries`` times); once a stream has started, a failure
+      ends it with an SSE error event.
+
+Background tasks: a poller that reloads the routing table, the API-keys file and the replica key
+when they change (a ``stat`` per interval), and a prober that checks every replica's ``/health``
+so a replica taken out after a failure comes back when it answers again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from coral_hpc.gateway.auth import KeyChecker, KeysFileError, is_loopback, read_keys_file
+from coral_hpc.gateway.metering import DemandMeter, GatewayMetrics
+from coral_hpc.gateway.routing import ReplicaState, Router
+from coral_hpc.gateway.streaming import SSEFramer, StreamUsage, error_event
+from coral_hpc.gateway.table import RoutingTableError, read_routing_table
+
+log = logging.getLogger("coral_hpc.gateway")
+
+#: OpenAI endpoints forwarded to replicas.
+PROXIED_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+ANONYMOUS = "anonymous"
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    """Everything the gateway process needs. Every tuning field has a default and a reason."""
+
+    models: tuple[str, ...]                      # configured models: 503 when none READY, else 404
+    table_path: Path | None = None               # the daemon's routing table
+    api_keys_file: Path | None = None            # hashed client keys; None = no client auth
+    replica_key_file: Path | None = None         # the key replicas require (sent upstream)
+    max_body_bytes: int = 4 * 1024 * 1024        # 413 above this
+    #: Connecting to a replica on the same cluster network takes milliseconds; seconds mean dead.
+    connect_timeout_s: float = 3.0
+    #: Longest silence from a replica before it counts as stalled. Generous: a non-streaming
+    #: request sends nothing until the whole answer is done.
+    read_timeout_s: float = 600.0
+    max_retries: int = 2                         # other replicas tried after a transport failure
+    poll_interval_s: float = 0.5                 # routing table / keys file change check
+    probe_interval_s: float = 1.0                # /health of every replica
+    probe_timeout_s: float = 2.0
+    retry_after_s: int = 10                      # Retry-After on 503: a replica takes a while
+    max_connections_per_replica: int = 1024      # one pool per replica
+
+
+class _UpstreamFailed(Exception):
+    """A replica failed before any byte of its answer reached the client: safe to retry."""
+
+
+def _error(status: int, message: str, kind: str, headers: dict[str, str] | None = None
+           ) -> web.Response:
+    body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
+    return web.Response(status=status, body=json.dumps(body).encode(),
+                        content_type="application/json", headers=headers)
+
+
+def _estimate_prompt_tokens(payload: dict) -> int:
+    """About 4 characters per token, for answers that carry no ``usage``."""
+    chars = 0
+    for message in payload.get("messages") or ():
+        if isinstance(message, dict):
+            content = message.get("content")
+            if isinstance(content, str):
+                chars += len(content)
+            elif isinstance(content, list):
+                chars += sum(len(p.get("text", "")) for p in content if isinstance(p, dict))
+    for name in ("prompt", "input"):
+        value = payload.get(name)
+        if isinstance(value, str):
+            chars += len(value)
+        elif isinstance(value, list):
+            chars += sum(len(v) for v in value if isinstance(v, str))
+    return math.ceil(chars / 4)
+
+
+def _usage_counts(usage: Any) -> tuple[int, int] | None:
+    if not isinstance(usage, dict):
+        return None
+    prompt = usage.get("prompt_tokens")
+    generated = usage.get("completion_tokens", 0)
+    if not isinstance(prompt, int) or not isinstance(generated, int):
+        return None
+    return prompt, generated
+
+
+@dataclass
+class _Reloadable:
+    """A file re-read when its (inode, mtime, size) changes."""
+
+    path: Path | None
+    stamp: tuple[int, int, int] | None = None
+    problem: str | None = field(default=None)
+
+    def changed(self) -> bool:
+        if self.path is None:
+            return False
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            stamp = None
+        else:
+            stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if stamp == self.stamp:
+            return False
+        self.stamp = stamp
+        return stamp is not None
+
+
+class Gateway:
+    """The gateway's state and handlers. Construct, then :meth:`build_app`; nothing starts until
+    the app does (no threads, no I/O in the constructor)."""
+
+    def __init__(self, settings: GatewaySettings, keys: KeyChecker | None = None) -> None:
+        self.settings = settings
+        self.router = Router()
+        self.meter = DemandMeter()
+        self.metrics = GatewayMetrics(self._ready_counts)
+        self._configured = set(settings.models)
+        self._known = set(settings.models)
+        self._keys = keys
+        self._upstream_headers = {"Content-Type": "application/json"}
+        self._sessions: dict[ReplicaState, aiohttp.ClientSession] = {}
+        self._probe_session: aiohttp.ClientSession | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._table_file = _Reloadable(settings.table_path)
+        self._keys_file = _Reloadable(settings.api_keys_file)
+        self._replica_key_file = _Reloadable(settings.replica_key_file)
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, connect=settings.connect_timeout_s, sock_read=settings.read_timeout_s
+        )
+
+    # ------------------------------------------------------------------ app and lifecycle
+
+    def build_app(self) -> web.Application:
+        """The aiohttp application; its start-up hook starts the poller and the prober."""
+        app = web.Application(client_max_size=self.settings.max_body_bytes)
+        for path in PROXIED_PATHS:
+            app.router.add_post(path, self.handle_proxy)
+        app.router.add_get("/v1/models", self.handle_models)
+        app.router.add_get("/health", self.handle_health)
+        app.router.add_get("/metrics", self.handle_metrics)
+        app.router.add_get("/internal/demand", self.handle_demand)
+        app.router.add_get("/internal/routing", self.handle_routing)
+        app.on_startup.append(self._on_startup)
+        app.on_cleanup.append(self._on_cleanup)
+        return app
+
+    async def _on_startup(self, app: web.Application) -> None:
+        self._reload_files()
+        self._probe_session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=self.settings.probe_timeout_s),
+            connector=aiohttp.TCPConnector(limit=64, force_close=True),
+        )
+        self._tasks = [
+            asyncio.create_task(self._loop(self.settings.poll_interval_s, self._reload_files)),
+            asyncio.create_task(self._loop(self.settings.probe_interval_s, self._probe_all)),
+        ]
+
+    async def _on_cleanup(self, app: web.Application) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for session in list(self._sessions.values()):
+            await session.close()
+        self._sessions.clear()
+        if self._probe_session is not None:
+            await self._probe_session.close()
+
+    async def _loop(self, interval: float, step) -> None:
+        """Run ``step`` every ``interval`` seconds; errors are logged here, at the loop boundary."""
+        while True:
+            try:
+                result = step()
+                if asyncio.iscoroutine(result):
+                    await result
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # noqa: BLE001 - one bad step must not stop the loop
+                log.exception("gateway background step %s failed", getattr(step, "__name__", step))
+            await asyncio.sleep(interval)
+
+    # ------------------------------------------------------------------ reloading
+
+    def _reload_files(self) -> None:
+        if self._table_file.changed():
+            self._reload_table()
+        if self._keys_file.changed():
+            try:
+                self._keys = KeyChecker(read_keys_file(self._keys_file.path))
+                log.info("API keys reloaded from %s", self._keys_file.path)
+            except KeysFileError as exc:
+                # keep the keys we had: a half-edited file must not lock everyone out or open up
+                log.error("%s (keeping the previous keys)", exc)
+        if self._replica_key_file.changed():
+            path = self._replica_key_file.path
+            try:
+                if os.stat(path).st_mode & 0o077:
+                    log.warning("%s is readable by others; it should be mode 0600", path)
+                key = Path(path).read_text(encoding="utf-8").strip()
+            except OSError as exc:
+                log.error("cannot read the replica key file %s: %s", path, exc.strerror)
+            else:
+                self._upstream_headers = {"Content-Type": "application/json",
+                                          "Authorization": f"Bearer {key}"}
+                log.info("replica key loaded from %s", path)
+
+    def _reload_table(self) -> None:
+        path = self._table_file.path
+        try:
+            table = read_routing_table(path)
+        except (OSError, RoutingTableError) as exc:
+            log.error("routing table not loaded: %s (keeping version %s)", exc, self.router.version)
+            return
+        if self.router.version is not None and table.version <= self.router.version:
+            log.warning("routing table %s has version %d, not newer than %d; ignored",
+                        path, table.version, self.router.version)
+            return
+        diff, dropped = self.router.apply(table)
+        self._known = self._configured | set(table.models)
+        for state in dropped:
+            if state.outstanding == 0:
+                self._close_session(state)
+        log.info("routing table version %d: +%d -%d reweighted %d", table.version,
+                 len(diff.added), len(diff.removed), len(diff.reweighted))
+
+    def _close_session(self, state: ReplicaState) -> None:
+        session = self._sessions.pop(state, None)
+        if session is not None:
+            asyncio.get_running_loop().create_task(session.close())
+
+    def _session(self, state: ReplicaState) -> aiohttp.ClientSession:
+        session = self._sessions.get(state)
+        if session is None:
+            session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(
+                    limit=self.settings.max_connections_per_replica, keepalive_timeout=30
+                ),
+                timeout=self._timeout,
+                auto_decompress=False,
+                cookie_jar=aiohttp.DummyCookieJar(),
+                skip_auto_headers=("User-Agent", "Accept-Encoding"),
+            )
+            self._sessions[state] = session
+        return session
+
+    # ------------------------------------------------------------------ health
+
+    def _ready_counts(self) -> dict[str, tuple[int, int]]:
+        counts = {m: (0, 0) for m in self._known}
+        for model, states in self.router.models.items():
+            counts[model] = (sum(1 for s in states if s.healthy), len(states))
+        return counts
+
+    def _mark_down(self, state: ReplicaState, why: str) -> None:
+        if state.healthy:
+            log.warning("replica %s of %s (%s) taken out: %s", state.id, state.model, state.url,
+                        why)
+        state.healthy = False
+
+    async def _probe(self, state: ReplicaState) -> None:
+        try:
+            async with self._probe_session.get(state.url + "/health") as resp:
+                ok = resp.status == 200
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            ok = False
+        if state.removed:
+            return
+        if ok and not state.healthy:
+            log.info("replica %s of %s answers /health again; back in", state.id, state.model)
+            state.healthy = True
+        elif not ok:
+            self._mark_down(state, "/health did not answer 200")
+
+    async def _probe_all(self) -> None:
+        states = [s for states in self.router.models.values() for s in states]
+        if states:
+            await asyncio.gather(*(self._probe(s) for s in states))
+
+    # ------------------------------------------------------------------ small endpoints
+
+    def _authorized_internal(self, request: web.Request) -> bool:
+        """Metrics and internal JSON: open to this machine, else a valid key."""
+        if self._keys is None or is_loopback(request.remote or ""):
+            return True
+        return self._keys.name_for(request.headers.get("Authorization")) is not None
+
+    async def handle_health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "table_version": self.router.version})
+
+    async def handle_models(self, request: web.Request) -> web.Response:
+        if self._keys is not None and self._keys.name_for(request.headers.get("Authorization")) is None:
+            return _error(401, "missing or invalid API key", "authentication_error")
+        data = [{"id": m, "object": "model", "created": 0, "owned_by": "coral-hpc"}
+                for m in sorted(self._known)]
+        return web.json_response({"object": "list", "data": data})
+
+    async def handle_metrics(self, request: web.Request) -> web.Response:
+        if not self._authorized_internal(request):
+            return _error(401, "missing or invalid API key", "authentication_error")
+        return web.Response(body=generate_latest(self.metrics.registry),
+                            headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def handle_demand(self, request: web.Request) -> web.Response:
+        if not self._authorized_internal(request):
+            return _error(401, "missing or invalid API key", "authentication_error")
+        snapshot = self.meter.snapshot(self.router.ready_count, tuple(sorted(self._known)))
+        snapshot["table_version"] = self.router.version
+        return web.json_response(snapshot)
+
+    async def handle_routing(self, request: web.Request) -> web.Response:
+        if not self._authorized_internal(request):
+            return _error(401, "missing or invalid API key", "authentication_error")
+        return web.json_response({
+            "version": self.router.version,
+            "models": {m: [s.describe() for s in self.router.replicas(m)]
+                       for m in sorted(self._known)},
+        })
+
+    # ------------------------------------------------------------------ the proxy
+
+    async def handle_proxy(self, request: web.Request) -> web.StreamResponse:
+        """Check, route and forward one OpenAI request."""
+        key = ANONYMOUS
+        if self._keys is not None:
+            key = self._keys.name_for(request.headers.get("Authorization"))
+            if key is None:
+                self.metrics.client_errors.labels("401").inc()
+                return _error(401, "missing or invalid API key: send 'Authorization: Bearer <key>'",
+                              "authentication_error")
+        limit = self.settings.max_body_bytes
+        if request.content_length is not None and request.content_length > limit:
+            self.metrics.client_errors.labels("413").inc()
+            return _error(413, f"request body over {limit} bytes", "invalid_request_error")
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            self.metrics.client_errors.labels("413").inc()
+            return _error(413, f"request body over {limit} bytes", "invalid_request_error")
+        try:
+            payload = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            self.metrics.client_errors.labels("400").inc()
+            return _error(400, f"request body is not valid JSON: {exc}", "invalid_request_error")
+        if not isinstance(payload, dict) or not isinstance(payload.get("model"), str):
+            self.metrics.client_errors.labels("400").inc()
+            return _error(400, "request body must be a JSON object with a string 'model'",
+                          "invalid_request_error")
+        model = payload["model"]
+        stream = payload.get("stream", False)
+        if not isinstance(stream, bool):
+            self.metrics.client_errors.labels("400").inc()
+            return _error(400, "'stream' must be true or false", "invalid_request_error")
+        if model not in self._known:
+            self.metrics.client_errors.labels("404").inc()
+            return _error(404, f"model {model!r} is not served here; GET /v1/models lists them",
+                          "not_found_error")
+        children = self.metrics.children(model, key)
+        children.requests.inc()
+        replica = self.router.choose(model)
+        if replica is None:
+            self.meter.record_arrival(model, key, rejected=True)
+            children.rejected.inc()
+            return _error(503, f"model {model!r} has no READY replica now; retry later",
+                          "service_unavailable",
+                          headers={"Retry-After": str(self.settings.retry_after_s)})
+        self.meter.record_arrival(model, key)
+        started = time.perf_counter()
+        tried: list[ReplicaState] = []
+        while True:
+            current = replica
+            current.outstanding += 1
+            try:
+                if stream:
+                    response = await self._forward_stream(request, current, body, payload, key,
+                                                          children, started)
+                else:
+                    response = await self._forward(request, current, body, payload, key)
+                break
+            except _UpstreamFailed as exc:
+                current.failures += 1
+                self._mark_down(current, str(exc))
+                tried.append(current)
+                replica = (self.router.choose(model, exclude=tried)
+                           if len(tried) <= self.settings.max_retries else None)
+                if replica is None:
+                    self.metrics.errors.labels(model, "upstream_failed").inc()
+                    return _error(502, f"{len(tried)} replica(s) of {model!r} failed: {exc}",
+                                  "upstream_error")
+                self.metrics.retries.labels(model).inc()
+            finally:
+                self._done_with(current)
+        children.latency.observe(time.perf_counter() - started)
+        return response
+
+    def _done_with(self, state: ReplicaState) -> None:
+        state.outstanding -= 1
+        if state.removed and state.outstanding == 0:
+            self._close_session(state)
+
+    async def _forward(self, request: web.Request, replica: ReplicaState, body: bytes,
+                       payload: dict, key: str) -> web.Response:
+        session = self._session(replica)
+        try:
+            async with session.post(replica.url + request.path, data=body,
+                                    headers=self._upstream_headers) as resp:
+                data = await resp.read()
+                status = resp.status
+                content_type = resp.headers.get("Content-Type", "application/json")
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            raise _UpstreamFailed(f"{type(exc).__name__}: {exc}") from None
+        if status == 200:
+            self._count_answer(replica.model, key, payload, data)
+        else:
+            self.metrics.errors.labels(replica.model, f"upstream_{status}").inc()
+        return web.Response(status=status, body=data, headers={"Content-Type": content_type})
+
+    def _count_answer(self, model: str, key: str, payload: dict, data: bytes) -> None:
+        counts = None
+        generated_chars = 0
+        try:
+            answer = json.loads(data)
+        except ValueError:
+            answer = None
+        if isinstance(answer, dict):
+            counts = _usage_counts(answer.get("usage"))
+            if counts is None:
+                for choice in answer.get("choices") or ():
+                    if isinstance(choice, dict):
+                        message = choice.get("message")
+                        text = message.get("content") if isinstance(message, dict) else choice.get(
+                            "text")
+                        if isinstance(text, str):
+                            generated_chars += len(text)
+        estimated = counts is None
+        if estimated:
+            counts = (_estimate_prompt_tokens(payload), math.ceil(generated_chars / 4))
+        self._add_tokens(model, key, counts[0], counts[1], estimated)
+
+    def _add_tokens(self, model: str, key: str, prompt: int, generated: int,
+                    estimated: bool) -> None:
+        children = self.metrics.children(model, key)
+        children.prompt.inc(prompt)
+        children.generated.inc(generated)
+        self.meter.record_tokens(model, key, prompt, generated, estimated)
+
+    async def _forward_stream(self, request: web.Request, replica: ReplicaState, body: bytes,
+                              payload: dict, key: str, children, started: float
+                              ) -> web.StreamResponse:
+        session = self._session(replica)
+        try:
+            resp = await session.post(replica.url + request.path, data=body,
+                                      headers=self._upstream_headers)
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            raise _UpstreamFailed(f"{type(exc).__name__}: {exc}") from None
+        finished = False
+        try:
+            content_type = resp.headers.get("Content-Type", "")
+            if resp.status != 200 or not content_type.startswith("text/event-stream"):
+                # an error answer (or a replica that ignored stream=true): pass it through whole
+                try:
+                    data = await resp.read()
+                except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+                    raise _UpstreamFailed(f"{type(exc).__name__}: {exc}") from None
+                finished = True
+                if resp.status != 200:
+                    self.metrics.errors.labels(replica.model, f"upstream_{resp.status}").inc()
+                return web.Response(status=resp.status, body=data,
+                                    headers={"Content-Type": content_type or "application/json"})
+            # Nothing reaches the client before the first chunk, so a replica that dies before
+            # it can still be retried elsewhere.
+            try:
+                first = await resp.content.readany()
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+                raise _UpstreamFailed(f"{type(exc).__name__}: {exc}") from None
+            if not first:
+                raise _UpstreamFailed("the replica closed the stream before its first chunk")
+            children.ttft.observe(time.perf_counter() - started)
+            out = web.StreamResponse(status=200, headers={
+                "Content-Type": content_type, "Cache-Control": "no-cache",
+                "X-Accel-Buffering": "no"})
+            options = payload.get("stream_options")
+            wants_usage = isinstance(options, dict) and options.get("include_usage") is True
+            usage = StreamUsage(count_chunks=not wants_usage)
+            framer = SSEFramer()
+            chunk = first
+            failure: str | None = None
+            try:
+                await out.prepare(request)
+                while chunk:
+                    block = framer.feed(chunk)
+                    if block:
+                        usage.observe(block)
+                        await out.write(block)
+                    try:
+                        chunk = await resp.content.readany()
+                    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+                        failure = f"{type(exc).__name__}: {exc}"
+                        break
+                if failure is not None:
+                    self._mark_down(replica, failure)
+                    replica.failures += 1
+                    self.metrics.errors.labels(replica.model, "stream_broken").inc()
+                    await out.write(error_event(
+                        f"replica failed mid-stream, the answer is incomplete ({failure})"))
+                elif framer.pending:
+                    await out.write(framer.pending)   # a last event without its blank line
+                await out.write_eof()
+            except ConnectionResetError:
+                # the client went away: the finally below closes the upstream request
+                self.metrics.errors.labels(replica.model, "client_gone").inc()
+                return out
+            finished = failure is None
+            counts = _usage_counts(usage.usage)
+            estimated = counts is None
+            if estimated:
+                counts = (_estimate_prompt_tokens(payload), usage.chunks)
+            self._add_tokens(replica.model, key, counts[0], counts[1], estimated)
+            return out
+        finally:
+            if finished:
+                resp.release()      # back to the pool
+            else:
+                resp.close()        # drop the connection: the replica sees the request cancelled

@@ -1,0 +1,182 @@
+"""The routing table: the one file through which the daemon tells the gateway where to send requests.
+
+Format (JSON, written atomically by the daemon, read by the gateway when it changes)::
+
+    {"version": 7,                       # monotonic; the gateway ignores a table not newer than its own
+     "generated_at": "2026-05-01T12:00:00+00:00",
+     "models": {"qwen3-8b": {"replicas": [{"id": "r3", "url": "http://a100-01:8301", "weight": 4.2}]},
+                "phi-4":    {"replicas": []}}}
+
+Every configured model is listed; ``replicas`` holds only READY replicas. ``weight`` is the replica's
+planned throughput (requests/s of the model's mix), so routing shares follow the plan.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Mapping
+from urllib.parse import urlsplit
+
+from coral_hpc.config import Deployment
+from coral_hpc.errors import PermanentError
+
+#: File names inside a deployment's state folder (``<state_dir>/<deployment>/``).
+TABLE_FILE_NAME = "routing-table.json"
+REPLICA_KEY_FILE_NAME = "replica.key"
+
+
+class RoutingTableError(PermanentError):
+    """A routing-table file that cannot be used; the message names the file and the field."""
+
+
+@dataclass(frozen=True)
+class ReplicaRoute:
+    """One READY replica: where it listens and how much of its model's traffic it should take."""
+
+    id: str
+    url: str
+    weight: float
+
+
+@dataclass(frozen=True)
+class RoutingTable:
+    """A parsed routing table. ``models`` maps every configured model to its READY replicas."""
+
+    version: int
+    models: Mapping[str, tuple[ReplicaRoute, ...]]
+    generated_at: str = field(
+        default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds")
+    )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-ready form written to disk."""
+        return {
+            "version": self.version,
+            "generated_at": self.generated_at,
+            "models": {
+                name: {"replicas": [{"id": r.id, "url": r.url, "weight": r.weight} for r in reps]}
+                for name, reps in self.models.items()
+            },
+        }
+
+
+def default_table_path(deployment: Deployment) -> Path:
+    """Where the daemon publishes the routing table of ``deployment`` by default."""
+    return deployment.state_path / TABLE_FILE_NAME
+
+
+def default_replica_key_path(deployment: Deployment) -> Path:
+    """The file (mode 0600) holding the API key every replica of ``deployment`` requires."""
+    return deployment.state_path / REPLICA_KEY_FILE_NAME
+
+
+def _check_url(url: Any, where: str) -> str:
+    if not isinstance(url, str):
+        raise ValueError(f"{where}.url: expected a string such as 'http://host:8000'")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/"):
+        raise ValueError(f"{where}.url: {url!r} is not 'http://host:port' (no path)")
+    try:
+        parts.port
+    except ValueError:
+        raise ValueError(f"{where}.url: {url!r} has an invalid port") from None
+    return url.rstrip("/")
+
+
+def routing_table_from_dict(data: Any, source: str = "<routing table>") -> RoutingTable:
+    """Validate ``data`` (parsed JSON) into a :class:`RoutingTable`.
+
+    Raises :class:`RoutingTableError` naming ``source`` and the first bad field.
+    """
+    try:
+        if not isinstance(data, dict):
+            raise ValueError("(top level): expected an object with version, generated_at, models")
+        unknown = set(data) - {"version", "generated_at", "models"}
+        if unknown:
+            raise ValueError(f"(top level): unknown key(s) {sorted(unknown)}")
+        version = data.get("version")
+        if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+            raise ValueError(f"version: expected an integer ≥ 0, got {version!r}")
+        generated_at = data.get("generated_at", "")
+        if not isinstance(generated_at, str):
+            raise ValueError("generated_at: expected an ISO 8601 string")
+        raw_models = data.get("models")
+        if not isinstance(raw_models, dict):
+            raise ValueError("models: expected an object mapping model name to {replicas: [...]}")
+        models: dict[str, tuple[ReplicaRoute, ...]] = {}
+        for name, entry in raw_models.items():
+            where = f"models.{name}"
+            if not isinstance(entry, dict) or not isinstance(entry.get("replicas"), list):
+                raise ValueError(f"{where}: expected {{replicas: [...]}}")
+            replicas: list[ReplicaRoute] = []
+            seen: set[str] = set()
+            for index, rep in enumerate(entry["replicas"]):
+                at = f"{where}.replicas[{index}]"
+                if not isinstance(rep, dict):
+                    raise ValueError(f"{at}: expected {{id, url, weight}}")
+                rid = rep.get("id")
+                if not isinstance(rid, str) or not rid:
+                    raise ValueError(f"{at}.id: expected a non-empty string")
+                if rid in seen:
+                    raise ValueError(f"{at}.id: {rid!r} listed twice for model {name!r}")
+                seen.add(rid)
+                weight = rep.get("weight")
+                if (
+                    not isinstance(weight, (int, float))
+                    or isinstance(weight, bool)
+                    or not math.isfinite(weight)
+                    or weight <= 0
+                ):
+                    raise ValueError(f"{at}.weight: expected a number > 0 (req/s), got {weight!r}")
+                replicas.append(ReplicaRoute(rid, _check_url(rep.get("url"), at), float(weight)))
+            models[str(name)] = tuple(replicas)
+    except ValueError as exc:
+        raise RoutingTableError(f"{source}: {exc}") from None
+    return RoutingTable(version=version, models=models, generated_at=generated_at)
+
+
+def read_routing_table(path: str | os.PathLike[str]) -> RoutingTable:
+    """Read and validate the routing table at ``path``.
+
+    Raises :class:`FileNotFoundError` when there is none yet, :class:`RoutingTableError` when it
+    is not valid JSON or not a valid table.
+    """
+    text = Path(path).read_text(encoding="utf-8")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RoutingTableError(f"{path}:{exc.lineno}: not valid JSON: {exc.msg}") from None
+    return routing_table_from_dict(data, str(path))
+
+
+def write_routing_table(path: str | os.PathLike[str], table: RoutingTable) -> None:
+    """Write ``table`` to ``path`` atomically: a temporary file in the same folder, fsync, rename.
+
+    A reader therefore sees the old table or the new one, never half of one. The table holds no
+    secrets, so it is world-readable (0644) like any status file.
+    """
+    # Round-trip through the validator so the daemon can never publish a table the gateway rejects.
+    routing_table_from_dict(table.to_dict(), str(path))
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    payload = json.dumps(table.to_dict(), indent=1, sort_keys=True).encode("utf-8") + b"\n"
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(payload)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
