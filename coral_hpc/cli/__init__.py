@@ -16,6 +16,8 @@ from coral_hpc import __version__
 #: command name -> (module, attribute, one-line help). Help is kept here so ``--help`` stays fast.
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "validate": ("coral_hpc.cli.validate", "validate", "Check a models.yaml; print a summary or every error."),
+    "gateway": ("coral_hpc.cli.gateway", "gateway", "Run the OpenAI-compatible gateway alone."),
+    "keys": ("coral_hpc.cli.gateway", "keys", "Add, list or remove gateway API keys (hashed file)."),
 }
 
 
