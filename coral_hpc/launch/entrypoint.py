@@ -1,0 +1,394 @@
+"""The job side of a replica: start the engine, publish its endpoint once healthy, drain on signal.
+
+Runs once per node of the replica (``SLURM_PROCID`` = node rank = pipeline stage): submitit calls
+:func:`run_replica` for single-node and homogeneous multi-node replicas; the hetjob batch script
+runs ``python -m coral_hpc.launch.entrypoint SPEC_FILE`` on every component.
+
+Rank 0 (the head) picks an API port, renders the engine launch script for its layout and
+environment kind, starts it, and waits for ``/health`` over HTTP. If the engine exits before it is
+healthy and the port turned out to be taken, it retries on another port: the engine itself binds
+the port, so there is no probe-before-bind race. Once healthy it writes the endpoint file.
+In a pipeline the head publishes its address in a per-job rendezvous file on the shared state
+folder; the other ranks start headless workers that join it.
+
+Signals: submitit's own handlers ignore SIGTERM and requeue on SIGUSR2. This module replaces
+both: SIGTERM (``scancel`` with grace) and SIGUSR2 (walltime near) drain the engine, and nothing is
+ever requeued. Secrets reach the engine through its environment only.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+from coral_hpc.errors import CoralError
+from coral_hpc.launch.endpoint import Endpoint, write_endpoint, write_json_atomic
+from coral_hpc.launch.render import render_engine_script
+from coral_hpc.launch.secrets import engine_secrets
+from coral_hpc.launch.spec import ReplicaSpec
+
+#: API and master ports come from below Linux's ephemeral range (32768+), where outgoing
+#: connections would take them at random.
+PORT_RANGE = (20000, 32767)
+PORT_ATTEMPTS = 5
+#: errno EADDRINUSE on Linux; the sim engine exits with it when its port is taken
+EXIT_ADDRINUSE = 98
+POLL_S = 0.5
+
+log = logging.getLogger("coral_hpc.replica")
+
+
+class EngineFailed(CoralError):
+    """The engine exited or never became healthy: the job ends FAILED so the daemon sees a crash."""
+
+
+# --------------------------------------------------------------------------- signals
+
+
+class StopFlag:
+    """Set by SIGTERM or SIGUSR2; remembers which signal asked the engine to drain."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.signal_name: str | None = None
+
+    def install(self) -> None:
+        """Replace submitit's handlers (SIGTERM ignored, SIGUSR2 requeue) with a drain request."""
+        for sig in (signal.SIGTERM, signal.SIGUSR2, signal.SIGINT):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, _frame: Any) -> None:
+        if self.signal_name is None:
+            self.signal_name = signal.Signals(signum).name
+        self.event.set()
+
+    def wait(self, seconds: float) -> bool:
+        return self.event.wait(seconds)
+
+    def is_set(self) -> bool:
+        return self.event.is_set()
+
+
+# --------------------------------------------------------------------------- small helpers
+
+
+def _job_id() -> str:
+    # In a heterogeneous job every component has its own SLURM_JOB_ID; the job is the leader's.
+    return os.environ.get("SLURM_HET_JOB_ID") or os.environ.get("SLURM_JOB_ID") or f"local{os.getpid()}"
+
+
+def _rank() -> int:
+    return int(os.environ.get("SLURM_PROCID", "0"))
+
+
+def pick_port(rng: random.Random) -> int:
+    """A port for the engine to bind; the engine binds it itself (a failed bind is retried)."""
+    return rng.randint(*PORT_RANGE)
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether something else listens on ``port`` now (used after a failed start, to tell a
+    port clash from an engine crash)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(1.0)
+        return sock.connect_ex((host, port)) == 0
+
+
+def health_ok(port: int, timeout: float = 2.0) -> bool:
+    """Whether the engine answers ``GET /health`` with 200."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=timeout) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def _setup_logging(spec: ReplicaSpec, job_id: str, rank: int) -> Path:
+    spec.logs_dir.mkdir(parents=True, exist_ok=True)
+    path = spec.logs_dir / f"{spec.replica_id}.{job_id}.rank{rank}.log"
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    log.handlers[:] = [handler]
+    log.setLevel(logging.INFO)
+    log.propagate = False  # submitit's own log is not ours
+    return path
+
+
+def _engine_env(spec: ReplicaSpec) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("VLLM_API_KEY", "HF_TOKEN")}
+    env.update(engine_secrets(spec.api_key_file, spec.hf_token_file))
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+class Engine:
+    """One engine (or worker) process started from a rendered launch script."""
+
+    def __init__(self, script: Path, log_path: Path, env: dict[str, str]) -> None:
+        self.started_at = time.time()
+        with open(log_path, "ab") as out:
+            self.proc = subprocess.Popen(
+                ["/bin/bash", str(script)],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,  # its own process group: killed whole on timeout
+            )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def exited(self) -> int | None:
+        return self.proc.poll()
+
+    def drain(self, timeout: float) -> int:
+        """SIGTERM the engine so it finishes what it can; SIGKILL its group after ``timeout``."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                log.warning("engine did not exit %.0fs after SIGTERM; killing it", timeout)
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # helpers it left behind
+        except (ProcessLookupError, PermissionError):
+            pass
+        return self.proc.wait()
+
+
+def _write_script(spec: ReplicaSpec, job_id: str, rank: int, attempt: int, text: str) -> Path:
+    folder = spec.replica_dir / "scripts"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"engine.{job_id}.rank{rank}.try{attempt}.sh"
+    path.write_text(text)  # no secrets inside: they travel in the environment
+    return path
+
+
+# --------------------------------------------------------------------------- head (rank 0)
+
+
+def _run_head(spec: ReplicaSpec, job_id: str, stop: StopFlag) -> dict[str, Any]:
+    env = _engine_env(spec)
+    rng = random.Random()
+    host = socket.gethostname()
+    run_dir = spec.run_dir(job_id)
+    engine_log = spec.logs_dir / f"{spec.replica_id}.{job_id}.rank0.engine.log"
+    needs_master = spec.pp > 1 and spec.env_kind != "sim"
+    engine: Engine | None = None
+    port = 0
+    try:
+        for attempt in range(PORT_ATTEMPTS):
+            port = pick_port(rng)
+            master_port = pick_port(rng) if needs_master else None
+            if spec.pp > 1:
+                write_json_atomic(
+                    run_dir / "head.json",
+                    {"attempt": attempt, "master_addr": host, "master_port": master_port},
+                )
+            script = _write_script(
+                spec, job_id, 0, attempt,
+                render_engine_script(
+                    spec, rank=0, port=port, master_addr=host, master_port=master_port
+                ),
+            )
+            log.info("starting engine (attempt %d) on port %d: %s", attempt, port, script)
+            engine = Engine(script, engine_log, env)
+            outcome = _wait_healthy(engine, port, stop, spec.health_timeout_s)
+            if outcome == "healthy":
+                break
+            if outcome == "stopped":
+                log.info("%s before the engine was healthy; stopping it", stop.signal_name)
+                engine.drain(spec.drain_timeout_s)
+                return {"replica_id": spec.replica_id, "job_id": job_id, "ready": False}
+            code = engine.exited()
+            clash = [p for p in (port, master_port) if p and port_in_use(p)]
+            if outcome == "exited" and (clash or code == EXIT_ADDRINUSE):
+                log.warning("engine exited (%s); port(s) %s taken by another process: retrying",
+                            code, clash)
+                continue
+            engine.drain(spec.drain_timeout_s)
+            raise EngineFailed(
+                f"engine {outcome} before answering /health (exit code {code}); see {engine_log}"
+            )
+        else:
+            raise EngineFailed(f"no free port after {PORT_ATTEMPTS} attempts; see {engine_log}")
+
+        assert engine is not None
+        endpoint = Endpoint(
+            replica_id=spec.replica_id,
+            job_id=job_id,
+            url=f"http://{host}:{port}",
+            host=host,
+            port=port,
+            model=spec.model,
+            pid=engine.pid,
+            started_at=engine.started_at,
+            ready_at=time.time(),
+            node=os.environ.get("SLURMD_NODENAME", ""),
+            cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+        )
+        write_endpoint(spec.endpoint_file, endpoint)
+        log.info("engine healthy after %.1fs; endpoint %s written to %s",
+                 endpoint.ready_at - endpoint.started_at, endpoint.url, spec.endpoint_file)
+
+        while not stop.wait(POLL_S):
+            code = engine.exited()
+            if code is not None:
+                _remove_endpoint(spec, job_id)
+                raise EngineFailed(f"engine exited with code {code} while serving; see {engine_log}")
+
+        log.info("%s received: draining the engine (up to %.0fs)", stop.signal_name,
+                 spec.drain_timeout_s)
+        write_endpoint(spec.endpoint_file, replace(endpoint, draining_at=time.time()))
+        code = engine.drain(spec.drain_timeout_s)
+        _remove_endpoint(spec, job_id)
+        log.info("engine exited with code %s after draining; not requeueing", code)
+        return {**asdict(endpoint), "ready": True, "stopped_by": stop.signal_name}
+    finally:
+        if engine is not None and engine.exited() is None:
+            engine.drain(spec.drain_timeout_s)
+        if spec.pp > 1:
+            write_json_atomic(run_dir / "done.json", {"at": time.time()})
+
+
+def _wait_healthy(engine: Engine, port: int, stop: StopFlag, timeout: float) -> str:
+    """``healthy``, ``exited`` (the engine died), ``stopped`` (a signal) or ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if engine.exited() is not None:
+            return "exited"
+        if health_ok(port):
+            return "healthy"
+        if stop.wait(POLL_S):
+            return "stopped"
+    return "timeout"
+
+
+def _remove_endpoint(spec: ReplicaSpec, job_id: str) -> None:
+    """Remove the endpoint file if it is still this job's (a successor may own the name)."""
+    from coral_hpc.launch.endpoint import read_endpoint
+
+    current = read_endpoint(spec.endpoint_file)
+    if current is not None and current.job_id == job_id:
+        spec.endpoint_file.unlink(missing_ok=True)
+
+
+# --------------------------------------------------------------------------- workers (rank > 0)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    import json
+
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _run_worker(spec: ReplicaSpec, job_id: str, rank: int, stop: StopFlag) -> dict[str, Any]:
+    env = _engine_env(spec)
+    run_dir = spec.run_dir(job_id)
+    engine_log = spec.logs_dir / f"{spec.replica_id}.{job_id}.rank{rank}.engine.log"
+    deadline = time.monotonic() + spec.health_timeout_s
+    engine: Engine | None = None
+    attempt = -1
+    try:
+        while not stop.is_set():
+            if (run_dir / "done.json").exists():
+                log.info("the head node finished; this worker ends")
+                break
+            head = _read_json(run_dir / "head.json")
+            if head is not None and head["attempt"] != attempt:
+                if engine is not None:
+                    engine.drain(spec.drain_timeout_s)  # the head restarted on new ports
+                attempt = head["attempt"]
+                script = _write_script(
+                    spec, job_id, rank, attempt,
+                    render_engine_script(
+                        spec, rank=rank, master_addr=head["master_addr"],
+                        master_port=head["master_port"],
+                    ),
+                )
+                log.info("joining head %s (attempt %d): %s", head["master_addr"], attempt, script)
+                engine = Engine(script, engine_log, env)
+            elif head is None and time.monotonic() > deadline:
+                raise EngineFailed(f"the head never published {run_dir / 'head.json'}")
+            if engine is not None and engine.exited() is not None:
+                if (run_dir / "done.json").exists():
+                    break
+                head = _read_json(run_dir / "head.json")
+                if head is None or head["attempt"] == attempt:
+                    stop.wait(2.0)  # the head may be about to retry or finish
+                    if (run_dir / "done.json").exists():
+                        break
+                    head = _read_json(run_dir / "head.json")
+                    if head is None or head["attempt"] == attempt:
+                        raise EngineFailed(
+                            f"worker exited with code {engine.exited()}; see {engine_log}"
+                        )
+                continue
+            stop.wait(POLL_S)
+        if stop.is_set():
+            log.info("%s received: stopping the worker", stop.signal_name)
+    finally:
+        if engine is not None:
+            engine.drain(spec.drain_timeout_s)
+    return {"replica_id": spec.replica_id, "job_id": job_id, "rank": rank}
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def run_replica(spec_file: str) -> dict[str, Any]:
+    """The job-side callable (submitit submits it; the hetjob script runs :func:`main`).
+
+    Returns a summary for submitit's result file; raises :class:`EngineFailed` when the engine
+    crashed or never became healthy, so Slurm records the job as FAILED.
+    """
+    stop = StopFlag()
+    stop.install()  # first: a SIGTERM during start-up must drain, not be ignored
+    spec = ReplicaSpec.from_json(Path(spec_file).read_text())
+    job_id, rank = _job_id(), _rank()
+    log_path = _setup_logging(spec, job_id, rank)
+    log.info("replica %s job %s rank %d/%d on %s, CUDA_VISIBLE_DEVICES=%s (log %s)",
+             spec.replica_id, job_id, rank, spec.pp, os.environ.get("SLURMD_NODENAME", "?"),
+             os.environ.get("CUDA_VISIBLE_DEVICES", ""), log_path)
+    try:
+        if rank == 0:
+            return _run_head(spec, job_id, stop)
+        return _run_worker(spec, job_id, rank, stop)
+    except Exception:
+        log.exception("replica %s rank %d failed", spec.replica_id, rank)
+        raise
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m coral_hpc.launch.entrypoint SPEC_FILE`` (the hetjob script's command)."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m coral_hpc.launch.entrypoint SPEC_FILE", file=sys.stderr)
+        return 2
+    try:
+        run_replica(args[0])
+    except CoralError as exc:
+        print(f"coral-hpc replica: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""Render the shipped templates in ``sbatch_templates/`` for one replica.
+
+Scripts are Jinja2 templates, never assembled from Python string lists. Every value that reaches a
+shell word goes through the ``q`` filter (:func:`shlex.quote`), and undefined names are errors.
+"""
+
+from __future__ import annotations
+
+import shlex
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from coral_hpc.launch.spec import SIGNAL_LEAD_S, ReplicaSpec
+from coral_hpc.resources import templates_dir
+
+#: Engine launch template per layout (the environment kind is included inside it).
+LAYOUT_TEMPLATES = {
+    "single": "engine/single.sh.j2",
+    "multinode": "engine/multinode.sh.j2",
+    "hetero": "engine/hetero.sh.j2",
+}
+HETJOB_TEMPLATE = "hetjob.sbatch.j2"
+
+
+@lru_cache(maxsize=4)
+def _environment(folder: str) -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(folder),
+        undefined=jinja2.StrictUndefined,  # a missing value is a bug, not an empty string
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,  # shell, not HTML: quoting is explicit with |q
+    )
+    env.filters["q"] = lambda value: shlex.quote(str(value))
+    return env
+
+
+def _render(name: str, context: dict[str, Any], folder: Path | None = None) -> str:
+    env = _environment(str(folder or templates_dir()))
+    return env.get_template(name).render(**context)
+
+
+def _spec_context(spec: ReplicaSpec) -> dict[str, Any]:
+    environment = spec.environment
+    return {
+        "replica_id": spec.replica_id,
+        "template_id": spec.template_id or "-",
+        "model": spec.model,
+        "model_source": spec.model_source,
+        "stages": spec.stages,
+        "tp": spec.tp,
+        "pp": spec.pp,
+        "dtype": spec.dtype,
+        "max_model_len": spec.max_model_len,
+        "engine_args": spec.engine_args,
+        "env_kind": spec.env_kind,
+        "env": environment,
+        "modules": tuple(environment.modules) if environment is not None else (),
+        "python": spec.python,
+        "sim_arch": spec.sim_arch or spec.model,
+        "gpu_types": [s.gpu_type for s in spec.stages],
+        "layer_partition": spec.layer_partition,
+        # the sim finishes its drain before the entrypoint's own deadline kills it
+        "sim_drain_timeout": f"{max(1.0, spec.drain_timeout_s - 5.0):g}",
+    }
+
+
+def render_engine_script(
+    spec: ReplicaSpec,
+    *,
+    rank: int,
+    port: int | None = None,
+    master_addr: str | None = None,
+    master_port: int | None = None,
+    folder: Path | None = None,
+) -> str:
+    """The engine launch script node ``rank`` runs: rank 0 serves the API on ``port``; in a
+    pipeline every rank joins ``master_addr:master_port`` (vLLM's own multi-node flags)."""
+    if not 0 <= rank < spec.pp:
+        raise ValueError(f"rank {rank} outside 0..{spec.pp - 1}")
+    if rank == 0 and port is None:
+        raise ValueError("the head node (rank 0) needs the API port")
+    if spec.pp > 1 and spec.env_kind != "sim" and (master_addr is None or master_port is None):
+        raise ValueError("a pipeline needs master_addr and master_port")
+    context = _spec_context(spec) | {
+        "rank": rank,
+        "port": port,
+        "master_addr": master_addr,
+        "master_port": master_port,
+    }
+    return _render(LAYOUT_TEMPLATES[spec.layout], context, folder)
+
+
+def render_hetjob(spec: ReplicaSpec, spec_file: Path, folder: Path | None = None) -> str:
+    """The batch script of a heterogeneous replica: one component per stage, running the
+    entrypoint on every component with ``srun --het-group``."""
+    tag = spec.tag
+    context = _spec_context(spec) | {
+        "job_name": tag.job_name(),
+        "comment": tag.comment(),
+        "logs_dir": str(spec.logs_dir),
+        "signal_lead_s": SIGNAL_LEAD_S,
+        "cpus_per_gpu": spec.cpus_per_gpu,
+        "mem_per_gpu_gb": spec.mem_per_gpu_gb,
+        "time_limit_min": spec.time_limit_min,
+        "account": spec.account,
+        "qos": spec.qos,
+        "spec_file": str(spec_file),
+    }
+    return _render(HETJOB_TEMPLATE, context, folder)

@@ -1,0 +1,300 @@
+"""What one replica job runs: :class:`ReplicaSpec`, plain frozen data.
+
+The daemon builds a spec with :func:`replica_spec` from the deployment and a plan row; the
+submit side turns it into a Slurm job, the job side (:mod:`coral_hpc.launch.entrypoint`) reads it
+back from ``spec.json`` and starts the engine. One pipeline stage runs on one node (TP inside the
+node, ARCHITECTURE.md), so ``len(stages)`` is the pipeline-parallel size and the number of nodes.
+
+Secrets are never part of a spec: it names the files that hold them (readable only by the user).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Sequence, Union
+
+from pydantic import TypeAdapter
+
+from coral_hpc.config import (
+    ApptainerEnvironment,
+    Deployment,
+    EngineEnvironment,
+    ModuleEnvironment,
+    VenvEnvironment,
+)
+from coral_hpc.errors import PermanentError
+from coral_hpc.types import JobTag
+
+Environment = Union[VenvEnvironment, ModuleEnvironment, ApptainerEnvironment]
+Layout = Literal["single", "multinode", "hetero"]
+_ENV_ADAPTER: TypeAdapter = TypeAdapter(EngineEnvironment)
+
+#: Seconds between Slurm's SIGUSR2 warning and the end of the walltime (``--signal=USR2@N``).
+SIGNAL_LEAD_S = 90
+
+
+class SpecError(PermanentError):
+    """A replica spec that cannot run (no stages, mismatched TP, missing environment...)."""
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """One pipeline stage: one node of ``partition`` with ``gpus_per_node`` GPUs of ``gpu_type``
+    (the TP degree), holding ``layers`` consecutive layers of the model."""
+
+    partition: str
+    gpu_type: str
+    gpus_per_node: int
+    layers: int
+    #: how vLLM starts on this partition; None for the sim engine
+    environment: Environment | None = None
+
+    @property
+    def shape(self) -> tuple[str, str, int]:
+        """What Slurm must allocate for this stage: (partition, GPU type, GPUs)."""
+        return (self.partition, self.gpu_type, self.gpus_per_node)
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    """Everything a replica job needs; JSON round-trips through :meth:`to_json`/:meth:`from_json`."""
+
+    deployment: str
+    model: str  # served model name (``--served-model-name``)
+    model_source: str  # Hugging Face id or path on the shared filesystem
+    replica_id: str
+    template_id: str
+    stages: tuple[StageSpec, ...]
+    tp: int
+    engine_kind: Literal["vllm", "sim"]
+    state_path: str  # <state_dir>/<deployment>, on the filesystem jobs share
+    time_limit_s: int
+    engine_args: tuple[str, ...] = ()
+    dtype: str = "auto"
+    max_model_len: int | None = None
+    account: str | None = None
+    qos: str | None = None
+    cpus_per_gpu: int = 4
+    mem_per_gpu_gb: int = 32
+    api_key_file: str | None = None  # file (mode 600) whose content becomes VLLM_API_KEY
+    hf_token_file: str | None = None  # file (mode 600) whose content becomes HF_TOKEN
+    python: str = field(default_factory=lambda: sys.executable)  # runs the entrypoint (and sim)
+    sim_arch: str | None = None  # architecture name for the sim engine's performance model
+    health_timeout_s: float = 1800.0  # loading a large model from a network FS takes minutes
+    drain_timeout_s: float = 60.0  # after SIGTERM, how long the engine may finish requests
+
+    def __post_init__(self) -> None:
+        if not self.stages:
+            raise SpecError(f"replica {self.replica_id}: a replica needs at least one stage")
+        if self.tp < 1:
+            raise SpecError(f"replica {self.replica_id}: tp must be ≥ 1, got {self.tp}")
+        for index, stage in enumerate(self.stages):
+            if stage.gpus_per_node != self.tp:
+                raise SpecError(
+                    f"replica {self.replica_id}: stage {index} has {stage.gpus_per_node} GPUs but "
+                    f"tp is {self.tp}; vLLM needs one TP degree for every stage"
+                )
+            if stage.layers < 1:
+                raise SpecError(f"replica {self.replica_id}: stage {index} holds no layers")
+            if self.engine_kind == "vllm" and stage.environment is None:
+                raise SpecError(
+                    f"replica {self.replica_id}: stage {index} on partition {stage.partition!r} "
+                    "has no vLLM environment (cluster.partitions[].environment)"
+                )
+        envs = {json.dumps(_env_dict(s.environment), sort_keys=True) for s in self.stages}
+        if len(envs) > 1:
+            # one engine process group spans every stage: they must run the same vLLM build
+            raise SpecError(
+                f"replica {self.replica_id}: its stages' partitions name different vLLM "
+                "environments; a pipeline needs the same vLLM on every node"
+            )
+        self.tag  # validates the identifiers
+
+    # ------------------------------------------------------------------ derived facts
+
+    @property
+    def pp(self) -> int:
+        """Pipeline-parallel size = stages = nodes."""
+        return len(self.stages)
+
+    @property
+    def layout(self) -> Layout:
+        """``single`` (one node, TP), ``multinode`` (identical nodes in one partition) or
+        ``hetero`` (stages differ in partition or GPU type: a Slurm heterogeneous job)."""
+        if self.pp == 1:
+            return "single"
+        if len({s.shape for s in self.stages}) == 1:
+            return "multinode"
+        return "hetero"
+
+    @property
+    def layer_partition(self) -> str:
+        """``VLLM_PP_LAYER_PARTITION``: layers per stage, comma separated, in pipeline order."""
+        return ",".join(str(s.layers) for s in self.stages)
+
+    @property
+    def environment(self) -> Environment | None:
+        """The engine environment (the same on every stage, checked on construction)."""
+        return self.stages[0].environment
+
+    @property
+    def env_kind(self) -> str:
+        """Which launch prelude the job renders: venv, module, apptainer, or sim."""
+        if self.engine_kind == "sim":
+            return "sim"
+        assert self.environment is not None
+        return self.environment.kind
+
+    @property
+    def tag(self) -> JobTag:
+        """The job name and comment that mark this job as ours."""
+        return JobTag(self.deployment, self.model, self.replica_id, self.template_id)
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(s.gpus_per_node for s in self.stages)
+
+    @property
+    def time_limit_min(self) -> int:
+        """Slurm takes minutes; round up so a replica never gets less than configured."""
+        return max(1, -(-self.time_limit_s // 60))
+
+    # ------------------------------------------------------------------ state paths
+
+    @property
+    def logs_dir(self) -> Path:
+        return Path(self.state_path) / "logs"
+
+    @property
+    def endpoints_dir(self) -> Path:
+        return Path(self.state_path) / "endpoints"
+
+    @property
+    def endpoint_file(self) -> Path:
+        """Written by the job once the engine answers /health."""
+        return self.endpoints_dir / f"{self.replica_id}.json"
+
+    @property
+    def replica_dir(self) -> Path:
+        """spec.json, the rendered hetjob script and engine launch scripts of this replica."""
+        return Path(self.state_path) / "replicas" / self.replica_id
+
+    @property
+    def spec_file(self) -> Path:
+        return self.replica_dir / "spec.json"
+
+    def run_dir(self, job_id: str) -> Path:
+        """Per-job rendezvous folder: the head node publishes its address here for the others."""
+        return Path(self.state_path) / "run" / job_id
+
+    # ------------------------------------------------------------------ JSON
+
+    def to_json(self) -> str:
+        """Serialise to JSON (environments as their config dicts)."""
+        data = asdict(self)
+        data["stages"] = [
+            {**asdict(s), "environment": _env_dict(s.environment)} for s in self.stages
+        ]
+        return json.dumps(data, indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> "ReplicaSpec":
+        """Inverse of :meth:`to_json`."""
+        data: dict[str, Any] = json.loads(text)
+        data["stages"] = tuple(
+            StageSpec(
+                **{
+                    **stage,
+                    "environment": None
+                    if stage.get("environment") is None
+                    else _ENV_ADAPTER.validate_python(stage["environment"]),
+                }
+            )
+            for stage in data["stages"]
+        )
+        data["engine_args"] = tuple(data.get("engine_args", ()))
+        return cls(**data)
+
+    def write(self) -> Path:
+        """Write ``spec.json`` into the replica folder (atomically) and return its path."""
+        self.replica_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.spec_file.with_suffix(".json.tmp")
+        tmp.write_text(self.to_json())
+        tmp.replace(self.spec_file)
+        return self.spec_file
+
+
+def _env_dict(environment: Environment | None) -> dict[str, Any] | None:
+    return None if environment is None else environment.model_dump(mode="json")
+
+
+def dtype_for(gpu_types: Sequence[str]) -> str:
+    """``half`` when any stage's GPU lacks bf16 (V100, T4: vLLM refuses bf16 there and every
+    stage must agree), else ``auto`` (the checkpoint's own dtype)."""
+    from solver.catalog import CatalogError, gpu_spec
+
+    for gpu in gpu_types:
+        try:
+            if not gpu_spec(gpu).bf16:
+                return "half"
+        except (CatalogError, KeyError):
+            continue  # an uncatalogued GPU: leave the choice to vLLM
+    return "auto"
+
+
+def replica_spec(
+    deployment: Deployment,
+    model: str,
+    replica_id: str,
+    template_id: str,
+    stages: Sequence[tuple[str, str, int]],
+    tp: int,
+    *,
+    api_key_file: str | Path | None,
+    hf_token_file: str | Path | None = None,
+    python: str | None = None,
+) -> ReplicaSpec:
+    """Build the spec of one replica from the deployment and a plan row.
+
+    ``stages`` is ``[(partition, gpu_type, layers), ...]`` in pipeline order (the solver's
+    template stages with the plan's partition per stage); every stage uses ``tp`` GPUs of one node.
+    Engine kind, environments, extra args, time limit, account/QOS and per-GPU CPUs/memory come
+    from ``deployment``. Raises :class:`SpecError` for a stage that cannot run.
+    """
+    config = deployment.model(model)
+    partitions = {p.name: p for p in deployment.cluster.partitions}
+    built = []
+    for index, (partition, gpu_type, layers) in enumerate(stages):
+        if partition not in partitions:
+            raise SpecError(
+                f"replica {replica_id}: stage {index} names partition {partition!r}, not in "
+                f"cluster.partitions (valid: {sorted(partitions)})"
+            )
+        env = partitions[partition].environment if deployment.engine.kind == "vllm" else None
+        built.append(StageSpec(partition, gpu_type, tp, int(layers), env))
+    return ReplicaSpec(
+        deployment=deployment.deployment,
+        model=config.name,
+        model_source=config.source,
+        replica_id=replica_id,
+        template_id=template_id,
+        stages=tuple(built),
+        tp=tp,
+        engine_kind=deployment.engine.kind,
+        state_path=str(deployment.state_path.resolve()),
+        time_limit_s=deployment.cluster.time_limit_s,
+        engine_args=tuple(deployment.engine.args) + tuple(config.vllm_args),
+        dtype=dtype_for([s[1] for s in stages]),
+        max_model_len=config.max_model_len,
+        account=deployment.cluster.account,
+        qos=deployment.cluster.qos,
+        cpus_per_gpu=deployment.cluster.cpus_per_gpu,
+        mem_per_gpu_gb=deployment.cluster.mem_per_gpu_gb,
+        api_key_file=None if api_key_file is None else str(api_key_file),
+        hf_token_file=None if hf_token_file is None else str(hf_token_file),
+        python=python or sys.executable,
+        sim_arch=config.architecture,
+    )

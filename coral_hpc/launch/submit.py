@@ -1,0 +1,95 @@
+"""Submit one replica as a Slurm job.
+
+Single-node and homogeneous multi-node replicas go through submitit (the job runs
+:func:`coral_hpc.launch.entrypoint.run_replica`, one task per node). Heterogeneous replicas —
+stages on different partitions or GPU types — are Slurm heterogeneous jobs, which submitit cannot
+express: their batch script is rendered from ``sbatch_templates/hetjob.sbatch.j2`` and submitted
+through ``coral_hpc.slurm`` (the only layer that runs Slurm commands; submitit running sbatch
+itself is the one accepted exception).
+
+Every job: partition, ``gpu:TYPE:N`` GRES, nodes, time limit, account/QOS, the :class:`JobTag`
+in name and comment, ``--no-requeue`` (the daemon resubmits by itself), ``--signal=USR2@90``, and
+logs under ``<state_dir>/<deployment>/logs/``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+import submitit
+
+from coral_hpc.launch.entrypoint import run_replica
+from coral_hpc.launch.render import render_hetjob
+from coral_hpc.launch.spec import SIGNAL_LEAD_S, ReplicaSpec
+from coral_hpc.slurm.errors import classify
+
+#: how a failed submission is named in errors (submitit runs the command itself)
+_SUBMIT_ARGV = ("submitit-sbatch",)
+
+
+class ScriptSubmitter(Protocol):
+    """What hetjob submission needs from ``coral_hpc.slurm``: submit a batch script file."""
+
+    def submit_script(self, script: Path) -> str: ...
+
+
+def submitit_parameters(spec: ReplicaSpec) -> dict[str, Any]:
+    """submitit ``SlurmExecutor`` parameters of a single-node or homogeneous replica."""
+    if spec.layout == "hetero":
+        raise ValueError(f"replica {spec.replica_id} is heterogeneous: submit it as a hetjob")
+    stage = spec.stages[0]
+    tag = spec.tag
+    params: dict[str, Any] = {
+        "job_name": tag.job_name(),
+        "comment": tag.comment(),
+        "partition": stage.partition,
+        "nodes": spec.pp,
+        "ntasks_per_node": 1,  # one entrypoint per node: the node rank is SLURM_PROCID
+        "gres": f"gpu:{stage.gpu_type}:{stage.gpus_per_node}",
+        "cpus_per_task": spec.cpus_per_gpu * stage.gpus_per_node,
+        "mem": f"{spec.mem_per_gpu_gb * stage.gpus_per_node}GB",
+        "time": spec.time_limit_min,
+        "signal_delay_s": SIGNAL_LEAD_S,
+        "stderr_to_stdout": True,
+        "wckey": None,  # submitit would tag every job with the wckey "submitit"
+        "additional_parameters": {"no_requeue": True},
+    }
+    if spec.account:
+        params["account"] = spec.account
+    if spec.qos:
+        params["qos"] = spec.qos
+    return params
+
+
+def submit_with_submitit(spec: ReplicaSpec, spec_file: Path) -> str:
+    """Submit a single-node or homogeneous replica through submitit; return the job id."""
+    spec.logs_dir.mkdir(parents=True, exist_ok=True)
+    executor = submitit.SlurmExecutor(folder=spec.logs_dir, python=spec.python)
+    executor.update_parameters(**submitit_parameters(spec))
+    try:
+        job = executor.submit(run_replica, str(spec_file))
+    except submitit.core.utils.FailedJobError as exc:
+        # the one table of Slurm's messages decides transient (retry) or permanent (surface)
+        raise classify(_SUBMIT_ARGV, 1, str(exc)) from exc
+    return str(job.job_id)
+
+
+def write_hetjob(spec: ReplicaSpec, spec_file: Path) -> Path:
+    """Render the hetjob batch script into the replica folder and return its path."""
+    script = spec.replica_dir / "hetjob.sbatch"
+    script.write_text(render_hetjob(spec, spec_file))
+    return script
+
+
+def submit_replica(spec: ReplicaSpec, client: ScriptSubmitter) -> str:
+    """Submit ``spec`` as one Slurm job and return its job id.
+
+    ``client`` is a ``coral_hpc.slurm`` client; it submits heterogeneous replicas' batch scripts.
+    Raises a ``coral_hpc.slurm.errors`` error: ``SlurmUnavailable`` (a TransientError: retry
+    later) or ``SlurmRejected``/``SlurmCommandError`` (PermanentErrors: surface them).
+    """
+    spec_file = spec.write()
+    if spec.layout == "hetero":
+        return str(client.submit_script(write_hetjob(spec, spec_file)))
+    return submit_with_submitit(spec, spec_file)
