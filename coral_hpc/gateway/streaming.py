@@ -55,6 +55,8 @@ class StreamUsage:
         """Look at a block of complete events."""
         if not self.count_chunks and b'"usage"' not in block:
             return
+        if b"\r" in block:
+            block = block.replace(b"\r\n", b"\n")
         for event in block.split(b"\n\n"):
             event = event.strip()
             if not event.startswith(b"data:"):
