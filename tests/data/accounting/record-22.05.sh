@@ -42,7 +42,7 @@ OTHER=$(sub -p v100 --gres=gpu:v100:1 -t 5 -J somebody-else --comment="not ours"
 cat >"$WORK/het.sh" <<HET
 #!/bin/bash
 #SBATCH -p a100 --gres=gpu:a100:1 -c 4 --mem=32G -N1 -t 5 -J coral.acctrec.het.r1
-#SBATCH --comment=$(tag het r1 a100x1+v100x2)
+#SBATCH --comment=$(tag het r1 a100x1-v100x2)
 #SBATCH hetjob
 #SBATCH -p v100 --gres=gpu:v100:2 -c 8 --mem=64G -N1 -t 5
 sleep 4
