@@ -1,0 +1,402 @@
+"""The decide step: plan + replicas + time → the actions that move the cluster towards the plan.
+
+Pure: no Slurm, no database, no clock. The act step applies what this returns.
+
+Rules, in the order they are applied:
+
+1. **Crash cool-down.** A template with ``crash_limit`` crashes within ``crash_cooldown_s`` is
+   excluded from plans for ``crash_cooldown_s`` (an :class:`Exclude` with a clear reason); no new
+   replica of it is submitted meanwhile. Replicas of it that do serve keep serving.
+2. **Stale or partial observations.** When the job observation is stale (older than
+   ``stale_after_polls`` polls) or the last Slurm call failed or was partial, nothing is submitted
+   and nothing drained or cancelled: a job we cannot see may still be running.
+   When only the cluster snapshot is stale, submissions may go on but nothing destructive does.
+3. **Pending too long.** A replica pending past ``pending_timeout_s`` is cancelled (it serves
+   nothing) and its shape — template on those partitions — is excluded for
+   ``pending_exclusion_s``, so the next plan places that capacity elsewhere.
+4. **Match the plan.** For every plan slot (template on partitions, count), keep up to ``count``
+   live replicas of that slot that will go on serving — READY first, then STARTING, then
+   PENDING — and submit the rest. Replicas that need a successor (walltime near, node or
+   partition draining or down, unhealthy too long) do not count as matching: their successors are
+   submitted now, ahead of time.
+5. **Make-before-break.** Every other live replica is surplus. Surplus that serves nothing
+   (pending, starting, unhealthy) is cancelled at once. A READY surplus replica is drained
+   only while the model's READY capacity without it still reaches the plan's capacity for the
+   model — so a replacement is READY before the replica it replaces drains.
+6. **Drain, then cancel.** A DRAINING replica is cancelled ``drain_grace_s`` after it left the
+   routing table (re-sent after ``cancel_retry_s`` if Slurm has not ended it).
+7. **Bounded calls.** At most ``max_submits_per_cycle`` submissions and
+   ``max_cancels_per_cycle`` cancellations per cycle; replacements and the oldest slots first.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from coral_hpc.reconcile.settings import ReconcileSettings
+from coral_hpc.reconcile.status import ReplicaFacts, ReplicaState, ReplicaStatus, replica_status
+from coral_hpc.store import Exclusion, ReplicaRecord
+
+# --------------------------------------------------------------------------- inputs
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One plan row as the decide step needs it: ``count`` replicas of a template on partitions."""
+
+    model: str
+    template_id: str
+    partitions: tuple[str, ...]  # one per pipeline stage
+    count: int
+    throughput: float  # per replica, requests/s: the routing weight
+    cost_per_hour: float  # per replica
+    #: plain data for the launcher: {"tp", "pp", "stages": [{"gpu_type", "layers", "partition"}]}
+    layout: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[str, tuple[str, ...]]:
+        return (self.template_id, self.partitions)
+
+
+@dataclass(frozen=True)
+class DesiredPlan:
+    """The plan the cluster should converge to."""
+
+    time: float
+    slots: tuple[Slot, ...]
+
+    def capacity(self, model: str) -> float:
+        """Requests/s the plan's replicas of ``model`` sustain."""
+        return sum(s.count * s.throughput for s in self.slots if s.model == model)
+
+
+@dataclass(frozen=True)
+class Observation:
+    """How fresh and complete the facts are. Times are when Slurm last answered (None: never)."""
+
+    jobs_at: float | None  # own jobs (squeue/sacct)
+    cluster_at: float | None  # nodes and partitions (sinfo/scontrol)
+    complete: bool = True  # False when the last Slurm call failed or answered partially
+
+    def jobs_fresh(self, now: float, settings: ReconcileSettings) -> bool:
+        return (
+            self.complete and self.jobs_at is not None
+            and now - self.jobs_at <= settings.stale_after_s
+        )
+
+    def cluster_fresh(self, now: float, settings: ReconcileSettings) -> bool:
+        return (
+            self.jobs_fresh(now, settings) and self.cluster_at is not None
+            and now - self.cluster_at <= settings.stale_after_s
+        )
+
+
+# --------------------------------------------------------------------------- actions
+
+
+@dataclass(frozen=True)
+class Submit:
+    """Start a new replica of ``slot`` (``replaces``: the replica it takes over from, if any)."""
+
+    slot: Slot
+    reason: str
+    replaces: str | None = None
+
+
+@dataclass(frozen=True)
+class Drain:
+    """Take a replica out of the routing table; it is cancelled after the drain grace."""
+
+    replica_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Cancel a replica's Slurm job (with a grace signal first)."""
+
+    replica_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Forget:
+    """Record that a replica never reached Slurm (no tagged job exists): end it in the store."""
+
+    replica_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Exclude:
+    """Keep a template (``template:<id>``) or shape (``shape:<id>@<partitions>``) out of plans."""
+
+    key: str
+    kind: str
+    until: float
+    reason: str
+    model: str | None = None
+
+
+@dataclass(frozen=True)
+class Keep:
+    """A replica that stays as it is (for status: plan vs actual)."""
+
+    replica_id: str
+
+
+Action = Submit | Drain | Cancel | Forget | Exclude | Keep
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do now, and why the plan itself is out of date (empty: it is not)."""
+
+    actions: tuple[Action, ...]
+    replan: tuple[str, ...] = ()
+    #: set when destructive actions or submissions were withheld, saying why
+    held_back: str | None = None
+    statuses: Mapping[str, ReplicaStatus] = field(default_factory=dict)
+
+    def of(self, kind: type) -> list:
+        """The actions of one kind, in order."""
+        return [a for a in self.actions if isinstance(a, kind)]
+
+
+def template_key(template_id: str) -> str:
+    """Exclusion key of a template (crash cool-down)."""
+    return f"template:{template_id}"
+
+
+def shape_key(template_id: str, partitions: Iterable[str]) -> str:
+    """Exclusion key of a template on given partitions (pending timeout, refused submission)."""
+    return f"shape:{template_id}@{','.join(partitions)}"
+
+
+# --------------------------------------------------------------------------- decide
+
+_KEEP_ORDER = {
+    ReplicaState.READY: 0,
+    ReplicaState.STARTING: 1,
+    ReplicaState.PENDING: 2,
+    ReplicaState.SUBMITTING: 3,
+    ReplicaState.UNHEALTHY: 4,
+}
+
+
+def decide(
+    plan: DesiredPlan | None,
+    replicas: Sequence[ReplicaFacts],
+    now: float,
+    settings: ReconcileSettings | None = None,
+    exclusions: Sequence[Exclusion] = (),
+    observation: Observation | None = None,
+) -> Decision:
+    """Compare ``plan`` with ``replicas`` (live ones, plus recently ended ones for crash counting)
+    and return the actions to take at ``now``. See the module docstring for the rules."""
+    settings = settings or ReconcileSettings()
+    observation = observation or Observation(jobs_at=now, cluster_at=now)
+    statuses = {f.record.id: replica_status(f, now, settings) for f in replicas}
+    records = {f.record.id: f.record for f in replicas}
+    excluded = {e.key for e in exclusions if e.until > now}
+    actions: list[Action] = []
+    replan: list[str] = []
+
+    # 1. crash cool-down (a fact of the store: safe whatever the freshness)
+    for exclude in _crash_cooldowns(replicas, statuses, now, settings, excluded):
+        actions.append(exclude)
+        excluded.add(exclude.key)
+        replan.append(exclude.reason)
+
+    # 2. freshness
+    jobs_fresh = observation.jobs_fresh(now, settings)
+    cluster_fresh = observation.cluster_fresh(now, settings)
+    if not jobs_fresh:
+        return Decision(
+            tuple(actions), tuple(replan),
+            held_back="own jobs not observed recently or the last Slurm call failed: "
+            "no submission, drain or cancel this cycle",
+            statuses=statuses,
+        )
+    if plan is None:
+        # before the first plan (e.g. just after a restart) every replica is "surplus": touch none
+        return Decision(
+            tuple(actions), (*replan, "no plan yet"),
+            held_back="no plan yet: nothing submitted, drained or cancelled", statuses=statuses,
+        )
+    held_back = None
+    if not cluster_fresh:
+        held_back = "cluster snapshot stale or partial: nothing drained or cancelled this cycle"
+    destructive_ok = cluster_fresh
+
+    live = [records[i] for i, s in statuses.items() if s.state.live]
+    cancels: list[Cancel] = []
+    drains: list[Drain] = []
+    submits: list[Submit] = []
+
+    # lost submissions: the tagged job never appeared although the queue was read
+    for record in live:
+        status = statuses[record.id]
+        if status.state is ReplicaState.SUBMITTING and status.submit_lost:
+            actions.append(Forget(record.id, "submission never reached Slurm"))
+
+    # 3. pending too long
+    for record in live:
+        status = statuses[record.id]
+        if status.state is ReplicaState.PENDING and status.pending_too_long:
+            key = shape_key(record.template_id, record.partitions)
+            reason = (
+                f"replica {record.id} of {record.model} pending {status.pending_for_s:.0f}s "
+                f"(> {settings.pending_timeout_s:.0f}s) on {','.join(record.partitions)}"
+            )
+            if key not in excluded:
+                actions.append(Exclude(key, "pending_timeout", now + settings.pending_exclusion_s,
+                                       reason, model=record.model))
+                excluded.add(key)
+                replan.append(reason)
+            cancels.append(Cancel(record.id, reason))
+
+    # 4. match the plan
+    slots = plan.slots
+    by_key: dict[tuple[str, tuple[str, ...]], list[ReplicaRecord]] = defaultdict(list)
+    for record in live:
+        by_key[(record.template_id, record.partitions)].append(record)
+    successors_needed: dict[str, list[str]] = defaultdict(list)  # model -> replica ids
+    for record in live:
+        if statuses[record.id].needs_successor:
+            successors_needed[record.model].append(record.id)
+
+    kept: set[str] = set()
+    for slot in slots:
+        candidates = [
+            r for r in by_key.get(slot.key, [])
+            if statuses[r.id].state in _KEEP_ORDER
+            and not statuses[r.id].needs_successor
+            and not statuses[r.id].pending_too_long
+            and not statuses[r.id].submit_lost
+        ]
+        candidates.sort(key=lambda r: (_KEEP_ORDER[statuses[r.id].state], -_time_left(statuses[r.id]),
+                                       r.created_at, r.id))
+        keep = candidates[: slot.count]
+        kept.update(r.id for r in keep)
+        missing = slot.count - len(keep)
+        if missing <= 0:
+            continue
+        if template_key(slot.template_id) in excluded or shape_key(*slot.key) in excluded:
+            replan.append(f"plan wants {missing} more of {slot.template_id} on "
+                          f"{','.join(slot.partitions)}, which is excluded")
+            continue
+        for _ in range(missing):
+            replaces = _take_predecessor(successors_needed, slot.model, by_key.get(slot.key, []))
+            reason = "scale up" if replaces is None else f"successor of {replaces}"
+            submits.append(Submit(slot, reason, replaces=replaces))
+    for replica_id in sorted(kept):
+        actions.append(Keep(replica_id))
+
+    # 5. surplus, make-before-break
+    surplus = [r for r in live if r.id not in kept and statuses[r.id].state in _KEEP_ORDER]
+    ready_capacity: dict[str, float] = defaultdict(float)
+    for record in live:
+        if statuses[record.id].state is ReplicaState.READY:
+            ready_capacity[record.model] += record.throughput
+    planned = {m: plan.capacity(m) for m in {r.model for r in live}}
+    # serving surplus: the ones that will stop anyway first, then the dearest per request/s
+    surplus.sort(key=lambda r: (not statuses[r.id].needs_successor,
+                                -(r.cost_per_hour / max(r.throughput, 1e-9)), r.created_at, r.id))
+    already_cancelled = {c.replica_id for c in cancels}
+    for record in surplus:
+        status = statuses[record.id]
+        if status.state is ReplicaState.SUBMITTING:
+            continue  # nothing to cancel yet: adopted or forgotten on a later cycle
+        if status.state is not ReplicaState.READY:
+            if record.id not in already_cancelled:
+                cancels.append(Cancel(record.id, _surplus_reason(record, status)))
+            continue
+        remaining = ready_capacity[record.model] - record.throughput
+        if remaining + 1e-9 >= planned.get(record.model, 0.0):
+            drains.append(Drain(record.id, _surplus_reason(record, status)))
+            ready_capacity[record.model] = remaining
+
+    # 6. draining replicas: cancel after the grace, retry a cancel Slurm did not carry out
+    for record in live:
+        if statuses[record.id].state is not ReplicaState.DRAINING:
+            continue
+        if record.cancelled_at is None:
+            drained_at = record.drain_requested_at if record.drain_requested_at is not None else now
+            if now - drained_at >= settings.drain_grace_s:
+                cancels.append(Cancel(record.id, "drained"))
+        elif now - record.cancelled_at >= settings.cancel_retry_s:
+            cancels.append(Cancel(record.id, "cancel not yet carried out; sending again"))
+
+    # 7. bounds and freshness
+    if destructive_ok:
+        actions.extend(drains)
+        actions.extend(cancels[: settings.max_cancels_per_cycle])
+    submits.sort(key=lambda s: s.replaces is None)  # replacements first (stable otherwise)
+    actions.extend(submits[: settings.max_submits_per_cycle])
+    return Decision(tuple(actions), tuple(dict.fromkeys(replan)), held_back, statuses)
+
+
+def _time_left(status: ReplicaStatus) -> float:
+    return status.time_left_s if status.time_left_s is not None else float("inf")
+
+
+def _take_predecessor(
+    needed: dict[str, list[str]], model: str, same_slot: Sequence[ReplicaRecord]
+) -> str | None:
+    """The replica a new submission succeeds: one of the same slot first, else of the model."""
+    candidates = needed.get(model, [])
+    if not candidates:
+        return None
+    same = {r.id for r in same_slot}
+    for replica_id in candidates:
+        if replica_id in same:
+            candidates.remove(replica_id)
+            return replica_id
+    return candidates.pop(0)
+
+
+def _surplus_reason(record: ReplicaRecord, status: ReplicaStatus) -> str:
+    if status.near_walltime:
+        return f"walltime in {status.time_left_s:.0f}s; successor serving"
+    if status.must_move:
+        return "node or partition draining or down; successor serving"
+    if status.unhealthy_too_long:
+        return "unhealthy; replaced"
+    return f"not in the plan ({record.template_id} on {','.join(record.partitions)})"
+
+
+def _crash_cooldowns(
+    replicas: Sequence[ReplicaFacts],
+    statuses: Mapping[str, ReplicaStatus],
+    now: float,
+    settings: ReconcileSettings,
+    excluded: set[str],
+) -> list[Exclude]:
+    crashes: dict[str, list[ReplicaRecord]] = defaultdict(list)
+    for facts in replicas:
+        record = facts.record
+        status = statuses[record.id]
+        ended = record.ended_at if record.ended_at is not None else now
+        if status.crashed and now - ended <= settings.crash_cooldown_s:
+            crashes[record.template_id].append(record)
+    out = []
+    for template_id, crashed in sorted(crashes.items()):
+        crashed.sort(key=lambda r: (r.ended_at or now, r.id))
+        key = template_key(template_id)
+        if len(crashed) < settings.crash_limit or key in excluded:
+            continue
+        out.append(
+            Exclude(
+                key, "crash_cooldown", now + settings.crash_cooldown_s,
+                f"template {template_id} crashed {len(crashed)} times within "
+                f"{settings.crash_cooldown_s:.0f}s (last: {crashed[-1].id}, "
+                f"{crashed[-1].end_state or 'FAILED'}); excluded for "
+                f"{settings.crash_cooldown_s:.0f}s",
+                model=crashed[-1].model,
+            )
+        )
+    return out

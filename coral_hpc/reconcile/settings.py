@@ -1,0 +1,74 @@
+"""Knobs of the reconcile loop: every field has a default and a line saying why.
+
+Most come from ``policy:`` in ``models.yaml`` (:meth:`ReconcileSettings.from_policy`); the rest are
+safety margins a site rarely needs to change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from coral_hpc.config import PolicyConfig
+
+
+@dataclass(frozen=True)
+class ReconcileSettings:
+    """How the decide step judges replicas. Seconds unless named otherwise."""
+
+    #: Observe Slurm this often; staleness is counted in polls.
+    poll_interval_s: float = 5.0
+    #: Re-plan at least this often even when nothing moved (prices, free GPUs drift).
+    replan_interval_s: float = 60.0
+    #: Re-plan early when a model's demand moves by more than this fraction.
+    demand_change_threshold: float = 0.25
+    #: A replica PENDING longer than this is cancelled and its shape avoided for a while.
+    pending_timeout_s: float = 600.0
+    #: How long a shape that timed out pending stays out of plans.
+    pending_exclusion_s: float = 1800.0
+    #: Start a successor this long before a replica's walltime (at most half its time limit).
+    walltime_lead_s: float = 900.0
+    #: Crashes of one template within ``crash_cooldown_s`` that put it on cool-down.
+    crash_limit: int = 3
+    #: How long a crashing template stays out of plans.
+    crash_cooldown_s: float = 1800.0
+    #: Consecutive failed health probes before a READY replica stops counting as serving.
+    unhealthy_after: int = 3
+    #: An unhealthy replica that has not recovered after this is cancelled and replaced.
+    unhealthy_grace_s: float = 60.0
+    #: Between taking a replica out of the routing table and cancelling it: the gateway reloads
+    #: the table and in-flight requests finish (the engine also drains on SIGTERM).
+    drain_grace_s: float = 10.0
+    #: A cancel Slurm has not carried out after this is sent again.
+    cancel_retry_s: float = 120.0
+    #: A replica recorded as being submitted whose tagged job never showed up in the queue after
+    #: this (the daemon died between recording and sbatch) is forgotten.
+    submit_lost_s: float = 30.0
+    #: Observations older than this many polls are stale: nothing destructive is done on them.
+    stale_after_polls: int = 3
+    #: Slurm calls one cycle may make for submissions and for cancellations (each).
+    max_submits_per_cycle: int = 8
+    max_cancels_per_cycle: int = 8
+
+    @classmethod
+    def from_policy(cls, policy: PolicyConfig) -> ReconcileSettings:
+        """Settings from a deployment's ``policy:`` section."""
+        return cls(
+            poll_interval_s=policy.poll_interval_s,
+            replan_interval_s=policy.replan_interval_s,
+            demand_change_threshold=policy.demand_change_threshold,
+            pending_timeout_s=policy.pending_timeout_s,
+            # long enough that the next plans route around the shape, short enough that a
+            # queue that has cleared is used again
+            pending_exclusion_s=max(3 * policy.pending_timeout_s, 2 * policy.replan_interval_s),
+            walltime_lead_s=policy.walltime_lead_s,
+            crash_limit=policy.crash_limit,
+            crash_cooldown_s=policy.crash_cooldown_s,
+            # a replica needs a few polls to recover from a blip before it is replaced
+            unhealthy_grace_s=max(6 * policy.poll_interval_s, 30.0),
+            drain_grace_s=max(2 * policy.poll_interval_s, 5.0),
+        )
+
+    @property
+    def stale_after_s(self) -> float:
+        """Age at which an observation is stale."""
+        return self.stale_after_polls * self.poll_interval_s

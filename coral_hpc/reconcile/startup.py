@@ -1,0 +1,43 @@
+"""Start-up time behind the planner's penalty K, learnt from this deployment's own history.
+
+K = start-up time ÷ re-plan interval (../shared/ARCHITECTURE.md, "Plan"): a new replica costs K
+re-plan intervals of its price before it serves. The start-up time is the submit→READY time of
+recent replicas (queue wait included: that is what a new replica really costs), the configured
+``policy.startup_time_s`` until enough have been seen.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+
+from coral_hpc.store import StartupObservation
+
+#: Observations needed before the history replaces the configured value.
+MIN_OBSERVATIONS = 3
+
+
+def learned_startup_s(
+    observations: Sequence[StartupObservation],
+    configured_s: float,
+    template_id: str | None = None,
+    min_observations: int = MIN_OBSERVATIONS,
+) -> float:
+    """Median submit→READY seconds of ``observations`` (of ``template_id`` when it has enough of
+    its own), else ``configured_s``. The median ignores the odd replica stuck behind someone
+    else's job."""
+    if template_id is not None:
+        own = [o.seconds for o in observations if o.template_id == template_id]
+        if len(own) >= min_observations:
+            return float(statistics.median(own))
+    seconds = [o.seconds for o in observations]
+    if len(seconds) >= min_observations:
+        return float(statistics.median(seconds))
+    return float(configured_s)
+
+
+def startup_penalty(startup_s: float, replan_interval_s: float) -> float:
+    """K: start-up time in re-plan intervals."""
+    if replan_interval_s <= 0:
+        raise ValueError("replan_interval_s must be > 0")
+    return startup_s / replan_interval_s

@@ -1,0 +1,124 @@
+"""replan_reasons (edge triggers), learnt start-up time, backoff, plan rows round trip."""
+
+from __future__ import annotations
+
+import pytest
+
+from coral_hpc.config import PolicyConfig
+from coral_hpc.reconcile import Backoff, ReconcileSettings, replan_reasons
+from coral_hpc.reconcile.desired import plan_from_rows, slot_rows
+from coral_hpc.reconcile.startup import learned_startup_s, startup_penalty
+from coral_hpc.store import Exclusion, StartupObservation
+from tests.unit.reconcile_facts import facts, plan, rec, slot
+
+S = ReconcileSettings(replan_interval_s=60, pending_timeout_s=60, walltime_lead_s=300,
+                      unhealthy_after=3, unhealthy_grace_s=30)
+
+
+def reasons(plan_time, now, *records, **kw):
+    kw.setdefault("unavailable_at_plan", frozenset())
+    return replan_reasons(plan_time, now, S, facts(*records), **kw)
+
+
+def test_no_plan_yet():
+    assert replan_reasons(None, 5.0, S) == ["no plan yet"]
+
+
+def test_quiet_cluster_within_the_interval_needs_no_plan():
+    assert reasons(100.0, 159.0, rec("a"), rec("b", "pending", submitted_at=100.0)) == []
+
+
+def test_interval_elapsed():
+    assert reasons(100.0, 160.0) == ["re-plan interval (60s) elapsed"]
+
+
+def test_demand_moved():
+    (reason,) = reasons(100.0, 110.0, demand_changed=["phi-4", "llama"])
+    assert reason.startswith("demand of llama, phi-4 moved")
+
+
+def test_node_or_partition_draining_triggers_once():
+    now_down = frozenset({"node:a100-01", "partition:v100"})
+    assert reasons(100.0, 110.0, unavailable=now_down) == [
+        "draining or down: node:a100-01, partition:v100"
+    ]
+    # the plan made after the drain knew it: no trigger
+    assert reasons(110.0, 112.0, unavailable=now_down, unavailable_at_plan=now_down) == []
+    assert reasons(110.0, 112.0, unavailable_at_plan=now_down) == [
+        "back in service: node:a100-01, partition:v100"
+    ]
+
+
+def test_unknown_cluster_state_at_plan_time_replans():
+    assert replan_reasons(100.0, 101.0, S, unavailable_at_plan=None) == [
+        "cluster state at the last plan unknown"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("record", "plan_time", "now", "fires"),
+    [
+        (rec("a", ended_at=105.0, end_state="NODE_FAIL"), 100.0, 110.0, True),
+        (rec("a", ended_at=95.0, end_state="NODE_FAIL"), 100.0, 110.0, False),  # plan knew
+        (rec("a", ended_at=105.0, end_state="CANCELLED", cancelled_at=104.0), 100.0, 110.0,
+         False),  # we ended it
+        (rec("a", "pending", submitted_at=45.0), 100.0, 110.0, True),  # deadline 105
+        (rec("a", "pending", submitted_at=30.0), 100.0, 110.0, False),  # deadline 90: plan knew
+        (rec("a", "pending", submitted_at=55.0), 100.0, 110.0, False),  # deadline 115: not yet
+        (rec("a", started_at=0.0, time_limit_s=1000.0), 690.0, 710.0, True),  # near at 700
+        (rec("a", started_at=0.0, time_limit_s=1000.0), 701.0, 710.0, False),
+        (rec("a", health_failures=3, health_ok_at=80.0), 100.0, 111.0, True),  # too long at 110
+        (rec("a", health_failures=3, health_ok_at=80.0), 100.0, 109.0, False),
+    ],
+)
+def test_replica_triggers_fire_once_after_the_plan(record, plan_time, now, fires):
+    assert bool(reasons(plan_time, now, record)) is fires
+
+
+def test_new_exclusions_trigger_a_replan():
+    fresh = Exclusion("template:t1", "crash_cooldown", 105.0, 1000.0, "crashed 3 times")
+    old = Exclusion("template:t2", "crash_cooldown", 95.0, 1000.0, "crashed 3 times")
+    assert reasons(100.0, 110.0, exclusions=[fresh, old]) == [
+        "excluded template:t1: crashed 3 times"
+    ]
+
+
+def _obs(seconds, template="t1"):
+    return [StartupObservation(float(i), f"r{i}", template, "a100", s)
+            for i, s in enumerate(seconds)]
+
+
+def test_startup_time_is_configured_until_learnt_then_the_median():
+    assert learned_startup_s(_obs([10, 20]), 180.0) == 180.0
+    assert learned_startup_s(_obs([10, 20, 300]), 180.0) == 20.0
+    mixed = _obs([10, 12, 14], "t1") + _obs([100, 110, 120], "t2")
+    assert learned_startup_s(mixed, 180.0, template_id="t2") == 110.0
+    assert learned_startup_s(mixed, 180.0, template_id="t3") == pytest.approx((14 + 100) / 2)
+    assert startup_penalty(30.0, 60.0) == 0.5
+    with pytest.raises(ValueError):
+        startup_penalty(30.0, 0.0)
+
+
+def test_backoff_doubles_to_a_cap_and_resets():
+    backoff = Backoff(base_s=2.0, max_s=10.0)
+    assert backoff.ready(0.0)
+    assert [backoff.failed(0.0) for _ in range(5)] == [2.0, 4.0, 8.0, 10.0, 10.0]
+    assert not backoff.ready(9.9) and backoff.ready(10.0)
+    backoff.succeeded()
+    assert backoff.ready(0.0) and backoff.failed(0.0) == 2.0
+
+
+def test_settings_from_policy_carry_the_configured_values():
+    policy = PolicyConfig(poll_interval_s=2, pending_timeout_s=60, crash_limit=2,
+                          walltime_lead_s=120, replan_interval_s=30)
+    settings = ReconcileSettings.from_policy(policy)
+    assert (settings.poll_interval_s, settings.pending_timeout_s, settings.crash_limit,
+            settings.walltime_lead_s, settings.replan_interval_s) == (2, 60, 2, 120, 30)
+    assert settings.stale_after_s == 6
+    assert settings.pending_exclusion_s >= settings.pending_timeout_s
+
+
+def test_plan_rows_round_trip_through_plain_data():
+    desired = plan(slot("t1", 2), slot("t2", 1, model="n", partitions=("a100", "v100")),
+                   time=42.0)
+    assert plan_from_rows(slot_rows(desired), 42.0) == desired
