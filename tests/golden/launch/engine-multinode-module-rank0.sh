@@ -1,0 +1,32 @@
+#!/bin/bash
+# coral-hpc engine launch: pipeline over 2 identical nodes (2 × a100 each),
+# node rank 0 of 2 (head: serves the API), with vLLM's own multi-node flags.
+# replica multinode-1 of llama-70b (template t-multinode), rendered by coral_hpc.launch.
+# The API key (VLLM_API_KEY) and the Hugging Face token (HF_TOKEN) arrive in the environment only.
+# environment: modules 'cuda/12.8 vllm/0.33.0'
+set -eo pipefail
+# `module` is a shell function that batch shells may lack: load the site's init script first.
+if ! type module >/dev/null 2>&1; then
+  for init in /etc/profile.d/lmod.sh /etc/profile.d/modules.sh /usr/share/lmod/lmod/init/bash; do
+    if [ -r "$init" ]; then . "$init"; break; fi
+  done
+fi
+module load cuda/12.8
+module load vllm/0.33.0
+ENGINE=(vllm serve meta-llama/Llama-3.1-70B-Instruct)
+export VLLM_PP_LAYER_PARTITION=40,40
+FLAGS=(
+  --served-model-name llama-70b
+  --tensor-parallel-size 2
+  --pipeline-parallel-size 2
+  --dtype auto
+  --max-model-len 8192
+  --host 0.0.0.0
+  --port 24001
+  --nnodes 2
+  --node-rank 0
+  --master-addr gpu-a100-01
+  --master-port 24002
+  --enable-prefix-caching
+)
+exec "${ENGINE[@]}" "${FLAGS[@]}"

@@ -1,0 +1,11 @@
+#!/bin/bash
+# coral-hpc engine launch: pipeline over 2 identical nodes (2 × a100 each),
+# node rank 1 of 2 (headless worker), with vLLM's own multi-node flags.
+# replica multinode-1 of llama-70b (template t-multinode), rendered by coral_hpc.launch.
+# The API key (VLLM_API_KEY) and the Hugging Face token (HF_TOKEN) arrive in the environment only.
+# environment: the sim engine (no GPU, no real inference), run by the daemon's python
+set -eo pipefail
+ENGINE=(/opt/coral/venv/bin/python -m coral_hpc.engine.sim meta-llama/Llama-3.1-70B-Instruct --sim-arch llama-3.1-70b --sim-gpu-types a100,a100 --sim-layers 40,40 --sim-drain-timeout 55)
+export VLLM_PP_LAYER_PARTITION=40,40
+# The sim engine runs the whole pipeline on the head node; this node holds its stage's GPUs.
+exec sleep infinity
