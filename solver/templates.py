@@ -1,0 +1,333 @@
+"""Stage 1: the library of serving templates per model, found exactly.
+
+A template is a vLLM-runnable layout: ``S`` pipeline stages, each on one node, one TP degree ``t``
+for all stages, layers split (unevenly where it helps) so the slowest stage is as fast as possible.
+For a model and its SLO, every candidate node multiset — counts ``n_g`` of stages per GPU type
+(identical nodes aggregated, so no symmetric copies), ``S = Σ n_g ≤ N_max`` and GPU memory
+``t · Σ n_g · mem_g ≤ ρ · weights`` — gets its best layout exactly:
+
+    throughput(n) = max T  s.t.  Σ_g n_g · ℓ_g(T) ≥ L,  ℓ_g(T) ≥ 1 for every used g,
+
+where ``ℓ_g(T)`` is the most layers one stage of type ``g`` holds while sustaining ``T`` requests/s
+within TTFT/S and TPOT/S (stage throughput is non-increasing in layers). The optimum is one of the
+finitely many tabulated stage throughputs, so all multisets of one (t, S) are solved at once as a
+matrix product over those candidate values: exact, with no solver call per multiset. Templates
+dominated by another (no more stages of every configuration, at least the throughput) are dropped.
+The library is cached on disk by a hash of everything it depends on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from solver.types import ModelSpec, Policy, Stage, Template
+
+#: progress(model name, models done, models total)
+Progress = Callable[[str, int, int], None]
+
+CACHE_VERSION = 1
+
+
+def default_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/coral-hpc/templates`` (``~/.cache/coral-hpc/templates``)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "coral-hpc" / "templates"
+
+
+class ThroughputModel(Protocol):
+    """What Stage 1 needs to know about a model on a GPU type."""
+
+    def layers(self, model: ModelSpec) -> int:
+        """Transformer layers of the model."""
+
+    def weight_gb(self, model: ModelSpec) -> float:
+        """Weights as served, GB (the ρ × model size filter)."""
+
+    def tp_degrees(self, model: ModelSpec, max_tp: int) -> list[int]:
+        """Tensor-parallel degrees vLLM accepts for this model (head counts divisible)."""
+
+    def runs_on(self, model: ModelSpec, gpu_type: str) -> bool:
+        """Whether the engine can run the model on this GPU type at all (dtype, kernels)."""
+
+    def throughput(self, model: ModelSpec, gpu_type: str, tp: int, layers: int, stages: int) -> float:
+        """Requests/s one stage sustains holding ``layers`` layers, within TTFT/S and TPOT/S."""
+
+    def calibrated(self, model: ModelSpec, gpu_type: str) -> bool:
+        """Whether the figures for this pair rest on measured data."""
+
+    def fingerprint(self) -> str:
+        """Changes whenever the throughput figures could change (cache key)."""
+
+
+class PerfThroughput:
+    """The real performance model (:mod:`solver.perf` over :mod:`solver.catalog`)."""
+
+    def __init__(self) -> None:
+        from solver import catalog, perf  # imported here: Stage 1 can run on a synthetic model
+
+        self._catalog = catalog
+        self._perf = perf
+
+    def _arch(self, model: ModelSpec):
+        return self._catalog.model_arch(model.arch)
+
+    def _gpu(self, gpu_type: str):
+        return self._catalog.gpu_spec(gpu_type)
+
+    def layers(self, model: ModelSpec) -> int:
+        return self._arch(model).layers
+
+    def weight_gb(self, model: ModelSpec) -> float:
+        return self._arch(model).weight_bytes / 1e9
+
+    def tp_degrees(self, model: ModelSpec, max_tp: int) -> list[int]:
+        return list(self._perf.valid_tp_degrees(self._arch(model), max_tp))
+
+    def runs_on(self, model: ModelSpec, gpu_type: str) -> bool:
+        try:
+            gpu = self._gpu(gpu_type)
+        except KeyError:
+            return False
+        return self._perf.engine_dtype(self._arch(model), gpu) is not None
+
+    def throughput(self, model: ModelSpec, gpu_type: str, tp: int, layers: int, stages: int) -> float:
+        slo = self._perf.Slo(ttft_s=model.ttft_s, tpot_s=model.tpot_s)
+        mix = self._perf.Mix(input_tokens=model.input_tokens, output_tokens=model.output_tokens)
+        return float(
+            self._perf.stage_throughput(
+                self._arch(model), self._gpu(gpu_type), tp, layers, stages, slo, mix
+            )
+        )
+
+    def calibrated(self, model: ModelSpec, gpu_type: str) -> bool:
+        return bool(self._perf.is_calibrated(self._arch(model), self._gpu(gpu_type)))
+
+    def fingerprint(self) -> str:
+        from solver.resources import profiles_dir
+
+        digest = hashlib.sha256()
+        for path in sorted(profiles_dir().rglob("*")):
+            if path.is_file():
+                digest.update(str(path.relative_to(profiles_dir())).encode())
+                digest.update(path.read_bytes())
+        for module in (self._perf, self._catalog):
+            digest.update(Path(module.__file__).read_bytes())
+        return digest.hexdigest()
+
+
+# --------------------------------------------------------------------------- exact best layout
+
+
+def _stage_tables(
+    tm: ThroughputModel, model: ModelSpec, types: list[str], tp: int, stages: int, layers: int
+) -> np.ndarray:
+    """``table[g, l-1]`` = throughput of a stage of type g holding l layers (1 ≤ l ≤ L-S+1),
+    forced non-increasing in l (a stage never gets faster by holding more layers)."""
+    longest = layers - stages + 1
+    table = np.zeros((len(types), longest))
+    for gi, gpu in enumerate(types):
+        for l in range(1, longest + 1):
+            value = tm.throughput(model, gpu, tp, l, stages)
+            table[gi, l - 1] = value if value > 0 else 0.0
+            if value <= 0:  # non-increasing: every longer stage is infeasible too
+                break
+    return np.minimum.accumulate(table, axis=1)
+
+
+def _multisets(n_types: int, stages: int, heterogeneous: bool) -> np.ndarray:
+    """All count vectors over ``n_types`` summing to ``stages`` (one per multiset)."""
+    if not heterogeneous:
+        return stages * np.eye(n_types, dtype=np.int64)
+    rows = []
+    for combo in itertools.combinations_with_replacement(range(n_types), stages):
+        row = np.zeros(n_types, dtype=np.int64)
+        for gi in combo:
+            row[gi] += 1
+        rows.append(row)
+    return np.array(rows, dtype=np.int64).reshape(-1, n_types)
+
+
+def best_layouts(
+    table: np.ndarray, counts: np.ndarray, layers: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Exact best bottleneck throughput for every multiset row of ``counts``.
+
+    Returns (throughput per row (0 = no layout), layers per stage type at that throughput).
+    """
+    candidates = np.unique(table[table > 0])[::-1]  # descending
+    if candidates.size == 0:
+        return np.zeros(len(counts)), np.zeros_like(counts)
+    # most layers a stage of type g holds at throughput ≥ T: [T, g]
+    most = (table[None, :, :] >= candidates[:, None, None]).sum(axis=2)
+    # a used type that cannot hold even one layer makes the target infeasible
+    big = layers * (counts.sum(axis=1).max() + 1)
+    capped = np.where(most >= 1, most, -big)
+    capacity = counts @ capped.T  # [multiset, candidate], non-decreasing as T falls
+    ok = capacity >= layers
+    first = ok.argmax(axis=1)
+    feasible = ok[np.arange(len(counts)), first]
+    throughput = np.where(feasible, candidates[first], 0.0)
+    per_type = np.where(feasible[:, None], most[first], 0)
+    return throughput, per_type
+
+
+def _split(per_type: np.ndarray, counts: np.ndarray, layers: int) -> list[tuple[int, int]]:
+    """A concrete split: (type index, layers) per stage, each ≤ its cap, ≥ 1, summing to L.
+
+    Takes layers off the stages holding the most first, which keeps the split balanced."""
+    stages = [[gi, int(per_type[gi])] for gi in range(len(counts)) for _ in range(int(counts[gi]))]
+    excess = sum(l for _, l in stages) - layers
+    while excess > 0:
+        # one layer at a time off the fullest stage keeps the split balanced; never below 1,
+        # as Σ layers > L ≥ S means some stage holds more than one
+        largest = max(range(len(stages)), key=lambda i: (stages[i][1], -i))
+        stages[largest][1] -= 1
+        excess -= 1
+    return [(gi, l) for gi, l in stages]
+
+
+def model_templates(
+    tm: ThroughputModel,
+    model: ModelSpec,
+    gpu_types: Mapping[str, tuple[int, float]],
+    policy: Policy,
+) -> list[Template]:
+    """Every non-dominated template of one model (exact best layout per node multiset).
+
+    ``gpu_types``: GPU type → (most GPUs on one node, GPU memory GB).
+    """
+    layers = tm.layers(model)
+    budget = policy.rho * tm.weight_gb(model)
+    usable = sorted(g for g in gpu_types if model.allows_gpu(g) and tm.runs_on(model, g))
+    out: list[Template] = []
+    for tp in tm.tp_degrees(model, policy.max_tp):
+        types = [g for g in usable if gpu_types[g][0] >= tp]
+        if not types:
+            continue
+        memory = np.array([tp * gpu_types[g][1] for g in types])
+        for stages in range(1, min(policy.n_max, layers) + 1):
+            table = _stage_tables(tm, model, types, tp, stages, layers)
+            counts = _multisets(len(types), stages, policy.heterogeneous)
+            counts = counts[counts @ memory <= budget + 1e-9]
+            if counts.size == 0:
+                continue
+            throughput, per_type = best_layouts(table, counts, layers)
+            for row in np.nonzero(throughput > 0)[0]:
+                split = _split(per_type[row], counts[row], layers)
+                stage_list = tuple(Stage(types[gi], l) for gi, l in split)
+                actual = min(table[gi, l - 1] for gi, l in split)
+                out.append(
+                    Template(
+                        model=model.name,
+                        tp=tp,
+                        stages=stage_list,
+                        throughput=float(actual),
+                        calibrated=all(tm.calibrated(model, s.gpu_type) for s in stage_list),
+                    )
+                )
+    return drop_dominated(out)
+
+
+def drop_dominated(templates: list[Template]) -> list[Template]:
+    """Keep templates no other beats: another dominates when it uses no more stages of every
+    configuration and serves at least as much (ties keep the first)."""
+    configs = sorted({c for t in templates for c in t.usage()})
+    index = {c: i for i, c in enumerate(configs)}
+    order = sorted(range(len(templates)), key=lambda i: (-templates[i].throughput, templates[i].pp, i))
+    kept: list[int] = []
+    kept_usage = np.zeros((0, len(configs)), dtype=np.int64)
+    for i in order:
+        usage = np.zeros(len(configs), dtype=np.int64)
+        for config, count in templates[i].usage().items():
+            usage[index[config]] = count
+        # kept ones all have throughput ≥ this one (sorted), so usage decides
+        if kept and (kept_usage <= usage).all(axis=1).any():
+            continue
+        kept.append(i)
+        kept_usage = np.vstack([kept_usage, usage])
+    return [templates[i] for i in sorted(kept)]
+
+
+# --------------------------------------------------------------------------- library + cache
+
+
+def _cache_key(
+    tm: ThroughputModel, model: ModelSpec, gpu_types: Mapping[str, tuple[int, float]], policy: Policy
+) -> str:
+    material = {
+        "version": CACHE_VERSION,
+        "model": [model.name, model.arch, model.input_tokens, model.output_tokens,
+                  model.ttft_s, model.tpot_s, sorted(model.gpu_types)],
+        "gpus": sorted([g, list(v)] for g, v in gpu_types.items()),
+        "policy": [policy.n_max, policy.rho, policy.heterogeneous, policy.max_tp],
+        "throughput": tm.fingerprint(),
+    }
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _to_json(templates: Iterable[Template]) -> list[dict]:
+    return [asdict(t) for t in templates]
+
+
+def _from_json(items: list[dict]) -> list[Template]:
+    return [
+        Template(
+            model=item["model"],
+            tp=int(item["tp"]),
+            stages=tuple(Stage(s["gpu_type"], int(s["layers"])) for s in item["stages"]),
+            throughput=float(item["throughput"]),
+            calibrated=bool(item.get("calibrated", True)),
+        )
+        for item in items
+    ]
+
+
+def build_library(
+    models: Iterable[ModelSpec],
+    gpu_types: Mapping[str, tuple[int, float]],
+    policy: Policy = Policy(),
+    throughput: ThroughputModel | None = None,
+    cache_dir: Path | str | None = None,
+    progress: Progress | None = None,
+    use_cache: bool = True,
+) -> dict[str, list[Template]]:
+    """Stage 1 for every model: model name → its non-dominated templates.
+
+    ``gpu_types`` maps each GPU type present to (most GPUs on one node, GPU memory GB), e.g. from
+    :meth:`solver.types.Cluster.gpu_types`. Results are cached in ``cache_dir`` (default
+    :func:`default_cache_dir`) under a hash of the model's SLO and mix, the GPU types, the policy
+    and the throughput model's fingerprint; ``use_cache=False`` neither reads nor writes it.
+    """
+    tm = throughput if throughput is not None else PerfThroughput()
+    models = list(models)
+    folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    library: dict[str, list[Template]] = {}
+    for done, model in enumerate(models):
+        if progress:
+            progress(model.name, done, len(models))
+        path = folder / f"{_cache_key(tm, model, gpu_types, policy)}.json"
+        if use_cache and path.is_file():
+            try:
+                library[model.name] = _from_json(json.loads(path.read_text()))
+                continue
+            except (ValueError, KeyError, TypeError):
+                pass  # a damaged cache entry is rebuilt below
+        templates = model_templates(tm, model, gpu_types, policy)
+        library[model.name] = templates
+        if use_cache:
+            folder.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(_to_json(templates)))
+            tmp.replace(path)  # atomic: a concurrent reader never sees half a file
+    if progress:
+        progress("", len(models), len(models))
+    return library

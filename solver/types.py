@@ -1,0 +1,307 @@
+"""Plain input and output types of the planner (no ``coral_hpc`` here: it converts into these).
+
+Units (../shared/ARCHITECTURE.md): demand and throughput are requests per second of the model's
+own request mix; cost is per hour in the deployment's one unit (currency per GPU-hour prices, or
+Slurm billing units); GPU memory in GB.
+
+Inputs: :class:`ModelSpec`, :class:`NodeGroup`, :class:`Partition` (with :class:`Billing`),
+:class:`Quota`, :class:`RunningReplica`, :class:`Policy`, bundled in :class:`Cluster`.
+Outputs: :class:`Template` (Stage 1) and :class:`Plan` of :class:`PlanRow` (Stage 2).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+#: A configuration: (GPU type, GPUs used on one node), e.g. ("a100", 4).
+Config = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One served model as the planner sees it."""
+
+    name: str
+    arch: str  #: key of the architecture in profiles (``solver.catalog.model_arch``)
+    input_tokens: int  #: mean input tokens of the mix
+    output_tokens: int  #: mean output tokens of the mix
+    ttft_s: float  #: SLO: time to first token
+    tpot_s: float  #: SLO: time per output token
+    demand_rps: float = 0.0  #: requests/s of this model's mix to serve
+    priority: float = 1.0  #: weight of served demand when GPUs are scarce
+    min_replicas: int = 0
+    max_replicas: int | None = None
+    gpu_types: tuple[str, ...] = ()  #: allowed GPU types; empty = all
+    partitions: tuple[str, ...] = ()  #: allowed partitions; empty = all
+
+    def allows_gpu(self, gpu_type: str) -> bool:
+        return not self.gpu_types or gpu_type in self.gpu_types
+
+    def allows_partition(self, partition: str) -> bool:
+        return not self.partitions or partition in self.partitions
+
+
+@dataclass(frozen=True)
+class NodeGroup:
+    """Identical nodes (GPU type, GPUs per node, GPU memory) and what each has free for us.
+
+    ``free[i]`` = idle GPUs + GPUs held by this deployment's own replicas on node ``nodes[i]``;
+    0 for a node that is down, draining or reserved.
+    """
+
+    name: str
+    gpu_type: str
+    gpus_per_node: int
+    gpu_memory_gb: float
+    nodes: tuple[str, ...]
+    free: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.nodes) != len(self.free):
+            raise ValueError(f"node group {self.name}: {len(self.nodes)} nodes, {len(self.free)} free counts")
+        for node, count in zip(self.nodes, self.free):
+            if not 0 <= count <= self.gpus_per_node:
+                raise ValueError(f"node {node}: free {count} outside 0..{self.gpus_per_node}")
+
+
+@dataclass(frozen=True)
+class Billing:
+    """Slurm's billing of a job shape: TRESBillingWeights and the per-GPU CPU/memory request.
+
+    billing per hour of a stage with ``g`` GPUs of type ``t`` =
+    g × (cpu × cpus_per_gpu + mem_gb × mem_per_gpu_gb + gpu + gpu_by_type[t]);
+    with ``max_tres`` (PriorityFlags=MAX_TRES) the sum becomes the largest single term.
+    Slurm counts a typed GPU request under both ``GRES/gpu`` and ``GRES/gpu:<type>``.
+    """
+
+    cpu: float = 0.0
+    mem_gb: float = 0.0
+    gpu: float = 0.0
+    gpu_by_type: Mapping[str, float] = field(default_factory=dict)
+    cpus_per_gpu: int = 4
+    mem_per_gpu_gb: float = 32.0
+    max_tres: bool = False
+
+    def per_gpu_hour(self, gpu_type: str) -> float:
+        """Billing units per hour for one GPU of ``gpu_type`` with its share of CPUs and memory."""
+        terms = [
+            self.cpu * self.cpus_per_gpu,
+            self.mem_gb * self.mem_per_gpu_gb,
+            self.gpu + self.gpu_by_type.get(gpu_type, 0.0),
+        ]
+        return max(terms) if self.max_tres else sum(terms)
+
+
+@dataclass(frozen=True)
+class Partition:
+    """A Slurm partition: which node groups it holds, whether usable, and its price."""
+
+    name: str
+    node_groups: tuple[str, ...]
+    usable: bool = True  #: False when the partition is down/drained/inactive
+    prices: Mapping[str, float] | None = None  #: per GPU-hour per GPU type
+    billing: Billing | None = None  #: or Slurm billing of the job shape
+
+    def gpu_hour_cost(self, gpu_type: str) -> float | None:
+        """Cost per hour of one GPU of ``gpu_type`` here; None when not priced (not allowed)."""
+        if self.billing is not None:
+            return self.billing.per_gpu_hour(gpu_type)
+        if self.prices is not None and gpu_type in self.prices:
+            return float(self.prices[gpu_type])
+        return None
+
+    def stage_cost(self, gpu_type: str, gpus: int) -> float | None:
+        """Cost per hour of one pipeline stage using ``gpus`` GPUs of ``gpu_type`` here."""
+        unit = self.gpu_hour_cost(gpu_type)
+        return None if unit is None else unit * gpus
+
+
+@dataclass(frozen=True)
+class Quota:
+    """At most ``max_gpus`` GPUs held over the matching partitions and GPU types.
+
+    Expresses deployment quotas (per partition, per GPU type) and QOS/association GrpTRES GPU
+    limits (already reduced by what others in the same QOS hold). Empty tuples match everything.
+    """
+
+    name: str
+    max_gpus: int
+    partitions: tuple[str, ...] = ()
+    gpu_types: tuple[str, ...] = ()
+
+    def matches(self, partition: str, gpu_type: str) -> bool:
+        return (not self.partitions or partition in self.partitions) and (
+            not self.gpu_types or gpu_type in self.gpu_types
+        )
+
+
+@dataclass(frozen=True)
+class RunningReplica:
+    """Replicas of this deployment already running: template id, partition per stage, count."""
+
+    template_id: str
+    partitions: tuple[str, ...]
+    count: int = 1
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Planner knobs; every field has a default that suits a real cluster."""
+
+    n_max: int = 6  #: Stage 1: nodes (pipeline stages) per template at most
+    rho: float = 12.0  #: Stage 1: template GPU memory ≤ rho × model weights
+    heterogeneous: bool = True  #: allow stages on different GPU types in one template
+    max_tp: int = 8  #: largest tensor-parallel degree considered
+    startup_penalty: float = 3.0  #: K = start-up time ÷ re-plan interval
+    time_limit_s: float = 10.0  #: Stage 2 wall-clock limit per solve
+    mip_gap: float = 1e-4  #: Stage 2 relative MIP gap
+    prune: bool = True  #: Stage 2 exact LP reduced-cost column restriction (False = full model)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """What Stage 2 may use this epoch."""
+
+    node_groups: tuple[NodeGroup, ...]
+    partitions: tuple[Partition, ...]
+    quotas: tuple[Quota, ...] = ()
+    running: tuple[RunningReplica, ...] = ()
+
+    def node_group(self, name: str) -> NodeGroup:
+        for group in self.node_groups:
+            if group.name == name:
+                return group
+        raise KeyError(name)
+
+    def configurations(self) -> tuple[Config, ...]:
+        """Every (GPU type, GPUs on one node) a stage could use, from the node sizes present."""
+        out = set()
+        for group in self.node_groups:
+            for gpus in range(1, group.gpus_per_node + 1):
+                out.add((group.gpu_type, gpus))
+        return tuple(sorted(out))
+
+    def gpu_types(self) -> dict[str, tuple[int, float]]:
+        """GPU type → (largest GPUs per node, GPU memory GB) over the node groups."""
+        out: dict[str, tuple[int, float]] = {}
+        for group in self.node_groups:
+            size, memory = out.get(group.gpu_type, (0, group.gpu_memory_gb))
+            out[group.gpu_type] = (max(size, group.gpus_per_node), memory)
+        return out
+
+
+# --------------------------------------------------------------------------- outputs
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One pipeline stage of a template: a GPU type (TP GPUs on one node) and its layers."""
+
+    gpu_type: str
+    layers: int
+
+
+@dataclass(frozen=True)
+class Template:
+    """A vLLM-runnable serving layout of one model (Stage 1 output).
+
+    Pipeline stages in order, one tensor-parallel degree for all (vLLM requires it), each stage
+    on one node; ``throughput`` in requests/s under the model's SLO and mix.
+    """
+
+    model: str
+    tp: int
+    stages: tuple[Stage, ...]
+    throughput: float
+    calibrated: bool = True
+
+    @property
+    def pp(self) -> int:
+        return len(self.stages)
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp
+
+    @property
+    def id(self) -> str:
+        """Stable identifier, safe for Slurm job comments: ``model.tp2.a100-20.v100-12``."""
+        parts = ".".join(f"{s.gpu_type}-{s.layers}" for s in self.stages)
+        return f"{self.model}.tp{self.tp}.{parts}"
+
+    @property
+    def layer_partition(self) -> str:
+        """The value of ``VLLM_PP_LAYER_PARTITION`` (layers per stage, comma-separated)."""
+        return ",".join(str(s.layers) for s in self.stages)
+
+    @property
+    def heterogeneous(self) -> bool:
+        return len({s.gpu_type for s in self.stages}) > 1
+
+    def usage(self) -> dict[Config, int]:
+        """Stages per configuration (GPU type, TP GPUs on one node)."""
+        out: dict[Config, int] = {}
+        for stage in self.stages:
+            key = (stage.gpu_type, self.tp)
+            out[key] = out.get(key, 0) + 1
+        return out
+
+    def stage_counts(self) -> dict[str, int]:
+        """Stages per GPU type."""
+        out: dict[str, int] = {}
+        for stage in self.stages:
+            out[stage.gpu_type] = out.get(stage.gpu_type, 0) + 1
+        return out
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    """``count`` replicas of one template, stage ``i`` in partition ``partitions[i]``.
+
+    ``nodes`` suggests a placement: one tuple of node names (one per stage) per replica.
+    """
+
+    template: Template
+    partitions: tuple[str, ...]
+    count: int
+    cost_per_hour: float  #: per replica
+    nodes: tuple[tuple[str, ...], ...] = ()
+
+    @property
+    def model(self) -> str:
+        return self.template.model
+
+    @property
+    def throughput(self) -> float:
+        """Per replica, requests/s."""
+        return self.template.throughput
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Stage 2 output: replicas per (template, partition of each stage) and what they achieve."""
+
+    rows: tuple[PlanRow, ...]
+    demand: Mapping[str, float]  #: requests/s asked per model
+    served: Mapping[str, float]  #: requests/s planned per model: min(demand, capacity)
+    capacity: Mapping[str, float]  #: requests/s the planned replicas sustain per model
+    cost_per_hour: float
+    status: str  #: "optimal", "feasible" (time limit), "scarce" (demand not met), "infeasible"
+    gap: float  #: relative optimality gap proven for the last phase solved
+    solve_seconds: float
+    binding: tuple[str, ...] = ()  #: constraints at their limit, in words
+    phases: Mapping[str, float] = field(default_factory=dict)  #: lexicographic phase optima
+
+    def replicas(self, model: str | None = None) -> int:
+        return sum(r.count for r in self.rows if model is None or r.model == model)
+
+
+def fraction(served: float, demand: float) -> float:
+    """Served fraction of a demand; 1 when nothing is asked."""
+    return 1.0 if demand <= 0 else served / demand
+
+
+def finite_or(value: float | None, default: float) -> float:
+    return default if value is None or not math.isfinite(value) else value

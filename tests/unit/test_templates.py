@@ -1,0 +1,164 @@
+"""Stage 1: exact best layouts, dominance, vLLM layout rules, cache, progress."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import pytest
+
+from solver.joint import TableThroughput, random_instance
+from solver.templates import best_layouts, build_library, drop_dominated, model_templates
+from solver.types import ModelSpec, Policy, Stage, Template
+
+
+def _brute_best(tm, model, types, tp, counts, layers):
+    """Best bottleneck throughput over every stage order and every split of the layers."""
+    stage_types = [g for g, n in zip(types, counts) for _ in range(n)]
+    S = len(stage_types)
+    best = 0.0
+    for cuts in itertools.combinations(range(1, layers), S - 1):
+        split = [b - a for a, b in zip((0,) + cuts, cuts + (layers,))]
+        for order in set(itertools.permutations(stage_types)):
+            speed = min(tm.throughput(model, g, tp, l, S) for g, l in zip(order, split))
+            best = max(best, speed)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_every_template_is_the_exact_best_layout_of_its_node_multiset(seed):
+    inst = random_instance(seed)
+    tm = inst.throughput
+    gpu_types = inst.cluster.gpu_types()
+    for model in inst.models:
+        templates = model_templates(tm, model, gpu_types, inst.policy)
+        assert templates, "a model with fitting GPUs gets templates"
+        found = {}
+        for t in templates:
+            counts = t.stage_counts()
+            key = (t.tp, tuple(sorted(counts.items())))
+            found[key] = t
+            types = sorted(counts)
+            best = _brute_best(tm, model, types, t.tp, [counts[g] for g in types], tm.layers(model))
+            assert t.throughput == pytest.approx(best, rel=1e-12), t.id
+            # the layout reported really sustains it
+            assert sum(s.layers for s in t.stages) == tm.layers(model)
+            assert min(tm.throughput(model, s.gpu_type, t.tp, s.layers, t.pp) for s in t.stages) \
+                == pytest.approx(t.throughput)
+        # every feasible multiset is either a template or dominated by one
+        types = sorted(g for g in gpu_types if tm.runs_on(model, g))
+        for tp in tm.tp_degrees(model, inst.policy.max_tp):
+            usable = [g for g in types if gpu_types[g][0] >= tp]
+            for S in range(1, inst.policy.n_max + 1):
+                for combo in itertools.combinations_with_replacement(usable, S):
+                    counts = {g: combo.count(g) for g in set(combo)}
+                    best = _brute_best(tm, model, sorted(counts), tp,
+                                       [counts[g] for g in sorted(counts)], tm.layers(model))
+                    if best <= 0:
+                        continue
+                    assert any(
+                        t.tp == tp and t.throughput >= best - 1e-12
+                        and all(t.stage_counts().get(g, 0) <= counts.get(g, 0)
+                                for g in t.stage_counts())
+                        for t in templates
+                    ), (tp, counts, best)
+
+
+def test_best_layouts_picks_an_uneven_split_when_stages_differ():
+    # a fast and a slow GPU type, 10 layers: the fast stage should take more layers
+    table = [[100.0 / l for l in range(1, 10)], [40.0 / l for l in range(1, 10)]]
+    import numpy as np
+
+    throughput, per_type = best_layouts(np.array(table), np.array([[1, 1]]), 10)
+    # fast holds 7 (100/7≈14.3), slow 3 (40/3≈13.3): best bottleneck = 40/3
+    assert throughput[0] == pytest.approx(40 / 3)
+    assert per_type[0][0] >= 7 and per_type[0][1] == 3
+
+
+def test_no_template_is_dominated_and_layouts_follow_vllm_rules():
+    inst = random_instance(3)
+    lib = build_library(inst.models, inst.cluster.gpu_types(), inst.policy, inst.throughput,
+                        use_cache=False)
+    for name, templates in lib.items():
+        for a in templates:
+            assert a.pp <= inst.policy.n_max
+            assert a.layer_partition == ",".join(str(s.layers) for s in a.stages)
+            assert all(s.layers >= 1 for s in a.stages)
+            for b in templates:
+                if a is b:
+                    continue
+                ua, ub = a.usage(), b.usage()
+                dominated = all(ub.get(c, 0) <= n for c, n in ua.items()) and set(ub) <= set(ua) \
+                    and b.throughput >= a.throughput
+                assert not dominated, (a.id, b.id)
+
+
+def test_drop_dominated_keeps_the_better_of_two_and_both_of_incomparable():
+    one = Template("m", 1, (Stage("a", 4),), 2.0)
+    two = Template("m", 1, (Stage("a", 2), Stage("a", 2)), 1.5)  # more nodes, less throughput
+    other = Template("m", 1, (Stage("b", 4),), 1.0)  # another GPU type: incomparable
+    faster_pair = Template("m", 1, (Stage("a", 3), Stage("b", 1)), 3.0)
+    kept = drop_dominated([one, two, other, faster_pair])
+    assert {t.id for t in kept} == {one.id, other.id, faster_pair.id}
+
+
+def test_heterogeneous_off_gives_single_type_templates_only():
+    inst = random_instance(5)
+    policy = Policy(n_max=3, rho=math.inf, heterogeneous=False, max_tp=2)
+    lib = build_library(inst.models, inst.cluster.gpu_types(), policy, inst.throughput, use_cache=False)
+    assert all(not t.heterogeneous for ts in lib.values() for t in ts)
+    on = build_library(inst.models, inst.cluster.gpu_types(), inst.policy, inst.throughput,
+                       use_cache=False)
+    assert any(t.heterogeneous for ts in on.values() for t in ts)
+
+
+def test_memory_filter_rho_limits_template_gpu_memory():
+    inst = random_instance(2)
+    tm = inst.throughput
+    gpu_types = inst.cluster.gpu_types()
+    policy = Policy(n_max=3, rho=2.0, max_tp=2)
+    for model in inst.models:
+        for t in model_templates(tm, model, gpu_types, policy):
+            memory = sum(t.tp * gpu_types[s.gpu_type][1] for s in t.stages)
+            assert memory <= 2.0 * tm.weight_gb(model) + 1e-9
+
+
+class _Counting:
+    def __init__(self, inner):
+        self.inner = inner
+        self.calls = 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def throughput(self, *args):
+        self.calls += 1
+        return self.inner.throughput(*args)
+
+
+def test_library_is_cached_by_input_hash_and_reports_progress(tmp_path):
+    inst = random_instance(7)
+    counting = _Counting(inst.throughput)
+    seen = []
+    first = build_library(inst.models, inst.cluster.gpu_types(), inst.policy, counting,
+                          cache_dir=tmp_path, progress=lambda *a: seen.append(a))
+    assert counting.calls > 0
+    assert seen[-1][1] == seen[-1][2] == len(inst.models)
+    assert len(list(tmp_path.glob("*.json"))) == len(inst.models)
+    counting.calls = 0
+    again = build_library(inst.models, inst.cluster.gpu_types(), inst.policy, counting,
+                          cache_dir=tmp_path)
+    assert counting.calls == 0 and again == first
+    # another SLO is another key: rebuilt
+    changed = [ModelSpec(**{**m.__dict__, "tpot_s": m.tpot_s / 2}) for m in inst.models]
+    build_library(changed, inst.cluster.gpu_types(), inst.policy, counting, cache_dir=tmp_path)
+    assert counting.calls > 0
+    assert len(list(tmp_path.glob("*.json"))) == 2 * len(inst.models)
+
+
+def test_a_model_too_big_for_every_layout_gets_no_templates():
+    tm = TableThroughput({"m": 4}, {"m": 100.0}, {"m": [1]},
+                         {("m", "a", 1, s): [0.0] * 4 for s in range(1, 4)})
+    model = ModelSpec("m", "m", 10, 10, 1.0, 0.1)
+    assert model_templates(tm, model, {"a": (4, 16.0)}, Policy(n_max=3, rho=math.inf)) == []
