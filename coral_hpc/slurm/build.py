@@ -1,0 +1,193 @@
+"""Raw Slurm records → :class:`ClusterSnapshot`. Pure: the rules of what is free and what is ours.
+
+- A node's GPUs are free only when it is up and neither draining nor drained (``gpus_free`` 0
+  otherwise), so a plan never counts GPUs Slurm will not hand out.
+- Node groups gather identical nodes once, however many partitions list them.
+- A partition's GPU types are those of its nodes.
+- Own jobs are those whose comment parses to a JobTag of this deployment.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+
+from coral_hpc.slurm.parse_nodes import RawNode, RawPartition
+from coral_hpc.slurm.snapshot import (
+    ClusterSnapshot,
+    JobInfo,
+    Limits,
+    NodeGroup,
+    NodeInfo,
+    PartitionInfo,
+)
+
+#: Slurm state flags that take a node out of service, in order of precedence.
+_FLAG_STATES = (
+    ("NOT_RESPONDING", "down"),  # scontrol shows "*" on the base state: DOWN*, IDLE*
+    ("FAIL", "fail"),
+    ("MAINT", "maint"),
+    ("POWERED_DOWN", "powered_down"),
+    ("POWER_DOWN", "powered_down"),
+    ("POWERING_DOWN", "powered_down"),
+    ("REBOOT_REQUESTED", "draining"),
+    ("REBOOT_ISSUED", "down"),
+    ("RESERVED", "reserved"),
+)
+_BUSY_BASES = {"ALLOCATED", "MIXED", "COMPLETING"}
+
+
+def node_state(words: Iterable[str]) -> str:
+    """Slurm's state words (``["MIXED", "DRAIN"]``, ``["DOWN*"]``) → one coral state:
+    ``drained`` (DRAIN on an idle node), ``draining`` (DRAIN with jobs), ``down``, ``fail``,
+    ``maint``, ``reserved``, ``powered_down``, ``future``, ``unknown`` or the base state in lower
+    case (``idle``, ``mixed``, ``allocated``, ``completing``)."""
+    words = [w.upper() for w in words]
+    if not words:
+        return "unknown"
+    base = words[0]
+    flags = set(words[1:])
+    if base.endswith(("*", "~", "#", "!")):
+        suffix = base[-1]
+        base = base.rstrip("*~#!%$@^-")
+        flags.add({"*": "NOT_RESPONDING", "~": "POWERED_DOWN", "#": "POWERING_UP",
+                   "!": "POWERING_DOWN"}[suffix])
+    if base in ("DOWN", "FUTURE", "UNKNOWN", "FAIL"):
+        return "down" if base == "DOWN" else base.lower()
+    if "DRAIN" in flags or base == "DRAINED" or base == "DRAINING":
+        busy = base in _BUSY_BASES or base == "DRAINING" or "COMPLETING" in flags
+        return "draining" if busy else "drained"
+    for flag, state in _FLAG_STATES:
+        if flag in flags:
+            return state
+    if "COMPLETING" in flags and base == "IDLE":
+        return "completing"
+    return base.lower()
+
+
+def build_nodes(
+    raw_nodes: Iterable[RawNode], gpu_memory: Callable[[str], float | None]
+) -> tuple[NodeInfo, ...]:
+    """NodeInfo per raw node, with free GPUs zeroed on nodes that cannot take new jobs."""
+    nodes = []
+    memo: dict[str | None, float | None] = {}
+    for raw in raw_nodes:
+        state = node_state(raw.state_words)
+        if raw.gpu_type not in memo:
+            memo[raw.gpu_type] = gpu_memory(raw.gpu_type) if raw.gpu_type else None
+        usable = state in ("idle", "mixed", "allocated", "completing")
+        nodes.append(
+            NodeInfo(
+                name=raw.name,
+                state=state,
+                slurm_state="+".join(raw.state_words),
+                reason=raw.reason,
+                partitions=raw.partitions,
+                gpu_type=raw.gpu_type,
+                gpus_total=raw.gpus_total,
+                gpus_alloc=raw.gpus_alloc,
+                gpus_free=max(raw.gpus_total - raw.gpus_alloc, 0) if usable else 0,
+                gpu_memory_gb=memo[raw.gpu_type],
+                cpus=raw.cpus,
+                cpus_alloc=raw.cpus_alloc,
+                mem_gb=raw.mem_gb,
+                mem_alloc_gb=raw.mem_alloc_gb,
+            )
+        )
+    return tuple(nodes)
+
+
+def build_partitions(
+    raw_partitions: Iterable[RawPartition], nodes: tuple[NodeInfo, ...]
+) -> tuple[PartitionInfo, ...]:
+    by_name = {n.name: n for n in nodes}
+    partitions = []
+    for raw in raw_partitions:
+        types = sorted({by_name[n].gpu_type for n in raw.nodes if n in by_name and by_name[n].gpu_type})
+        partitions.append(
+            PartitionInfo(
+                name=raw.name,
+                state=raw.state,
+                nodes=raw.nodes,
+                gpu_types=tuple(types),
+                max_time_s=raw.max_time_s,
+                billing_weights=dict(raw.billing_weights),
+                default=raw.default,
+            )
+        )
+    return tuple(partitions)
+
+
+def build_node_groups(
+    nodes: tuple[NodeInfo, ...], partitions: tuple[PartitionInfo, ...]
+) -> tuple[NodeGroup, ...]:
+    """Group GPU nodes by (GPU type, GPUs per node, GPU memory); each node once."""
+    member_of: dict[str, set[str]] = defaultdict(set)
+    for partition in partitions:
+        for name in partition.nodes:
+            member_of[name].add(partition.name)
+    groups: dict[tuple, list[NodeInfo]] = defaultdict(list)
+    for node in nodes:
+        if node.gpus_total:
+            groups[(node.gpu_type, node.gpus_total, node.gpu_memory_gb)].append(node)
+    result = []
+    for (gpu_type, per_node, memory), members in sorted(
+        groups.items(), key=lambda item: (str(item[0][0]), item[0][1])
+    ):
+        parts = set().union(*(member_of[n.name] | set(n.partitions) for n in members))
+        result.append(
+            NodeGroup(
+                gpu_type=gpu_type,
+                gpus_per_node=per_node,
+                gpu_memory_gb=memory,
+                nodes=tuple(n.name for n in members),
+                partitions=tuple(sorted(parts)),
+            )
+        )
+    return tuple(result)
+
+
+def own_jobs(jobs: Iterable[JobInfo], deployment: str) -> tuple[JobInfo, ...]:
+    """The jobs whose tag names ``deployment``."""
+    return tuple(j for j in jobs if j.tag is not None and j.tag.deployment == deployment)
+
+
+def build_snapshot(
+    *,
+    slurm_version: str,
+    observed_at: float,
+    deployment: str,
+    backend: str,
+    raw_nodes: Iterable[RawNode],
+    raw_partitions: Iterable[RawPartition],
+    jobs: Iterable[JobInfo],
+    limits: Limits | None,
+    gpu_memory: Callable[[str], float | None],
+) -> ClusterSnapshot:
+    """Assemble a :class:`ClusterSnapshot` from parsed Slurm output."""
+    nodes = build_nodes(raw_nodes, gpu_memory)
+    partitions = build_partitions(raw_partitions, nodes)
+    return ClusterSnapshot(
+        slurm_version=slurm_version,
+        observed_at=observed_at,
+        deployment=deployment,
+        backend=backend,
+        nodes=nodes,
+        partitions=partitions,
+        node_groups=build_node_groups(nodes, partitions),
+        jobs=own_jobs(jobs, deployment),
+        limits=limits,
+    )
+
+
+def gpu_memory_lookup(gpu_type: str) -> float | None:
+    """GPU memory (GB) of ``gpu_type`` from the solver's GPU catalog; None when the catalog does
+    not know the type (or is not installed)."""
+    try:
+        from solver.catalog import gpu_memory_gb
+    except ImportError:  # the catalog is optional for observing Slurm
+        return None
+    try:
+        return gpu_memory_gb(gpu_type)
+    except (KeyError, ValueError, OSError):
+        return None

@@ -1,0 +1,258 @@
+"""Nodes and partitions from ``scontrol show node|partition`` — the one-line text format of
+Slurm ≤ 22.05 (``-o``) and the JSON of Slurm ≥ 23.02 (``--json``, OpenAPI v0.0.39+). Pure.
+
+The parsers return raw records; :mod:`coral_hpc.slurm.build` turns them into a snapshot.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from coral_hpc.slurm.billing import parse_billing_weights, parse_tres
+from coral_hpc.slurm.errors import SlurmParseError
+from coral_hpc.slurm.hostlist import expand_hostlist
+from coral_hpc.slurm.timefmt import parse_duration
+
+# A key starts a line or follows whitespace; values may hold spaces (OS=, Reason=).
+_KEY_RE = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_]*)=")
+_GRES_RE = re.compile(r"^gpu(?::([^:(]+))?:(\d+)")
+
+
+@dataclass(frozen=True)
+class RawNode:
+    """A node as Slurm describes it, before snapshot rules (free GPUs, memory) apply."""
+
+    name: str
+    #: upper-case state words: base state first, then flags (["MIXED", "DRAIN"])
+    state_words: tuple[str, ...]
+    reason: str | None
+    partitions: tuple[str, ...]
+    gpu_type: str | None
+    gpus_total: int
+    gpus_alloc: int
+    cpus: int
+    cpus_alloc: int
+    mem_gb: float
+    mem_alloc_gb: float
+
+
+@dataclass(frozen=True)
+class RawPartition:
+    name: str
+    state: str  # up | drain | down | inactive
+    nodes: tuple[str, ...]
+    max_time_s: int | None
+    billing_weights: dict[str, float]
+    default: bool
+
+
+def split_key_values(line: str) -> dict[str, str]:
+    """``"NodeName=a State=IDLE OS=Linux 6.1 #1"`` → ``{"NodeName": "a", "State": "IDLE",
+    "OS": "Linux 6.1 #1"}`` (values run to the next ``Key=``)."""
+    matches = list(_KEY_RE.finditer(line))
+    result: dict[str, str] = {}
+    for index, match in enumerate(matches):
+        end = matches[index + 1].start() if index + 1 < len(matches) else len(line)
+        result[match.group(1)] = line[match.end():end].strip()
+    return result
+
+
+def _records(text: str, first_key: str, what: str) -> list[dict[str, str]]:
+    records = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        if not line.lstrip().startswith(f"{first_key}="):
+            # scontrol prints "No nodes in the system" and similar; anything else is garbage
+            if line.strip().startswith("No ") or line.strip().startswith("scontrol:"):
+                continue
+            raise SlurmParseError(f"{what} line {number}: expected '{first_key}=...', got {line[:80]!r}")
+        records.append(split_key_values(line.strip()))
+    return records
+
+
+def gres_gpus(gres: str | None) -> tuple[str | None, int]:
+    """``"gpu:a100:4(S:0)"`` → ``("a100", 4)``; ``"gpu:4"`` → ``(None, 4)``; no GPU → ``(None, 0)``.
+    Several GPU entries (``gpu:a100:2,gpu:v100:2``) sum; the type is then the first one's."""
+    total, first_type = 0, None
+    if not gres or gres in ("(null)", "N/A"):
+        return None, 0
+    for item in re.split(r",(?![^(]*\))", gres):
+        match = _GRES_RE.match(item.strip())
+        if match:
+            total += int(match.group(2))
+            first_type = first_type or match.group(1)
+    return first_type, total
+
+
+def _int(value: str | None, default: int = 0) -> int:
+    try:
+        return int(value) if value not in (None, "", "N/A") else default
+    except ValueError:
+        return default
+
+
+def parse_nodes_text(text: str) -> list[RawNode]:
+    """Parse ``scontrol show node -o`` (Slurm ≤ 22.05). Raises SlurmParseError on garbage."""
+    nodes = []
+    for rec in _records(text, "NodeName", "scontrol show node"):
+        gpu_type, gpus_total = gres_gpus(rec.get("Gres"))
+        alloc = _safe_tres(rec.get("AllocTRES"), rec["NodeName"])
+        reason = rec.get("Reason") or None
+        nodes.append(
+            RawNode(
+                name=rec["NodeName"],
+                state_words=tuple(w for w in rec.get("State", "UNKNOWN").split("+") if w),
+                reason=reason,
+                partitions=tuple(p for p in rec.get("Partitions", "").split(",") if p),
+                gpu_type=gpu_type,
+                gpus_total=gpus_total,
+                gpus_alloc=int(alloc.get("gres/gpu", 0)),
+                cpus=_int(rec.get("CPUTot")),
+                cpus_alloc=_int(rec.get("CPUAlloc")),
+                mem_gb=_int(rec.get("RealMemory")) / 1024,
+                mem_alloc_gb=_int(rec.get("AllocMem")) / 1024,
+            )
+        )
+    return nodes
+
+
+def _safe_tres(text: str | None, where: str) -> dict[str, float]:
+    try:
+        return parse_tres(text)
+    except ValueError as exc:
+        raise SlurmParseError(f"{where}: {exc}") from None
+
+
+def _partition_state(value: str) -> str:
+    state = value.strip().lower()
+    if state not in ("up", "down", "drain", "inactive"):
+        raise SlurmParseError(f"unknown partition state {value!r}")
+    return state
+
+
+def _max_time(value: str | None) -> int | None:
+    if value in (None, "", "UNLIMITED", "INFINITE", "NONE"):
+        return None
+    return parse_duration(value)
+
+
+def parse_partitions_text(text: str) -> list[RawPartition]:
+    """Parse ``scontrol show partition -o`` (Slurm ≤ 22.05)."""
+    partitions = []
+    for rec in _records(text, "PartitionName", "scontrol show partition"):
+        try:
+            weights = parse_billing_weights(rec.get("TRESBillingWeights"))
+        except ValueError as exc:
+            raise SlurmParseError(f"partition {rec['PartitionName']}: {exc}") from None
+        partitions.append(
+            RawPartition(
+                name=rec["PartitionName"],
+                state=_partition_state(rec.get("State", "UP")),
+                nodes=expand_hostlist(rec.get("Nodes")),
+                max_time_s=_max_time(rec.get("MaxTime")),
+                billing_weights=weights,
+                default=rec.get("Default") == "YES",
+            )
+        )
+    return partitions
+
+
+# --------------------------------------------------------------------------- Slurm ≥ 23.02 JSON
+
+
+def load_json(text: str, what: str) -> dict[str, Any]:
+    """``json.loads`` that raises SlurmParseError, and surfaces Slurm's own ``errors`` list."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SlurmParseError(f"{what}: not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise SlurmParseError(f"{what}: expected a JSON object")
+    errors = [e for e in data.get("errors") or [] if e]
+    if errors:
+        messages = "; ".join(str(e.get("error") or e.get("description") or e) for e in errors)
+        raise SlurmParseError(f"{what}: Slurm reported errors: {messages}")
+    return data
+
+
+def _number(value: Any) -> int | None:
+    """OpenAPI numbers are plain (v0.0.38) or ``{"set", "infinite", "number"}`` (v0.0.39+);
+    None when unset or infinite."""
+    if isinstance(value, dict):
+        if value.get("infinite") or not value.get("set", True):
+            return None
+        value = value.get("number")
+    if value is None:
+        return None
+    return int(value)
+
+
+def _words(value: Any) -> tuple[str, ...]:
+    if isinstance(value, list):
+        return tuple(str(v).upper() for v in value)
+    return tuple(w for w in str(value or "UNKNOWN").upper().split("+") if w)
+
+
+def parse_nodes_json(text: str) -> list[RawNode]:
+    """Parse ``scontrol show node --json`` (Slurm ≥ 23.02; the OpenAPI ``nodes`` schema)."""
+    data = load_json(text, "scontrol show node --json")
+    nodes = []
+    for raw in data.get("nodes", []):
+        gpu_type, gpus_total = gres_gpus(raw.get("gres"))
+        used = _safe_tres(raw.get("tres_used"), raw.get("name", "?"))
+        gpus_alloc = int(used.get("gres/gpu", 0))
+        if not used and raw.get("gres_used"):
+            gpus_alloc = gres_gpus(raw["gres_used"])[1]
+        nodes.append(
+            RawNode(
+                name=raw["name"],
+                state_words=_words(raw.get("state")),
+                reason=raw.get("reason") or None,
+                partitions=tuple(raw.get("partitions") or ()),
+                gpu_type=gpu_type,
+                gpus_total=gpus_total,
+                gpus_alloc=gpus_alloc,
+                cpus=_number(raw.get("cpus")) or 0,
+                cpus_alloc=_number(raw.get("alloc_cpus")) or 0,
+                mem_gb=(_number(raw.get("real_memory")) or 0) / 1024,
+                mem_alloc_gb=(_number(raw.get("alloc_memory")) or 0) / 1024,
+            )
+        )
+    return nodes
+
+
+def parse_partitions_json(text: str) -> list[RawPartition]:
+    """Parse ``scontrol show partition --json`` (Slurm ≥ 23.02; nested OpenAPI partition schema,
+    with the flat v0.0.38 names accepted too)."""
+    data = load_json(text, "scontrol show partition --json")
+    partitions = []
+    for raw in data.get("partitions", []):
+        nodes = raw.get("nodes")
+        node_list = nodes.get("configured") if isinstance(nodes, dict) else nodes
+        state = raw.get("partition", {}).get("state") if isinstance(raw.get("partition"), dict) else raw.get("state")
+        state_word = (state[0] if isinstance(state, list) and state else state) or "UP"
+        tres = raw.get("tres") if isinstance(raw.get("tres"), dict) else {}
+        weights_text = tres.get("billing_weights") if tres else raw.get("billing_weights")
+        maximums = raw.get("maximums") or {}
+        max_time = _number(maximums.get("time")) if maximums else _number(raw.get("max_time_limit"))
+        flags = raw.get("partition", {}).get("flags", []) if isinstance(raw.get("partition"), dict) else raw.get("flags", [])
+        try:
+            weights = parse_billing_weights(weights_text)
+        except ValueError as exc:
+            raise SlurmParseError(f"partition {raw.get('name')}: {exc}") from None
+        partitions.append(
+            RawPartition(
+                name=raw["name"],
+                state=_partition_state(str(state_word)),
+                nodes=expand_hostlist(node_list),
+                # Slurm reports MaxTime in minutes
+                max_time_s=max_time * 60 if max_time is not None else None,
+                billing_weights=weights,
+                default="DEFAULT" in [str(f).upper() for f in flags or []],
+            )
+        )
+    return partitions
