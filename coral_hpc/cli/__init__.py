@@ -16,6 +16,9 @@ from coral_hpc import __version__
 #: command name -> (module, attribute, one-line help). Help is kept here so ``--help`` stays fast.
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "validate": ("coral_hpc.cli.validate", "validate", "Check a models.yaml; print a summary or every error."),
+    "cost": ("coral_hpc.cli.cost", "cost", "What the deployment cost per model, partition, GPU type, day and token (sacct)."),
+    "report": ("coral_hpc.cli.report", "report", "Write an HTML cost report with plots and the allocation over time."),
+    "cluster": ("coral_hpc.cli.cluster", "cluster", "Partitions x GPU type: total, free, unavailable GPUs; --json snapshot."),
     "gateway": ("coral_hpc.cli.gateway", "gateway", "Run the OpenAI-compatible gateway alone."),
     "keys": ("coral_hpc.cli.gateway", "keys", "Add, list or remove gateway API keys (hashed file)."),
 }
