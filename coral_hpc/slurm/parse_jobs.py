@@ -200,12 +200,29 @@ def _het_parts(job_id: str) -> tuple[str | None, int | None]:
     return base, int(offset.split(".")[0]) if offset.split(".")[0].isdigit() else None
 
 
+def tag_from_job_name(name: str, deployment: str | None) -> JobTag | None:
+    """A JobTag from a job name ``coral.<deployment>.<model>.<replica>`` (no template). Slurm
+    22.05 stores the comment in sacct only when a job ends, so a running job is known by name.
+    Model names may hold dots, so the deployment must be known; the replica id is the last part."""
+    prefix = f"coral.{deployment}."
+    if deployment is None or not name.startswith(prefix):
+        return None
+    model, sep, replica = name[len(prefix):].rpartition(".")
+    if not sep:
+        return None
+    try:
+        return JobTag(deployment=deployment, model=model, replica_id=replica)
+    except ValueError:
+        return None
+
+
 def parse_sacct_accounting(
     text: str, deployment: str | None, observed_at: float
 ) -> list[AccountingRecord]:
     """Allocations (not steps) of jobs tagged for ``deployment`` (all tagged jobs when None).
     A hetjob's components each give a record; a component without a comment takes its leader's
-    tag. A running job's elapsed time is what sacct reports now (ElapsedRaw up to now)."""
+    tag; a job without a comment (running, on Slurm 22.05) is known by its job name. A running
+    job's elapsed time is what sacct reports now (ElapsedRaw up to now)."""
     rows = [r for r in parse_sacct_rows(text) if "." not in r["JobID"]]
     leader_tags: dict[str, JobTag | None] = {}
     for row in rows:
@@ -219,6 +236,8 @@ def parse_sacct_accounting(
         tag = JobTag.from_comment(row["Comment"])
         if tag is None and base is not None:
             tag = leader_tags.get(base)
+        if tag is None:
+            tag = tag_from_job_name(row["JobName"], deployment)
         if tag is None or (deployment is not None and tag.deployment != deployment):
             continue
         try:

@@ -239,7 +239,8 @@ def parse_partitions_json(text: str) -> list[RawPartition]:
         weights_text = tres.get("billing_weights") if tres else raw.get("billing_weights")
         maximums = raw.get("maximums") or {}
         max_time = _number(maximums.get("time")) if maximums else _number(raw.get("max_time_limit"))
-        flags = raw.get("partition", {}).get("flags", []) if isinstance(raw.get("partition"), dict) else raw.get("flags", [])
+        inner = raw.get("partition") if isinstance(raw.get("partition"), dict) else {}
+        flags = list(raw.get("flags") or []) + list(inner.get("flags") or [])
         try:
             weights = parse_billing_weights(weights_text)
         except ValueError as exc:
