@@ -24,7 +24,7 @@ trap cleanup EXIT
 
 tag() { echo "coral:deployment=$1;model=$2;replica=$3;template=$4"; }
 # (ids go to a file: sub runs in a subshell when its output is captured)
-sub() { local id; id=$(sbatch --parsable "$@" | cut -d';' -f1); echo "$id" >>"$WORK/jobs"; echo "$id"; }
+sub() { local id; id=$(sbatch --parsable --output=/dev/null "$@" | cut -d';' -f1); echo "$id" >>"$WORK/jobs"; echo "$id"; }
 rec() { local name=$1; shift; "$@" >"$OUT/$name" 2>"$OUT/$name.stderr"; echo $? >"$OUT/$name.rc";
         [ -s "$OUT/$name.stderr" ] || rm -f "$OUT/$name.stderr"; }
 
