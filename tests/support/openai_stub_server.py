@@ -38,7 +38,8 @@ class Stub:
         self.api_key = (Path(args.api_key_file).read_text().strip()
                         if args.api_key_file else None)
         self.stats = {"name": self.name, "pid": os.getpid(), "requests": 0, "by_path": {},
-                      "cancelled": 0, "in_flight": 0, "unauthorized": 0}
+                      "cancelled": 0, "in_flight": 0, "streams_in_flight": 0,
+                      "unauthorized": 0}
 
     def _authorized(self, request: web.Request) -> bool:
         if self.api_key is None:
@@ -123,6 +124,7 @@ class Stub:
         kind = "chat.completion.chunk" if chat else "text_completion"
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
         await response.prepare(request)
+        self.stats["streams_in_flight"] += 1
 
         def chunk(content: str | None, finish: str | None, role: bool = False) -> bytes:
             if chat:
@@ -153,6 +155,8 @@ class Stub:
             await response.write_eof()
         except ConnectionResetError:
             self.stats["cancelled"] += 1
+        finally:
+            self.stats["streams_in_flight"] -= 1
         return response
 
 
