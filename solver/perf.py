@@ -144,8 +144,8 @@ def kv_capacity_tokens(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int,
 def _base_coeffs(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int) -> StageCoeffs:
     """The analytic model's coefficients, before any measured correction."""
     cal = _calibration()
-    return build_coeffs(arch, gpu, tp, layers, cal.factors(gpu), cal.tp_alpha_s[gpu.interconnect],
-                        cal.tp_bus_bw[gpu.interconnect])
+    alpha_s, bus_bw = cal.tp_comm(gpu)
+    return build_coeffs(arch, gpu, tp, layers, cal.factors(gpu), alpha_s, bus_bw)
 
 
 @functools.lru_cache(maxsize=65536)

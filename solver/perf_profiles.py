@@ -55,8 +55,8 @@ class Calibration:
     ttft_queue_steps: float
     classes: dict[str, Factors]
     gpus: dict[str, Factors]
-    tp_alpha_s: dict[str, float]
-    tp_bus_bw: dict[str, float]  # bytes/s
+    tp_alpha_s: dict[str, float]  # keyed by interconnect ('nvlink', 'pcie') or GPU type
+    tp_bus_bw: dict[str, float]  # bytes/s, same keys
     pp_alpha_s: float
     pp_bw: float  # bytes/s
     calibrated_quantizations: tuple[str, ...]
@@ -70,6 +70,12 @@ class Calibration:
         if gpu.name in self.gpus:
             return self.gpus[gpu.name]
         return self.classes.get(gpu.gpu_class) or self.classes["hbm"]
+
+    def tp_comm(self, gpu: GpuSpec) -> tuple[float, float]:
+        """(alpha seconds, bus bytes/s) of one all-reduce among this GPU type's TP ranks: the
+        GPU's own fit when there is one, else its interconnect's."""
+        key = gpu.name if gpu.name in self.tp_alpha_s else gpu.interconnect
+        return self.tp_alpha_s[key], self.tp_bus_bw[key]
 
 
 @dataclass(frozen=True)
@@ -169,6 +175,14 @@ def load_calibration(profiles: Path | None = None) -> Calibration:
     for kind in ("nvlink", "pcie"):
         if kind not in tp_comm:
             raise CatalogError(f"{path}: tp_comm: missing '{kind}'")
+    comm: dict[str, dict[str, Any]] = {}
+    for key, entry in tp_comm.items():
+        name = str(key) if key in ("nvlink", "pcie") else canonical_gpu_name(str(key), profiles)
+        if name is None:
+            raise CatalogError(f"{path}: tp_comm.{key}: not 'nvlink', 'pcie' or a GPU type in gpus.yaml")
+        if not isinstance(entry, dict):
+            raise CatalogError(f"{path}: tp_comm.{key}: expected {{alpha_us: .., bus_bw_gbs: ..}}")
+        comm[name] = entry
     pipeline = data.get("pipeline") or {}
     return Calibration(
         source=str(data.get("source", "")),
@@ -180,8 +194,10 @@ def load_calibration(profiles: Path | None = None) -> Calibration:
         ttft_queue_steps=float(engine.get("ttft_queue_steps", 1.0)),
         classes=classes,
         gpus=gpus,
-        tp_alpha_s={k: _num(path, f"tp_comm.{k}", v, "alpha_us", float, 0) / 1e6 for k, v in tp_comm.items()},
-        tp_bus_bw={k: _num(path, f"tp_comm.{k}", v, "bus_bw_gbs", float, 1e-9) * 1e9 for k, v in tp_comm.items()},
+        tp_alpha_s={k: _num(path, f"tp_comm.{k}", v, "alpha_us", float, 0) / 1e6
+                    for k, v in comm.items()},
+        tp_bus_bw={k: _num(path, f"tp_comm.{k}", v, "bus_bw_gbs", float, 1e-9) * 1e9
+                   for k, v in comm.items()},
         pp_alpha_s=float(pipeline.get("alpha_ms", 0.25)) / 1e3,
         pp_bw=float(pipeline.get("bw_gbs", 10.0)) * 1e9,
         calibrated_quantizations=tuple(data.get("calibrated_quantizations") or ("bf16",)),
