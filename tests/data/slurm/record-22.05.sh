@@ -43,7 +43,7 @@ sub -p v100 --gres=gpu:v100:1 -t 30 --array=0-5%2 -J coral.dep1.mistral.arr \
 cat >"$WORK/het.sh" <<HET
 #!/bin/bash
 #SBATCH -p a100 -w a100-01 --gres=gpu:a100:1 -N1 -t 30 -J coral.dep1.qwen.h1
-#SBATCH --comment=$(tag dep1 qwen h1 a100x1+v100x1)
+#SBATCH --comment=$(tag dep1 qwen h1 a100x1-v100x2)
 #SBATCH hetjob
 #SBATCH -p v100 --gres=gpu:v100:2 -N1 -t 30
 srun --het-group=0 sleep 300 : --het-group=1 sleep 300
@@ -125,7 +125,7 @@ sleep 3
 rec squeue_job_states.txt squeue -h -t all -j "$(paste -sd, "$WORK/jobs")" -O "$SQUEUE_FMT"
 rec sacct_job_states.txt sacct -n -P -X -j "$(paste -sd, "$WORK/jobs")" -o "$SACCT_FMT"
 rec sacct_own.txt sacct -n -P -X --duplicates -S now-1hours -E now -o "$SACCT_FMT"
-rec sacct_steps.txt sacct -n -P --duplicates -S now-1hours -E now -o "$SACCT_FMT"
+rec sacct_steps.txt sacct -n -P --duplicates -j "$(paste -sd, "$WORK/jobs")" -o "$SACCT_FMT"
 rec sacct.json sacct --json -S now-1hours
 rec sacctmgr_assoc.txt sacctmgr -n -P show assoc where user=root format=Account,User,Partition,QOS,DefaultQOS,GrpTRES,MaxTRES,GrpJobs,MaxJobs,MaxSubmit
 rec sacctmgr_qos.txt sacctmgr -n -P show qos format=Name,GrpTRES,MaxTRES,MaxTRESPU,GrpJobs,MaxJobsPU,MaxSubmitPU
