@@ -43,6 +43,8 @@ from coral_hpc.launch.spec import ReplicaSpec
 #: connections would take them at random.
 PORT_RANGE = (20000, 32767)
 PORT_ATTEMPTS = 5
+#: after SIGTERM, how long to watch for the engine draining on its own before signalling it
+SELF_DRAIN_WAIT_S = 3.0
 #: errno EADDRINUSE on Linux; the sim engine exits with it when its port is taken
 EXIT_ADDRINUSE = 98
 POLL_S = 0.5
@@ -155,10 +157,12 @@ class Engine:
     def exited(self) -> int | None:
         return self.proc.poll()
 
-    def drain(self, timeout: float) -> int:
-        """SIGTERM the engine so it finishes what it can; SIGKILL its group after ``timeout``."""
+    def drain(self, timeout: float, *, send_term: bool = True) -> int:
+        """SIGTERM the engine (unless it already has one) so it finishes what it can; SIGKILL its
+        group after ``timeout``."""
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            if send_term:
+                self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
@@ -254,7 +258,7 @@ def _run_head(spec: ReplicaSpec, job_id: str, stop: StopFlag) -> dict[str, Any]:
         log.info("%s received: draining the engine (up to %.0fs)", stop.signal_name,
                  spec.drain_timeout_s)
         write_endpoint(spec.endpoint_file, replace(endpoint, draining_at=time.time()))
-        code = engine.drain(spec.drain_timeout_s)
+        code = engine.drain(spec.drain_timeout_s, send_term=not _engine_draining(engine, port, stop))
         _remove_endpoint(spec, job_id)
         log.info("engine exited with code %s after draining; not requeueing", code)
         return {**asdict(endpoint), "ready": True, "stopped_by": stop.signal_name}
@@ -276,6 +280,24 @@ def _wait_healthy(engine: Engine, port: int, stop: StopFlag, timeout: float) -> 
         if stop.wait(POLL_S):
             return "stopped"
     return "timeout"
+
+
+def _engine_draining(engine: Engine, port: int, stop: StopFlag) -> bool:
+    """Whether the engine is already draining by itself, so it must not get a second SIGTERM
+    (vLLM's server and the sim both treat a second one as "stop now, drop the requests").
+
+    Under Slurm a SIGTERM to a step reaches every process in it, the engine included, while the
+    walltime warning SIGUSR2 is ignored by the engine (its launch script traps it) and reaches it
+    only as our SIGTERM. A draining engine stops answering /health with 200 within moments.
+    """
+    if stop.signal_name != "SIGTERM":
+        return False
+    deadline = time.monotonic() + SELF_DRAIN_WAIT_S
+    while time.monotonic() < deadline:
+        if engine.exited() is not None or not health_ok(port, timeout=1.0):
+            return True
+        time.sleep(0.2)
+    return False
 
 
 def _remove_endpoint(spec: ReplicaSpec, job_id: str) -> None:
@@ -346,8 +368,18 @@ def _run_worker(spec: ReplicaSpec, job_id: str, rank: int, stop: StopFlag) -> di
             log.info("%s received: stopping the worker", stop.signal_name)
     finally:
         if engine is not None:
-            engine.drain(spec.drain_timeout_s)
+            # under Slurm the worker got the step's SIGTERM itself; give it a moment to go
+            got_term = stop.signal_name == "SIGTERM" and _exits_within(engine, SELF_DRAIN_WAIT_S)
+            engine.drain(spec.drain_timeout_s, send_term=not got_term)
     return {"replica_id": spec.replica_id, "job_id": job_id, "rank": rank}
+
+
+def _exits_within(engine: Engine, seconds: float) -> bool:
+    try:
+        engine.proc.wait(seconds)
+        return True
+    except subprocess.TimeoutExpired:
+        return False
 
 
 # --------------------------------------------------------------------------- entry points

@@ -90,6 +90,8 @@ def submit_replica(spec: ReplicaSpec, client: ScriptSubmitter) -> str:
     later) or ``SlurmRejected``/``SlurmCommandError`` (PermanentErrors: surface them).
     """
     spec_file = spec.write()
+    # Slurm cannot start a job whose --output folder is missing (JobLaunchFailure)
+    spec.logs_dir.mkdir(parents=True, exist_ok=True)
     if spec.layout == "hetero":
         return str(client.submit_script(write_hetjob(spec, spec_file)))
     return submit_with_submitit(spec, spec_file)

@@ -9,4 +9,5 @@ ENGINE=(/opt/coral/venv/bin/python -m coral_hpc.engine.sim meta-llama/Llama-3.1-
 # Uneven layer split: stage i holds the i-th count, so faster GPUs carry more layers.
 export VLLM_PP_LAYER_PARTITION=48,32
 # The sim engine runs the whole pipeline on the head node; this node holds its stage's GPUs.
+trap '' USR2
 exec sleep infinity

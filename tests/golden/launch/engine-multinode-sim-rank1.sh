@@ -8,4 +8,5 @@ set -eo pipefail
 ENGINE=(/opt/coral/venv/bin/python -m coral_hpc.engine.sim meta-llama/Llama-3.1-70B-Instruct --sim-arch llama-3.1-70b --sim-gpu-types a100,a100 --sim-layers 40,40 --sim-drain-timeout 55)
 export VLLM_PP_LAYER_PARTITION=40,40
 # The sim engine runs the whole pipeline on the head node; this node holds its stage's GPUs.
+trap '' USR2
 exec sleep infinity

@@ -24,4 +24,7 @@ FLAGS=(
   --port 24001
   --enable-prefix-caching
 )
+# Slurm's walltime warning (SIGUSR2) reaches every process of the step: the engine ignores it and
+# the entrypoint turns it into one SIGTERM, so the engine drains instead of dying.
+trap '' USR2
 exec "${ENGINE[@]}" "${FLAGS[@]}"
