@@ -43,7 +43,7 @@ def rec(
         "ready_at": 20.0,
         "health_ok_at": 20.0,
         "time_limit_s": 3600.0,
-        "endpoint": f"http://127.0.0.1:9/{rid}",
+        "endpoint": f"http://127.0.0.1:{9000 + sum(map(ord, rid))}",
     }
     base.update(PHASES[phase])
     base.update(facts)

@@ -1,0 +1,342 @@
+"""The daemon: wires observe → (plan) → decide → act → publish, and the demand scrape.
+
+It owns no logic of its own: every rule lives in ``coral_hpc.reconcile`` (status, triggers,
+decide), ``coral_hpc.demand`` and the solver. Each loop is one step function with its own interval;
+errors are caught and logged only at the loop boundary; sleeps wait on an Event so SIGTERM stops
+the daemon at once. Collaborators (Slurm client, store, planner, clock, gateway) are injected and
+the constructor starts nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from coral_hpc.config import Deployment
+from coral_hpc.daemon.metrics import DaemonMetrics
+from coral_hpc.daemon.routing import TablePublisher, ready_routes
+from coral_hpc.daemon.scrape import DemandScraper
+from coral_hpc.demand import ModelDemand, changed_models, deployment_demand
+from coral_hpc.reconcile import (
+    Cancel,
+    Decision,
+    DesiredPlan,
+    Drain,
+    ReconcileSettings,
+    ReplicaState,
+    Submit,
+    decide,
+    replan_reasons,
+    replica_status,
+)
+from coral_hpc.reconcile.act import Actor
+from coral_hpc.reconcile.backoff import Backoff
+from coral_hpc.reconcile.desired import plan_from_rows, slot_rows
+from coral_hpc.reconcile.observe import Observed, Observer
+from coral_hpc.reconcile.startup import learned_startup_s
+from coral_hpc.store import Store
+
+log = logging.getLogger("coral_hpc.daemon")
+
+
+# --------------------------------------------------------------------------- planning seam
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """What the planner gets each time the plan is out of date."""
+
+    deployment: Deployment
+    snapshot: Any  # coral_hpc.slurm.snapshot.ClusterSnapshot
+    demand: dict[str, ModelDemand]
+    #: live replicas that will go on serving: (template id, partitions) each
+    running: tuple[tuple[str, tuple[str, ...]], ...]
+    excluded_templates: frozenset[str]
+    excluded_shapes: frozenset[tuple[str, tuple[str, ...]]]
+    startup_s: float
+
+
+@dataclass(frozen=True)
+class PlanOutcome:
+    """A plan and what it promises."""
+
+    desired: DesiredPlan
+    cost_per_hour: float
+    solve_s: float
+    status: str
+    served: dict[str, float] = field(default_factory=dict)
+
+
+class Planner(Protocol):
+    def __call__(self, request: PlanRequest) -> PlanOutcome: ...
+
+
+# --------------------------------------------------------------------------- loops
+
+
+class Loop:
+    """Run ``step`` every ``interval_s`` until ``stop`` is set. A step returning True asks to run
+    again at once (e.g. right after new exclusions). Errors are logged here and only here."""
+
+    def __init__(self, name: str, interval_s: float, step: Callable[[], Any],
+                 stop: threading.Event, on_error: Callable[[str], None] | None = None):
+        self.name = name
+        self.interval_s = interval_s
+        self.step = step
+        self.stop = stop
+        self.on_error = on_error
+        self.thread: threading.Thread | None = None
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            began = time.monotonic()
+            again = False
+            try:
+                again = bool(self.step())
+            except Exception:  # the loop boundary: log, count, go on
+                log.exception("%s loop step failed", self.name)
+                if self.on_error:
+                    self.on_error(self.name)
+            if again:
+                continue
+            self.stop.wait(max(0.0, self.interval_s - (time.monotonic() - began)))
+
+    def start(self) -> threading.Thread:
+        self.thread = threading.Thread(target=self.run, name=f"coral-{self.name}", daemon=True)
+        self.thread.start()
+        return self.thread
+
+
+# --------------------------------------------------------------------------- the daemon
+
+
+class Daemon:
+    """One deployment's controller. Build it, then :meth:`run` (or call the steps in tests)."""
+
+    def __init__(
+        self,
+        deployment: Deployment,
+        store: Store,
+        client: Any,  # coral_hpc.slurm.client.SlurmClient
+        planner: Planner,
+        *,
+        api_key_file: Path | None,
+        table_path: Path,
+        clock: Callable[[], float] = time.time,
+        metrics: DaemonMetrics | None = None,
+        demand_source: Callable[[], dict] | None = None,
+        observer: Observer | None = None,
+        actor: Actor | None = None,
+    ):
+        self.deployment = deployment
+        self.store = store
+        self.client = client
+        self.planner = planner
+        self.clock = clock
+        self.metrics = metrics or DaemonMetrics()
+        self.settings = ReconcileSettings.from_policy(deployment.policy)
+        self.api_key_file = api_key_file
+        self.publisher = TablePublisher(table_path)
+        self.demand_source = demand_source
+        self.scraper = DemandScraper()
+        self.observer = observer or Observer(
+            deployment, store, client, self.settings, clock, throughput_of=self._throughput_of)
+        self.actor = actor or Actor(deployment, store, client, self.settings, clock, api_key_file)
+        self.plan: DesiredPlan | None = None
+        self.plan_time: float | None = None
+        self.planned_demand: dict[str, ModelDemand] = {}
+        self.unavailable_at_plan: frozenset[str] | None = None
+        self.plan_backoff = Backoff(base_s=self.settings.poll_interval_s, max_s=300.0)
+        self.last_decision: Decision | None = None
+        self.last_observed: Observed | None = None
+        self._lock = threading.RLock()
+
+    # ------------------------------------------------------------------ configuration
+
+    def reload(self, deployment: Deployment) -> None:
+        """Use a new ``models.yaml`` (SIGHUP); the next cycle re-plans with it."""
+        with self._lock:
+            self.deployment = deployment
+            self.settings = ReconcileSettings.from_policy(deployment.policy)
+            self.observer.deployment = deployment
+            self.observer.settings = self.settings
+            self.actor.deployment = deployment
+            self.actor.settings = self.settings
+            self.plan_time = None  # re-plan now
+            self.store.add_event(self.clock(), "reload", "models.yaml reloaded")
+
+    # ------------------------------------------------------------------ the reconcile step
+
+    def reconcile_once(self) -> bool:
+        """observe → re-plan if out of date → decide → act → publish. Returns True when the
+        cycle should run again at once (a new exclusion asks for a new plan)."""
+        with self._lock:
+            began = time.monotonic()
+            observed = self.observer.observe()
+            self.metrics.slurm_seconds.observe(time.monotonic() - began)
+            self.last_observed = observed
+            if observed.error:
+                self.metrics.slurm_errors.labels("observe").inc()
+                log.warning("%s", observed.error)
+            now = self.clock()
+            self._maybe_plan(observed, now)
+            decision = decide(self.plan, observed.facts, now, self.settings,
+                              exclusions=self.store.exclusions(now),
+                              observation=observed.observation)
+            self.last_decision = decision
+            if decision.held_back and any(isinstance(a, (Submit, Drain, Cancel))
+                                          for a in decision.actions) is False:
+                log.debug("%s", decision.held_back)
+            result = self.actor.apply(decision)
+            for kind, items in (("submit", result.submitted), ("drain", result.drained),
+                                ("cancel", result.cancelled), ("exclude", result.excluded)):
+                if items:
+                    self.metrics.actions.labels(kind).inc(len(items))
+            if result.transient:
+                self.metrics.slurm_errors.labels("act").inc()
+            self.publish(now)
+            return bool(result.excluded)
+
+    def _maybe_plan(self, observed: Observed, now: float) -> None:
+        tau = self.deployment.policy.replan_interval_s
+        demand = deployment_demand(self.deployment, self.store.demand_since(now - 10 * tau), tau)
+        for name, item in demand.items():
+            self.metrics.demand.labels(name).set(item.planned_rps)
+        changed = (changed_models(self.planned_demand, demand,
+                                  self.settings.demand_change_threshold)
+                   if self.planned_demand else [])
+        reasons = replan_reasons(
+            self.plan_time, now, self.settings, observed.facts, changed, observed.unavailable,
+            self.unavailable_at_plan, self.store.exclusions(now),
+        )
+        if not reasons or observed.snapshot is None or not self.plan_backoff.ready(now):
+            return
+        exclusions = self.store.exclusions(now)
+        statuses = {f.record.id: replica_status(f, now, self.settings) for f in observed.facts}
+        running = tuple(
+            (f.record.template_id, f.record.partitions) for f in observed.facts
+            if statuses[f.record.id].state in (ReplicaState.READY, ReplicaState.STARTING,
+                                               ReplicaState.PENDING, ReplicaState.SUBMITTING)
+            and not statuses[f.record.id].needs_successor
+            and not statuses[f.record.id].pending_too_long
+        )
+        request = PlanRequest(
+            deployment=self.deployment,
+            snapshot=observed.snapshot,
+            demand=demand,
+            running=running,
+            excluded_templates=frozenset(
+                e.key.split(":", 1)[1] for e in exclusions if e.key.startswith("template:")),
+            excluded_shapes=frozenset(_shape(e.key) for e in exclusions
+                                      if e.key.startswith("shape:")),
+            startup_s=learned_startup_s(self.store.startups(limit=50),
+                                        self.deployment.policy.startup_time_s),
+        )
+        try:
+            outcome = self.planner(request)
+        except Exception as exc:
+            delay = self.plan_backoff.failed(now)
+            self.metrics.loop_errors.labels("plan").inc()
+            self.store.add_event(now, "plan_error", f"planning failed: {exc}; retry in {delay:.0f}s")
+            log.exception("planning failed")
+            return
+        self.plan_backoff.succeeded()
+        self.plan = outcome.desired
+        self.plan_time = now
+        self.planned_demand = demand
+        self.unavailable_at_plan = observed.unavailable
+        self.metrics.plan_cost.set(outcome.cost_per_hour)
+        self.metrics.solve_seconds.observe(outcome.solve_s)
+        self.metrics.plans.labels(_trigger_kind(reasons[0])).inc()
+        for model in self.deployment.models:
+            self.metrics.plan_replicas.labels(model.name).set(
+                sum(s.count for s in outcome.desired.slots if s.model == model.name))
+        self.store.add_plan(now, outcome.cost_per_hour, slot_rows(outcome.desired),
+                            {m: d.planned_rps for m, d in demand.items()},
+                            solve_s=outcome.solve_s, status=outcome.status)
+        summary = ", ".join(f"{s.count}×{s.template_id}@{','.join(s.partitions)}"
+                            for s in outcome.desired.slots) or "no replicas"
+        self.store.add_event(now, "plan", f"{outcome.status}, {outcome.cost_per_hour:.3g}/h: "
+                             f"{summary} (because: {'; '.join(reasons)})")
+
+    # ------------------------------------------------------------------ publishing
+
+    def publish(self, now: float | None = None) -> bool:
+        """Write the routing table when READY replicas changed; refresh state gauges."""
+        now = self.clock() if now is None else now
+        observed = self.last_observed
+        facts = observed.facts if observed is not None else self.observer._facts(now, frozenset())
+        # re-read: the act step may have drained replicas since the observation
+        live = {r.id: r for r in self.store.replicas(live_only=True)}
+        current = [type(f)(live[f.record.id], f.node_unavailable) for f in facts
+                   if f.record.id in live]
+        statuses = {f.record.id: replica_status(f, now, self.settings) for f in current}
+        models = [m.name for m in self.deployment.models]
+        self.metrics.set_replicas(models, [(f.record.model, statuses[f.record.id].state)
+                                           for f in current])
+        return self.publisher.publish(ready_routes(models, current, statuses))
+
+    # ------------------------------------------------------------------ demand
+
+    def scrape_once(self) -> int:
+        """Store the gateway's counter deltas; returns the rows written."""
+        if self.demand_source is None:
+            return 0
+        snapshot = self.demand_source()
+        rows = self.scraper.intervals(snapshot, self.clock(),
+                                      [m.name for m in self.deployment.models])
+        self.store.add_demand(rows)
+        return len(rows)
+
+    # ------------------------------------------------------------------ helpers
+
+    def resume_plan(self) -> None:
+        """Load the last stored plan (for status until the first new plan; a restart re-plans
+        on its first cycle anyway)."""
+        stored = self.store.latest_plan()
+        if stored is not None:
+            self.plan = plan_from_rows(stored.rows, stored.time)
+
+    def _throughput_of(self, template_id: str) -> float | None:
+        for source in ([self.plan] if self.plan else []):
+            for slot in source.slots:
+                if slot.template_id == template_id:
+                    return slot.throughput
+        stored = self.store.latest_plan()
+        for row in stored.rows if stored else []:
+            if row.get("template_id") == template_id:
+                return float(row["throughput"])
+        return None
+
+    def loops(self, stop: threading.Event) -> list[Loop]:
+        """The daemon's loops: reconcile (poll interval) and demand scrape (poll interval)."""
+        on_error = lambda name: self.metrics.loop_errors.labels(name).inc()
+        loops = [Loop("reconcile", self.settings.poll_interval_s, self.reconcile_once, stop,
+                      on_error)]
+        if self.demand_source is not None:
+            loops.append(Loop("scrape", self.settings.poll_interval_s, self.scrape_once, stop,
+                              on_error))
+        return loops
+
+
+def _shape(key: str) -> tuple[str, tuple[str, ...]]:
+    """``shape:<template>@<p1,p2>`` → (template, (p1, p2))."""
+    body = key.split(":", 1)[1]
+    template, _, parts = body.rpartition("@")
+    return template, tuple(p for p in parts.split(",") if p)
+
+
+def _trigger_kind(reason: str) -> str:
+    for word, kind in (("interval", "interval"), ("demand", "demand"), ("draining", "cluster"),
+                       ("back in service", "cluster"), ("ended", "replica_failed"),
+                       ("pending", "pending_timeout"), ("walltime", "walltime"),
+                       ("excluded", "exclusion"), ("no plan", "start"),
+                       ("unknown", "start"), ("unhealthy", "unhealthy")):
+        if word in reason:
+            return kind
+    return "other"

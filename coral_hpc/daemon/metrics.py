@@ -1,0 +1,48 @@
+"""The daemon's own Prometheus metrics (its own registry, served on its own port)."""
+
+from __future__ import annotations
+
+from collections import Counter as Tally
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from coral_hpc.reconcile.status import ReplicaState
+
+
+class DaemonMetrics:
+    """Replicas by state, plan cost, solve time, Slurm call latency and errors, cycle errors."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.replicas = Gauge("coral_replicas", "Replicas by model and state",
+                              ["model", "state"], registry=self.registry)
+        self.plan_cost = Gauge("coral_plan_cost_per_hour",
+                               "Cost per hour of the current plan (deployment's unit)",
+                               registry=self.registry)
+        self.plan_replicas = Gauge("coral_plan_replicas", "Replicas the current plan asks for",
+                                   ["model"], registry=self.registry)
+        self.solve_seconds = Histogram("coral_plan_solve_seconds", "Planner wall time per plan",
+                                       buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+                                       registry=self.registry)
+        self.plans = Counter("coral_plans_total", "Plans made", ["trigger"],
+                             registry=self.registry)
+        self.slurm_seconds = Histogram("coral_slurm_observe_seconds",
+                                       "Wall time of one observe step (Slurm calls included)",
+                                       buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
+                                       registry=self.registry)
+        self.slurm_errors = Counter("coral_slurm_errors_total", "Failed Slurm calls",
+                                    ["step"], registry=self.registry)
+        self.actions = Counter("coral_actions_total", "Actions applied", ["kind"],
+                               registry=self.registry)
+        self.loop_errors = Counter("coral_loop_errors_total", "Errors caught at a loop boundary",
+                                   ["loop"], registry=self.registry)
+        self.demand = Gauge("coral_demand_rps", "Demand planned for (requests/s, with headroom)",
+                            ["model"], registry=self.registry)
+
+    def set_replicas(self, models: list[str], states: list[tuple[str, ReplicaState]]) -> None:
+        """Replace the replicas-by-state gauge with the current counts (zeros included)."""
+        tally = Tally(states)
+        for model in models:
+            for state in ReplicaState:
+                if state.live:
+                    self.replicas.labels(model, state.value).set(tally.get((model, state), 0))

@@ -1,0 +1,60 @@
+"""Read the gateway's demand counters (``/internal/demand``) and store per-interval deltas.
+
+The gateway keeps cumulative totals per model and per API key; the daemon stores what changed
+since its last scrape (:class:`coral_hpc.store.DemandInterval`), for ``demand: auto`` and cost per
+token. Every configured model gets a row each interval, zeros included, so a model whose traffic
+stopped decays towards zero. A total that went down means the gateway restarted: its new total
+is the delta. Per-key rows use the model ``*`` (the gateway counts keys across models).
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Iterable
+from typing import Any
+
+from coral_hpc.store import DemandInterval
+
+#: Model name of per-API-key rows.
+ALL_MODELS = "*"
+_FIELDS = ("requests_total", "prompt_tokens_total", "generated_tokens_total", "rejected_total")
+
+
+def fetch_demand(base_url: str, timeout: float = 5.0) -> dict[str, Any]:
+    """GET ``base_url/internal/demand`` (the daemon runs on the gateway's host: loopback)."""
+    with urllib.request.urlopen(f"{base_url.rstrip('/')}/internal/demand", timeout=timeout) as r:
+        return json.loads(r.read().decode("utf-8"))
+
+
+class DemandScraper:
+    """Turns successive counter snapshots into intervals."""
+
+    def __init__(self) -> None:
+        self._last: dict[tuple[str, str], tuple[int, ...]] = {}
+        self._last_time: float | None = None
+
+    def intervals(
+        self, snapshot: dict[str, Any], now: float, models: Iterable[str]
+    ) -> list[DemandInterval]:
+        """Deltas since the previous call; the first call only sets the baseline."""
+        current: dict[tuple[str, str], tuple[int, ...]] = {}
+        for model, data in (snapshot.get("models") or {}).items():
+            current[(model, "")] = tuple(int(data.get(f) or 0) for f in _FIELDS)
+        for key, data in (snapshot.get("keys") or {}).items():
+            current[(ALL_MODELS, key)] = tuple(int(data.get(f) or 0) for f in _FIELDS)
+        for model in models:
+            current.setdefault((model, ""), (0, 0, 0, 0))
+        start, self._last_time = self._last_time, now
+        previous, self._last = self._last, current
+        if start is None or now <= start:
+            return []
+        out = []
+        for (model, key), totals in sorted(current.items()):
+            before = previous.get((model, key), (0, 0, 0, 0))
+            # a total that went down: the gateway restarted and counts from zero
+            delta = totals if any(t < b for t, b in zip(totals, before)) else tuple(
+                t - b for t, b in zip(totals, before))
+            out.append(DemandInterval(start, now, model, delta[0], delta[1], delta[2], delta[3],
+                                      api_key=key))
+        return out

@@ -1,0 +1,296 @@
+"""The observe step: read Slurm, endpoint files and health probes; record the facts in the store.
+
+One snapshot call per cycle (nodes, partitions, own jobs in one batched observation), one batched
+``job_states`` call for jobs the queue no longer holds, and one ``/health`` probe per running
+replica, in parallel with a short timeout. Nothing here decides anything: it writes facts
+(``coral_hpc.store``) and returns them with how fresh and complete they are.
+
+Adoption: every job carrying this deployment's tag is matched to its replica row by the tag's
+replica id — a row recorded just before the daemon died mid-submission gets its job id; a job with
+no row at all (a lost database) gets a row rebuilt from its tag and its ``spec.json``. So a
+restarted daemon never submits a duplicate of a job that already runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from coral_hpc.config import Deployment
+from coral_hpc.errors import CoralError
+from coral_hpc.launch.endpoint import read_endpoint
+from coral_hpc.launch.spec import ReplicaSpec
+from coral_hpc.reconcile.decide import Observation
+from coral_hpc.reconcile.settings import ReconcileSettings
+from coral_hpc.reconcile.status import TERMINAL_STATES, ReplicaFacts
+from coral_hpc.slurm.snapshot import ClusterSnapshot, JobInfo
+from coral_hpc.store import ReplicaRecord, StartupObservation, Store
+
+log = logging.getLogger("coral_hpc.reconcile")
+
+#: Probe timeout: a replica on the cluster network answers /health in milliseconds.
+PROBE_TIMEOUT_S = 2.0
+
+
+def http_health(url: str, timeout: float = PROBE_TIMEOUT_S) -> bool:
+    """Whether ``url/health`` answers 200."""
+    try:
+        with urllib.request.urlopen(f"{url.rstrip('/')}/health", timeout=timeout) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+@dataclass
+class Observed:
+    """What one observe step saw."""
+
+    observation: Observation
+    snapshot: ClusterSnapshot | None
+    #: ``node:<name>`` / ``partition:<name>`` of this deployment's partitions draining or down
+    unavailable: frozenset[str]
+    facts: list[ReplicaFacts]
+    error: str | None = None
+    events: list[str] = field(default_factory=list)
+
+
+def slurm_word(state: str | None) -> str | None:
+    """``"CANCELLED by 0"`` → ``"CANCELLED"``; ``"RUNNING"`` stays."""
+    if not state:
+        return None
+    return state.split()[0].rstrip("+").upper()
+
+
+def unavailable_places(snapshot: ClusterSnapshot, partitions: Iterable[str]) -> frozenset[str]:
+    """Nodes and partitions among ``partitions`` that are draining, drained, down or inactive."""
+    wanted = set(partitions)
+    out = set()
+    for part in snapshot.partitions:
+        if part.name in wanted and part.state != "up":
+            out.add(f"partition:{part.name}")
+    for node in snapshot.nodes:
+        if wanted & set(node.partitions) and not node.usable:
+            out.add(f"node:{node.name}")
+    return frozenset(out)
+
+
+def on_unavailable(record: ReplicaRecord, unavailable: frozenset[str]) -> bool:
+    """Whether one of the replica's nodes or partitions is draining or down."""
+    nodes = {n for n in (record.nodes or "").split(",") if n}
+    return any(f"node:{n}" in unavailable for n in nodes) or any(
+        f"partition:{p}" in unavailable for p in record.partitions
+    )
+
+
+class Observer:
+    """Runs the observe step against an injected Slurm client, store and clock."""
+
+    def __init__(
+        self,
+        deployment: Deployment,
+        store: Store,
+        client,  # coral_hpc.slurm.client.SlurmClient
+        settings: ReconcileSettings,
+        clock: Callable[[], float],
+        probe: Callable[[str], bool] = http_health,
+        throughput_of: Callable[[str], float | None] = lambda template_id: None,
+    ):
+        self.deployment = deployment
+        self.store = store
+        self.client = client
+        self.settings = settings
+        self.clock = clock
+        self.probe = probe
+        self.throughput_of = throughput_of
+        self._pool: ThreadPoolExecutor | None = None
+
+    # ------------------------------------------------------------------ the step
+
+    def observe(self) -> Observed:
+        """Observe once; facts of live replicas (and those ended within the crash window)."""
+        now = self.clock()
+        partitions = [p.name for p in self.deployment.cluster.partitions]
+        try:
+            snapshot = self.client.snapshot(self.deployment.deployment)
+        except CoralError as exc:
+            # nothing is recorded from a failed observation; decide() does nothing destructive
+            return Observed(
+                Observation(jobs_at=None, cluster_at=None, complete=False), None,
+                frozenset(), self._facts(now, frozenset()), error=f"Slurm snapshot failed: {exc}",
+            )
+        events: list[str] = []
+        complete = True
+        error = None
+        jobs = {j.job_id: j for j in snapshot.jobs}
+        by_replica = {j.tag.replica_id: j for j in snapshot.jobs if j.tag is not None}
+        live = self.store.replicas(live_only=True)
+        known_ids = {r.id for r in live}
+        missing: list[ReplicaRecord] = []
+        for record in live:
+            job = jobs.get(record.job_id) if record.job_id else by_replica.get(record.id)
+            if job is None:
+                if record.job_id is not None:
+                    missing.append(record)
+                continue
+            self._record_job(record, job, now, events)
+        # jobs squeue no longer holds: one batched call (sacct behind it)
+        if missing:
+            try:
+                states = self.client.job_states([r.job_id for r in missing])
+            except CoralError as exc:
+                complete, error = False, f"Slurm job states failed: {exc}"
+            else:
+                for record in missing:
+                    self._record_gone(record, states.get(record.job_id), now, events)
+        # tagged jobs with no row: adopt (a lost or older database); never submit them again
+        ended_ids = {r.id for r in self.store.replicas(live_only=False)} - known_ids
+        for job in snapshot.jobs:
+            if job.tag is None or job.tag.replica_id in known_ids:
+                continue
+            if job.tag.replica_id in ended_ids or slurm_word(job.state) in TERMINAL_STATES:
+                continue
+            if self.store.replica_by_job(job.job_id) is not None:
+                continue
+            self._adopt(job, now, events)
+        self._check_health(now, events)
+        unavailable = unavailable_places(snapshot, partitions)
+        return Observed(
+            Observation(jobs_at=snapshot.observed_at, cluster_at=snapshot.observed_at,
+                        complete=complete),
+            snapshot, unavailable, self._facts(now, unavailable), error=error, events=events,
+        )
+
+    def close(self) -> None:
+        """Stop the probe threads."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+    # ------------------------------------------------------------------ facts
+
+    def _facts(self, now: float, unavailable: frozenset[str]) -> list[ReplicaFacts]:
+        records = self.store.replicas(live_only=True)
+        records += self.store.ended_replicas_since(now - self.settings.crash_cooldown_s)
+        return [ReplicaFacts(r, node_unavailable=on_unavailable(r, unavailable)) for r in records]
+
+    def _record_job(self, record: ReplicaRecord, job: JobInfo, now: float, events: list) -> None:
+        state = slurm_word(job.state)
+        changes: dict = {
+            "slurm_state": state,
+            "slurm_reason": job.reason,
+            "last_seen_at": now,
+        }
+        if record.job_id is None:
+            changes["job_id"] = job.job_id
+            changes["submitted_at"] = job.submit_time or now
+            events.append(f"adopted job {job.job_id} of replica {record.id} (submitted before a restart)")
+            self.store.add_event(now, "adopt", f"job {job.job_id} found for replica {record.id}",
+                                 model=record.model, replica_id=record.id)
+        nodes = list(job.nodes)
+        for component in job.components:
+            nodes.extend(n for n in component.nodes if n not in nodes)
+        if nodes:
+            changes["nodes"] = ",".join(nodes)
+        if job.time_limit_s:
+            changes["time_limit_s"] = float(job.time_limit_s)
+        if job.start_time and state not in ("PENDING", None) and record.started_at is None:
+            changes["started_at"] = job.start_time
+        if state in TERMINAL_STATES:
+            changes["ended_at"] = job.end_time or now
+            changes["end_state"] = state
+            self._event_end(record, state, now)
+        self.store.update_replica(record.id, **changes)
+
+    def _record_gone(self, record: ReplicaRecord, status, now: float, events: list) -> None:
+        state = slurm_word(status.state) if status is not None else None
+        if state in TERMINAL_STATES:
+            self.store.update_replica(record.id, slurm_state=state, ended_at=now, end_state=state)
+            self._event_end(record, state, now)
+            return
+        if state is not None:
+            self.store.update_replica(record.id, slurm_state=state, last_seen_at=now)
+            return
+        # neither squeue nor sacct knows it yet (sacct lags): wait, but not for ever
+        seen = record.last_seen_at or record.submitted_at or record.created_at
+        if now - seen > 10 * self.settings.poll_interval_s + 60:
+            self.store.update_replica(record.id, ended_at=now, end_state="LOST")
+            self._event_end(record, "LOST", now)
+
+    def _event_end(self, record: ReplicaRecord, state: str, now: float) -> None:
+        asked = record.drain_requested_at is not None or record.cancelled_at is not None
+        kind = "ended" if asked else "failed"
+        self.store.add_event(now, kind, f"job {record.job_id} ended {state}",
+                             model=record.model, replica_id=record.id)
+
+    def _adopt(self, job: JobInfo, now: float, events: list) -> None:
+        tag = job.tag
+        assert tag is not None
+        spec_file = self.deployment.state_path / "replicas" / tag.replica_id / "spec.json"
+        layout: dict = {}
+        partitions: tuple[str, ...] = tuple(c.partition for c in job.components) or (job.partition,)
+        try:
+            spec = ReplicaSpec.from_json(spec_file.read_text())
+            layout = {
+                "tp": spec.tp, "pp": spec.pp,
+                "stages": [{"gpu_type": s.gpu_type, "layers": s.layers, "partition": s.partition}
+                           for s in spec.stages],
+            }
+            partitions = tuple(s.partition for s in spec.stages)
+        except (OSError, ValueError, TypeError, KeyError, CoralError):
+            log.warning("adopting job %s: no readable %s; layout unknown", job.job_id, spec_file)
+        throughput = self.throughput_of(tag.template_id) or 1.0
+        record = ReplicaRecord(
+            id=tag.replica_id, model=tag.model, template_id=tag.template_id, layout=layout,
+            partitions=partitions, throughput=throughput, cost_per_hour=0.0, created_at=now,
+            reason="adopted", job_id=job.job_id, submitted_at=job.submit_time or now,
+        )
+        self.store.add_replica(record)
+        self._record_job(record, job, now, events)
+        message = f"adopted running job {job.job_id} as replica {tag.replica_id} ({tag.template_id})"
+        events.append(message)
+        self.store.add_event(now, "adopt", message, model=tag.model, replica_id=tag.replica_id)
+
+    # ------------------------------------------------------------------ endpoints and health
+
+    def _check_health(self, now: float, events: list) -> None:
+        endpoints_dir = self.deployment.state_path / "endpoints"
+        targets: list[tuple[ReplicaRecord, str, bool]] = []
+        for record in self.store.replicas(live_only=True):
+            if record.job_id is None or record.started_at is None:
+                continue
+            if record.drain_requested_at is not None or record.cancelled_at is not None:
+                continue
+            endpoint = read_endpoint(Path(endpoints_dir) / f"{record.id}.json")
+            if endpoint is None or endpoint.job_id != record.job_id:
+                if record.ready_at is not None:
+                    targets.append((record, record.endpoint or "", True))
+                continue
+            targets.append((record, endpoint.url, endpoint.draining_at is not None))
+        if not targets:
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="probe")
+        results = list(self._pool.map(
+            lambda t: (not t[2]) and bool(t[1]) and self.probe(t[1]), targets
+        ))
+        for (record, url, _), ok in zip(targets, results):
+            if ok:
+                changes: dict = {"health_ok_at": now, "health_failures": 0}
+                if record.ready_at is None:
+                    changes.update(ready_at=now, endpoint=url)
+                    started = record.submitted_at or record.created_at
+                    gpu = (record.layout.get("stages") or [{}])[0].get("gpu_type", "")
+                    self.store.add_startup(StartupObservation(
+                        now, record.id, record.template_id, gpu, max(0.0, now - started)))
+                    self.store.add_event(now, "ready", f"READY at {url} after "
+                                         f"{now - started:.0f}s", model=record.model,
+                                         replica_id=record.id)
+                    events.append(f"replica {record.id} READY")
+                self.store.update_replica(record.id, **changes)
+            elif record.ready_at is not None:
+                self.store.update_replica(record.id, health_failures=record.health_failures + 1)
