@@ -20,6 +20,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "report": ("coral_hpc.cli.report", "report", "Write an HTML cost report with plots and the allocation over time."),
     "cluster": ("coral_hpc.cli.cluster", "cluster", "Partitions x GPU type: total, free, unavailable GPUs; --json snapshot."),
     "gateway": ("coral_hpc.cli.gateway", "gateway", "Run the OpenAI-compatible gateway alone."),
+    "status": ("coral_hpc.cli.status", "status", "What the daemon serves: models, replicas, plan vs actual, events."),
+    "logs": ("coral_hpc.cli.logs", "logs", "Print the log files of one replica."),
     "keys": ("coral_hpc.cli.gateway", "keys", "Add, list or remove gateway API keys (hashed file)."),
 }
 
