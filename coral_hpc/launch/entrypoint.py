@@ -88,7 +88,11 @@ class StopFlag:
 
 def _job_id() -> str:
     # In a heterogeneous job every component has its own SLURM_JOB_ID; the job is the leader's.
-    return os.environ.get("SLURM_HET_JOB_ID") or os.environ.get("SLURM_JOB_ID") or f"local{os.getpid()}"
+    return (
+        os.environ.get("SLURM_HET_JOB_ID")
+        or os.environ.get("SLURM_JOB_ID")
+        or f"local{os.getpid()}"
+    )
 
 
 def _rank() -> int:
@@ -204,7 +208,10 @@ def _run_head(spec: ReplicaSpec, job_id: str, stop: StopFlag) -> dict[str, Any]:
                     {"attempt": attempt, "master_addr": host, "master_port": master_port},
                 )
             script = _write_script(
-                spec, job_id, 0, attempt,
+                spec,
+                job_id,
+                0,
+                attempt,
                 render_engine_script(
                     spec, rank=0, port=port, master_addr=host, master_port=master_port
                 ),
@@ -221,8 +228,9 @@ def _run_head(spec: ReplicaSpec, job_id: str, stop: StopFlag) -> dict[str, Any]:
             code = engine.exited()
             clash = [p for p in (port, master_port) if p and port_in_use(p)]
             if outcome == "exited" and (clash or code == EXIT_ADDRINUSE):
-                log.warning("engine exited (%s); port(s) %s taken by another process: retrying",
-                            code, clash)
+                log.warning(
+                    "engine exited (%s); port(s) %s taken by another process: retrying", code, clash
+                )
                 continue
             engine.drain(spec.drain_timeout_s)
             raise EngineFailed(
@@ -246,19 +254,28 @@ def _run_head(spec: ReplicaSpec, job_id: str, stop: StopFlag) -> dict[str, Any]:
             cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES", ""),
         )
         write_endpoint(spec.endpoint_file, endpoint)
-        log.info("engine healthy after %.1fs; endpoint %s written to %s",
-                 endpoint.ready_at - endpoint.started_at, endpoint.url, spec.endpoint_file)
+        log.info(
+            "engine healthy after %.1fs; endpoint %s written to %s",
+            endpoint.ready_at - endpoint.started_at,
+            endpoint.url,
+            spec.endpoint_file,
+        )
 
         while not stop.wait(POLL_S):
             code = engine.exited()
             if code is not None:
                 _remove_endpoint(spec, job_id)
-                raise EngineFailed(f"engine exited with code {code} while serving; see {engine_log}")
+                raise EngineFailed(
+                    f"engine exited with code {code} while serving; see {engine_log}"
+                )
 
-        log.info("%s received: draining the engine (up to %.0fs)", stop.signal_name,
-                 spec.drain_timeout_s)
+        log.info(
+            "%s received: draining the engine (up to %.0fs)", stop.signal_name, spec.drain_timeout_s
+        )
         write_endpoint(spec.endpoint_file, replace(endpoint, draining_at=time.time()))
-        code = engine.drain(spec.drain_timeout_s, send_term=not _engine_draining(engine, port, stop))
+        code = engine.drain(
+            spec.drain_timeout_s, send_term=not _engine_draining(engine, port, stop)
+        )
         _remove_endpoint(spec, job_id)
         log.info("engine exited with code %s after draining; not requeueing", code)
         return {**asdict(endpoint), "ready": True, "stopped_by": stop.signal_name}
@@ -339,9 +356,14 @@ def _run_worker(spec: ReplicaSpec, job_id: str, rank: int, stop: StopFlag) -> di
                     engine.drain(spec.drain_timeout_s)  # the head restarted on new ports
                 attempt = head["attempt"]
                 script = _write_script(
-                    spec, job_id, rank, attempt,
+                    spec,
+                    job_id,
+                    rank,
+                    attempt,
                     render_engine_script(
-                        spec, rank=rank, master_addr=head["master_addr"],
+                        spec,
+                        rank=rank,
+                        master_addr=head["master_addr"],
                         master_port=head["master_port"],
                     ),
                 )
@@ -396,9 +418,16 @@ def run_replica(spec_file: str) -> dict[str, Any]:
     spec = ReplicaSpec.from_json(Path(spec_file).read_text())
     job_id, rank = _job_id(), _rank()
     log_path = _setup_logging(spec, job_id, rank)
-    log.info("replica %s job %s rank %d/%d on %s, CUDA_VISIBLE_DEVICES=%s (log %s)",
-             spec.replica_id, job_id, rank, spec.pp, os.environ.get("SLURMD_NODENAME", "?"),
-             os.environ.get("CUDA_VISIBLE_DEVICES", ""), log_path)
+    log.info(
+        "replica %s job %s rank %d/%d on %s, CUDA_VISIBLE_DEVICES=%s (log %s)",
+        spec.replica_id,
+        job_id,
+        rank,
+        spec.pp,
+        os.environ.get("SLURMD_NODENAME", "?"),
+        os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+        log_path,
+    )
     try:
         if rank == 0:
             return _run_head(spec, job_id, stop)

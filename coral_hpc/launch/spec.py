@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Sequence, Union
+from typing import Any, Literal
 
 from pydantic import TypeAdapter
 
@@ -28,7 +29,7 @@ from coral_hpc.config import (
 from coral_hpc.errors import PermanentError
 from coral_hpc.types import JobTag
 
-Environment = Union[VenvEnvironment, ModuleEnvironment, ApptainerEnvironment]
+Environment = VenvEnvironment | ModuleEnvironment | ApptainerEnvironment
 Layout = Literal["single", "multinode", "hetero"]
 _ENV_ADAPTER: TypeAdapter = TypeAdapter(EngineEnvironment)
 
@@ -111,7 +112,7 @@ class ReplicaSpec:
                 f"replica {self.replica_id}: its stages' partitions name different vLLM "
                 "environments; a pipeline needs the same vLLM on every node"
             )
-        self.tag  # validates the identifiers
+        _ = self.tag  # JobTag validates the identifiers
 
     # ------------------------------------------------------------------ derived facts
 
@@ -201,7 +202,7 @@ class ReplicaSpec:
         return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
     @classmethod
-    def from_json(cls, text: str) -> "ReplicaSpec":
+    def from_json(cls, text: str) -> ReplicaSpec:
         """Inverse of :meth:`to_json`."""
         data: dict[str, Any] = json.loads(text)
         data["stages"] = tuple(

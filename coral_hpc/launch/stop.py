@@ -11,7 +11,8 @@ ends by itself. Whatever still runs after ``grace_s`` is cancelled for good.
 from __future__ import annotations
 
 import time
-from typing import Callable, Iterable, Protocol, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol
 
 from coral_hpc.slurm.snapshot import JobStatus
 

@@ -5,7 +5,6 @@ requeue. Every job submitted is tracked by the `slurm` fixture and cancelled at 
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 import urllib.error
@@ -123,7 +122,7 @@ def test_submitit_replica_serves_then_drains_without_requeue(slurm, client, tmp_
         try:
             with urllib.request.urlopen(request, timeout=60) as resp:
                 result["status"], result["body"] = resp.status, json.loads(resp.read())
-        except Exception as exc:  # reported by the assertion below
+        except OSError as exc:  # reported by the assertion below (URLError is an OSError)
             result["error"] = repr(exc)
 
     worker = threading.Thread(target=long_request)

@@ -35,28 +35,28 @@ def case_spec(layout: str, env_kind: str, **overrides) -> ReplicaSpec:
         StageSpec(partition, gpu, 2, layers, environment)
         for partition, gpu, layers in LAYOUTS[layout]
     )
-    fields = dict(
-        deployment="demo",
-        model="llama-70b" if layout != "single" else "qwen3-8b",
-        model_source="meta-llama/Llama-3.1-70B-Instruct" if layout != "single" else "Qwen/Qwen3-8B",
-        replica_id=f"{layout}-1",
-        template_id=f"t-{layout}",
-        stages=stages,
-        tp=2,
-        engine_kind="sim" if env_kind == "sim" else "vllm",
-        state_path=STATE,
-        time_limit_s=7200,
-        dtype="half" if layout == "hetero" else "auto",
-        max_model_len=8192,
-        engine_args=("--enable-prefix-caching",),
-        account="gpu-lab",
-        qos="normal",
-        cpus_per_gpu=4,
-        mem_per_gpu_gb=32,
-        api_key_file="/home/user/.coral/replica.key",
-        python=PYTHON,
-        sim_arch="llama-3.1-70b" if layout != "single" else "qwen3-8b",
-    )
+    fields = {
+        "deployment": "demo",
+        "model": "llama-70b" if layout != "single" else "qwen3-8b",
+        "model_source": "meta-llama/Llama-3.1-70B-Instruct" if layout != "single" else "Qwen/Qwen3-8B",
+        "replica_id": f"{layout}-1",
+        "template_id": f"t-{layout}",
+        "stages": stages,
+        "tp": 2,
+        "engine_kind": "sim" if env_kind == "sim" else "vllm",
+        "state_path": STATE,
+        "time_limit_s": 7200,
+        "dtype": "half" if layout == "hetero" else "auto",
+        "max_model_len": 8192,
+        "engine_args": ("--enable-prefix-caching",),
+        "account": "gpu-lab",
+        "qos": "normal",
+        "cpus_per_gpu": 4,
+        "mem_per_gpu_gb": 32,
+        "api_key_file": "/home/user/.coral/replica.key",
+        "python": PYTHON,
+        "sim_arch": "llama-3.1-70b" if layout != "single" else "qwen3-8b",
+    }
     fields.update(overrides)
     return ReplicaSpec(**fields)
 

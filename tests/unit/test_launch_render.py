@@ -53,7 +53,7 @@ def _compare(name: str, text: str) -> None:
 def _bash_n(text: str, tmp_path: Path) -> None:
     script = tmp_path / "check.sh"
     script.write_text(text)
-    result = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    result = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr
 
 
@@ -127,7 +127,8 @@ def _engine_argv(text: str, tmp_path: Path, env: dict[str, str] | None = None) -
     script = tmp_path / "argv.sh"
     script.write_text(text.replace(marker, 'printf "%s\\0" "${ENGINE[@]}" "${FLAGS[@]}"'))
     result = subprocess.run(
-        ["bash", str(script)], capture_output=True, text=True, env=env or {"PATH": "/usr/bin:/bin"}
+        ["bash", str(script)], capture_output=True, text=True, check=False,
+        env=env or {"PATH": "/usr/bin:/bin"},
     )
     assert result.returncode == 0, result.stderr
     return result.stdout.split("\0")[:-1]
