@@ -59,7 +59,7 @@ def cluster_json(env: dict[str, str], *args: str) -> subprocess.CompletedProcess
     """Run the installed ``coral-hpc cluster --json`` as a user would."""
     return subprocess.run(
         [str(Path(sys.executable).parent / "coral-hpc"), "cluster", "--json", *args],
-        capture_output=True, text=True, timeout=120, env=env,
+        check=False, capture_output=True, text=True, timeout=120, env=env,
     )
 
 

@@ -170,7 +170,7 @@ def test_job_states_fall_back_to_sacct_and_admit_lag():
 
 
 def test_job_states_when_squeue_knows_none():
-    c, runner = client({"squeue": "squeue_bad_job.txt", "sacct": "sacct_job_states.txt"})
+    c, _runner = client({"squeue": "squeue_bad_job.txt", "sacct": "sacct_job_states.txt"})
     states = c.job_states(["61"])
     assert states["61"].state == "FAILED" and states["61"].source == "sacct"
 
