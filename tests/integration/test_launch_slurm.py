@@ -40,7 +40,7 @@ def key_file(tmp_path: Path) -> Path:
     return path
 
 
-def _spec(tmp_path: Path, key_file: Path, replica_id: str, stages, **extra) -> ReplicaSpec:
+def _spec(tmp_path: Path, key_file: Path, replica_id: str, stages, tp=2, **extra) -> ReplicaSpec:
     return ReplicaSpec(
         deployment="launchtest",
         model="qwen3-8b",
@@ -48,7 +48,7 @@ def _spec(tmp_path: Path, key_file: Path, replica_id: str, stages, **extra) -> R
         replica_id=replica_id,
         template_id="t0",
         stages=tuple(stages),
-        tp=2,
+        tp=tp,
         engine_kind="sim",
         state_path=str(tmp_path / "state" / "launchtest"),
         time_limit_s=600,
@@ -179,3 +179,25 @@ def test_hetjob_replica_spans_a100_and_v100_and_writes_its_endpoint(
     assert outcome == {job_id: "exited"}
     wait_until(lambda: not spec.endpoint_file.exists(), 20, "the endpoint file to go")
     assert "not requeueing" in (spec.logs_dir / f"het-1.{job_id}.rank0.log").read_text()
+
+
+def test_two_node_replica_runs_one_entrypoint_per_node(slurm, client, tmp_path, key_file):
+    """A homogeneous pipeline goes through submitit with one task per node: rank 0 serves,
+    rank 1 joins it from the other a100 node, and both stop on the grace signal."""
+    spec = _spec(
+        tmp_path, key_file, "two-1",
+        [StageSpec("a100", "a100", 1, 18), StageSpec("a100", "a100", 1, 18)], tp=1,
+    )  # fmt: skip
+    assert spec.layout == "multinode"
+    job_id = submit_replica(spec, client)
+    slurm.track(job_id)
+    endpoint = wait_until(lambda: read_endpoint(spec.endpoint_file), 60, "the endpoint file")
+    assert _get(endpoint.url + "/v1/models", API_KEY)[0] == 200
+    worker_log = spec.logs_dir / f"two-1.{job_id}.rank1.log"
+    text = wait_until(lambda: worker_log.exists() and worker_log.read_text(), 30, "worker log")
+    other = "a100-02" if endpoint.node == "a100-01" else "a100-01"
+    assert f"rank 1/2 on {other}" in text and "joining head" in text
+
+    assert stop_replicas(client, [job_id], grace_s=40) == {job_id: "exited"}
+    assert "stopping the worker" in worker_log.read_text()
+    assert not spec.endpoint_file.exists()
