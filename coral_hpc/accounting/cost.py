@@ -36,7 +36,7 @@ class Pricing:
     gpu_hour_prices: dict[tuple[str, str], float]
 
     @classmethod
-    def from_deployment(cls, deployment: Deployment) -> "Pricing":
+    def from_deployment(cls, deployment: Deployment) -> Pricing:
         """Read the prices from a validated ``models.yaml``."""
         prices: dict[tuple[str, str], float] = {}
         for part in deployment.cluster.partitions:

@@ -92,12 +92,10 @@ def compare(
         started = replica.started_at if replica.started_at is not None else _end(replica, now)
         ready = replica.ready_at if replica.ready_at is not None else _end(replica, now)
 
-        def booked_old(a: float, b: float) -> float:
-            return old_rate * _overlap(max(a, old_start), min(b, old_end), since, end_of_range)
-
-        pending += booked_old(replica.submitted_at, started)
-        startup += booked_old(started, ready)
-        overlap += booked_old(ready, old_end)
+        window = (old_rate, old_start, old_end, since, end_of_range)
+        pending += _booked_old(window, replica.submitted_at, started)
+        startup += _booked_old(window, started, ready)
+        overlap += _booked_old(window, ready, old_end)
     return Comparison(
         predicted=predicted_cost(plans, since, end_of_range),
         booked=booked,
@@ -105,6 +103,12 @@ def compare(
         startup=startup,
         overlap=overlap,
     )
+
+
+def _booked_old(window: tuple[float, float, float, float, float], a: float, b: float) -> float:
+    """Cost of the old replica (rate, alive from start to end) within [a, b) and the range."""
+    rate, old_start, old_end, since, until = window
+    return rate * _overlap(max(a, old_start), min(b, old_end), since, until)
 
 
 def _end(replica: ReplicaRecord, now: float) -> float:

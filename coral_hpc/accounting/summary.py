@@ -79,7 +79,9 @@ class CostReport:
 
     def to_dict(self) -> dict[str, Any]:
         """The ``--json`` shape (see the module's README row and the CLI docstring)."""
-        iso = lambda t: _iso(t, self.tz)  # noqa: E731
+        def iso(epoch: float) -> str:
+            return _iso(epoch, self.tz)
+
         models_totals = self.by_model()
         tokens = self.model_tokens()
         models = []

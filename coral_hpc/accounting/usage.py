@@ -23,6 +23,7 @@ import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta, tzinfo
+from itertools import pairwise
 
 from coral_hpc.slurm.snapshot import AccountingRecord
 
@@ -181,7 +182,7 @@ def _split(
     interval: tuple[float, float], edges: Sequence[float]
 ) -> Iterator[tuple[float, float, int]]:
     start, end = interval
-    for left, right in zip(edges, edges[1:]):
+    for left, right in pairwise(edges):
         low, high = max(start, left), min(end, right)
         if high > low:
             yield left, right, int(high - low)

@@ -126,9 +126,11 @@ def build(inputs: Inputs):  # type: ignore[no-untyped-def]
         fail(
             [
                 f"cannot read Slurm accounting (sacct): {exc}",
-                "coral-hpc cost reads Slurm's own books: it needs accounting enabled "
-                "(AccountingStorageType=accounting_storage/slurmdbd) and slurmdbd answering; "
-                "no figures were produced.",
+                (
+                    "coral-hpc cost reads Slurm's own books: it needs accounting enabled "
+                    "(AccountingStorageType=accounting_storage/slurmdbd) and slurmdbd answering; "
+                    "no figures were produced."
+                ),
             ],
             EXIT_UNAVAILABLE,
         )

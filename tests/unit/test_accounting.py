@@ -43,7 +43,7 @@ def t(hms: str) -> float:
 
 def deployment(price: str = "gpu_hour", name: str = "acctrec"):
     prices = (
-        ("{v100: %s}" % V100, "{a100: %s}" % A100) if price == "gpu_hour" else ("billing", "billing")
+        (f"{{v100: {V100}}}", f"{{a100: {A100}}}") if price == "gpu_hour" else ("billing", "billing")
     )
     models = "\n".join(
         f"  - {{name: {m}, source: x, architecture: x, mix: {{input_tokens: 100, output_tokens: 10}},"
