@@ -18,6 +18,7 @@ ever requeued. Secrets reach the engine through its environment only.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
@@ -34,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from coral_hpc.errors import CoralError
-from coral_hpc.launch.endpoint import Endpoint, write_endpoint, write_json_atomic
+from coral_hpc.launch.endpoint import Endpoint, read_endpoint, write_endpoint, write_json_atomic
 from coral_hpc.launch.render import render_engine_script
 from coral_hpc.launch.secrets import engine_secrets
 from coral_hpc.launch.spec import ReplicaSpec
@@ -319,8 +320,6 @@ def _engine_draining(engine: Engine, port: int, stop: StopFlag) -> bool:
 
 def _remove_endpoint(spec: ReplicaSpec, job_id: str) -> None:
     """Remove the endpoint file if it is still this job's (a successor may own the name)."""
-    from coral_hpc.launch.endpoint import read_endpoint
-
     current = read_endpoint(spec.endpoint_file)
     if current is not None and current.job_id == job_id:
         spec.endpoint_file.unlink(missing_ok=True)
@@ -330,8 +329,6 @@ def _remove_endpoint(spec: ReplicaSpec, job_id: str) -> None:
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
-    import json
-
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):
