@@ -7,6 +7,7 @@ with ``PriorityFlags=MAX_TRES`` use a max per node instead, which coral-hpc does
 
 from __future__ import annotations
 
+import functools
 import re
 
 #: Memory units in TRES strings and billing-weight suffixes, in GB.
@@ -15,6 +16,16 @@ _WEIGHT_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?\d+)?)\s*([KMGTP]?)\s*
 
 
 def parse_tres(text: str | None) -> dict[str, float]:
+    """See :func:`_parse_tres`; cached, since a queue repeats the same few job shapes."""
+    return dict(_parse_tres(text))
+
+
+@functools.lru_cache(maxsize=8192)
+def _parse_tres(text: str | None) -> tuple[tuple[str, float], ...]:
+    return tuple(_parse_tres_uncached(text).items())
+
+
+def _parse_tres_uncached(text: str | None) -> dict[str, float]:
     """``"cpu=8,mem=32G,node=1,billing=5,gres/gpu=2,gres/gpu:a100=2"`` → ``{"cpu": 8.0,
     "mem": 32.0 (GB), "node": 1.0, "billing": 5.0, "gres/gpu": 2.0, "gres/gpu:a100": 2.0}``.
 

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 
@@ -180,9 +181,10 @@ def build_snapshot(
     )
 
 
+@functools.lru_cache(maxsize=256)
 def gpu_memory_lookup(gpu_type: str) -> float | None:
     """GPU memory (GB) of ``gpu_type`` from the solver's GPU catalog; None when the catalog does
-    not know the type (or is not installed)."""
+    not know the type (or is not installed). Cached: the catalog is read from disk."""
     try:
         from solver.catalog import gpu_memory_gb
     except ImportError:  # the catalog is optional for observing Slurm

@@ -17,6 +17,7 @@ from pathlib import Path
 from coral_hpc.slurm.build import build_snapshot, gpu_memory_lookup
 from coral_hpc.slurm.errors import SlurmJobNotFound
 from coral_hpc.slurm.parse_jobs import (
+    RowCache,
     SACCT_FORMAT,
     SQUEUE_FORMAT,
     parse_sacct_accounting,
@@ -88,6 +89,8 @@ class CliSlurmClient:
         self.sleep = sleep
         self._version: str | None = None
         self._limits: Limits | None = None
+        # squeue lines unchanged since the last cycle are not parsed again
+        self._squeue_rows = RowCache()
 
     # ----------------------------------------------------------------------------- observe
 
@@ -130,7 +133,7 @@ class CliSlurmClient:
         """Every job of this user that Slurm still holds (all states: recently finished ones
         show how they ended), hetjobs folded, tags parsed. One squeue call."""
         out = self.runner.run(["squeue", "-h", "-t", "all", "-u", self.user, "-O", SQUEUE_FORMAT])
-        return parse_squeue(out.stdout)
+        return parse_squeue(out.stdout, self._squeue_rows)
 
     def limits(self) -> Limits:
         """Association and QOS limits from sacctmgr, cached for ``limits_ttl_s``."""

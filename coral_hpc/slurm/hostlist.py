@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 
@@ -42,6 +43,7 @@ def _expand_range(spec: str) -> list[str]:
     return values
 
 
+@functools.lru_cache(maxsize=16384)
 def expand_hostlist(expression: str | None) -> tuple[str, ...]:
     """``"a100-[01-02],gpu[1,3-4]"`` → ``("a100-01", "a100-02", "gpu1", "gpu3", "gpu4")``.
 

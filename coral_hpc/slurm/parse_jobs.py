@@ -84,25 +84,57 @@ def _duration(value: str, what: str) -> int | None:
         raise SlurmParseError(f"{what}: {value!r} is not a Slurm duration") from None
 
 
-def parse_squeue(text: str) -> list[JobInfo]:
+class RowCache:
+    """Parsed squeue rows of the previous cycle, keyed by the raw line. Between two observe
+    cycles most lines are unchanged (held and pending jobs print the same line), so each cycle
+    parses only the lines that changed. Entries not seen in the latest cycle are dropped."""
+
+    def __init__(self) -> None:
+        self._rows: dict[str, tuple[str | None, str | None, JobInfo]] = {}
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+
+def parse_squeue(text: str, cache: RowCache | None = None) -> list[JobInfo]:
     """All jobs in ``squeue -h -O <SQUEUE_FORMAT>`` output; a hetjob's components are folded into
-    one :class:`JobInfo` under the leader's id. Raises SlurmParseError on garbage."""
-    rows: list[dict[str, str]] = [
-        dict(zip(SQUEUE_FIELDS, items))
-        for items in _split_rows(text, len(SQUEUE_FIELDS), "squeue", trailing_bar=True)
-    ]
+    one :class:`JobInfo` under the leader's id. Raises SlurmParseError on garbage. With a
+    :class:`RowCache`, lines unchanged since the last call are not parsed again."""
+    previous = cache._rows if cache is not None else {}
+    current: dict[str, tuple[str | None, str | None, JobInfo]] = {}
     singles: list[JobInfo] = []
-    het: dict[str, list[tuple[dict[str, str], JobInfo]]] = defaultdict(list)
-    for row in rows:
-        job = _job_from_row(row)
-        het_id = _none(row["HetJobID"])
+    het: dict[str, list[tuple[int, JobInfo]]] = defaultdict(list)
+    n_fields = len(SQUEUE_FIELDS)
+    for number, line in enumerate(text.splitlines(), 1):
+        entry = previous.get(line)
+        if entry is None:
+            if not line.strip():
+                continue
+            items = _split_row(line, number, n_fields)
+            row = dict(zip(SQUEUE_FIELDS, items))
+            entry = (_none(row["HetJobID"]), _none(row["HetJobOffset"]), _job_from_row(row))
+        current[line] = entry
+        het_id, offset, job = entry
         if het_id:
-            het[het_id].append((row, job))
+            het[het_id].append((int(offset or 0), job))
         else:
             singles.append(job)
+    if cache is not None:
+        cache._rows = current
     for het_id, parts in het.items():
         singles.append(_fold_het(het_id, parts))
     return singles
+
+
+def _split_row(line: str, number: int, n_fields: int) -> list[str]:
+    if not line.endswith("|"):
+        raise SlurmParseError(f"squeue line {number}: not a '|'-terminated row: {line[:80]!r}")
+    items = line[:-1].split("|")
+    if len(items) < n_fields:
+        raise SlurmParseError(f"squeue line {number}: {len(items)} fields, expected {n_fields}: {line[:80]!r}")
+    if len(items) > n_fields:
+        items = items[: n_fields - 1] + ["|".join(items[n_fields - 1:])]
+    return items
 
 
 def _job_from_row(row: dict[str, str]) -> JobInfo:
@@ -140,13 +172,13 @@ def _job_from_row(row: dict[str, str]) -> JobInfo:
     )
 
 
-def _fold_het(het_id: str, parts: list[tuple[dict[str, str], JobInfo]]) -> JobInfo:
-    parts = sorted(parts, key=lambda p: int(_none(p[0]["HetJobOffset"]) or 0))
-    leader = next((job for row, job in parts if job.job_id == het_id), parts[0][1])
+def _fold_het(het_id: str, parts: list[tuple[int, JobInfo]]) -> JobInfo:
+    parts = sorted(parts, key=lambda p: p[0])
+    leader = next((job for _, job in parts if job.job_id == het_id), parts[0][1])
     components = tuple(
         JobComponent(
-            job_id=f"{het_id}+{int(_none(row['HetJobOffset']) or 0)}",
-            offset=int(_none(row["HetJobOffset"]) or 0),
+            job_id=f"{het_id}+{offset}",
+            offset=offset,
             state=job.state,
             partition=job.partition,
             nodes=job.nodes,
@@ -154,7 +186,7 @@ def _fold_het(het_id: str, parts: list[tuple[dict[str, str], JobInfo]]) -> JobIn
             gpus=job.gpus,
             gpu_type=job.gpu_type,
         )
-        for row, job in parts
+        for offset, job in parts
     )
     types = {c.gpu_type for c in components if c.gpus}
     nodes: list[str] = []

@@ -6,6 +6,7 @@ The parsers return raw records; :mod:`coral_hpc.slurm.build` turns them into a s
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -16,8 +17,6 @@ from coral_hpc.slurm.errors import SlurmParseError
 from coral_hpc.slurm.hostlist import expand_hostlist
 from coral_hpc.slurm.timefmt import parse_duration
 
-# A key starts a line or follows whitespace; values may hold spaces (OS=, Reason=).
-_KEY_RE = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_]*)=")
 _GRES_RE = re.compile(r"^gpu(?::([^:(]+))?:(\d+)")
 
 
@@ -51,12 +50,21 @@ class RawPartition:
 
 def split_key_values(line: str) -> dict[str, str]:
     """``"NodeName=a State=IDLE OS=Linux 6.1 #1"`` → ``{"NodeName": "a", "State": "IDLE",
-    "OS": "Linux 6.1 #1"}`` (values run to the next ``Key=``)."""
-    matches = list(_KEY_RE.finditer(line))
+    "OS": "Linux 6.1 #1"}`` (values run to the next ``Key=``; a word without one continues the
+    previous value). Written with str.split rather than a regex: 1,000 nodes parse in a few ms."""
     result: dict[str, str] = {}
-    for index, match in enumerate(matches):
-        end = matches[index + 1].start() if index + 1 < len(matches) else len(line)
-        result[match.group(1)] = line[match.end():end].strip()
+    key: str | None = None
+    continued: set[str] = set()
+    for token in line.split(" "):
+        name, sep, value = token.partition("=")
+        if sep and name.isidentifier():
+            key = name
+            result[key] = value
+        elif key is not None:
+            result[key] += " " + token
+            continued.add(key)
+    for key in continued:
+        result[key] = result[key].strip()
     return result
 
 
@@ -74,6 +82,7 @@ def _records(text: str, first_key: str, what: str) -> list[dict[str, str]]:
     return records
 
 
+@functools.lru_cache(maxsize=4096)
 def gres_gpus(gres: str | None) -> tuple[str | None, int]:
     """``"gpu:a100:4(S:0)"`` → ``("a100", 4)``; ``"gpu:4"`` → ``(None, 4)``; no GPU → ``(None, 0)``.
     Several GPU entries (``gpu:a100:2,gpu:v100:2``) sum; the type is then the first one's."""
@@ -95,18 +104,37 @@ def _int(value: str | None, default: int = 0) -> int:
         return default
 
 
+_NODE_KEYS = ("NodeName", "State", "Partitions", "Gres", "AllocTRES", "CPUTot", "CPUAlloc",
+              "RealMemory", "AllocMem")
+# The node fields we use are single words; only Reason holds spaces (it runs to the next Key=).
+_NODE_FIELDS_RE = re.compile(r"(?:^| )(" + "|".join(_NODE_KEYS) + r")=(\S*)")
+_REASON_RE = re.compile(r" Reason=(.*?)(?= [A-Za-z][A-Za-z0-9_]*=|$)")
+
+
+def _node_record(line: str) -> dict[str, str]:
+    rec = dict(_NODE_FIELDS_RE.findall(line))
+    reason = _REASON_RE.search(line)
+    if reason:
+        rec["Reason"] = reason.group(1).strip()
+    return rec
+
+
 def parse_nodes_text(text: str) -> list[RawNode]:
     """Parse ``scontrol show node -o`` (Slurm ≤ 22.05). Raises SlurmParseError on garbage."""
     nodes = []
-    for rec in _records(text, "NodeName", "scontrol show node"):
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip() or line.startswith("No nodes"):
+            continue
+        rec = _node_record(line)
+        if "NodeName" not in rec or not line.startswith("NodeName="):
+            raise SlurmParseError(f"scontrol show node line {number}: expected 'NodeName=...', got {line[:80]!r}")
         gpu_type, gpus_total = gres_gpus(rec.get("Gres"))
         alloc = _safe_tres(rec.get("AllocTRES"), rec["NodeName"])
-        reason = rec.get("Reason") or None
         nodes.append(
             RawNode(
                 name=rec["NodeName"],
                 state_words=tuple(w for w in rec.get("State", "UNKNOWN").split("+") if w),
-                reason=reason,
+                reason=rec.get("Reason") or None,
                 partitions=tuple(p for p in rec.get("Partitions", "").split(",") if p),
                 gpu_type=gpu_type,
                 gpus_total=gpus_total,
