@@ -17,9 +17,9 @@ from pathlib import Path
 from coral_hpc.slurm.build import build_snapshot, gpu_memory_lookup
 from coral_hpc.slurm.errors import SlurmJobNotFound
 from coral_hpc.slurm.parse_jobs import (
-    RowCache,
     SACCT_FORMAT,
     SQUEUE_FORMAT,
+    RowCache,
     parse_sacct_accounting,
     parse_sacct_states,
     parse_sbatch_parsable,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Any
+from typing import Any, Callable
 
 from coral_hpc.slurm.build import build_snapshot
 from coral_hpc.slurm.cli_backend import CliSlurmClient
@@ -23,9 +23,10 @@ from coral_hpc.slurm.snapshot import ClusterSnapshot
 _GPU_KEY_RE = re.compile(r"^gpu(?::(.+))?$")
 
 
-def pyslurm_unusable_reason(cluster_version: str) -> str | None:
+def pyslurm_unusable_reason(cluster_version: str | Callable[[], str]) -> str | None:
     """None when pyslurm imports and its major version (``22.5.3`` → 22.05) matches the
-    cluster's; else why not."""
+    cluster's; else why not. ``cluster_version`` may be a callable, asked only once pyslurm
+    imports."""
     try:
         import pyslurm
     except ImportError as exc:
@@ -35,6 +36,8 @@ def pyslurm_unusable_reason(cluster_version: str) -> str | None:
     if not match:
         return f"pyslurm reports no version ({version!r})"
     ours = (int(match.group(1)), int(match.group(2)))
+    if callable(cluster_version):
+        cluster_version = cluster_version()
     theirs = version_tuple(cluster_version)
     if ours != theirs:
         return f"pyslurm {version} is built for Slurm {ours[0]}.{ours[1]:02d}, the cluster runs {cluster_version}"
