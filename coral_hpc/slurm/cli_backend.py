@@ -239,10 +239,13 @@ class CliSlurmClient:
             pass
 
     def cancel_with_grace(
-        self, job_ids: Iterable[str], grace_s: float, signal: str = "TERM", poll_s: float = 1.0
+        self, job_ids: Iterable[str], grace_s: float, signal: str = "TERM", poll_s: float = 1.0,
+        *, full: bool = True,
     ) -> dict[str, str]:
         """Send ``signal`` to running jobs (all steps and the batch shell), wait up to ``grace_s``
-        for them to end, then scancel what is left. Pending jobs are cancelled at once. Returns
+        for them to end, then scancel what is left. ``full=False`` signals the job steps only, not
+        the batch shell (srun-launched replicas: ``--full`` makes srun SIGKILL its tasks). Pending
+        jobs are cancelled at once. Returns
         job id → ``"exited"`` (ended within the grace) or ``"cancelled"``."""
         ids = [str(j) for j in job_ids]
         if not ids:
@@ -255,7 +258,7 @@ class CliSlurmClient:
             self.cancel(pending)
             outcome.update({i: "cancelled" for i in pending})
         if running:
-            self.cancel(running, signal=signal)
+            self.cancel(running, signal=signal, full=full)
             deadline = self.clock() + grace_s
             alive = running
             while alive and self.clock() < deadline:

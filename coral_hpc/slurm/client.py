@@ -71,7 +71,8 @@ class SlurmClient(Protocol):
         ...
 
     def cancel_with_grace(
-        self, job_ids: Iterable[str], grace_s: float, signal: str = "TERM", poll_s: float = 1.0
+        self, job_ids: Iterable[str], grace_s: float, signal: str = "TERM", poll_s: float = 1.0,
+        *, full: bool = True,
     ) -> dict[str, str]:
         """Signal, wait up to ``grace_s``, then cancel what is left."""
         ...

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from coral_hpc.slurm.build import build_snapshot
 from coral_hpc.slurm.cli_backend import CliSlurmClient
