@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from coral_hpc.config import PolicyConfig
+from coral_hpc.launch.spec import SIGNAL_LEAD_S
 
 
 @dataclass(frozen=True)
@@ -25,8 +26,11 @@ class ReconcileSettings:
     pending_timeout_s: float = 600.0
     #: How long a shape that timed out pending stays out of plans.
     pending_exclusion_s: float = 1800.0
-    #: Start a successor this long before a replica's walltime (at most half its time limit).
+    #: Start a successor this long before a replica must stop (at most half its usable time).
     walltime_lead_s: float = 900.0
+    #: Slurm warns a replica this long before its time limit (``--signal=USR2@N``) and the
+    #: replica then drains: its usable life ends here, not at the limit itself.
+    walltime_signal_s: float = float(SIGNAL_LEAD_S)
     #: Crashes of one template within ``crash_cooldown_s`` that put it on cool-down.
     crash_limit: int = 3
     #: How long a crashing template stays out of plans.

@@ -71,7 +71,7 @@ class ReplicaStatus:
     time_left_s: float | None = None
     #: seconds in the queue (SUBMITTING or PENDING)
     pending_for_s: float | None = None
-    #: its successor should be started now: walltime within the lead
+    #: its successor should be started now: within the lead of Slurm's walltime warning
     near_walltime: bool = False
     #: a node or partition under it is draining or down: move it
     must_move: bool = False
@@ -92,12 +92,29 @@ class ReplicaStatus:
         )
 
 
+def usable_until(record: ReplicaRecord, settings: ReconcileSettings) -> float | None:
+    """When the replica stops serving by itself: Slurm's USR2 warning before its time limit
+    (the job drains then). None before it starts or without a limit."""
+    if record.started_at is None or record.time_limit_s is None:
+        return None
+    signal = min(settings.walltime_signal_s, 0.5 * record.time_limit_s)
+    return record.started_at + record.time_limit_s - signal
+
+
 def walltime_lead(record: ReplicaRecord, settings: ReconcileSettings) -> float:
-    """Seconds before walltime to start a successor: the configured lead, at most half the job's
-    time limit (a short limit would otherwise rotate a replica the moment it starts)."""
+    """Seconds before :func:`usable_until` to start a successor: the configured lead, at most
+    half the usable time (a short limit would otherwise rotate a replica the moment it starts)."""
     if record.time_limit_s is None:
         return settings.walltime_lead_s
-    return min(settings.walltime_lead_s, 0.5 * record.time_limit_s)
+    usable = record.time_limit_s - min(settings.walltime_signal_s, 0.5 * record.time_limit_s)
+    return min(settings.walltime_lead_s, 0.5 * usable)
+
+
+def successor_due(record: ReplicaRecord, settings: ReconcileSettings) -> float | None:
+    """When a successor should be started; None when the replica has no time limit or has
+    not started."""
+    until = usable_until(record, settings)
+    return None if until is None else until - walltime_lead(record, settings)
 
 
 def replica_status(
@@ -118,7 +135,8 @@ def replica_status(
     time_left = None
     if r.started_at is not None and r.time_limit_s is not None:
         time_left = r.started_at + r.time_limit_s - now
-    near_walltime = time_left is not None and time_left <= walltime_lead(r, settings)
+    due = successor_due(r, settings)
+    near_walltime = due is not None and now >= due
     must_move = facts.node_unavailable and r.started_at is not None
 
     if asked_to_stop:

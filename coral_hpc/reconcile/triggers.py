@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from coral_hpc.reconcile.settings import ReconcileSettings
-from coral_hpc.reconcile.status import ReplicaFacts, ReplicaState, replica_status, walltime_lead
+from coral_hpc.reconcile.status import ReplicaFacts, ReplicaState, replica_status, successor_due
 from coral_hpc.store import Exclusion
 
 
@@ -74,10 +74,9 @@ def _replica_trigger(
         deadline = record.submitted_at + settings.pending_timeout_s
         if plan_time < deadline <= now:
             return f"replica {record.id} of {record.model} pending past {settings.pending_timeout_s:g}s"
-    if status.near_walltime and record.started_at is not None and record.time_limit_s is not None:
-        moment = record.started_at + record.time_limit_s - walltime_lead(record, settings)
-        if plan_time < moment <= now:
-            return f"replica {record.id} of {record.model} near walltime"
+    moment = successor_due(record, settings)
+    if status.near_walltime and moment is not None and plan_time < moment <= now:
+        return f"replica {record.id} of {record.model} near walltime"
     if status.unhealthy_too_long:
         last_ok = record.health_ok_at if record.health_ok_at is not None else record.ready_at
         if last_ok is not None and plan_time < last_ok + settings.unhealthy_grace_s <= now:

@@ -8,8 +8,8 @@ from coral_hpc.reconcile import ReconcileSettings, ReplicaFacts, ReplicaState, r
 from tests.unit.reconcile_facts import rec
 
 S = ReconcileSettings(
-    pending_timeout_s=60, walltime_lead_s=300, unhealthy_after=3, unhealthy_grace_s=30,
-    submit_lost_s=20,
+    pending_timeout_s=60, walltime_lead_s=300, walltime_signal_s=100, unhealthy_after=3,
+    unhealthy_grace_s=30, submit_lost_s=20,
 )
 
 
@@ -59,17 +59,19 @@ def test_only_the_templates_own_failures_are_crashes(end_state, crashed):
 
 
 def test_time_left_and_walltime_lead():
+    # limit 1000 s, Slurm's USR2 warning 100 s before it: usable until 900, successor due at 600
     record = rec("a", started_at=0.0, time_limit_s=1000.0)
     assert status(record, now=600.0).time_left_s == pytest.approx(400.0)
-    assert not status(record, now=699.0).near_walltime
-    assert status(record, now=700.0).near_walltime
-    assert status(record, now=700.0).needs_successor
+    assert not status(record, now=599.0).near_walltime
+    assert status(record, now=600.0).near_walltime
+    assert status(record, now=600.0).needs_successor
 
 
-def test_walltime_lead_is_at_most_half_a_short_time_limit():
-    record = rec("a", started_at=0.0, time_limit_s=120.0)  # lead 300 s > limit: use 60 s
-    assert not status(record, now=59.0).near_walltime
-    assert status(record, now=60.0).near_walltime
+def test_walltime_lead_is_at_most_half_a_short_usable_time():
+    # limit 120 s: the warning comes at most half-way (60 s); lead at most half of that: 30 s
+    record = rec("a", started_at=0.0, time_limit_s=120.0)
+    assert not status(record, now=29.0).near_walltime
+    assert status(record, now=30.0).near_walltime
 
 
 def test_no_time_limit_never_nears_walltime():

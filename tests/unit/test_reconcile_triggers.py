@@ -12,7 +12,7 @@ from coral_hpc.store import Exclusion, StartupObservation
 from tests.unit.reconcile_facts import facts, plan, rec, slot
 
 S = ReconcileSettings(replan_interval_s=60, pending_timeout_s=60, walltime_lead_s=300,
-                      unhealthy_after=3, unhealthy_grace_s=30)
+                      walltime_signal_s=100, unhealthy_after=3, unhealthy_grace_s=30)
 
 
 def reasons(plan_time, now, *records, **kw):
@@ -65,8 +65,9 @@ def test_unknown_cluster_state_at_plan_time_replans():
         (rec("a", "pending", submitted_at=45.0), 100.0, 110.0, True),  # deadline 105
         (rec("a", "pending", submitted_at=30.0), 100.0, 110.0, False),  # deadline 90: plan knew
         (rec("a", "pending", submitted_at=55.0), 100.0, 110.0, False),  # deadline 115: not yet
-        (rec("a", started_at=0.0, time_limit_s=1000.0), 690.0, 710.0, True),  # near at 700
-        (rec("a", started_at=0.0, time_limit_s=1000.0), 701.0, 710.0, False),
+        # limit 1000, warning 100 s before, lead 300: successor due at 600
+        (rec("a", started_at=0.0, time_limit_s=1000.0), 590.0, 610.0, True),
+        (rec("a", started_at=0.0, time_limit_s=1000.0), 601.0, 610.0, False),
         (rec("a", health_failures=3, health_ok_at=80.0), 100.0, 111.0, True),  # too long at 110
         (rec("a", health_failures=3, health_ok_at=80.0), 100.0, 109.0, False),
     ],
@@ -122,3 +123,24 @@ def test_plan_rows_round_trip_through_plain_data():
     desired = plan(slot("t1", 2), slot("t2", 1, model="n", partitions=("a100", "v100")),
                    time=42.0)
     assert plan_from_rows(slot_rows(desired), 42.0) == desired
+
+
+def test_slots_from_a_solver_plan_keep_layout_throughput_and_cost():
+    from coral_hpc.reconcile.desired import slots_from_plan
+    from solver.types import Plan, PlanRow, Stage, Template
+
+    hetero = Template("m", tp=2, stages=(Stage("a100", 20), Stage("v100", 12)), throughput=3.5)
+    single = Template("n", tp=1, stages=(Stage("a100", 36),), throughput=2.0)
+    plan = Plan(
+        rows=(PlanRow(hetero, ("a100", "v100"), 2, 9.0), PlanRow(single, ("a100",), 0, 2.0)),
+        demand={"m": 7.0}, served={"m": 7.0}, capacity={"m": 7.0}, cost_per_hour=18.0,
+        status="optimal", gap=0.0, solve_seconds=0.1,
+    )
+    desired = slots_from_plan(plan, time=5.0)
+    (only,) = desired.slots  # count 0 rows dropped
+    assert (only.template_id, only.partitions, only.count) == (hetero.id, ("a100", "v100"), 2)
+    assert (only.throughput, only.cost_per_hour) == (3.5, 9.0)
+    assert only.layout == {"tp": 2, "pp": 2, "stages": [
+        {"gpu_type": "a100", "layers": 20, "partition": "a100"},
+        {"gpu_type": "v100", "layers": 12, "partition": "v100"}]}
+    assert desired.capacity("m") == 7.0

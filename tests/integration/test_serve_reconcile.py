@@ -1,0 +1,310 @@
+"""The reconcile loop on the real local cluster with the sim engine: every replica is a real Slurm
+job running the replica entrypoint and a sim engine, observed through the real Slurm client and
+recorded in a real SQLite store. Plans come from a small rule-based planner
+(tests/integration/serve_harness.py) so each scenario controls where replicas should be.
+
+Scenarios: a scancelled replica is replaced; a drained partition's replica moves elsewhere with no
+gap in READY replicas; kill -9 of the daemon and a restart adopt the running job (no duplicate, no
+orphan); a replica pending past pending_timeout is cancelled and re-planned elsewhere; a short
+time limit rotates the replica before walltime with no gap; a template that crashes at start is
+put on cool-down. Short intervals (seconds) throughout; waits poll with deadlines."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from coral_hpc.cli.status import status_data
+from coral_hpc.config import load_deployment
+from coral_hpc.slurm import make_client
+from coral_hpc.store import open_store
+from tests.conftest import REPO, wait_until
+from tests.integration.serve_harness import (
+    PreferencePlanner,
+    build_daemon,
+    candidates_to_json,
+    slot,
+)
+
+pytestmark = pytest.mark.slurm
+
+MODEL, ARCH = "qwen3-8b", "qwen3-8b"
+ON_A100 = slot(MODEL, ARCH, "a100", "a100", tp=1)
+ON_V100 = slot(MODEL, ARCH, "v100", "v100", tp=2)  # 8B weights need two 16 GB V100s
+CRASHES = slot(MODEL, ARCH, "v100", "v100", tp=1)  # ... so one V100 fails at start, like an OOM
+
+
+def write_config(tmp_path: Path, time_limit: str = "00:10:00", **policy) -> Path:
+    name = f"it{secrets.token_hex(3)}"
+    settings = {"poll_interval_s": 1, "replan_interval_s": 120, "pending_timeout_s": 20,
+                "walltime_lead_s": 45, "startup_time_s": 5, "crash_limit": 2,
+                "crash_cooldown_s": 300, **policy}
+    policy_text = "\n".join(f"  {k}: {v}" for k, v in settings.items())
+    path = tmp_path / "models.yaml"
+    path.write_text(f"""
+deployment: {name}
+state_dir: {tmp_path / 'shared'}
+db_path: {tmp_path / 'daemon' / 'coral.db'}
+cluster:
+  time_limit: "{time_limit}"
+  cpus_per_gpu: 1
+  mem_per_gpu_gb: 4
+  partitions:
+    - {{name: v100, gpu_types: [v100]}}
+    - {{name: a100, gpu_types: [a100]}}
+engine: {{kind: sim}}
+policy:
+{policy_text}
+models:
+  - name: {MODEL}
+    source: Qwen/Qwen3-8B
+    architecture: {ARCH}
+    mix: {{input_tokens: 256, output_tokens: 64}}
+    demand: {{requests_per_s: 1}}
+    slo: {{ttft_s: 2.0, tpot_s: 0.1}}
+""")
+    return path
+
+
+@pytest.fixture
+def env(slurm_cluster, monkeypatch):
+    # submitit runs sbatch with this process's environment: point it at the local cluster
+    monkeypatch.setenv("SLURM_CONF", slurm_cluster["SLURM_CONF"])
+    return slurm_cluster
+
+
+class Running:
+    """A daemon running in this process (loops in threads) until :meth:`stop`."""
+
+    def __init__(self, config: Path, planner, env):
+        self.deployment = load_deployment(config)
+        self.daemon = build_daemon(self.deployment, planner, env)
+        self.stop_event = threading.Event()
+        self.threads = [loop.start() for loop in self.daemon.loops(self.stop_event)]
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        for thread in self.threads:
+            thread.join(30)
+        self.daemon.observer.close()
+        self.daemon.store.close()
+
+
+def replicas(deployment) -> list[dict]:
+    """What `coral-hpc status --json` would print under "replicas" ([] before the daemon made
+    its database)."""
+    if not Path(deployment.db_path).exists():
+        return []
+    store = open_store(deployment.db_path, readonly=True)
+    try:
+        return status_data(deployment, store, time.time())["replicas"]
+    finally:
+        store.close()
+
+
+def events(deployment, kind: str | None = None) -> list:
+    if not Path(deployment.db_path).exists():
+        return []
+    store = open_store(deployment.db_path, readonly=True)
+    try:
+        return store.events(limit=500, kind=kind)
+    finally:
+        store.close()
+
+
+def ready(deployment) -> list[dict]:
+    return [r for r in replicas(deployment) if r["state"] == "READY"]
+
+
+def tagged_jobs(env, deployment) -> list:
+    """This deployment's jobs Slurm still runs or queues (ground truth, read independently)."""
+    snapshot = make_client("cli", env=env).snapshot(deployment.deployment)
+    return [j for j in snapshot.jobs if j.end_kind is None]
+
+
+@pytest.fixture
+def cleanup(env):
+    """Cancel every job of the deployments a test served, whatever happened."""
+    deployments = []
+    yield deployments.append
+    client = make_client("cli", env=env)
+    for deployment in deployments:
+        ids = [j.job_id for j in client.snapshot(deployment.deployment).jobs]
+        if ids:
+            client.cancel(ids)
+
+
+class ReadyWatch:
+    """Samples the number of READY replicas in the background (gap detection)."""
+
+    def __init__(self, deployment):
+        self.deployment = deployment
+        self.samples: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while not self._stop.wait(0.25):
+            self.samples.append((time.time(), len(ready(self.deployment))))
+
+    def stop(self) -> list[tuple[float, int]]:
+        self._stop.set()
+        self._thread.join(5)
+        return self.samples
+
+
+# --------------------------------------------------------------------------- scenarios
+
+
+def test_a_scancelled_replica_is_replaced(tmp_path, env, slurm, cleanup):
+    run = Running(write_config(tmp_path), PreferencePlanner([ON_A100]), env)
+    cleanup(run.deployment)
+    try:
+        (first,) = wait_until(lambda: ready(run.deployment), 90, "a READY replica")
+        began = time.monotonic()
+        slurm.run("scancel", first["job_id"])
+        second = wait_until(
+            lambda: [r for r in ready(run.deployment) if r["job_id"] != first["job_id"]],
+            90, "a READY replacement after scancel")
+        reaction = time.monotonic() - began
+        states = {r["id"]: r["state"] for r in replicas(run.deployment)}
+        assert first["id"] not in states  # ended: no longer live
+        assert [e for e in events(run.deployment, "failed") if e.replica_id == first["id"]]
+        jobs = tagged_jobs(env, run.deployment)
+        assert [j.job_id for j in jobs] == [second[0]["job_id"]]
+        assert reaction < 90
+    finally:
+        run.stop()
+
+
+def test_a_drained_partition_moves_its_replica_with_no_gap(tmp_path, env, node_restorer, cleanup):
+    run = Running(write_config(tmp_path), PreferencePlanner([ON_A100, ON_V100]), env)
+    cleanup(run.deployment)
+    try:
+        (first,) = wait_until(lambda: ready(run.deployment), 90, "a READY replica on a100")
+        assert first["partition"] == "a100"
+        watch = ReadyWatch(run.deployment)
+        node_restorer.set_partition("a100", "DRAIN")
+        moved = wait_until(
+            lambda: [r for r in ready(run.deployment) if r["partition"] == "v100"],
+            120, "a READY replica on v100 after draining a100")
+        wait_until(lambda: not [r for r in replicas(run.deployment) if r["id"] == first["id"]],
+                   90, "the a100 replica drained and cancelled")
+        samples = watch.stop()
+        assert samples and min(n for _, n in samples) >= 1, "READY replicas dropped to zero"
+        jobs = tagged_jobs(env, run.deployment)
+        assert [j.job_id for j in jobs] == [moved[0]["job_id"]]
+        assert events(run.deployment, "drain")
+    finally:
+        run.stop()
+
+
+def test_kill_9_and_restart_adopts_without_duplicates(tmp_path, env, cleanup):
+    config = write_config(tmp_path)
+    deployment = load_deployment(config)
+    cleanup(deployment)
+    candidates = tmp_path / "candidates.json"
+    candidates.write_text(candidates_to_json([ON_A100]))
+    argv = [sys.executable, "-m", "tests.integration.serve_harness", str(config), str(candidates)]
+    log = open(tmp_path / "daemon.log", "ab")  # noqa: SIM115 - held across two daemon runs
+    daemon = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                              env={**os.environ, **env})
+    try:
+        (first,) = wait_until(lambda: ready(deployment), 90, "a READY replica")
+        daemon.send_signal(signal.SIGKILL)
+        daemon.wait(10)
+        daemon = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                  env={**os.environ, **env})
+        # let the restarted daemon observe, plan and decide several times
+        wait_until(lambda: len(events(deployment, "plan")) >= 2, 60, "a plan after the restart")
+        time.sleep(5)
+        jobs = tagged_jobs(env, deployment)
+        assert [j.job_id for j in jobs] == [first["job_id"]], "duplicate or lost job"
+        assert [r["job_id"] for r in ready(deployment)] == [first["job_id"]]
+        assert len(events(deployment, "submit")) == 1
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(30)
+        log.close()
+    # SIGTERM stops the daemon and leaves the replica running
+    assert [j.job_id for j in tagged_jobs(env, deployment)] == [first["job_id"]]
+
+
+def test_a_replica_pending_past_the_timeout_is_replanned_elsewhere(tmp_path, env, slurm, cleanup):
+    # fill both a100 nodes so the planned a100 replica cannot start
+    for node in ("a100-01", "a100-02"):
+        slurm.sbatch("-p", "a100", "-w", node, "--gres=gpu:a100:4", "-c", "1", "--mem=1G",
+                     "-t", "10", "--wrap", "sleep 600")
+    wait_until(lambda: all(
+        slurm.run("squeue", "-h", "-j", j, "-o", "%T").stdout.strip() == "RUNNING"
+        for j in slurm.job_ids), 30, "the a100 nodes filled")
+    run = Running(write_config(tmp_path, pending_timeout_s=8), PreferencePlanner([ON_A100, ON_V100]),
+                  env)
+    cleanup(run.deployment)
+    try:
+        moved = wait_until(
+            lambda: [r for r in ready(run.deployment) if r["partition"] == "v100"],
+            120, "a READY replica on v100 after the a100 one timed out pending")
+        timeouts = events(run.deployment, "pending_timeout")
+        assert timeouts and "pending" in timeouts[0].message
+        jobs = tagged_jobs(env, run.deployment)
+        assert [j.job_id for j in jobs] == [moved[0]["job_id"]]
+    finally:
+        run.stop()
+
+
+def test_short_time_limit_rotates_before_walltime_with_no_gap(tmp_path, env, cleanup):
+    # 3 min limit; Slurm warns (USR2) 90 s before it and the replica then drains, so it serves
+    # until ~90 s; lead 40 s: the successor is submitted at ~50 s and READY well before 90 s
+    run = Running(write_config(tmp_path, time_limit="00:03:00", walltime_lead_s=40),
+                  PreferencePlanner([ON_A100]), env)
+    cleanup(run.deployment)
+    try:
+        (first,) = wait_until(lambda: ready(run.deployment), 90, "a READY replica")
+        watch = ReadyWatch(run.deployment)
+        wait_until(lambda: [r for r in ready(run.deployment) if r["id"] != first["id"]],
+                   150, "a READY successor before walltime")
+        wait_until(lambda: not [r for r in replicas(run.deployment) if r["id"] == first["id"]],
+                   90, "the first replica drained and cancelled")
+        samples = watch.stop()
+        assert min(n for _, n in samples) >= 1, "READY replicas dropped to zero"
+        store = open_store(run.deployment.db_path, readonly=True)
+        try:
+            ended = store.replica(first["id"])
+        finally:
+            store.close()
+        # ended because the daemon retired it, not by Slurm's warning or limit
+        assert ended.end_state not in ("TIMEOUT", "COMPLETED") or ended.cancelled_at is not None
+        assert ended.cancelled_at is not None
+        assert ended.cancelled_at - ended.started_at < 90
+    finally:
+        run.stop()
+
+
+def test_a_template_that_crashes_at_start_cools_down(tmp_path, env, cleanup):
+    run = Running(write_config(tmp_path, crash_limit=2),
+                  PreferencePlanner([CRASHES, ON_A100]), env)
+    cleanup(run.deployment)
+    try:
+        cooldown = wait_until(lambda: events(run.deployment, "crash_cooldown"), 120,
+                              "a crash cool-down event")
+        assert CRASHES.template_id in cooldown[0].message
+        assert "crashed 2 times" in cooldown[0].message
+        # re-planned without it: the model is served by the other template
+        wait_until(lambda: [r for r in ready(run.deployment) if r["partition"] == "a100"],
+                   90, "a READY replica of the next template")
+        submitted = [e for e in events(run.deployment, "submit") if CRASHES.template_id in e.message]
+        time.sleep(3)
+        again = [e for e in events(run.deployment, "submit") if CRASHES.template_id in e.message]
+        assert len(again) == len(submitted) == 2  # none while cooling down
+    finally:
+        run.stop()
