@@ -38,18 +38,20 @@ def ensure_replica_key(path: Path) -> Path:
 
 def serve(
     config_path: str | Path,
+    planner: Callable,
     *,
     gateway_listen: str | None = None,
     metrics_listen: str | None = "127.0.0.1:0",
     stop: threading.Event | None = None,
-    planner: Callable | None = None,
 ) -> None:
-    """Run the daemon for ``config_path`` until ``stop`` is set or SIGTERM/SIGINT arrives."""
+    """Run the daemon for ``config_path`` until ``stop`` is set or SIGTERM/SIGINT arrives.
+
+    ``planner`` turns a :class:`~coral_hpc.daemon.core.PlanRequest` into a
+    :class:`~coral_hpc.daemon.core.PlanOutcome` (the solver through ``coral_hpc.plan``)."""
     from prometheus_client import start_http_server
 
     from coral_hpc.daemon.core import Daemon
     from coral_hpc.daemon.metrics import DaemonMetrics
-    from coral_hpc.daemon.planner import SolverPlanner
     from coral_hpc.daemon.process import (
         DaemonLock,
         GatewayProcess,
@@ -82,7 +84,7 @@ def serve(
                                                         registry=metrics.registry)
             metrics_address = f"{host or '127.0.0.1'}:{metrics_server.server_port}"
         daemon = Daemon(
-            deployment, store, client, planner or SolverPlanner(),
+            deployment, store, client, planner,
             api_key_file=key_file, table_path=default_table_path(deployment),
             metrics=metrics, demand_source=lambda: fetch_demand(gateway.url),
         )
