@@ -66,6 +66,9 @@ STDERR_RULES: tuple[tuple[re.Pattern[str], type[SlurmError], str], ...] = tuple(
     (re.compile(pattern, re.IGNORECASE), cls, reason)
     for pattern, cls, reason in (
         (r"Invalid job id specified", SlurmJobNotFound, "unknown job id"),
+        # a site without slurmdbd: retrying cannot help, and cost reports must say so, not show 0
+        (r"accounting storage is disabled", SlurmRejected,
+         "Slurm accounting (slurmdbd) is disabled on this cluster"),
         (r"Unable to contact slurm controller", SlurmUnavailable, "slurmctld unreachable"),
         (r"Slurm backup controller in standby mode", SlurmUnavailable, "slurmctld in standby"),
         (r"Socket timed out on send/recv", SlurmUnavailable, "slurmctld timed out"),

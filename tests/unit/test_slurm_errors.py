@@ -130,3 +130,11 @@ def test_runner_passes_extra_env_not_argv(tmp_path):
     script = _script(tmp_path, 'echo "$CORAL_TEST_SECRET"\n')
     out = CommandRunner(env={"PATH": os.environ["PATH"]}).run([script], extra_env={"CORAL_TEST_SECRET": "s3"})
     assert out.stdout == "s3\n" and "s3" not in " ".join(out.argv)
+
+
+def test_accounting_disabled_is_a_permanent_refusal_that_says_so():
+    # recorded: sacct with AccountingStorageType=accounting_storage/none in slurm.conf
+    argv, rc, stderr = recorded("sacct_accounting_disabled.txt")
+    error = classify(argv, rc, stderr)
+    assert type(error) is SlurmRejected and isinstance(error, PermanentError)
+    assert "accounting" in str(error) and "disabled" in str(error)
