@@ -39,6 +39,9 @@ from coral_hpc.engine.text import Filler, count_text_tokens, render_chat
 ENGINE_HEADER = "X-Coral-Engine"
 ENGINE_HEADER_VALUE = "sim"
 
+#: Largest request body accepted (long prompts are long JSON strings).
+MAX_BODY_BYTES = 16 * 1024 * 1024
+
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -104,7 +107,7 @@ class SimAPI:
 
     def app(self) -> web.Application:
         """Build the application with its routes and middlewares."""
-        app = web.Application(middlewares=[self._guard])
+        app = web.Application(middlewares=[self._guard], client_max_size=MAX_BODY_BYTES)
         app.on_response_prepare.append(_mark_sim)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics_text)
@@ -330,31 +333,34 @@ class SimAPI:
                 payload["usage"] = usage or _usage(job.prompt_tokens, generated)
             return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
-        if job.chat:  # vLLM opens a chat stream with the role
-            await response.write(chunk({"index": 0, "delta": {"role": "assistant", "content": ""},
-                                        "logprobs": None, "finish_reason": None}))  # fmt: skip
-        while True:
-            event = await handle.events.get()
-            if event is None:
-                finish: str | None = "abort"
-                text = ""
-            else:
-                generated += 1
-                text = filler.next_token()
-                finish = FINISHED_REASON if event.finished else None
-            if job.chat:
-                choice = {"index": 0, "delta": {"content": text} if text else {},
-                          "logprobs": None, "finish_reason": finish}  # fmt: skip
-            else:
-                choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish,
-                          "stop_reason": None}  # fmt: skip
-            await response.write(chunk(choice))
-            if finish is not None:
-                break
-        if job.include_usage:
-            await response.write(chunk(None, _usage(job.prompt_tokens, generated)))
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
+        try:
+            if job.chat:  # vLLM opens a chat stream with the role
+                await response.write(chunk({"index": 0, "delta": {"role": "assistant", "content": ""},
+                                            "logprobs": None, "finish_reason": None}))  # fmt: skip
+            while True:
+                event = await handle.events.get()
+                if event is None:
+                    finish: str | None = "abort"
+                    text = ""
+                else:
+                    generated += 1
+                    text = filler.next_token()
+                    finish = FINISHED_REASON if event.finished else None
+                if job.chat:
+                    choice = {"index": 0, "delta": {"content": text} if text else {},
+                              "logprobs": None, "finish_reason": finish}  # fmt: skip
+                else:
+                    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish,
+                              "stop_reason": None}  # fmt: skip
+                await response.write(chunk(choice))
+                if finish is not None:
+                    break
+            if job.include_usage:
+                await response.write(chunk(None, _usage(job.prompt_tokens, generated)))
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+        except ConnectionResetError:
+            pass  # the client went away mid-stream; _generate frees its KV blocks
         return response
 
 

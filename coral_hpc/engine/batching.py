@@ -15,8 +15,9 @@ Policy (a simplified vLLM V1 scheduler, first come first served):
   finishes a prompt also samples that sequence's first output token, as in vLLM.
 * **Virtual engines.** With ``num_engines`` > 1 (one per pipeline stage, like vLLM's virtual
   engines under pipeline parallelism) each admitted sequence belongs to the engine that admitted
-  it; the waiting queue and the KV blocks are shared. Each engine has at most one batch in flight,
-  so a sequence is never in two batches at once.
+  it; the waiting queue and the KV blocks are shared, and an engine admits no more than its fair
+  share (1/S of the unfinished requests) so a burst is spread over the engines. Each engine has at
+  most one batch in flight, so a sequence is never in two batches at once.
 
 The async driver (:mod:`coral_hpc.engine.runner`) asks :meth:`Scheduler.schedule` for a batch,
 sleeps for the step time the performance model gives, then calls :meth:`Scheduler.complete`.
@@ -213,7 +214,15 @@ class Scheduler:
                 chunk = min(seq.prompt_tokens - seq.prefilled, budget)
                 prefill.append((seq, chunk))
                 budget -= chunk
-        while budget > 0 and self._waiting and self.num_running < self.max_num_seqs:
+        # Fair share: an engine admits up to its 1/S of all unfinished requests, so a burst is
+        # split across the virtual engines and every pipeline stage stays busy.
+        share = -(-self.num_unfinished // self.num_engines)
+        while (
+            budget > 0
+            and self._waiting
+            and self.num_running < self.max_num_seqs
+            and len(running) < share
+        ):
             head = self._waiting[0]
             need = blocks_for(head.total_tokens, self.block_size)
             if self._used_blocks + need > self.total_blocks:

@@ -145,6 +145,7 @@ class SimEngine:
             batch = self.scheduler.schedule(engine)
             if batch is None:
                 await wake.wait()
+                prev_end = -math.inf  # it was idle: the next step starts when it is formed
                 continue
             times = [
                 t / self._speed
