@@ -101,7 +101,8 @@ def measure(intervals: Iterable[DemandInterval], tau_s: float) -> dict[str, Meas
     per_span: dict[tuple[str, float, float], list[int]] = defaultdict(lambda: [0, 0, 0, 0])
     for item in intervals:
         totals = per_span[(item.model, item.start, item.end)]
-        totals[0] += item.requests
+        # the gateway counts every arrival in `requests`, the rejected ones included
+        totals[0] += max(0, item.requests - item.rejected)
         totals[1] += item.rejected
         totals[2] += item.prompt_tokens
         totals[3] += item.generated_tokens

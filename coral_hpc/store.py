@@ -208,7 +208,11 @@ class Event:
 
 @dataclass(frozen=True)
 class DemandInterval:
-    """Gateway counters for one model (and API key) over ``[start, end)``: deltas, not totals."""
+    """Gateway counters for one model (and API key) over ``[start, end)``: deltas, not totals.
+
+    ``requests`` counts every arrival, ``rejected`` those of them turned away for lack of a READY
+    replica (the gateway's own convention); tokens are those of the answered requests.
+    """
 
     start: float
     end: float

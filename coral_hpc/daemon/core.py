@@ -319,8 +319,8 @@ class Daemon:
         loops = [Loop("reconcile", self.settings.poll_interval_s, self.reconcile_once, stop,
                       on_error)]
         if self.demand_source is not None:
-            loops.append(Loop("scrape", self.settings.poll_interval_s, self.scrape_once, stop,
-                              on_error))
+            loops.append(Loop("scrape", self.settings.poll_interval_s,
+                              lambda: self.scrape_once() and None, stop, on_error))
         return loops
 
 

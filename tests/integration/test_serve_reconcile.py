@@ -308,3 +308,59 @@ def test_a_template_that_crashes_at_start_cools_down(tmp_path, env, cleanup):
         assert len(again) == len(submitted) == 2  # none while cooling down
     finally:
         run.stop()
+
+
+def test_serve_runs_the_gateway_publishes_ready_replicas_and_meters_demand(tmp_path, env,
+                                                                             cleanup):
+    """serve(): gateway child process, routing table, a request answered end to end, demand
+    counters scraped into SQLite, the daemon's own metrics; stopping leaves the replica running."""
+    import json
+    import urllib.request
+
+    from coral_hpc.daemon import serve
+    from coral_hpc.daemon.process import info_path, read_info
+
+    config = write_config(tmp_path)
+    deployment = load_deployment(config)
+    cleanup(deployment)
+    stop = threading.Event()
+    thread = threading.Thread(target=serve, args=(config, PreferencePlanner([ON_A100])),
+                              kwargs={"gateway_listen": "127.0.0.1:0", "stop": stop},
+                              daemon=True)
+    thread.start()
+    try:
+        (replica,) = wait_until(lambda: ready(deployment), 90, "a READY replica")
+        info = wait_until(lambda: read_info(info_path(deployment)), 10, "the daemon's info file")
+        body = json.dumps({"model": MODEL, "prompt": "hello", "max_tokens": 8}).encode()
+        request = urllib.request.Request(f"http://{info['gateway']}/v1/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+
+        def answered():
+            try:
+                with urllib.request.urlopen(request, timeout=30) as resp:
+                    return json.loads(resp.read())
+            except OSError:
+                return None  # the gateway may not have loaded the table yet
+
+        answer = wait_until(answered, 30, "a completion through the gateway")
+        assert answer["choices"][0]["text"]
+        def answered_demand():
+            store = open_store(deployment.db_path, readonly=True)
+            try:
+                return [d for d in store.demand_since(0)
+                        if d.model == MODEL and d.generated_tokens > 0]
+            finally:
+                store.close()
+
+        metered = wait_until(answered_demand, 30, "metered demand in SQLite")
+        assert metered[0].requests >= 1 and metered[0].end - metered[0].start >= 0.5
+        with urllib.request.urlopen(f"http://{info['metrics']}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+        assert f'coral_replicas{{model="{MODEL}",state="READY"}} 1.0' in text
+        assert "coral_plan_cost_per_hour" in text
+    finally:
+        stop.set()
+        thread.join(60)
+    assert not thread.is_alive()
+    assert read_info(info_path(deployment)) is None
+    assert [j.job_id for j in tagged_jobs(env, deployment)] == [replica["job_id"]]

@@ -80,7 +80,8 @@ def test_auto_model_without_measurements_has_zero_demand_and_its_declared_mix(de
 
 
 def test_rejected_requests_count_as_demand(deployment):
-    demand = deployment_demand(deployment, [_iv(0, 10, rejected=30)])["auto"]
+    # the gateway counts rejected arrivals in `requests` too
+    demand = deployment_demand(deployment, [_iv(0, 10, requests=30, rejected=30)])["auto"]
     assert demand.requests_per_s == pytest.approx(3.0)
     assert demand.planned_rps == pytest.approx(3.75)
     assert demand.mix == Mix(100, 50)  # nothing served yet: the declared mix
@@ -91,6 +92,13 @@ def test_measured_mix_is_bucketed(deployment):
     demand = deployment_demand(deployment, [interval])["auto"]
     assert demand.mix == Mix(256, 64)
     assert demand.source == "measured"
+
+
+def test_served_and_rejected_add_up_to_arrivals():
+    rates = measure([_iv(0, 10, requests=50, rejected=20, prompt=3000, generated=600)], 60)
+    auto = rates["auto"]
+    assert (auto.requests_per_s, auto.served_per_s, auto.rejected_per_s) == (5.0, 3.0, 2.0)
+    assert auto.mix == Mix(100, 20)  # tokens per answered request
 
 
 def test_api_keys_of_the_same_interval_are_summed_before_smoothing():
