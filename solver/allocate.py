@@ -1,0 +1,340 @@
+"""Stage 2: integer replicas per (template, partition of each stage) at least cost.
+
+:func:`allocate` prepares the data (:func:`solver.allocate_model.prepare`), builds the model once
+(:func:`solver.allocate_model.build_model`) and solves it with HiGHS:
+
+1. **Demand met** (phi fixed to 1): minimise cost per hour + K × cost of stages beyond those
+   running (K = start-up time ÷ re-plan interval).
+2. If that is infeasible, **scarce** mode, lexicographically: (a) maximise the smallest served
+   fraction phi (no model starved while another is served); (b) keeping phi, maximise the
+   priority-weighted served demand; (c) keeping both, minimise cost.
+
+Speed comes from the formulation, exactly: availability removes templates that cannot fit; each
+MIP is solved over the columns whose LP reduced cost is small, and the answer is accepted only
+when the LP bound proves no excluded column could improve it (any plan using an excluded
+column j costs ≥ z_LP + d_j); otherwise the restriction widens and the MIP is solved again.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from solver.allocate_highs import HighsSolver, SolveResult
+from solver.allocate_model import Prepared, Stage2Model, build_model, prepare
+from solver.types import Cluster, ModelSpec, Plan, PlanRow, Policy, Template
+
+#: relative slack when a phase's optimum becomes the next phase's constraint
+PHASE_TOLERANCE = 1e-9
+
+
+@dataclass
+class _Outcome:
+    result: SolveResult
+    bound: float  # bound proven for the full model (restriction certified)
+    columns: int  # template columns the MIP kept
+
+
+class _Runner:
+    """Solves one objective over the model: restricted by reduced costs, certified, widened."""
+
+    def __init__(self, sm: Stage2Model, policy: Policy, backend: str, deadline: float) -> None:
+        self.sm = sm
+        self.policy = policy
+        self.backend = backend
+        self.deadline = deadline
+        self.highs = HighsSolver(sm.lm) if backend == "highs" else None
+        self.col_lower = np.asarray(sm.lm.col_lower, float).copy()
+        self.col_upper = np.asarray(sm.lm.col_upper, float).copy()
+        self.row_bounds: dict[int, tuple[float, float]] = {}
+
+    def left(self) -> float:
+        return max(self.deadline - time.perf_counter(), 0.05)
+
+    def set_col(self, col: int, lower: float, upper: float) -> None:
+        self.col_lower[col], self.col_upper[col] = lower, upper
+        if self.highs:
+            self.highs.set_col_bounds([col], lower, upper)
+
+    def set_row(self, row: int, lower: float, upper: float) -> None:
+        self.row_bounds[row] = (lower, upper)
+        self.sm.lm.row_lower[row], self.sm.lm.row_upper[row] = lower, upper
+        if self.highs:
+            self.highs.set_row_bounds(row, lower, upper)
+
+    def minimise(self, cost: np.ndarray) -> _Outcome:
+        gap = self.policy.mip_gap
+        if self.backend == "pyomo":
+            from solver.allocate_pyomo import solve_pyomo
+
+            result = solve_pyomo(self.sm.lm, self.left(), gap, cost, self.col_lower, self.col_upper)
+            return _Outcome(result, result.bound, len(self.sm.nu))
+        highs = self.highs
+        highs.set_cost(cost)
+        nu = self.sm.nu
+        if not self.policy.prune or len(nu) == 0:
+            result = highs.solve(self.left(), gap)
+            return _Outcome(result, result.bound, len(nu))
+        lp = highs.solve(self.left(), 0.0, relax=True)
+        if lp.status == "infeasible":
+            return _Outcome(lp, math.inf, 0)
+        if lp.status != "optimal" or lp.reduced_costs is None:
+            result = highs.solve(self.left(), gap)
+            return _Outcome(result, result.bound, len(nu))
+        reduced = lp.reduced_costs[nu]
+        at_zero = lp.x[nu] <= 1e-9
+        scale = max(abs(lp.objective), 1e-6)
+        delta = 0.05 * scale
+        upper = self.col_upper[nu].copy()
+        try:
+            while True:
+                excluded = at_zero & (reduced > delta)
+                highs.set_col_bounds(nu, 0.0, np.where(excluded, 0.0, upper))
+                result = highs.solve(self.left(), gap)
+                least = reduced[excluded].min() if excluded.any() else math.inf
+                certified = lp.objective + least
+                if result.status == "infeasible" and excluded.any():
+                    delta = math.inf  # the restriction was too tight: use every column
+                    continue
+                if result.x is None:
+                    return _Outcome(result, min(result.bound, certified), int((~excluded).sum()))
+                if result.objective <= certified + 1e-9 * scale or not excluded.any():
+                    return _Outcome(result, min(result.bound, certified), int((~excluded).sum()))
+                if time.perf_counter() >= self.deadline:
+                    return _Outcome(result, min(result.bound, certified), int((~excluded).sum()))
+                # widen to every column that could still beat the incumbent; then it certifies
+                delta = result.objective - lp.objective
+        finally:
+            highs.set_col_bounds(nu, 0.0, upper)
+
+
+def allocate(
+    models: list[ModelSpec],
+    library: dict[str, list[Template]],
+    cluster: Cluster,
+    policy: Policy = Policy(),
+    backend: str = "highs",
+) -> Plan:
+    """Stage 2: the least-cost plan meeting every demand, or the fairest when GPUs are scarce.
+
+    ``backend="highs"`` hands the matrix to HiGHS (with the exact column restriction when
+    ``policy.prune``); ``backend="pyomo"`` builds the same model through Pyomo (full, slower).
+    """
+    began = time.perf_counter()
+    data = prepare(models, library, cluster, policy)
+    sm = build_model(data)
+    runner = _Runner(sm, policy, backend, began + policy.time_limit_s)
+    phi, served, weighted = sm.demand["phi"], sm.demand["served"], sm.demand["weighted"]
+    phases: dict[str, float] = {}
+
+    outcome = runner.minimise(sm.cost)
+    status = "optimal"
+    if outcome.result.status == "infeasible":
+        status = "scarce"
+        runner.set_col(phi, 0.0, 1.0)
+        objective = np.zeros(sm.lm.num_cols)
+        objective[phi] = -1.0
+        first = runner.minimise(objective)
+        if first.result.x is None:
+            return _empty(data, first.result.status, time.perf_counter() - began, outcome)
+        best_phi = float(first.result.x[phi])
+        phases["min_served_fraction"] = best_phi
+        runner.set_col(phi, max(best_phi - PHASE_TOLERANCE, 0.0), 1.0)
+        objective = np.zeros(sm.lm.num_cols)
+        objective[served] = [-m.priority for m in data.models]
+        second = runner.minimise(objective)
+        if second.result.x is None:
+            return _empty(data, second.result.status, time.perf_counter() - began, outcome)
+        best_weighted = -second.result.objective
+        phases["weighted_served"] = best_weighted
+        runner.set_row(weighted, best_weighted - PHASE_TOLERANCE * max(1.0, abs(best_weighted)),
+                       math.inf)
+        outcome = runner.minimise(sm.cost)
+    if outcome.result.x is None:
+        return _empty(data, outcome.result.status, time.perf_counter() - began, outcome)
+    result = outcome.result
+    gap = abs(result.objective - outcome.bound) / max(abs(result.objective), 1e-9)
+    if status == "optimal" and (result.status != "optimal" or gap > policy.mip_gap + 1e-12):
+        status = "feasible"
+    rows = decode(sm, result.x)
+    phases["objective"] = float(result.objective)
+    return _plan(data, rows, status, gap, time.perf_counter() - began, phases)
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+def decode(sm: Stage2Model, x: np.ndarray) -> list[PlanRow]:
+    """Turn a solution into plan rows: replicas per (template, partition of each stage), each
+    with a node per stage (the packing the model chose, made concrete)."""
+    data = sm.data
+    nu = np.rint(x[sm.nu]).astype(int)
+    sigma = {key: int(round(x[col])) for col, key in zip(sm.sigma["sigma"], sm.sigma["keys"])}
+    slots = _slot_pools(sm, x, sigma)
+    rows: Counter = Counter()
+    nodes: dict[tuple[int, tuple[str, ...]], list[tuple[str, ...]]] = {}
+    for j, count in enumerate(nu):
+        if count <= 0:
+            continue
+        template = data.templates[j]
+        pool = {g: Counter({p: sigma.get((j, g, p), 0) for p in parts})
+                for g, parts in data.stage_parts[j].items()}
+        replicas: list[tuple[str, ...]] = []
+        # keep running replicas where they are, as far as the plan's partitions allow
+        for (jj, parts), running in sorted(data.running_replicas.items()):
+            if jj != j:
+                continue
+            for _ in range(running):
+                if len(replicas) == count or not _take(pool, template, parts):
+                    break
+                replicas.append(parts)
+        while len(replicas) < count:
+            parts = []
+            for stage in template.stages:
+                options = pool[stage.gpu_type]
+                previous = parts[-1] if parts else None
+                choice = previous if previous and options[previous] > 0 else max(
+                    sorted(options), key=lambda p: options[p])
+                options[choice] -= 1
+                parts.append(choice)
+            replicas.append(tuple(parts))
+        for parts in replicas:
+            rows[(j, parts)] += 1
+            placed = tuple(_pop_slot(slots, stage.gpu_type, template.tp, p)
+                           for stage, p in zip(template.stages, parts))
+            nodes.setdefault((j, parts), []).append(placed)
+    out = []
+    for (j, parts), count in sorted(rows.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+        template = data.templates[j]
+        cost = sum(data.stage_cost[(p, s.gpu_type, template.tp)] for s, p in zip(template.stages, parts))
+        out.append(PlanRow(template, parts, count, cost, tuple(nodes[(j, parts)])))
+    return out
+
+
+def _take(pool: dict[str, Counter], template: Template, parts: tuple[str, ...]) -> bool:
+    need = Counter((s.gpu_type, p) for s, p in zip(template.stages, parts))
+    if any(pool.get(g, Counter())[p] < n for (g, p), n in need.items()):
+        return False
+    for (g, p), n in need.items():
+        pool[g][p] -= n
+    return True
+
+
+def _slot_pools(sm: Stage2Model, x: np.ndarray, sigma: dict) -> dict[tuple[str, int, str], list[str]]:
+    """Node names per (gpu, size, partition) slot, from the chosen patterns and slot routing."""
+    data = sm.data
+    packing = sm.packing
+    # per class: the size-t slots on its nodes, node by node, following the chosen patterns
+    class_slots: dict[tuple[int, int], list[str]] = {}
+    next_node = Counter()
+    for col, (k, pi) in zip(packing["y"], packing["y_labels"]):
+        cls = data.classes[k]
+        pattern = data.patterns[(cls.gpu_type, cls.free)][pi]
+        for _ in range(int(round(x[col]))):
+            node = cls.nodes[next_node[k]]
+            next_node[k] += 1
+            for size, count in pattern.items():
+                class_slots.setdefault((k, size), []).extend([node] * count)
+    need = Counter()
+    for (j, g, p), count in sigma.items():
+        need[(g, data.templates[j].tp, p)] += count
+    pools: dict[tuple[str, int, str], list[str]] = {}
+    # first follow the solver's routing z[k,t,p], then fill any rounding gap from classes that
+    # may serve the partition
+    for col, (k, t, p) in zip(packing["z"], packing["z_labels"]):
+        key = (data.classes[k].gpu_type, t, p)
+        want = min(int(round(x[col])), need[key] - len(pools.get(key, [])))
+        free = class_slots.get((k, t), [])
+        take, class_slots[(k, t)] = free[:max(want, 0)], free[max(want, 0):]
+        pools.setdefault(key, []).extend(take)
+    for key, count in need.items():
+        g, t, p = key
+        pool = pools.setdefault(key, [])
+        for k, cls in enumerate(data.classes):
+            if len(pool) >= count:
+                break
+            if cls.gpu_type == g and p in cls.partitions:
+                free = class_slots.get((k, t), [])
+                take = count - len(pool)
+                pool.extend(free[:take])
+                class_slots[(k, t)] = free[take:]
+    return pools
+
+
+def _pop_slot(slots: dict, gpu: str, tp: int, partition: str) -> str:
+    pool = slots.get((gpu, tp, partition), [])
+    return pool.pop(0) if pool else "?"
+
+
+# --------------------------------------------------------------------------- plan assembly
+
+
+def _plan(data: Prepared, rows: list[PlanRow], status: str, gap: float, seconds: float,
+          phases: dict[str, float]) -> Plan:
+    capacity = {m.name: 0.0 for m in data.models}
+    for row in rows:
+        capacity[row.model] += row.count * row.throughput
+    demand = {m.name: m.demand_rps for m in data.models}
+    served = {name: min(demand[name], capacity[name]) for name in demand}
+    cost = sum(row.count * row.cost_per_hour for row in rows)
+    return Plan(
+        rows=tuple(rows),
+        demand=demand,
+        served=served,
+        capacity=capacity,
+        cost_per_hour=cost,
+        status=status,
+        gap=gap,
+        solve_seconds=seconds,
+        binding=tuple(binding_constraints(data, rows, served)),
+        phases=phases,
+    )
+
+
+def _empty(data: Prepared, word: str, seconds: float, outcome: _Outcome) -> Plan:
+    status = "infeasible" if word == "infeasible" else "no_solution"
+    plan = _plan(data, [], status, math.inf, seconds, {})
+    reasons = list(plan.binding)
+    for model in data.models:
+        if model.min_replicas:
+            reasons.append(f"model {model.name}: min_replicas {model.min_replicas} cannot be placed")
+    return replace(plan, binding=tuple(reasons))
+
+
+def binding_constraints(data: Prepared, rows: list[PlanRow], served: dict[str, float]) -> list[str]:
+    """Constraints at their limit in this plan, in words (what a user would relax)."""
+    out = []
+    used_type: Counter = Counter()
+    used_quota: Counter = Counter()
+    replicas: Counter = Counter()
+    for row in rows:
+        replicas[row.model] += row.count
+        for stage, p in zip(row.template.stages, row.partitions):
+            used_type[stage.gpu_type] += row.count * row.template.tp
+            for quota in data.cluster.quotas:
+                if quota.matches(p, stage.gpu_type):
+                    used_quota[quota.name] += row.count * row.template.tp
+    free_type: Counter = Counter()
+    for cls in data.classes:
+        free_type[cls.gpu_type] += cls.free * len(cls.nodes)
+    for gpu in sorted(used_type):
+        if used_type[gpu] >= free_type[gpu]:
+            out.append(f"gpus {gpu}: all {free_type[gpu]} available GPUs used")
+    for quota in data.cluster.quotas:
+        if used_quota[quota.name] >= quota.max_gpus:
+            out.append(f"quota {quota.name}: {used_quota[quota.name]} of {quota.max_gpus} GPUs")
+    for model in data.models:
+        if model.max_replicas is not None and replicas[model.name] >= model.max_replicas:
+            out.append(f"model {model.name}: max_replicas {model.max_replicas} reached")
+        if model.min_replicas and replicas[model.name] == model.min_replicas:
+            out.append(f"model {model.name}: min_replicas {model.min_replicas} held")
+        if served[model.name] < model.demand_rps * (1 - 1e-9):
+            out.append(
+                f"model {model.name}: demand {model.demand_rps:.4g} req/s, "
+                f"served {served[model.name]:.4g}"
+            )
+    return out

@@ -1,0 +1,444 @@
+"""Stage 2's model, defined once as named families of variables and constraints.
+
+:func:`build_model` is a flat recipe of ``define_*`` calls over prepared arrays
+(:class:`Prepared`); the result, a :class:`LinearModel`, is handed to HiGHS either as a matrix
+(:mod:`solver.allocate_highs`, the fast path) or as a Pyomo model with the same index names
+(:mod:`solver.allocate_pyomo`, the readable reference path). Both read this one definition.
+
+Sets: models m; templates j of model m(j), TP t_j, n_{j,g} stages of GPU type g, throughput T_j;
+partitions p; node classes k = identical (GPU type g_k, free GPUs f_k, partitions P_k) with N_k
+nodes; packing patterns π of a class (maximal multisets of stage sizes fitting in f_k GPUs).
+
+Variables (names as in the Pyomo model):
+    nu[j]          ∈ ℤ≥0  replicas of template j
+    sigma[j,g,p]   ∈ ℤ≥0  stages of type g of template j's replicas placed in partition p
+    y[k,π]         ∈ ℤ≥0  nodes of class k packed with pattern π
+    z[k,t,p]       ≥ 0    size-t stage slots of class k used through partition p
+    served[m]      ∈ [0, D_m]  requests/s counted as served
+    phi            ∈ [0, 1]    smallest served fraction (fixed to 1 when demand can be met)
+    churn[j,g,p]   ≥ 0    new stages beyond the running ones (only where some run)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from itertools import combinations_with_replacement
+
+import numpy as np
+
+from solver.types import Cluster, ModelSpec, Policy, Template
+
+INF = math.inf
+
+
+# --------------------------------------------------------------------------- a sparse linear model
+
+
+@dataclass
+class Family:
+    """A named, indexed family of variables or constraints: labels[i] ↔ position start + i."""
+
+    name: str
+    labels: list[tuple]
+    start: int
+
+    def index(self) -> dict[tuple, int]:
+        return {label: self.start + i for i, label in enumerate(self.labels)}
+
+
+@dataclass
+class LinearModel:
+    """min cost·x s.t. row_lower ≤ A x ≤ row_upper, col_lower ≤ x ≤ col_upper, some x integer."""
+
+    col_lower: list[float] = field(default_factory=list)
+    col_upper: list[float] = field(default_factory=list)
+    integer: list[bool] = field(default_factory=list)
+    cost: list[float] = field(default_factory=list)
+    row_lower: list[float] = field(default_factory=list)
+    row_upper: list[float] = field(default_factory=list)
+    rows: list[int] = field(default_factory=list)
+    cols: list[int] = field(default_factory=list)
+    vals: list[float] = field(default_factory=list)
+    var_families: dict[str, Family] = field(default_factory=dict)
+    row_families: dict[str, Family] = field(default_factory=dict)
+
+    @property
+    def num_cols(self) -> int:
+        return len(self.col_lower)
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.row_lower)
+
+    def add_vars(self, name: str, labels: list[tuple], lower, upper, integer: bool, cost=0.0) -> np.ndarray:
+        """Add a family of variables; returns their column positions."""
+        n = len(labels)
+        start = self.num_cols
+        self.var_families[name] = Family(name, list(labels), start)
+        self.col_lower += list(np.broadcast_to(np.asarray(lower, float), (n,)))
+        self.col_upper += list(np.broadcast_to(np.asarray(upper, float), (n,)))
+        self.integer += [integer] * n
+        self.cost += list(np.broadcast_to(np.asarray(cost, float), (n,)))
+        return np.arange(start, start + n)
+
+    def add_rows(self, name: str, labels: list[tuple], lower, upper) -> np.ndarray:
+        """Add a family of constraints (coefficients come through :meth:`add_terms`)."""
+        n = len(labels)
+        start = self.num_rows
+        self.row_families[name] = Family(name, list(labels), start)
+        self.row_lower += list(np.broadcast_to(np.asarray(lower, float), (n,)))
+        self.row_upper += list(np.broadcast_to(np.asarray(upper, float), (n,)))
+        return np.arange(start, start + n)
+
+    def add_terms(self, rows, cols, vals) -> None:
+        rows, cols, vals = np.broadcast_arrays(
+            np.atleast_1d(np.asarray(rows, dtype=np.int64)),
+            np.atleast_1d(np.asarray(cols, dtype=np.int64)),
+            np.atleast_1d(np.asarray(vals, dtype=float)),
+        )
+        self.rows += rows.tolist()
+        self.cols += cols.tolist()
+        self.vals += vals.tolist()
+
+    def csc(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Column-wise (start, index, value) with duplicate entries summed."""
+        rows = np.asarray(self.rows, dtype=np.int64)
+        cols = np.asarray(self.cols, dtype=np.int64)
+        vals = np.asarray(self.vals, dtype=float)
+        key = cols * max(self.num_rows, 1) + rows
+        unique, inverse = np.unique(key, return_inverse=True)
+        summed = np.zeros(len(unique))
+        np.add.at(summed, inverse, vals)
+        keep = summed != 0
+        unique, summed = unique[keep], summed[keep]
+        ucols = unique // max(self.num_rows, 1)
+        urows = unique % max(self.num_rows, 1)
+        start = np.searchsorted(ucols, np.arange(self.num_cols + 1))
+        return start.astype(np.int32), urows.astype(np.int32), summed
+
+
+# --------------------------------------------------------------------------- prepared data
+
+
+@dataclass
+class NodeClass:
+    """Identical nodes for packing: GPU type, free GPUs, partitions that may use them."""
+
+    gpu_type: str
+    free: int
+    partitions: tuple[str, ...]
+    nodes: list[str]
+
+
+@dataclass
+class Prepared:
+    """Everything Stage 2 needs, as plain arrays and lists; built by :func:`prepare`."""
+
+    models: list[ModelSpec]
+    templates: list[Template]
+    model_of: np.ndarray  # template → model index
+    stage_parts: list[dict[str, list[str]]]  # template → GPU type → allowed partitions
+    stage_cost: dict[tuple[str, str, int], float]  # (partition, gpu, gpus) → cost per hour
+    classes: list[NodeClass]
+    patterns: dict[tuple[str, int], list[dict[int, int]]]  # (gpu, free) → maximal patterns
+    running: dict[tuple[int, str, str], int]  # (template, gpu, partition) → running stages
+    running_replicas: dict[tuple[int, tuple[str, ...]], int]  # (template, partitions) → count
+    upper: np.ndarray  # template → bound on replicas
+    cluster: Cluster
+    policy: Policy
+    dropped: int = 0  # templates removed because availability rules them out
+
+
+def _patterns(free: int, sizes: list[int]) -> list[dict[int, int]]:
+    """Maximal multisets of ``sizes`` with total ≤ ``free`` (no further size fits)."""
+    out = []
+    smallest = min(sizes)
+    for count in range(1, free // smallest + 1):
+        for combo in combinations_with_replacement(sorted(sizes), count):
+            used = sum(combo)
+            if used <= free and free - used < smallest:
+                pattern: dict[int, int] = {}
+                for size in combo:
+                    pattern[size] = pattern.get(size, 0) + 1
+                out.append(pattern)
+    return out
+
+
+def node_classes(cluster: Cluster) -> list[NodeClass]:
+    """Group nodes by (GPU type, free GPUs, usable partitions containing them); each node once."""
+    partitions_of: dict[str, list[str]] = {}
+    for part in cluster.partitions:
+        if not part.usable:
+            continue
+        for group_name in part.node_groups:
+            partitions_of.setdefault(group_name, []).append(part.name)
+    seen: set[str] = set()
+    classes: dict[tuple, NodeClass] = {}
+    for group in cluster.node_groups:
+        parts = tuple(sorted(p for p in partitions_of.get(group.name, [])
+                             if _priced(cluster, p, group.gpu_type)))
+        for node, free in zip(group.nodes, group.free):
+            if node in seen:
+                raise ValueError(f"node {node} is listed in two node groups")
+            seen.add(node)
+            if free <= 0 or not parts:
+                continue
+            key = (group.gpu_type, free, parts)
+            classes.setdefault(key, NodeClass(group.gpu_type, free, parts, [])).nodes.append(node)
+    return [classes[k] for k in sorted(classes)]
+
+
+def _priced(cluster: Cluster, partition: str, gpu_type: str) -> bool:
+    for part in cluster.partitions:
+        if part.name == partition:
+            return part.gpu_hour_cost(gpu_type) is not None
+    return False
+
+
+def prepare(
+    models: list[ModelSpec], library: dict[str, list[Template]], cluster: Cluster, policy: Policy
+) -> Prepared:
+    """Restrict the library to what this epoch's cluster can run and compute every bound.
+
+    Exact reductions only: a template is dropped when some stage type has no allowed partition or
+    it needs more stages of a configuration than the free nodes can hold at all; replica counts
+    are bounded by max_replicas, by availability, and by ⌈D_m/T_j⌉ (a replica beyond that can be
+    removed without losing served demand, at lower cost) or min_replicas.
+    """
+    classes = node_classes(cluster)
+    prices = {p.name: p for p in cluster.partitions if p.usable}
+    slots: dict[tuple[str, int, str], int] = {}  # (gpu, t, partition) → stages that fit at most
+    by_type: dict[tuple[str, int], int] = {}  # (gpu, t) → stages that fit, any partition
+    for cls in classes:
+        for t in range(1, cls.free + 1):
+            fit = (cls.free // t) * len(cls.nodes)
+            by_type[(cls.gpu_type, t)] = by_type.get((cls.gpu_type, t), 0) + fit
+            for p in cls.partitions:
+                slots[(cls.gpu_type, t, p)] = slots.get((cls.gpu_type, t, p), 0) + fit
+    kept: list[Template] = []
+    model_of: list[int] = []
+    stage_parts: list[dict[str, list[str]]] = []
+    upper: list[float] = []
+    dropped = 0
+    for mi, model in enumerate(models):
+        for template in library.get(model.name, []):
+            parts: dict[str, list[str]] = {}
+            bound = INF if model.max_replicas is None else model.max_replicas
+            for gpu, count in template.stage_counts().items():
+                allowed = [p for p in sorted(prices) if model.allows_partition(p)
+                           and slots.get((gpu, template.tp, p), 0) > 0]
+                parts[gpu] = allowed
+                fit = sum(slots.get((gpu, template.tp, p), 0) for p in allowed)
+                fit = min(fit, by_type.get((gpu, template.tp), 0))
+                bound = min(bound, fit // count)
+            if model.demand_rps > 0:
+                need = math.ceil(model.demand_rps / template.throughput - 1e-9)
+                bound = min(bound, max(need, model.min_replicas))
+            else:
+                bound = min(bound, model.min_replicas)
+            if bound < 1 or not all(parts.values()):
+                dropped += 1
+                continue
+            kept.append(template)
+            model_of.append(mi)
+            stage_parts.append(parts)
+            upper.append(bound)
+    stage_cost: dict[tuple[str, str, int], float] = {}
+    sizes: dict[str, set[int]] = {}
+    for template, parts in zip(kept, stage_parts):
+        for gpu, allowed in parts.items():
+            sizes.setdefault(gpu, set()).add(template.tp)
+            for p in allowed:
+                stage_cost[(p, gpu, template.tp)] = prices[p].stage_cost(gpu, template.tp)
+    patterns = {}
+    for cls in classes:
+        if cls.gpu_type in sizes and (cls.gpu_type, cls.free) not in patterns:
+            usable = [s for s in sizes[cls.gpu_type] if s <= cls.free]
+            patterns[(cls.gpu_type, cls.free)] = _patterns(cls.free, usable) if usable else []
+    index = {t.id: j for j, t in enumerate(kept)}
+    running: dict[tuple[int, str, str], int] = {}
+    running_replicas: dict[tuple[int, tuple[str, ...]], int] = {}
+    for replica in cluster.running:
+        j = index.get(replica.template_id)
+        if j is None or len(replica.partitions) != kept[j].pp:
+            continue  # no longer in the library: gets no start-up credit
+        key = (j, tuple(replica.partitions))
+        running_replicas[key] = running_replicas.get(key, 0) + replica.count
+        for stage, p in zip(kept[j].stages, replica.partitions):
+            running[(j, stage.gpu_type, p)] = running.get((j, stage.gpu_type, p), 0) + replica.count
+    return Prepared(
+        models=list(models),
+        templates=kept,
+        model_of=np.asarray(model_of, dtype=np.int64),
+        stage_parts=stage_parts,
+        stage_cost=stage_cost,
+        classes=classes,
+        patterns=patterns,
+        running=running,
+        running_replicas=running_replicas,
+        upper=np.asarray(upper, dtype=float),
+        cluster=cluster,
+        policy=policy,
+        dropped=dropped,
+    )
+
+
+# --------------------------------------------------------------------------- the model, family by family
+
+
+def define_replicas(lm: LinearModel, data: Prepared) -> np.ndarray:
+    """nu[j] ∈ {0..u_j}: replicas of template j."""
+    labels = [(t.id,) for t in data.templates]
+    return lm.add_vars("nu", labels, 0.0, data.upper, integer=True)
+
+
+def define_stage_partitions(lm: LinearModel, data: Prepared, nu: np.ndarray) -> dict:
+    """sigma[j,g,p] ∈ ℤ≥0 with  Σ_p sigma[j,g,p] = n_{j,g} · nu[j]   (link[j,g]).
+
+    Cost per hour of a stage: c(p,g,t_j); new stages beyond the running ones pay (1+K)× that.
+    Where nothing of (j,g,p) runs, churn = sigma, so the penalty goes straight onto sigma."""
+    K = data.policy.startup_penalty
+    labels, cost, keys = [], [], []
+    for j, (template, parts) in enumerate(zip(data.templates, data.stage_parts)):
+        for gpu in sorted(parts):
+            for p in parts[gpu]:
+                c = data.stage_cost[(p, gpu, template.tp)]
+                running = data.running.get((j, gpu, p), 0)
+                labels.append((template.id, gpu, p))
+                keys.append((j, gpu, p))
+                cost.append(c if running else (1.0 + K) * c)
+    sigma = lm.add_vars("sigma", labels, 0.0, INF, integer=True, cost=cost)
+    link_labels = [(t.id, g) for t, parts in zip(data.templates, data.stage_parts) for g in sorted(parts)]
+    link = lm.add_rows("link", link_labels, 0.0, 0.0)
+    link_index = dict(zip(link_labels, link))
+    rows = [link_index[(data.templates[j].id, g)] for j, g, _ in keys]
+    lm.add_terms(rows, sigma, 1.0)
+    for j, (template, parts) in enumerate(zip(data.templates, data.stage_parts)):
+        counts = template.stage_counts()
+        for gpu in sorted(parts):
+            lm.add_terms(link_index[(template.id, gpu)], nu[j], -float(counts[gpu]))
+    # churn[j,g,p] ≥ sigma[j,g,p] − running[j,g,p], paying K·c, only where something runs
+    churn_keys = [k for k in keys if data.running.get(k, 0) > 0]
+    if churn_keys:
+        position = dict(zip(keys, sigma))
+        churn_cost = [K * data.stage_cost[(p, g, data.templates[j].tp)] for j, g, p in churn_keys]
+        churn = lm.add_vars("churn", [(data.templates[j].id, g, p) for j, g, p in churn_keys],
+                            0.0, INF, integer=False, cost=churn_cost)
+        rows = lm.add_rows("startup", [(data.templates[j].id, g, p) for j, g, p in churn_keys],
+                           [-data.running[k] for k in churn_keys], INF)
+        lm.add_terms(rows, churn, 1.0)
+        lm.add_terms(rows, [position[k] for k in churn_keys], -1.0)
+    return {"sigma": sigma, "keys": keys}
+
+
+def define_packing(lm: LinearModel, data: Prepared, sigma: dict) -> dict:
+    """Per-node packing over aggregated classes, exact:
+
+        nodes[k]:     Σ_π y[k,π] ≤ N_k
+        slots[k,t]:   Σ_p z[k,t,p] ≤ Σ_π π_t · y[k,π]
+        stages[g,t,p]: Σ_{j: t_j=t} sigma[j,g,p] ≤ Σ_{k: g_k=g, p∈P_k} z[k,t,p]
+    """
+    y_labels, y_class, y_pattern = [], [], []
+    for k, cls in enumerate(data.classes):
+        for pi, _ in enumerate(data.patterns.get((cls.gpu_type, cls.free), [])):
+            y_labels.append((k, pi))
+            y_class.append(k)
+            y_pattern.append(pi)
+    y_upper = [len(data.classes[k].nodes) for k in y_class]
+    y = lm.add_vars("y", y_labels, 0.0, y_upper, integer=True)
+    node_rows = lm.add_rows("nodes", [(k,) for k in range(len(data.classes))],
+                            -INF, [len(c.nodes) for c in data.classes])
+    if y_labels:
+        lm.add_terms(node_rows[y_class], y, 1.0)
+    # slot rows per (k, t) for each size appearing in the class's patterns
+    slot_labels = sorted({(k, t) for k, pi in y_labels
+                          for t in data.patterns[(data.classes[k].gpu_type, data.classes[k].free)][pi]})
+    slot_rows = dict(zip(slot_labels, lm.add_rows("slots", slot_labels, -INF, 0.0)))
+    for col, (k, pi) in zip(y, y_labels):
+        pattern = data.patterns[(data.classes[k].gpu_type, data.classes[k].free)][pi]
+        for t, count in pattern.items():
+            lm.add_terms(slot_rows[(k, t)], col, -float(count))
+    # z[k,t,p]
+    z_labels = [(k, t, p) for (k, t) in slot_labels for p in data.classes[k].partitions]
+    z = lm.add_vars("z", z_labels, 0.0, INF, integer=False)
+    lm.add_terms([slot_rows[(k, t)] for k, t, _ in z_labels], z, 1.0)
+    stage_labels = sorted({(g, data.templates[j].tp, p) for j, g, p in sigma["keys"]})
+    stage_rows = dict(zip(stage_labels, lm.add_rows("stages", stage_labels, -INF, 0.0)))
+    lm.add_terms([stage_rows[(g, data.templates[j].tp, p)] for j, g, p in sigma["keys"]],
+                 sigma["sigma"], 1.0)
+    for col, (k, t, p) in zip(z, z_labels):
+        row = stage_rows.get((data.classes[k].gpu_type, t, p))
+        if row is not None:
+            lm.add_terms(row, col, -1.0)
+    return {"y": y, "y_labels": y_labels, "z": z, "z_labels": z_labels}
+
+
+def define_quotas(lm: LinearModel, data: Prepared, sigma: dict) -> None:
+    """quota[q]: Σ_{(j,g,p) ∈ q} t_j · sigma[j,g,p] ≤ Q_q (deployment quotas, QOS GrpTRES)."""
+    quotas = data.cluster.quotas
+    if not quotas:
+        return
+    rows = lm.add_rows("quota", [(q.name,) for q in quotas], -INF, [q.max_gpus for q in quotas])
+    for row, quota in zip(rows, quotas):
+        for col, (j, g, p) in zip(sigma["sigma"], sigma["keys"]):
+            if quota.matches(p, g):
+                lm.add_terms(row, col, float(data.templates[j].tp))
+
+
+def define_demand(lm: LinearModel, data: Prepared, nu: np.ndarray) -> dict:
+    """served[m] ∈ [0, D_m], phi ∈ [0, 1] and
+
+        cover[m]:    Σ_{j∈m} T_j · nu[j] − served[m] ≥ 0
+        fair[m]:     served[m] − D_m · phi ≥ 0          (phi = 1 ⇒ every demand met)
+        weighted:    Σ_m priority_m · served[m] ≥ W     (W set by the scarce phases)
+        replicas[m]: min_m ≤ Σ_{j∈m} nu[j] ≤ max_m
+    """
+    names = [(m.name,) for m in data.models]
+    demand = np.array([m.demand_rps for m in data.models])
+    served = lm.add_vars("served", names, 0.0, demand, integer=False)
+    phi = lm.add_vars("phi", [()], 1.0, 1.0, integer=False)
+    cover = lm.add_rows("cover", names, 0.0, INF)
+    throughput = np.array([t.throughput for t in data.templates])
+    if len(nu):
+        lm.add_terms(cover[data.model_of], nu, throughput)
+    lm.add_terms(cover, served, -1.0)
+    fair = lm.add_rows("fair", names, 0.0, INF)
+    lm.add_terms(fair, served, 1.0)
+    lm.add_terms(fair, np.full(len(fair), phi[0]), -demand)
+    weighted = lm.add_rows("weighted", [()], -INF, INF)
+    lm.add_terms(np.full(len(served), weighted[0]), served, [m.priority for m in data.models])
+    lower = [float(m.min_replicas) for m in data.models]
+    upper = [INF if m.max_replicas is None else float(m.max_replicas) for m in data.models]
+    replicas = lm.add_rows("replicas", names, lower, upper)
+    if len(nu):
+        lm.add_terms(replicas[data.model_of], nu, 1.0)
+    return {"served": served, "phi": phi[0], "weighted": weighted[0]}
+
+
+@dataclass
+class Stage2Model:
+    """The built model plus where each family sits, for phases and decoding."""
+
+    lm: LinearModel
+    data: Prepared
+    nu: np.ndarray
+    sigma: dict
+    packing: dict
+    demand: dict
+    cost: np.ndarray  # the objective's cost vector (start-up penalty included)
+    true_cost: np.ndarray  # cost per hour without the penalty (sigma only)
+
+
+def build_model(data: Prepared) -> Stage2Model:
+    """The whole Stage-2 model: a flat recipe of the ``define_*`` families."""
+    lm = LinearModel()
+    nu = define_replicas(lm, data)
+    sigma = define_stage_partitions(lm, data, nu)
+    packing = define_packing(lm, data, sigma)
+    define_quotas(lm, data, sigma)
+    demand = define_demand(lm, data, nu)
+    true_cost = np.zeros(lm.num_cols)
+    for col, (j, g, p) in zip(sigma["sigma"], sigma["keys"]):
+        true_cost[col] = data.stage_cost[(p, g, data.templates[j].tp)]
+    return Stage2Model(lm, data, nu, sigma, packing, demand, np.asarray(lm.cost), true_cost)

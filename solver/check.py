@@ -1,0 +1,134 @@
+"""An independent checker: re-verifies any plan from the raw inputs with plain numpy.
+
+It shares no code with Stage 2's model: per-node GPU use is recomputed from the plan's own
+placement, costs from the partitions' prices, capacity from the templates, and limits from the
+quotas and replica bounds. :func:`check_plan` returns every problem found (empty = accepted).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from solver.types import Cluster, ModelSpec, Plan, Template
+
+
+def check_plan(
+    plan: Plan,
+    models: list[ModelSpec],
+    cluster: Cluster,
+    library: dict[str, list[Template]] | None = None,
+    throughput=None,
+    rel_tol: float = 1e-6,
+) -> list[str]:
+    """Problems with ``plan``: availability and packing per node, partitions, costs, demand,
+    quotas, replica bounds, and (given ``library``/``throughput``) the templates themselves."""
+    problems: list[str] = []
+    by_name = {m.name: m for m in models}
+    parts = {p.name: p for p in cluster.partitions}
+    node_index: dict[str, int] = {}
+    node_type: list[str] = []
+    node_free: list[int] = []
+    node_parts: list[set[str]] = []
+    for group in cluster.node_groups:
+        members = {p.name for p in cluster.partitions if group.name in p.node_groups}
+        for node, free in zip(group.nodes, group.free):
+            node_index[node] = len(node_type)
+            node_type.append(group.gpu_type)
+            node_free.append(free)
+            node_parts.append(members)
+    used = np.zeros(len(node_type), dtype=np.int64)
+    capacity = dict.fromkeys(by_name, 0.0)
+    replicas = dict.fromkeys(by_name, 0)
+    quota_use = np.zeros(len(cluster.quotas))
+    total = 0.0
+    library_ids = {m: {t.id: t for t in ts} for m, ts in (library or {}).items()}
+    for r, row in enumerate(plan.rows):
+        t = row.template
+        where = f"row {r} ({t.id})"
+        model = by_name.get(t.model)
+        if model is None:
+            problems.append(f"{where}: model {t.model} is not configured")
+            continue
+        if row.count < 1 or len(row.partitions) != t.pp or len(row.nodes) != row.count:
+            problems.append(f"{where}: count {row.count}, {len(row.partitions)} partitions for "
+                            f"{t.pp} stages, {len(row.nodes)} placements")
+            continue
+        if library is not None:
+            known = library_ids.get(t.model, {}).get(t.id)
+            if known is None or abs(known.throughput - t.throughput) > rel_tol * known.throughput:
+                problems.append(f"{where}: not in the Stage-1 library with this throughput")
+        if throughput is not None:
+            problems += _check_template(t, model, throughput, rel_tol)
+        cost = 0.0
+        for s, (stage, p) in enumerate(zip(t.stages, row.partitions)):
+            part = parts.get(p)
+            if part is None or not part.usable:
+                problems.append(f"{where}: stage {s} partition {p} is unknown or not usable")
+                continue
+            if not model.allows_partition(p) or not model.allows_gpu(stage.gpu_type):
+                problems.append(f"{where}: stage {s} on {p}/{stage.gpu_type} not allowed for {model.name}")
+            price = part.stage_cost(stage.gpu_type, t.tp)
+            if price is None:
+                problems.append(f"{where}: partition {p} has no price for {stage.gpu_type}")
+                continue
+            cost += price
+            for q, quota in enumerate(cluster.quotas):
+                if quota.matches(p, stage.gpu_type):
+                    quota_use[q] += row.count * t.tp
+        if abs(cost - row.cost_per_hour) > rel_tol * max(cost, 1.0):
+            problems.append(f"{where}: cost_per_hour {row.cost_per_hour} but prices give {cost}")
+        for placed in row.nodes:
+            if len(placed) != t.pp:
+                problems.append(f"{where}: placement {placed} has not one node per stage")
+                continue
+            for s, (node, stage, p) in enumerate(zip(placed, t.stages, row.partitions)):
+                i = node_index.get(node)
+                if i is None:
+                    problems.append(f"{where}: stage {s} on unknown node {node}")
+                    continue
+                if node_type[i] != stage.gpu_type:
+                    problems.append(f"{where}: stage {s} needs {stage.gpu_type}, node {node} has {node_type[i]}")
+                if p not in node_parts[i]:
+                    problems.append(f"{where}: node {node} is not in partition {p}")
+                used[i] += t.tp
+        capacity[t.model] += row.count * t.throughput
+        replicas[t.model] += row.count
+        total += row.count * cost
+    over = np.nonzero(used > np.asarray(node_free, dtype=np.int64))[0]
+    names = list(node_index)
+    for i in over:
+        problems.append(f"node {names[i]}: {used[i]} GPUs planned, {node_free[i]} available")
+    for q, quota in enumerate(cluster.quotas):
+        if quota_use[q] > quota.max_gpus:
+            problems.append(f"quota {quota.name}: {quota_use[q]:g} GPUs planned, limit {quota.max_gpus}")
+    if abs(total - plan.cost_per_hour) > rel_tol * max(total, 1.0):
+        problems.append(f"cost_per_hour {plan.cost_per_hour} but rows sum to {total}")
+    for name, model in by_name.items():
+        if abs(capacity[name] - plan.capacity.get(name, 0.0)) > rel_tol * max(capacity[name], 1.0):
+            problems.append(f"model {name}: capacity {plan.capacity.get(name)} but rows give {capacity[name]}")
+        served = min(capacity[name], model.demand_rps)
+        if abs(served - plan.served.get(name, 0.0)) > rel_tol * max(served, 1.0):
+            problems.append(f"model {name}: served {plan.served.get(name)} but rows give {served}")
+        if plan.status in ("optimal", "feasible") and capacity[name] < model.demand_rps * (1 - rel_tol):
+            problems.append(f"model {name}: demand {model.demand_rps} not met ({capacity[name]})")
+        if replicas[name] < model.min_replicas:
+            problems.append(f"model {name}: {replicas[name]} replicas < min_replicas {model.min_replicas}")
+        if model.max_replicas is not None and replicas[name] > model.max_replicas:
+            problems.append(f"model {name}: {replicas[name]} replicas > max_replicas {model.max_replicas}")
+    return problems
+
+
+def _check_template(t: Template, model: ModelSpec, tm, rel_tol: float) -> list[str]:
+    """Layers add up, TP is valid, and every stage sustains the template's throughput."""
+    out = []
+    layers = tm.layers(model)
+    if sum(s.layers for s in t.stages) != layers or min(s.layers for s in t.stages) < 1:
+        out.append(f"template {t.id}: layers {t.layer_partition} do not split {layers}")
+    if t.tp not in tm.tp_degrees(model, max(t.tp, 1)):
+        out.append(f"template {t.id}: TP {t.tp} not valid for {model.arch}")
+    for stage in t.stages:
+        speed = tm.throughput(model, stage.gpu_type, t.tp, stage.layers, t.pp)
+        if speed < t.throughput * (1 - rel_tol):
+            out.append(f"template {t.id}: stage {stage.gpu_type} with {stage.layers} layers "
+                       f"sustains {speed:.4g} < {t.throughput:.4g} req/s")
+    return out
