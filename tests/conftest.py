@@ -14,6 +14,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 DEV_SLURM_CONF = "/var/tmp/coral-dev-cluster/etc/slurm.conf"
+LOG_DIR = Path("/tmp/coral-test-slurm-logs")
 
 
 def _slurm_env() -> dict[str, str]:
@@ -66,6 +67,11 @@ class SlurmRunner:
         )
 
     def sbatch(self, *args: str) -> str:
+        # Without -o Slurm writes slurm-<id>.out into the working directory (the checkout):
+        # send job output to a scratch folder unless the test asked for a file.
+        if not any(a in ("-o", "--output") or a.startswith("--output=") for a in args):
+            LOG_DIR.mkdir(parents=True, exist_ok=True)
+            args = ("--output", str(LOG_DIR / "slurm-%j.out"), *args)
         out = self.run("sbatch", "--parsable", *args)
         job_id = out.stdout.strip().split(";")[0]
         self.job_ids.append(job_id)
