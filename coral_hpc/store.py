@@ -366,18 +366,17 @@ class Store:
     def latest_plan(self) -> PlanRecord | None:
         """The most recent plan, or None before the first."""
         rows = self._read("SELECT * FROM plans ORDER BY id DESC LIMIT 1")
-        if not rows:
-            return None
-        row = rows[0]
-        return PlanRecord(
-            id=row["id"],
-            time=row["time"],
-            cost_per_hour=row["cost_per_hour"],
-            solve_s=row["solve_s"],
-            status=row["status"],
-            rows=json.loads(row["rows_json"]),
-            demand=json.loads(row["demand_json"]),
-        )
+        return _row_to_plan(rows[0]) if rows else None
+
+    def plans_between(self, since: float, until: float) -> list[PlanRecord]:
+        """The plans in force over ``[since, until)``, oldest first: the plan in force at
+        ``since`` (the last one made at or before it), then every plan made after ``since`` and
+        before ``until``. A range before the first plan holds only the later ones."""
+        in_force = self._read(
+            "SELECT * FROM plans WHERE time <= ? ORDER BY time DESC, id DESC LIMIT 1", (since,))
+        later = self._read(
+            "SELECT * FROM plans WHERE time > ? AND time < ? ORDER BY time, id", (since, until))
+        return [_row_to_plan(row) for row in [*in_force, *later]]
 
     # ----------------------------------------------------------------- events
 
@@ -609,6 +608,18 @@ def _too_new(name: str, version: int) -> str:
 def _dumps(data: Any) -> str:
     """JSON text of small plain data; anything else (objects, NaN) is a programming error."""
     return json.dumps(data, sort_keys=True, allow_nan=False, separators=(",", ":"))
+
+
+def _row_to_plan(row: sqlite3.Row) -> PlanRecord:
+    return PlanRecord(
+        id=row["id"],
+        time=row["time"],
+        cost_per_hour=row["cost_per_hour"],
+        solve_s=row["solve_s"],
+        status=row["status"],
+        rows=json.loads(row["rows_json"]),
+        demand=json.loads(row["demand_json"]),
+    )
 
 
 def _replica_to_row(replica: ReplicaRecord) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from rich.table import Table
 from coral_hpc.cli._output import EXIT_UNAVAILABLE, console, fail, print_json
 from coral_hpc.config import Deployment, load_deployment
 from coral_hpc.errors import ConfigError, PermanentError, TransientError
-from coral_hpc.store import ReplicaRecord, Store, open_store
+from coral_hpc.store import PlanRecord, ReplicaRecord, Store, open_store
 
 _RELATIVE_RE = re.compile(r"^now(?:-(\d+(?:\.\d+)?)([smhd]))?$")
 _UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -103,11 +103,10 @@ def _deployment_start(store: Store | None) -> float | None:
     return min(starts) if starts else None
 
 
-def _plans(store: Store | None, since: float, until: float):  # type: ignore[no-untyped-def]
-    """The plans in force over the range, or None when this store cannot list plan history.
-    Needs ``Store.plans_between(since, until)`` (the plan in force at ``since`` and every later
-    one before ``until``); until the store offers it, the comparison is left out with a warning."""
-    if store is None or not hasattr(store, "plans_between"):
+def _plans(store: Store | None, since: float, until: float) -> list[PlanRecord] | None:
+    """The plans in force over the range (the one in force at ``since`` and every later one
+    before ``until``), or None without a database."""
+    if store is None:
         return None
     return store.plans_between(since, until)
 
@@ -142,10 +141,6 @@ def build(inputs: Inputs):  # type: ignore[no-untyped-def]
         deployment, records, inputs.since, inputs.until, inputs.now,
         demand=demand, plans=plans, replicas=replicas,
     )
-    if store is not None and plans is None:
-        report.warnings.append(
-            "plan comparison left out: this database cannot list plan history yet"
-        )
     return report, replicas
 
 
