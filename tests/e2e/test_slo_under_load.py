@@ -1,0 +1,137 @@
+"""The plan's SLO promise under load (issue 6, "SLO check under load"), with real processes.
+
+The example deployment (examples/models.yaml) is planned by the real solver for the local dev
+cluster's GPUs (all free); one sim engine process runs per planned replica with that replica's
+layout (GPU type per stage, TP, layer split); the routing table weights are the planned
+throughputs; the gateway routes. A slice of the Azure LLM conversation trace (Poisson with the same
+mix where ../shared/data/traces is absent), fitted to each model's mix and stretched to the demand
+the plan serves, is replayed open loop through the gateway: ≥ 95 % of each model's requests must
+meet both its TTFT and TPOT SLO. The same replay at 3× the planned demand must fail the check for
+every model whose 3× load exceeds what its replicas were planned to sustain — so the check is not
+vacuous — and the virtual-time run of the engine's own scheduler must agree that it fails, so the
+failure is the engine's, not this two-core machine's.
+
+Llama-70B's engines run at ``--sim-speed 4`` with its replay 4× faster against SLO/4 (a pure
+change of clock, see tests/support/slo_stack.py and test_replay.py): in real time its requests —
+hundreds of tokens at up to 150 ms each — would outlast the test by minutes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tests.support.replay import ReplaySummary, replay_jobs
+from tests.support.slo_stack import Stack, start_stack
+from tests.support.virtual_engine import shapes_of, simulate_replicas
+
+TARGET = 0.95
+SPEEDS = {"llama-70b": 4.0}
+WINDOW_S = 20.0  #: arrival window at the planned demand (wall seconds)
+OVERLOAD = 3.0
+OVERLOAD_WINDOW_S = 15.0
+MODELS = ("qwen3-8b", "phi-4", "llama-70b")
+
+#: A finding, not a tolerance: see the reason. Strict, so the suite says so once it is fixed.
+LLAMA_FINDING = pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "plan vs engine disagree for llama-70b's planned replica "
+        "(tp1, a100-80g:37 + a100-80g:37 + v100:6; planned 0.764 req/s): the sim engine, like vLLM, "
+        "prefills a whole prompt in one step (271 ms on each a100-80g stage for 1024 tokens), while "
+        "solver.perf.stage_throughput spreads prompts over decode steps (b*in/out tokens per step) "
+        "where the roofline (a100-80g overlap 0.21) hides most of it: it charges ~65 ms per prompt. "
+        "Even at 0.36 req/s with every request exactly 1024/256 the engine's TPOT is 158-177 ms "
+        "(SLO 150 ms). See the SLO report (bench/results/slo.md)."
+    ),
+)
+
+
+def _start(model: str, index: int) -> int:
+    """A different part of the trace for each model, the same on every run."""
+    return 1000 + 3000 * index
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    running = start_stack(tmp_path_factory.mktemp("slo"), speeds=SPEEDS)
+    yield running
+    running.stop()
+
+
+def _replay(
+    stack: Stack, factor: float, window_s: float, give_up: bool
+) -> dict[str, ReplaySummary]:
+    jobs = [
+        stack.replay_job(m.name, factor, window_s, _start(m.name, i))
+        for i, m in enumerate(stack.deployment.models)
+    ]
+    return asyncio.run(replay_jobs(stack.gateway.url, None, jobs, give_up_on_miss=give_up))
+
+
+def _virtual(stack: Stack, summary: ReplaySummary, factor: float, window_s: float) -> ReplaySummary:
+    """The same workload on the same replicas in virtual time (no HTTP, no CPU contention)."""
+    model = summary.model
+    index = [m.name for m in stack.deployment.models].index(model)
+    job = stack.replay_job(model, factor, window_s, _start(model, index))
+    rows = [r for r in stack.plan.rows if r.model == model]
+    arch = stack.deployment.model(model).architecture
+    return simulate_replicas(
+        shapes_of(rows, arch, stack.speed(model)), model, job.workload, job.slo
+    )
+
+
+@pytest.fixture(scope="module")
+def at_planned_demand(stack):
+    return _replay(stack, 1.0, WINDOW_S, give_up=False)
+
+
+def test_the_plan_serves_every_model_of_the_example(stack):
+    assert stack.plan.status == "optimal", stack.plan
+    for model in MODELS:
+        assert stack.planned_rps(model) > 0
+        assert stack.capacity_rps(model) >= stack.planned_rps(model)
+        assert any(r.model == model for r in stack.replicas)
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        "qwen3-8b",
+        "phi-4",
+        pytest.param("llama-70b", marks=LLAMA_FINDING),
+    ],
+)
+def test_slo_met_at_the_planned_demand(stack, at_planned_demand, model):
+    summary = at_planned_demand[model]
+    assert summary.requests >= 20, summary.brief()
+    # a whole number of requests in the window: the rate is the planned one to within half a request
+    target = stack.planned_rps(model) * stack.speed(model)
+    assert abs(summary.rate_rps - target) <= 0.5 / WINDOW_S + 1e-9, (summary.rate_rps, target)
+    assert summary.fraction_within_slo >= TARGET, (
+        f"{summary.brief()}\n  virtual time: {_virtual(stack, summary, 1.0, WINDOW_S).brief()}"
+    )
+
+
+def test_the_rig_measures_what_the_engine_does(stack, at_planned_demand):
+    """At a light load the HTTP path adds little: the median TPOT measured through the gateway
+    is the engine's own (virtual time) within 20 %. Otherwise the SLO check measures the rig."""
+    summary = at_planned_demand["qwen3-8b"]
+    virtual = _virtual(stack, summary, 1.0, WINDOW_S)
+    measured, engine = summary.quantiles("tpot_s")["p50"], virtual.quantiles("tpot_s")["p50"]
+    assert measured == pytest.approx(engine, rel=0.2), (summary.brief(), virtual.brief())
+
+
+def test_the_check_fails_at_three_times_the_planned_demand(stack):
+    overloaded = [m for m in MODELS if OVERLOAD * stack.planned_rps(m) > stack.capacity_rps(m)]
+    assert overloaded, "3x the planned demand overloads no model: pick a larger factor"
+    results = _replay(stack, OVERLOAD, OVERLOAD_WINDOW_S, give_up=True)
+    failing = [m for m in MODELS if results[m].fraction_within_slo < TARGET]
+    report = "\n".join(s.brief() for s in results.values())
+    assert failing, f"every model stayed within SLO at {OVERLOAD}x:\n{report}"
+    for model in overloaded:
+        summary = results[model]
+        virtual = _virtual(stack, summary, OVERLOAD, OVERLOAD_WINDOW_S)
+        assert summary.fraction_within_slo < TARGET, report
+        assert virtual.fraction_within_slo < TARGET, virtual.brief()  # the engine's failure
