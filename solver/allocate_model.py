@@ -227,7 +227,8 @@ def prepare(
             bound = INF if model.max_replicas is None else model.max_replicas
             for gpu, count in template.stage_counts().items():
                 allowed = [p for p in sorted(prices) if model.allows_partition(p)
-                           and slots.get((gpu, template.tp, p), 0) > 0]
+                           and slots.get((gpu, template.tp, p), 0) > 0
+                           and (template.id, gpu, p) not in cluster.excluded_stages]
                 parts[gpu] = allowed
                 fit = sum(slots.get((gpu, template.tp, p), 0) for p in allowed)
                 fit = min(fit, by_type.get((gpu, template.tp), 0))

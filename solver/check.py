@@ -67,6 +67,8 @@ def check_plan(
                 continue
             if not model.allows_partition(p) or not model.allows_gpu(stage.gpu_type):
                 problems.append(f"{where}: stage {s} on {p}/{stage.gpu_type} not allowed for {model.name}")
+            if (t.id, stage.gpu_type, p) in cluster.excluded_stages:
+                problems.append(f"{where}: stage {s} on {p}/{stage.gpu_type} is excluded")
             price = part.stage_cost(stage.gpu_type, t.tp)
             if price is None:
                 problems.append(f"{where}: partition {p} has no price for {stage.gpu_type}")

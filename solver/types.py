@@ -168,6 +168,9 @@ class Cluster:
     partitions: tuple[Partition, ...]
     quotas: tuple[Quota, ...] = ()
     running: tuple[RunningReplica, ...] = ()
+    #: (template id, GPU type, partition): stages Stage 2 must not place there this epoch — a
+    #: shape that sat pending past its timeout or that Slurm refused, kept out for a while
+    excluded_stages: frozenset[tuple[str, str, str]] = frozenset()
 
     def node_group(self, name: str) -> NodeGroup:
         for group in self.node_groups:
