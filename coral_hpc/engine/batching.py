@@ -1,14 +1,19 @@
 """The sim engine's continuous-batching scheduler: pure bookkeeping, no clock, no asyncio.
 
-Policy (a simplified vLLM V1 scheduler, first come first served):
+Policy (vLLM's scheduler, simplified; first come first served):
 
 * **KV cache.** Capacity is counted in blocks of ``block_size`` tokens, like vLLM's paged cache.
-  A request *reserves* the blocks for its whole sequence (prompt + ``max_tokens``) when it is
-  admitted and frees them when it finishes or is aborted. vLLM allocates blocks as the sequence
-  grows and preempts when it runs out; reserving up front never preempts, so a request's latency
-  only depends on what was admitted before it. The KV usage the sim reports is these reservations.
-* **Waiting queue.** Requests are admitted strictly in arrival order; when the head does not fit
-  (KV blocks or ``max_num_seqs``) nobody behind it is admitted (no overtaking).
+  Blocks are allocated as a sequence grows (the prompt chunk a step processes, then one token per
+  decode step) and freed when it finishes or is aborted, so a running sequence holds its prompt
+  plus the tokens generated so far — on average input + output/2, what ``solver.perf`` assumes.
+  When a running sequence needs a block and none is free, the most recently admitted sequence of
+  that engine is **preempted** (vLLM's recompute mode): its blocks are freed, it goes back to the
+  front of the waiting queue, and when readmitted it prefills its prompt plus what it had generated
+  before producing its next token. ``preemptions`` counts them (``vllm:num_preemptions_total``).
+* **Waiting queue.** Requests are admitted strictly in arrival order when the blocks for their
+  first prompt chunk are free; when the head does not fit (KV blocks or ``max_num_seqs``) nobody
+  behind it is admitted (no overtaking). A request whose whole sequence (prompt + ``max_tokens``)
+  could never fit the cache is refused at :meth:`Scheduler.add`.
 * **Steps.** Each step has a budget of ``max_num_batched_tokens`` tokens: every running sequence
   past its prefill decodes one token, the rest of the budget goes to prompt chunks (chunked
   prefill), first to sequences already prefilling, then to newly admitted ones. The step that
@@ -17,7 +22,8 @@ Policy (a simplified vLLM V1 scheduler, first come first served):
   engines under pipeline parallelism) each admitted sequence belongs to the engine that admitted
   it; the waiting queue and the KV blocks are shared, and an engine admits no more than its fair
   share (1/S of the unfinished requests) so a burst is spread over the engines. Each engine has at
-  most one batch in flight, so a sequence is never in two batches at once.
+  most one batch in flight, so a sequence is never in two batches at once, and an engine only
+  preempts its own sequences.
 
 The async driver (:mod:`coral_hpc.engine.runner`) asks :meth:`Scheduler.schedule` for a batch,
 sleeps for the step time the performance model gives, then calls :meth:`Scheduler.complete`.
@@ -39,15 +45,21 @@ def blocks_for(tokens: int, block_size: int) -> int:
 
 @dataclass(eq=False)
 class Sequence:
-    """One request inside the scheduler. Compared by identity."""
+    """One request inside the scheduler. Compared by identity.
+
+    ``computed`` tokens have their KV in the cache; the sequence knows ``prompt_tokens +
+    generated`` tokens, so each step it processes the difference (a prompt chunk, or the one token
+    it just generated) and, once nothing is left, samples its next token.
+    """
 
     seq_id: str
     prompt_tokens: int
     max_tokens: int
-    prefilled: int = 0
+    computed: int = 0
     generated: int = 0
     blocks: int = 0
     engine: int | None = None
+    admitted: bool = False
     finished: bool = False
 
     def __post_init__(self) -> None:
@@ -62,8 +74,14 @@ class Sequence:
         return self.prompt_tokens + self.max_tokens
 
     @property
-    def in_prefill(self) -> bool:
-        return self.prefilled < self.prompt_tokens
+    def pending(self) -> int:
+        """Tokens known but not yet in the KV cache."""
+        return self.prompt_tokens + self.generated - self.computed
+
+    @property
+    def decoding(self) -> bool:
+        """Past its (re)prefill: only the token it just generated is left to process."""
+        return self.generated >= 1 and self.pending == 1
 
 
 @dataclass(frozen=True)
@@ -74,6 +92,10 @@ class Batch:
     decode: tuple[Sequence, ...]
     #: (sequence, prompt tokens processed this step)
     prefill: tuple[tuple[Sequence, int], ...]
+    #: sequences admitted for the first time by this step (their queueing ends here)
+    admitted: tuple[Sequence, ...] = ()
+    #: context tokens attention reads this step, fixed when the batch is formed
+    context_tokens: int = 0
 
     @property
     def decode_seqs(self) -> int:
@@ -82,13 +104,6 @@ class Batch:
     @property
     def prefill_tokens(self) -> int:
         return sum(chunk for _, chunk in self.prefill)
-
-    @property
-    def context_tokens(self) -> int:
-        """Tokens attention reads this step: every scheduled sequence's context after the step."""
-        decode_ctx = sum(s.prefilled + s.generated + 1 for s in self.decode)
-        prefill_ctx = sum(s.prefilled + chunk for s, chunk in self.prefill)
-        return decode_ctx + prefill_ctx
 
 
 @dataclass(frozen=True)
@@ -102,13 +117,14 @@ class TokenEvent:
 
 @dataclass
 class Scheduler:
-    """Continuous batching with a KV-capacity limit and a FIFO waiting queue (see module doc)."""
+    """Continuous batching with a paged KV cache, preemption and a FIFO queue (see module doc)."""
 
     kv_capacity_tokens: int
     block_size: int = DEFAULT_BLOCK_SIZE
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     num_engines: int = 1
+    preemptions: int = field(default=0, init=False)
     _waiting: deque[Sequence] = field(default_factory=deque, init=False, repr=False)
     _running: dict[int, list[Sequence]] = field(default_factory=dict, init=False, repr=False)
     _used_blocks: int = field(default=0, init=False)
@@ -140,8 +156,12 @@ class Scheduler:
         return self._used_blocks
 
     @property
+    def free_blocks(self) -> int:
+        return self.total_blocks - self._used_blocks
+
+    @property
     def kv_usage(self) -> float:
-        """Fraction of KV blocks reserved, 0..1 (vLLM's ``kv_cache_usage_perc``)."""
+        """Fraction of KV blocks in use, 0..1 (vLLM's ``kv_cache_usage_perc``)."""
         return self._used_blocks / self.total_blocks
 
     @property
@@ -161,7 +181,7 @@ class Scheduler:
         return self.total_blocks * self.block_size
 
     def fits(self, total_tokens: int) -> bool:
-        """Whether a sequence of ``total_tokens`` can ever be admitted (else it would wait forever)."""
+        """Whether a sequence of ``total_tokens`` fits the cache alone (else it could never end)."""
         return blocks_for(total_tokens, self.block_size) <= self.total_blocks
 
     # ------------------------------------------------------------------ requests
@@ -191,8 +211,29 @@ class Scheduler:
     def _release(self, seq: Sequence) -> None:
         assert seq.engine is not None
         self._running[seq.engine].remove(seq)
+        self._free(seq)
+        seq.engine = None
+
+    def _free(self, seq: Sequence) -> None:
         self._used_blocks -= seq.blocks
         seq.blocks = 0
+
+    def _grow(self, seq: Sequence, tokens: int) -> bool:
+        """Allocate blocks so ``seq`` holds ``tokens`` tokens; False when too few are free."""
+        need = blocks_for(tokens, self.block_size) - seq.blocks
+        if need > self.free_blocks:
+            return False
+        if need > 0:
+            seq.blocks += need
+            self._used_blocks += need
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Recompute-mode preemption: drop its KV, send it back to the head of the queue."""
+        self._release(seq)
+        seq.computed = 0
+        self._waiting.appendleft(seq)
+        self.preemptions += 1
 
     # ------------------------------------------------------------------ steps
     def schedule(self, engine: int = 0) -> Batch | None:
@@ -201,21 +242,28 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         decode: list[Sequence] = []
         prefill: list[tuple[Sequence, int]] = []
-        for seq in running:
-            if budget == 0:
-                break
-            if not seq.in_prefill:
-                decode.append(seq)
-                budget -= 1
-        for seq in running:
-            if budget == 0:
-                break
-            if seq.in_prefill:
-                chunk = min(seq.prompt_tokens - seq.prefilled, budget)
-                prefill.append((seq, chunk))
+        scheduled: set[int] = set()
+        # decodes first (they hold the TPOT), then prompt chunks, each in admission order
+        for want_decode in (True, False):
+            for seq in list(running):
+                if budget == 0:
+                    break
+                if seq.finished or id(seq) in scheduled or seq.decoding != want_decode:
+                    continue
+                if seq.engine != engine:
+                    continue  # preempted by an earlier pass of this loop
+                chunk = min(seq.pending, budget)
+                if not self._make_room(running, seq, seq.computed + chunk, scheduled):
+                    continue  # it was the one preempted
+                scheduled.add(id(seq))
+                if want_decode:
+                    decode.append(seq)
+                else:
+                    prefill.append((seq, chunk))
                 budget -= chunk
-        # Fair share: an engine admits up to its 1/S of all unfinished requests, so a burst is
-        # split across the virtual engines and every pipeline stage stays busy.
+        admitted: list[Sequence] = []
+        # fair share: an engine admits up to 1/S of the unfinished requests, so a burst is split
+        # across the virtual engines and every pipeline stage stays busy
         share = -(-self.num_unfinished // self.num_engines)
         while (
             budget > 0
@@ -224,32 +272,46 @@ class Scheduler:
             and len(running) < share
         ):
             head = self._waiting[0]
-            need = blocks_for(head.total_tokens, self.block_size)
-            if self._used_blocks + need > self.total_blocks:
+            chunk = min(head.pending, budget)
+            if not self._grow(head, chunk):
                 break  # FCFS: nobody overtakes the head
             self._waiting.popleft()
-            head.engine, head.blocks = engine, need
-            self._used_blocks += need
+            head.engine = engine
             running.append(head)
-            chunk = min(head.prompt_tokens, budget)
+            if not head.admitted:
+                head.admitted = True
+                admitted.append(head)
             prefill.append((head, chunk))
             budget -= chunk
         if not decode and not prefill:
             return None
-        return Batch(engine=engine, decode=tuple(decode), prefill=tuple(prefill))
+        context = sum(s.computed + 1 for s in decode) + sum(s.computed + c for s, c in prefill)
+        return Batch(engine, tuple(decode), tuple(prefill), tuple(admitted), context)
+
+    def _make_room(
+        self, running: list[Sequence], seq: Sequence, tokens: int, scheduled: set[int]
+    ) -> bool:
+        """Grow ``seq`` to ``tokens``, preempting this engine's latest unscheduled sequences as
+        needed; False when ``seq`` itself had to be preempted."""
+        while not self._grow(seq, tokens):
+            victims = [s for s in running if id(s) not in scheduled and s is not seq]
+            victim = victims[-1] if victims else seq
+            self._preempt(victim)
+            if victim is seq:
+                return False
+        return True
 
     def complete(self, batch: Batch) -> list[TokenEvent]:
-        """Apply a finished step: advance prefills, emit one token per sampled sequence, free the
-        finished ones. Sequences aborted while the step ran are skipped."""
+        """Apply a finished step: advance the processed tokens, emit one token per sequence that
+        caught up, free the finished ones. Sequences aborted while the step ran are skipped."""
         events: list[TokenEvent] = []
-        sampled: list[Sequence] = [s for s in batch.decode if not s.finished]
-        for seq, chunk in batch.prefill:
+        work = [(s, 1) for s in batch.decode] + list(batch.prefill)
+        for seq, chunk in work:
             if seq.finished:
                 continue
-            seq.prefilled += chunk
-            if not seq.in_prefill:
-                sampled.append(seq)
-        for seq in sampled:
+            seq.computed += chunk
+            if seq.pending:
+                continue  # more of the prompt to go
             seq.generated += 1
             done = seq.generated >= seq.max_tokens
             events.append(TokenEvent(seq=seq, index=seq.generated - 1, finished=done))

@@ -5,8 +5,8 @@ Names and histogram buckets follow vLLM's ``vllm/engine/metrics.py`` / ``vllm/v1
 gauges ``vllm:num_requests_running``, ``vllm:num_requests_waiting``, ``vllm:gpu_cache_usage_perc``
 and its V1 name ``vllm:kv_cache_usage_perc`` (a 0..1 fraction despite the name); counters
 ``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total``, ``vllm:request_success_total``
-(by ``finished_reason``), ``vllm:num_preemptions_total`` (always 0: the sim never preempts);
-histograms ``vllm:time_to_first_token_seconds``, ``vllm:inter_token_latency_seconds`` and its
+(by ``finished_reason``), ``vllm:num_preemptions_total`` (recompute preemptions when the KV
+cache runs out); histograms ``vllm:time_to_first_token_seconds``, ``vllm:inter_token_latency_seconds`` and its
 older name ``vllm:time_per_output_token_seconds``, ``vllm:e2e_request_latency_seconds``,
 ``vllm:request_queue_time_seconds``. ``vllm:cache_config_info`` carries the block size and block
 count. ``coral_sim_info`` says what is simulated — this is not inference.
@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from coral_hpc.engine.batching import Scheduler, TokenEvent
@@ -68,6 +68,12 @@ class _SchedulerGauges(Collector):
             family = GaugeMetricFamily(name, doc, labels=labels)
             family.add_metric([self._model], float(value))
             yield family
+        preemptions = CounterMetricFamily(
+            "vllm:num_preemptions", "Cumulative number of preemption from the engine.",
+            labels=labels,
+        )  # fmt: skip
+        preemptions.add_metric([self._model], float(s.preemptions))
+        yield preemptions
         cache = GaugeMetricFamily(
             "vllm:cache_config_info",
             "Information of the LLMEngine CacheConfig",
@@ -109,10 +115,6 @@ class EngineMetrics:
             registry=r,
         )
         self.success.labels(model_name, FINISHED_REASON)  # exported as 0 before the first request
-        Counter(
-            "vllm:num_preemptions", "Cumulative number of preemption from the engine.", labels,
-            registry=r,
-        ).labels(model_name)  # fmt: skip
         self.ttft = hist(
             "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
             TTFT_BUCKETS,

