@@ -79,7 +79,14 @@ class StepModel:
         """Seconds each stage spends on one step of this batch."""
         return tuple(
             perf.step_latency_s(
-                self._arch, gpu, self.layout.tp, layers, decode_seqs, prefill_tokens, context_tokens
+                self._arch,
+                gpu,
+                self.layout.tp,
+                layers,
+                decode_seqs,
+                prefill_tokens,
+                context_tokens,
+                n_stages=len(self._gpus),
             )
             for gpu, layers in zip(self._gpus, self.layout.layers)
         )

@@ -154,9 +154,11 @@ def test_stage_times_come_from_perf_per_stage():
     model = StepModel(layout)
     arch = catalog.model_arch("llama-3.1-8b")
     times = model.stage_times(8, 256, 4000)
+    # a two-stage pipeline: each stage pays its share of the engine overhead and its hand-off,
+    # the same accounting solver.perf.stage_throughput uses for the plan's promise
     assert times == (
-        perf.step_latency_s(arch, catalog.gpu_spec("a100"), 1, 20, 8, 256, 4000),
-        perf.step_latency_s(arch, catalog.gpu_spec("v100"), 1, 12, 8, 256, 4000),
+        perf.step_latency_s(arch, catalog.gpu_spec("a100"), 1, 20, 8, 256, 4000, n_stages=2),
+        perf.step_latency_s(arch, catalog.gpu_spec("v100"), 1, 12, 8, 256, 4000, n_stages=2),
     )
     assert all(t > 0 for t in times)
 

@@ -196,3 +196,15 @@ throughput:
     arch = model_arch("llama-3.1-8b")
     with pytest.raises(CatalogError, match=r"m\.yaml: throughput\[0\]: missing field 'requests_per_s'"):
         stage_throughput(arch, gpu_spec("a100"), 1, 32, 1, SLO, MIX)
+
+
+def test_pipeline_steps_charge_the_engine_overhead_once_in_total():
+    """A pipeline's stages split the per-step overhead instead of each paying it in full."""
+    from solver import catalog, perf
+
+    arch, gpu = catalog.model_arch("llama-3.1-8b"), catalog.gpu_spec("a100")
+    alone = perf.step_latency_s(arch, gpu, 1, 16, 1, 0, 0)
+    two = perf.step_latency_s(arch, gpu, 1, 16, 1, 0, 0, n_stages=2)
+    four = perf.step_latency_s(arch, gpu, 1, 16, 1, 0, 0, n_stages=4)
+    # more stages -> a smaller share of the fixed overhead per stage (hand-off is tiny at 1 token)
+    assert four < two < alone
