@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from coral_hpc.config import load_deployment
-from coral_hpc.errors import ConfigError
+from coral_hpc.errors import ConfigError, PermanentError
 
 log = logging.getLogger("coral_hpc.daemon")
 
@@ -89,11 +89,12 @@ def serve(
             metrics=metrics, demand_source=lambda: fetch_demand(gateway.url),
         )
         daemon.resume_plan()
-        write_info(info_path(deployment), {
+        info = {
             "pid": os.getpid(), "deployment": deployment.deployment,
             "config": str(config_path), "gateway": address, "metrics": metrics_address,
             "started_at": time.time(),
-        })
+        }
+        write_info(info_path(deployment), info)
         store.add_event(time.time(), "start", f"daemon started (pid {os.getpid()}), gateway on "
                         f"{address}, metrics on {metrics_address}")
         log.info("serving %s: gateway http://%s, metrics %s", deployment.deployment, address,
@@ -101,13 +102,24 @@ def serve(
         reload_requested = threading.Event()
         _install_signals(stop, reload_requested)
         threads = [loop.start() for loop in daemon.loops(stop)]
+        retry_gateway_at = 0.0
         while not stop.wait(0.5):
             if reload_requested.is_set():
                 reload_requested.clear()
                 deployment = _reload(config_path, daemon, deployment, gateway)
-            if not gateway.alive():
-                store.add_event(time.time(), "gateway", "gateway exited; restarting it")
-                gateway.start()
+            if not gateway.alive() and time.monotonic() >= retry_gateway_at:
+                code = gateway.proc.returncode if gateway.proc is not None else None
+                store.add_event(time.time(), "gateway",
+                                f"gateway not running (exit code {code}); starting it")
+                try:
+                    gateway.start()
+                except PermanentError as exc:  # e.g. its port taken meanwhile: try again soon
+                    store.add_event(time.time(), "gateway", f"gateway restart failed: {exc}")
+                    retry_gateway_at = time.monotonic() + 5.0
+            if gateway.address != info["gateway"]:
+                # a restart on port 0 (or a reload) binds a new port: clients read it here
+                info["gateway"] = gateway.address
+                write_info(info_path(deployment), info)
         for thread in threads:
             thread.join(timeout=30)
         store.add_event(time.time(), "stop", "daemon stopped; replicas left running")
@@ -148,8 +160,8 @@ def _reload(config_path: Path, daemon, deployment, gateway):
     if [m.name for m in new.models] != [m.name for m in deployment.models] or (
         new.gateway != deployment.gateway
     ):
-        # the gateway learns the configured models at start: restart it with the new file
+        # the gateway learns the configured models at start: stop it here and the serve loop
+        # starts it again with the new file (retrying there if the start fails)
         gateway.deployment = new
         gateway.stop()
-        gateway.start()
     return new
