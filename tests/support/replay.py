@@ -197,8 +197,8 @@ async def _one(session: aiohttp.ClientSession, url: str, headers: dict, model: s
     if delay > 0:
         await asyncio.sleep(delay)
     lag = max(0.0, loop.time() - scheduled)
-    base = dict(at=arrival.at, prompt_tokens=arrival.prompt_tokens,
-                max_tokens=arrival.max_tokens, send_lag_s=lag)
+    base = {"at": arrival.at, "prompt_tokens": arrival.prompt_tokens,
+            "max_tokens": arrival.max_tokens, "send_lag_s": lag}
     first = last = None
     usage: dict | None = None
     done = False
