@@ -17,11 +17,10 @@ import heapq
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
-from solver.types import PlanRow
-
 from coral_hpc.engine.batching import Batch, Scheduler, Sequence
 from coral_hpc.engine.pipeline import Layout, PipelineClock, StepModel
-from tests.support.replay import RequestResult, ReplaySummary, Slo
+from solver.types import PlanRow
+from tests.support.replay import ReplaySummary, RequestResult, Slo
 from tests.support.trace_slice import Workload
 
 

@@ -4,12 +4,11 @@ time-scale equivalence that lets an SLO check run a slow model's engine at ``--s
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
 from coral_hpc.engine.pipeline import Layout
-from tests.support.replay import RequestResult, ReplaySummary, Slo, percentile
+from tests.support.replay import ReplaySummary, RequestResult, Slo, percentile
 from tests.support.trace_slice import (
     Arrival,
     Mix,
