@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "gateway": ("coral_hpc.cli.gateway", "gateway", "Run the OpenAI-compatible gateway alone."),
     "status": ("coral_hpc.cli.status", "status", "What the daemon serves: models, replicas, plan vs actual, events."),
     "logs": ("coral_hpc.cli.logs", "logs", "Print the log files of one replica."),
+    "serve": ("coral_hpc.cli.serve", "serve", "Run the daemon: plan, submit and replace replicas, route requests (SIGTERM leaves them running)."),
     "down": ("coral_hpc.cli.down", "down", "Stop the daemon, drain and cancel every replica of the deployment."),
     "keys": ("coral_hpc.cli.gateway", "keys", "Add, list or remove gateway API keys (hashed file)."),
 }

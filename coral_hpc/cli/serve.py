@@ -1,0 +1,62 @@
+"""``coral-hpc serve FILE``: run the daemon in the foreground until SIGTERM/SIGINT.
+
+SIGTERM stops the daemon and its gateway and leaves replicas running (a restart adopts them);
+``coral-hpc down FILE`` drains and cancels them. SIGHUP reloads FILE. The daemon's pid, gateway
+and metrics addresses are written beside the database (``coral-hpc status`` and ``down`` read
+them).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import click
+
+from coral_hpc.cli._output import fail
+from coral_hpc.config import load_deployment
+from coral_hpc.errors import ConfigError, PermanentError
+
+
+def _listen(option: str, value: str) -> str:
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit() or int(port) > 65535:
+        fail(f"{option} {value!r}: expected host:port such as 127.0.0.1:8000 (port 0 = any free)")
+    return value
+
+
+@click.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--listen", help="Gateway host:port, overriding gateway.listen (port 0 = any free "
+                               "port; the bound one is in `coral-hpc status`).")
+@click.option("--metrics", "metrics_listen", default="127.0.0.1:0", show_default=True,
+              help="host:port of the daemon's own Prometheus metrics; 'off' to disable.")
+@click.option("--cache-dir", type=click.Path(file_okay=False),
+              help="Stage-1 template cache [default: ~/.cache/coral-hpc/templates].")
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"]))
+def serve(file: str, listen: str | None, metrics_listen: str, cache_dir: str | None,
+          log_level: str) -> None:
+    """Serve every model of FILE at least cost until SIGTERM (replicas keep running)."""
+    from coral_hpc.daemon import serve as run_daemon
+    from coral_hpc.daemon.planner import SolverPlanner
+    from coral_hpc.daemon.process import AlreadyRunning
+
+    try:
+        load_deployment(file)  # fail fast, before a lock, a gateway or a Slurm call
+    except ConfigError as exc:
+        fail(exc.problems + [f"{file}: {len(exc.problems)} problem(s); nothing was started"])
+    if listen is not None:
+        _listen("--listen", listen)
+    metrics = None if metrics_listen.lower() == "off" else _listen("--metrics", metrics_listen)
+    logging.basicConfig(level=log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    planner = SolverPlanner(cache_dir=Path(cache_dir) if cache_dir else None)
+    try:
+        run_daemon(file, planner, gateway_listen=listen, metrics_listen=metrics)
+    except AlreadyRunning as exc:
+        fail(f"{file}: {exc}", status=1)
+    except PermanentError as exc:  # the gateway cannot start, Slurm refuses the backend
+        fail(f"{file}: {exc}")
+    except OSError as exc:  # the metrics port is taken
+        fail(f"{file}: {exc}", status=3)
