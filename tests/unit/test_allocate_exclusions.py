@@ -30,7 +30,7 @@ def _setup():
 
 
 def test_without_exclusions_the_cheap_partition_wins():
-    models, cluster, library, tm = _setup()
+    models, cluster, library, _ = _setup()
     plan = allocate(models, library, cluster, EXACT)
     assert [(r.partitions, r.count) for r in plan.rows] == [(("cheap",), 1)]
 
