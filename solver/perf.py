@@ -238,8 +238,20 @@ def _model_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_sta
     prefill_ctx = n_in / 2.0
 
     def step(b: int) -> float:
-        # Chunked prefill interleaves prompts with decodes: b/n_out requests arrive per step.
-        return step_time(c, b, b * n_in / n_out, b * ctx, prefill_ctx, over, n_stages, alpha, bw)
+        """Mean step time at steady state with ``b`` sequences decoding.
+
+        b/n_out requests arrive per step. vLLM schedules a waiting prompt whole in the next step
+        (its token budget, max_num_batched_tokens, holds a typical prompt), so prompt compute is
+        NOT spread thinly over every step, where the roofline would hide it under the
+        memory-bound decode: a fraction p of steps carries k whole prompts each, the rest decode
+        only. Averaging the two is what a sequence's mean time per output token sees.
+        """
+        arrivals = b / n_out
+        p = min(1.0, arrivals)           # share of steps that carry prompts
+        k = max(1.0, arrivals)           # prompts in such a step
+        decode_only = step_time(c, b, 0.0, b * ctx, 0.0, over, n_stages, alpha, bw)
+        with_prompts = step_time(c, b, k * n_in, b * ctx, prefill_ctx, over, n_stages, alpha, bw)
+        return (1.0 - p) * decode_only + p * with_prompts
 
     def feasible(b: int) -> tuple[bool, float]:
         t = step(b)
@@ -297,8 +309,8 @@ def stage_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_stag
 
     The stage is one node's ``tp`` GPUs holding ``layers`` layers of ``arch``, one of ``n_stages``
     stages, so it gets TTFT/n_stages and TPOT/n_stages. Finds the largest decode batch B whose
-    step (with chunked prefill interleaved: B * input/output prompt tokens per step) meets the
-    TPOT share, whose prompt step after one queued step meets the TTFT share, and whose KV cache
+    mean step (B/output prompts arrive per step, each processed whole in one step, as vLLM
+    schedules them) meets the TPOT share, whose prompt step after one queued step meets the TTFT share, and whose KV cache
     (n_stages micro-batches of B sequences of input + output/2 tokens) fits; returns
     B / (output_tokens x step). 0.0 when the stage cannot run, does not fit, or misses the SLO.
     Non-increasing in ``layers``; non-decreasing as the SLO loosens. Measured profiles override.
