@@ -1,0 +1,188 @@
+"""``coral-hpc serve`` on a test copy of examples/models.yaml, on the real local cluster with the
+sim engine and the real solver planner: every model gets READY replicas matching the stored plan
+(checked through ``coral-hpc status --json``), requests for every model are answered through
+the gateway with streaming intact, SIGTERM stops the daemon and leaves the replicas running, and
+``coral-hpc down`` drains and cancels them."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import pytest
+
+from coral_hpc.config import load_deployment
+from coral_hpc.daemon.process import info_path, read_info
+from coral_hpc.slurm import make_client
+from coral_hpc.store import open_store
+from tests.conftest import REPO, wait_until
+
+pytestmark = pytest.mark.slurm
+
+CLI = [sys.executable, "-c", "from coral_hpc.cli import main; main()"]
+
+
+def example_copy(tmp_path: Path) -> Path:
+    """examples/models.yaml with its own deployment name, state folders and short intervals."""
+    text = (REPO / "examples" / "models.yaml").read_text()
+    name = f"ex{secrets.token_hex(3)}"
+    replacements = {
+        r"(?m)^deployment: .*$": f"deployment: {name}",
+        r"(?m)^state_dir: .*$": f"state_dir: {tmp_path / 'shared'}",
+        r"(?m)^db_path: .*$": f"db_path: {tmp_path / 'daemon' / 'coral.db'}",
+        r"(?m)^  poll_interval_s: .*$": "  poll_interval_s: 1",
+        r"(?m)^  pending_timeout_s: .*$": "  pending_timeout_s: 120",
+    }
+    for pattern, value in replacements.items():
+        text, count = re.subn(pattern, value, text)
+        assert count == 1, f"examples/models.yaml no longer has {pattern!r}"
+    path = tmp_path / "models.yaml"
+    path.write_text(text)
+    return path
+
+
+def cli(env: dict, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *args], check=False, capture_output=True, text=True,
+                          timeout=timeout,
+                          env=env, cwd=REPO)
+
+
+def status(env: dict, config: Path) -> dict:
+    out = cli(env, "status", str(config), "--json")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def every_model_ready(env: dict, config: Path, models: list[str]) -> dict | None:
+    if not Path(load_deployment(config).db_path).exists():
+        return None  # serve has not made its database yet
+    data = status(env, config)
+    ready = {m["name"] for m in data["models"] if m["ready_replicas"] >= 1}
+    return data if ready >= set(models) else None
+
+
+def live_jobs(env: dict, deployment: str) -> list[str]:
+    snapshot = make_client("cli", env=env).snapshot(deployment)
+    return sorted(j.job_id for j in snapshot.jobs if j.end_kind is None)
+
+
+def streamed_chat(address: str, model: str) -> tuple[str, int]:
+    """A streamed chat completion through the gateway: (text, content chunks)."""
+    body = {"model": model, "messages": [{"role": "user", "content": "Say hello."}],
+            "max_tokens": 12, "stream": True}
+    text, chunks, done = "", 0, False
+    with httpx.stream("POST", f"http://{address}/v1/chat/completions", json=body,
+                      timeout=120) as resp:
+        assert resp.status_code == 200, resp.read()
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        for line in resp.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            payload = line[len("data: "):]
+            if payload == "[DONE]":
+                done = True
+                continue
+            delta = json.loads(payload)["choices"][0]["delta"].get("content") or ""
+            if delta:
+                chunks += 1
+                text += delta
+    assert done, "the stream did not end with [DONE]"
+    return text, chunks
+
+
+@pytest.fixture
+def env(slurm_cluster):
+    return {**os.environ, **slurm_cluster}
+
+
+def test_serve_the_example_end_to_end(tmp_path, env):
+    config = example_copy(tmp_path)
+    deployment = load_deployment(config)
+    models = [m.name for m in deployment.models]
+    log = open(tmp_path / "serve.log", "ab")  # noqa: SIM115 - closed below
+    serve = subprocess.Popen(
+        [*CLI, "serve", str(config), "--listen", "127.0.0.1:0",
+         "--cache-dir", str(tmp_path / "templates")],
+        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    stopped = False
+    try:
+        data = wait_until(lambda: every_model_ready(env, config, models), 240,
+                          "a READY replica of every model")
+        # let the daemon finish what the plan asks (e.g. a second replica of one model)
+        def settled():
+            current = status(env, config)
+            live = [r for r in current["replicas"] if r["state"] != "READY"]
+            planned = {m["name"]: m["planned_replicas"] for m in current["models"]}
+            ready = {m["name"]: m["ready_replicas"] for m in current["models"]}
+            return current if not live and planned == ready else None
+
+        data = wait_until(settled, 120, "every planned replica READY and nothing else live")
+
+        # READY replicas match the plan in the store, row by row
+        store = open_store(deployment.db_path, readonly=True)
+        try:
+            plan = store.latest_plan()
+        finally:
+            store.close()
+        assert plan is not None and plan.status in ("optimal", "feasible")
+        planned = Counter()
+        for row in plan.rows:
+            planned[(row["model"], row["template_id"], ",".join(row["partitions"]))] += row["count"]
+        actual = Counter((r["model"], r["template"], r["partition"]) for r in data["replicas"])
+        assert actual == planned
+        assert {k[0] for k in planned} == set(models)
+        for model in data["models"]:
+            assert model["served"] == pytest.approx(plan.demand[model["name"]])
+        for replica in data["replicas"]:
+            assert replica["job_id"] and replica["endpoint"]
+
+        # every model answers through the gateway, streamed and not
+        address = read_info(info_path(deployment))["gateway"]
+        for model in models:
+            text, chunks = streamed_chat(address, model)
+            assert text.strip() and chunks >= 2, (model, text, chunks)
+            resp = httpx.post(f"http://{address}/v1/completions",
+                              json={"model": model, "prompt": "Once", "max_tokens": 6},
+                              timeout=120)
+            assert resp.status_code == 200, resp.text
+            answer = resp.json()
+            assert answer["model"] == model and answer["choices"][0]["text"]
+            assert answer["usage"]["completion_tokens"] >= 1
+
+        # SIGTERM: the daemon and its gateway stop, the replicas keep running
+        running = sorted(r["job_id"] for r in data["replicas"])
+        serve.send_signal(signal.SIGTERM)
+        assert serve.wait(60) == 0
+        stopped = True
+        assert read_info(info_path(deployment)) is None
+        with pytest.raises(httpx.TransportError):
+            httpx.get(f"http://{address}/v1/models", timeout=5)
+        time.sleep(2)
+        assert live_jobs(env, deployment.deployment) == running
+
+        # down drains and cancels them
+        out = cli(env, "down", str(config), "--grace", "15", "--json")
+        assert out.returncode == 0, out.stderr
+        stopped_jobs = json.loads(out.stdout)["jobs"]
+        assert sorted(stopped_jobs) == running
+        wait_until(lambda: not live_jobs(env, deployment.deployment), 60,
+                   "no live job of the deployment after down")
+        assert status(env, config)["replicas"] == []
+    finally:
+        if not stopped and serve.poll() is None:
+            serve.send_signal(signal.SIGTERM)
+            serve.wait(60)
+        log.close()
+        client = make_client("cli", env=env)
+        leftover = live_jobs(env, deployment.deployment)
+        if leftover:
+            client.cancel(leftover)
