@@ -3,11 +3,16 @@
 :func:`allocate` prepares the data (:func:`solver.allocate_model.prepare`), builds the model once
 (:func:`solver.allocate_model.build_model`) and solves it with HiGHS:
 
-1. **Demand met** (phi fixed to 1): minimise cost per hour + K × cost of stages beyond those
-   running (K = start-up time ÷ re-plan interval).
-2. If that is infeasible, **scarce** mode, lexicographically: (a) maximise the smallest served
-   fraction phi (no model starved while another is served); (b) keeping phi, maximise the
-   priority-weighted served demand; (c) keeping both, minimise cost.
+1. **Served fraction** first: maximise phi, the smallest fraction of any model's demand served
+   (deciding "all demand can be met" this way avoids a slow proof of infeasibility).
+2. If phi = 1, **demand met**: minimise cost per hour + K × cost of stages beyond those running
+   (K = start-up time ÷ re-plan interval).
+3. Otherwise **scarce**, lexicographically: keeping phi, maximise the priority-weighted served
+   demand; keeping both, minimise cost.
+
+When models do not compete for GPUs, solving each alone and fixing the union is exact and much
+faster (:func:`_decomposed`): tried first. If the time limit ends a phase without a plan, the
+previous phase's plan is returned (gap unknown), or a greedy one when there is none at all.
 
 Speed comes from the formulation, exactly: availability removes templates that cannot fit; each
 MIP is solved over the columns whose LP reduced cost is small, and the answer is accepted only
@@ -87,13 +92,18 @@ class _Runner:
             return _Outcome(result, result.bound, len(nu))
         reduced = lp.reduced_costs[nu]
         at_zero = lp.x[nu] <= 1e-9
+        sigma_cols = self.sm.sigma["sigma"]
+        sigma_owner = np.array([j for j, _, _ in self.sm.sigma["keys"]], dtype=np.int64)
         scale = max(abs(lp.objective), 1e-6)
-        delta = 0.05 * scale
+        delta = 0.08 * scale
         upper = self.col_upper[nu].copy()
         try:
             while True:
                 excluded = at_zero & (reduced > delta)
                 highs.set_col_bounds(nu, 0.0, np.where(excluded, 0.0, upper))
+                if len(sigma_cols):  # their stages go too: a smaller model for presolve
+                    highs.set_col_bounds(sigma_cols, 0.0,
+                                         np.where(excluded[sigma_owner], 0.0, math.inf))
                 result = highs.solve(self.left(), gap)
                 least = reduced[excluded].min() if excluded.any() else math.inf
                 certified = lp.objective + least
@@ -110,6 +120,8 @@ class _Runner:
                 delta = result.objective - lp.objective
         finally:
             highs.set_col_bounds(nu, 0.0, upper)
+            if len(sigma_cols):
+                highs.set_col_bounds(sigma_cols, 0.0, math.inf)
 
 
 def allocate(
@@ -131,29 +143,44 @@ def allocate(
     phi, served, weighted = sm.demand["phi"], sm.demand["served"], sm.demand["weighted"]
     phases: dict[str, float] = {}
 
-    outcome = runner.minimise(sm.cost)
+    outcome = None
+    if backend == "highs" and policy.prune and len(data.models) > 1:
+        outcome = _decomposed(data, sm, runner, library, cluster, policy)
     status = "optimal"
-    if outcome.result.status == "infeasible":
-        status = "scarce"
+    if outcome is None:
+        # First the largest fraction of every demand that can be served together (phi): this
+        # decides "demand met" without a slow proof that demand cannot be met.
         runner.set_col(phi, 0.0, 1.0)
         objective = np.zeros(sm.lm.num_cols)
         objective[phi] = -1.0
         first = runner.minimise(objective)
         if first.result.x is None:
-            return _empty(data, first.result.status, time.perf_counter() - began, outcome)
+            return _fallback(models, library, cluster, policy, data, first.result.status, began)
         best_phi = float(first.result.x[phi])
-        phases["min_served_fraction"] = best_phi
-        runner.set_col(phi, max(best_phi - PHASE_TOLERANCE, 0.0), 1.0)
-        objective = np.zeros(sm.lm.num_cols)
-        objective[served] = [-m.priority for m in data.models]
-        second = runner.minimise(objective)
-        if second.result.x is None:
-            return _empty(data, second.result.status, time.perf_counter() - began, outcome)
-        best_weighted = -second.result.objective
-        phases["weighted_served"] = best_weighted
-        runner.set_row(weighted, best_weighted - PHASE_TOLERANCE * max(1.0, abs(best_weighted)),
-                       math.inf)
-        outcome = runner.minimise(sm.cost)
+        outcome = None
+        if best_phi >= 1.0 - policy.mip_gap - PHASE_TOLERANCE:
+            runner.set_col(phi, 1.0, 1.0)
+            outcome = runner.minimise(sm.cost)
+            if outcome.result.status == "infeasible":
+                outcome = None
+            elif outcome.result.x is None:  # out of time: the phase-1 plan serves every demand
+                outcome = _Outcome(first.result, -math.inf, outcome.columns) \
+                    if best_phi >= 1.0 - PHASE_TOLERANCE else None
+        if outcome is None:
+            status = "scarce"
+            phases["min_served_fraction"] = best_phi
+            runner.set_col(phi, max(best_phi - PHASE_TOLERANCE, 0.0), 1.0)
+            objective = np.zeros(sm.lm.num_cols)
+            objective[served] = [-m.priority for m in data.models]
+            second = runner.minimise(objective)
+            best = second.result if second.result.x is not None else first.result
+            best_weighted = float(np.dot([m.priority for m in data.models], best.x[served]))
+            phases["weighted_served"] = best_weighted
+            runner.set_row(weighted,
+                           best_weighted - PHASE_TOLERANCE * max(1.0, abs(best_weighted)), math.inf)
+            outcome = runner.minimise(sm.cost)
+            if outcome.result.x is None:  # out of time: keep the best served plan found
+                outcome = _Outcome(best, -math.inf, outcome.columns)
     if outcome.result.x is None:
         return _empty(data, outcome.result.status, time.perf_counter() - began, outcome)
     result = outcome.result
@@ -162,7 +189,58 @@ def allocate(
         status = "feasible"
     rows = decode(sm, result.x)
     phases["objective"] = float(result.objective)
+    phases["bound"] = float(outcome.bound)
     return _plan(data, rows, status, gap, time.perf_counter() - began, phases)
+
+
+def _fallback(models, library, cluster: Cluster, policy: Policy, data: Prepared, word: str,
+              began: float) -> Plan:
+    """No plan from the solver within the time limit: a greedy plan (Cauchy-style) so the
+    daemon still has something safe to act on, flagged with an unknown gap."""
+    if word == "infeasible":
+        return _empty(data, word, time.perf_counter() - began, None)
+    from solver.baselines import cauchy  # here: baselines builds on this module
+
+    plan = cauchy(models, library, replace(cluster, running=()), policy)
+    met = all(plan.served[m.name] >= m.demand_rps * (1 - 1e-9) for m in models)
+    return replace(plan, status="feasible" if met else "scarce", gap=math.inf,
+                   solve_seconds=time.perf_counter() - began,
+                   binding=plan.binding + ("time limit: greedy plan, optimality unknown",))
+
+
+def _decomposed(data: Prepared, sm: Stage2Model, runner: _Runner, library, cluster: Cluster,
+                policy: Policy) -> _Outcome | None:
+    """Exact shortcut when models do not compete for GPUs: solve each model alone (a relaxation
+    of the whole: the other models' use of GPUs and quotas dropped), so Σ of their bounds is a
+    lower bound on the whole; then fix the union of their replica counts in the whole model. If
+    that is feasible at (within the gap of) the bound, it is optimal for the whole. Otherwise
+    None: the caller solves the whole model."""
+    index = {t.id: j for j, t in enumerate(data.templates)}
+    counts = np.zeros(len(sm.nu))
+    bound = 0.0
+    for model in data.models:
+        sub_policy = replace(policy, time_limit_s=max(runner.left() / 2, 0.05))
+        sub = allocate([model], {model.name: library.get(model.name, [])}, cluster, sub_policy)
+        if sub.status != "optimal":
+            return None
+        bound += sub.phases.get("bound", sub.phases.get("objective", 0.0))
+        for row in sub.rows:
+            j = index.get(row.template.id)
+            if j is None:
+                return None
+            counts[j] += row.count
+    highs = runner.highs
+    upper = runner.col_upper[sm.nu].copy()
+    highs.set_col_bounds(sm.nu, counts, counts)
+    try:
+        result = highs.solve(runner.left(), policy.mip_gap)
+    finally:
+        highs.set_col_bounds(sm.nu, 0.0, upper)
+    if result.x is None:
+        return None
+    if result.objective - bound > policy.mip_gap * max(abs(result.objective), 1e-9) + 1e-9:
+        return None
+    return _Outcome(result, min(bound, result.objective), len(sm.nu))
 
 
 # --------------------------------------------------------------------------- decoding
@@ -295,7 +373,7 @@ def _plan(data: Prepared, rows: list[PlanRow], status: str, gap: float, seconds:
     )
 
 
-def _empty(data: Prepared, word: str, seconds: float, outcome: _Outcome) -> Plan:
+def _empty(data: Prepared, word: str, seconds: float, outcome: _Outcome | None) -> Plan:
     status = "infeasible" if word == "infeasible" else "no_solution"
     plan = _plan(data, [], status, math.inf, seconds, {})
     reasons = list(plan.binding)

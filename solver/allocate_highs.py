@@ -83,16 +83,16 @@ class HighsSolver:
     def set_row_bounds(self, row: int, lower: float, upper: float) -> None:
         self.h.changeRowBounds(int(row), max(lower, -self._inf), min(upper, self._inf))
 
-    def solve(self, time_limit: float, gap: float, relax: bool = False,
-              start: np.ndarray | None = None) -> SolveResult:
-        """Solve as a MIP (or its LP relaxation with ``relax``) within ``time_limit`` seconds."""
+    def solve(self, time_limit: float, gap: float, relax: bool = False) -> SolveResult:
+        """Solve as a MIP (or its LP relaxation with ``relax``) within ``time_limit`` seconds.
+
+        No warm start: with HiGHS 1.16, ``setSolution`` after a cost change made it report an
+        objective that did not match the returned point (seen in tests), so each solve is cold."""
         h = self.h
         h.setOptionValue("time_limit", max(float(time_limit), 0.01))
         h.setOptionValue("mip_rel_gap", float(gap))
         h.setOptionValue("solve_relaxation", bool(relax))
         h.clearSolver()
-        if start is not None and not relax:
-            h.setSolution(_solution(start))
         began = time.perf_counter()
         h.run()
         seconds = time.perf_counter() - began
@@ -120,9 +120,3 @@ class HighsSolver:
         return SolveResult(word, x, objective, bound, _gap(objective, bound) if not relax else 0.0,
                            seconds, reduced)
 
-
-def _solution(x: np.ndarray) -> highspy.HighsSolution:
-    solution = highspy.HighsSolution()
-    solution.col_value = list(np.asarray(x, float))
-    solution.value_valid = True
-    return solution

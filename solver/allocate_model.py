@@ -196,6 +196,26 @@ def _priced(cluster: Cluster, partition: str, gpu_type: str) -> bool:
     return False
 
 
+def _undominated(cluster: Cluster, classes: list[NodeClass], parts: list[str], gpu: str,
+                 tp: int) -> list[str]:
+    """Drop partition q for a (gpu, tp) stage when another partition p is as good in every way:
+    no dearer, reaches every node q reaches, and counts against no quota q does not. Any stage
+    in q can then move to p without raising cost or breaking a limit, so this is exact.
+    Identical partitions keep the first by name."""
+    price = {p.name: p.stage_cost(gpu, tp) for p in cluster.partitions if p.name in parts}
+    reach = {p: {n for c in classes if c.gpu_type == gpu and c.free >= tp and p in c.partitions
+                 for n in c.nodes} for p in parts}
+    quotas = {p: {q.name for q in cluster.quotas if q.matches(p, gpu)} for p in parts}
+
+    def beats(p: str, q: str) -> bool:
+        if p == q or price[p] > price[q] or not reach[p] >= reach[q] or not quotas[p] <= quotas[q]:
+            return False
+        same = price[p] == price[q] and reach[p] == reach[q] and quotas[p] == quotas[q]
+        return not same or p < q
+
+    return [q for q in parts if not any(beats(p, q) for p in parts)]
+
+
 def prepare(
     models: list[ModelSpec], library: dict[str, list[Template]], cluster: Cluster, policy: Policy
 ) -> Prepared:
@@ -221,17 +241,29 @@ def prepare(
     stage_parts: list[dict[str, list[str]]] = []
     upper: list[float] = []
     dropped = 0
+    undominated: dict[tuple, tuple[list[str], int]] = {}
+    open_parts: dict[tuple, list[str]] = {}
+    excluded = cluster.excluded_stages
+    price_names = sorted(prices)
     for mi, model in enumerate(models):
         for template in library.get(model.name, []):
             parts: dict[str, list[str]] = {}
             bound = INF if model.max_replicas is None else model.max_replicas
             for gpu, count in template.stage_counts().items():
-                allowed = [p for p in sorted(prices) if model.allows_partition(p)
-                           and slots.get((gpu, template.tp, p), 0) > 0
-                           and (template.id, gpu, p) not in cluster.excluded_stages]
+                base = (mi, gpu, template.tp)
+                if base not in open_parts:
+                    open_parts[base] = [p for p in price_names if model.allows_partition(p)
+                                        and slots.get((gpu, template.tp, p), 0) > 0]
+                allowed = open_parts[base]
+                if excluded:
+                    allowed = [p for p in allowed if (template.id, gpu, p) not in excluded]
+                key = (gpu, template.tp, tuple(allowed))
+                if key not in undominated:
+                    best = _undominated(cluster, classes, allowed, gpu, template.tp)
+                    fit = sum(slots.get((gpu, template.tp, p), 0) for p in best)
+                    undominated[key] = (best, min(fit, by_type.get((gpu, template.tp), 0)))
+                allowed, fit = undominated[key]
                 parts[gpu] = allowed
-                fit = sum(slots.get((gpu, template.tp, p), 0) for p in allowed)
-                fit = min(fit, by_type.get((gpu, template.tp), 0))
                 bound = min(bound, fit // count)
             if model.demand_rps > 0:
                 need = math.ceil(model.demand_rps / template.throughput - 1e-9)
@@ -315,10 +347,15 @@ def define_stage_partitions(lm: LinearModel, data: Prepared, nu: np.ndarray) -> 
     link_index = dict(zip(link_labels, link))
     rows = [link_index[(data.templates[j].id, g)] for j, g, _ in keys]
     lm.add_terms(rows, sigma, 1.0)
+    link_rows, link_cols, link_vals = [], [], []
     for j, (template, parts) in enumerate(zip(data.templates, data.stage_parts)):
         counts = template.stage_counts()
         for gpu in sorted(parts):
-            lm.add_terms(link_index[(template.id, gpu)], nu[j], -float(counts[gpu]))
+            link_rows.append(link_index[(template.id, gpu)])
+            link_cols.append(nu[j])
+            link_vals.append(-float(counts[gpu]))
+    if link_rows:
+        lm.add_terms(link_rows, link_cols, link_vals)
     # churn[j,g,p] ≥ sigma[j,g,p] − running[j,g,p], paying K·c, only where something runs
     churn_keys = [k for k in keys if data.running.get(k, 0) > 0]
     if churn_keys:
@@ -381,16 +418,18 @@ def define_quotas(lm: LinearModel, data: Prepared, sigma: dict) -> None:
     if not quotas:
         return
     rows = lm.add_rows("quota", [(q.name,) for q in quotas], -INF, [q.max_gpus for q in quotas])
+    tp = np.array([data.templates[j].tp for j, _, _ in sigma["keys"]], dtype=float)
     for row, quota in zip(rows, quotas):
-        for col, (j, g, p) in zip(sigma["sigma"], sigma["keys"]):
-            if quota.matches(p, g):
-                lm.add_terms(row, col, float(data.templates[j].tp))
+        hit = {(g, p): quota.matches(p, g) for _, g, p in set(sigma["keys"])}
+        mask = np.array([hit[(g, p)] for _, g, p in sigma["keys"]], dtype=bool)
+        if mask.any():
+            lm.add_terms(np.full(int(mask.sum()), row), sigma["sigma"][mask], tp[mask])
 
 
 def define_demand(lm: LinearModel, data: Prepared, nu: np.ndarray) -> dict:
     """served[m] ∈ [0, D_m], phi ∈ [0, 1] and
 
-        cover[m]:    Σ_{j∈m} T_j · nu[j] − served[m] ≥ 0
+        cover[m]:    Σ_{j∈m} min(T_j, D_m) · nu[j] − served[m] ≥ 0
         fair[m]:     served[m] − D_m · phi ≥ 0          (phi = 1 ⇒ every demand met)
         weighted:    Σ_m priority_m · served[m] ≥ W     (W set by the scarce phases)
         replicas[m]: min_m ≤ Σ_{j∈m} nu[j] ≤ max_m
@@ -400,9 +439,11 @@ def define_demand(lm: LinearModel, data: Prepared, nu: np.ndarray) -> dict:
     served = lm.add_vars("served", names, 0.0, demand, integer=False)
     phi = lm.add_vars("phi", [()], 1.0, 1.0, integer=False)
     cover = lm.add_rows("cover", names, 0.0, INF)
+    # min(T_j, D_m) instead of T_j: equivalent for integer nu (one replica of a template that
+    # alone covers D_m already serves all of it) and a much tighter LP relaxation
     throughput = np.array([t.throughput for t in data.templates])
     if len(nu):
-        lm.add_terms(cover[data.model_of], nu, throughput)
+        lm.add_terms(cover[data.model_of], nu, np.minimum(throughput, demand[data.model_of]))
     lm.add_terms(cover, served, -1.0)
     fair = lm.add_rows("fair", names, 0.0, INF)
     lm.add_terms(fair, served, 1.0)

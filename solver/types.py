@@ -11,6 +11,7 @@ Outputs: :class:`Template` (Stage 1) and :class:`Plan` of :class:`PlanRow` (Stag
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -228,7 +229,7 @@ class Template:
     def gpus(self) -> int:
         return self.tp * self.pp
 
-    @property
+    @functools.cached_property
     def id(self) -> str:
         """Stable identifier, safe for Slurm job comments: ``model.tp2.a100-20.v100-12``."""
         parts = ".".join(f"{s.gpu_type}-{s.layers}" for s in self.stages)

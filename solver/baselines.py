@@ -1,0 +1,163 @@
+"""Baselines Coral is compared with, on the same library, cluster and prices.
+
+- :func:`homo`: every replica of a model on one GPU type — the best type per model (cheapest when
+  the model is planned alone) — then all models planned together on their types.
+- :func:`melange`: Mélange-style — each model planned alone, in priority order, on what the
+  previous ones left; replicas single-GPU-type (types may differ between replicas).
+- :func:`cauchy`: Cauchy-style greedy — per model, homogeneous templates ranked by tokens per
+  unit cost; replicas of the best one that still fits (first fit on nodes) until demand is met.
+
+Each returns a :class:`~solver.types.Plan` the checker (:mod:`solver.check`) accepts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import replace
+
+from solver.allocate import allocate
+from solver.types import Cluster, ModelSpec, NodeGroup, Plan, PlanRow, Policy, Quota, Template
+
+
+def _single_type(templates: list[Template], gpu: str | None = None) -> list[Template]:
+    return [t for t in templates if not t.heterogeneous and (gpu is None or t.stages[0].gpu_type == gpu)]
+
+
+def combine(models: list[ModelSpec], plans: list[Plan], seconds: float) -> Plan:
+    """One plan out of per-model plans (rows concatenated, figures recomputed)."""
+    rows = tuple(row for plan in plans for row in plan.rows)
+    capacity = Counter()
+    for row in rows:
+        capacity[row.model] += row.count * row.throughput
+    demand = {m.name: m.demand_rps for m in models}
+    served = {m.name: min(demand[m.name], capacity[m.name]) for m in models}
+    met = all(served[m.name] >= m.demand_rps * (1 - 1e-9) for m in models)
+    statuses = {plan.status for plan in plans}
+    status = "optimal" if met and statuses <= {"optimal"} else ("feasible" if met else "scarce")
+    return Plan(
+        rows=rows,
+        demand=demand,
+        served=served,
+        capacity={m.name: capacity[m.name] for m in models},
+        cost_per_hour=sum(row.count * row.cost_per_hour for row in rows),
+        status=status,
+        gap=max((plan.gap for plan in plans), default=0.0),
+        solve_seconds=seconds,
+        binding=tuple(b for plan in plans for b in plan.binding),
+    )
+
+
+def subtract(cluster: Cluster, plan: Plan) -> Cluster:
+    """The cluster left after ``plan``: its placed stages taken off the nodes and the quotas."""
+    used = Counter()
+    quota_used = Counter()
+    for row in plan.rows:
+        for placed in row.nodes:
+            for node in placed:
+                used[node] += row.template.tp
+        for stage, p in zip(row.template.stages, row.partitions):
+            for quota in cluster.quotas:
+                if quota.matches(p, stage.gpu_type):
+                    quota_used[quota.name] += row.count * row.template.tp
+    groups = tuple(
+        replace(g, free=tuple(max(f - used[n], 0) for n, f in zip(g.nodes, g.free)))
+        for g in cluster.node_groups
+    )
+    quotas = tuple(replace(q, max_gpus=max(q.max_gpus - quota_used[q.name], 0)) for q in cluster.quotas)
+    return replace(cluster, node_groups=groups, quotas=quotas, running=())
+
+
+def homo(models: list[ModelSpec], library: dict[str, list[Template]], cluster: Cluster,
+         policy: Policy = Policy()) -> Plan:
+    """Every replica of a model on one GPU type: the type cheapest for the model alone."""
+    began = time.perf_counter()
+    chosen: dict[str, list[Template]] = {}
+    for model in models:
+        best_key, best = None, []
+        for gpu in sorted({t.stages[0].gpu_type for t in _single_type(library.get(model.name, []))}):
+            subset = _single_type(library[model.name], gpu)
+            alone = allocate([model], {model.name: subset}, replace(cluster, running=()), policy)
+            key = (-alone.served[model.name], alone.cost_per_hour)
+            if alone.rows and (best_key is None or key < best_key):
+                best_key, best = key, subset
+        chosen[model.name] = best
+    plan = allocate(models, chosen, replace(cluster, running=()), policy)
+    return replace(plan, solve_seconds=time.perf_counter() - began)
+
+
+def melange(models: list[ModelSpec], library: dict[str, list[Template]], cluster: Cluster,
+            policy: Policy = Policy()) -> Plan:
+    """Each model alone (priority order) on what is left; single-type replicas of any type."""
+    began = time.perf_counter()
+    left = replace(cluster, running=())
+    plans = []
+    for model in sorted(models, key=lambda m: (-m.priority, m.name)):
+        plan = allocate([model], {model.name: _single_type(library.get(model.name, []))}, left, policy)
+        plans.append(plan)
+        left = subtract(left, plan)
+    return combine(models, plans, time.perf_counter() - began)
+
+
+def cauchy(models: list[ModelSpec], library: dict[str, list[Template]], cluster: Cluster,
+           policy: Policy = Policy()) -> Plan:
+    """Greedy by tokens per unit cost over homogeneous templates, first fit on nodes."""
+    began = time.perf_counter()
+    free = {n: f for g in cluster.node_groups for n, f in zip(g.nodes, g.free)}
+    group_of = {n: g for g in cluster.node_groups for n in g.nodes}
+    quota_left = {q.name: q.max_gpus for q in cluster.quotas}
+    rows: Counter = Counter()
+    placements: dict[tuple[Template, tuple[str, ...], float], list[tuple[str, ...]]] = {}
+    for model in sorted(models, key=lambda m: (-m.priority, m.name)):
+        options = []
+        for t in _single_type(library.get(model.name, [])):
+            for part in cluster.partitions:
+                if not part.usable or not model.allows_partition(part.name):
+                    continue
+                cost = part.stage_cost(t.stages[0].gpu_type, t.tp)
+                if cost is None or cost <= 0:
+                    continue
+                tokens_per_cost = t.throughput * model.output_tokens / (cost * t.pp)
+                options.append((-tokens_per_cost, t.id, part.name, t, cost * t.pp))
+        options.sort(key=lambda o: o[:3])
+        capacity = 0.0
+        count = 0
+        for _rank, _id, part, template, cost in options:
+            while capacity < model.demand_rps - 1e-9 or count < model.min_replicas:
+                if model.max_replicas is not None and count >= model.max_replicas:
+                    break
+                nodes = _first_fit(template, part, cluster, free, group_of, quota_left)
+                if nodes is None:
+                    break
+                key = (template, (part,) * template.pp, cost)
+                rows[key] += 1
+                placements.setdefault(key, []).append(nodes)
+                capacity += template.throughput
+                count += 1
+    plan_rows = tuple(PlanRow(t, parts, n, cost, tuple(placements[(t, parts, cost)]))
+                      for (t, parts, cost), n in rows.items())
+    single = Plan(plan_rows, {}, {}, {}, 0.0, "feasible", 0.0, 0.0)
+    return combine(models, [single], time.perf_counter() - began)
+
+
+def _first_fit(template: Template, partition: str, cluster: Cluster, free: dict[str, int],
+               group_of: dict[str, NodeGroup], quota_left: dict[str, int]) -> tuple[str, ...] | None:
+    part = next(p for p in cluster.partitions if p.name == partition)
+    gpu = template.stages[0].gpu_type
+    quotas: list[Quota] = [q for q in cluster.quotas if q.matches(partition, gpu)]
+    need = template.tp * template.pp
+    if any(quota_left[q.name] < need for q in quotas):
+        return None
+    chosen: list[str] = []
+    trial = dict(free)
+    for _ in template.stages:
+        node = next((n for n in sorted(trial) if trial[n] >= template.tp
+                     and group_of[n].gpu_type == gpu and group_of[n].name in part.node_groups), None)
+        if node is None:
+            return None
+        trial[node] -= template.tp
+        chosen.append(node)
+    free.update(trial)
+    for q in quotas:
+        quota_left[q.name] -= need
+    return tuple(chosen)

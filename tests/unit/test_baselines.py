@@ -1,0 +1,51 @@
+"""Baselines: valid plans on the same inputs, never cheaper than Coral's optimum when they meet
+demand (Coral searches a superset of their plans)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from solver import baselines
+from solver.allocate import allocate
+from solver.check import check_plan
+from solver.joint import random_instance
+from solver.templates import build_library
+
+
+@pytest.mark.parametrize("seed", [0, 2, 5, 7, 10, 11])
+def test_baselines_are_valid_and_never_beat_the_optimum(seed):
+    inst = random_instance(seed, scarce=False)
+    lib = build_library(inst.models, inst.cluster.gpu_types(), inst.policy, inst.throughput,
+                        use_cache=False)
+    coral = allocate(inst.models, lib, inst.cluster, inst.policy)
+    for name in ("homo", "melange", "cauchy"):
+        plan = getattr(baselines, name)(inst.models, lib, inst.cluster, inst.policy)
+        assert check_plan(plan, inst.models, inst.cluster, lib, inst.throughput) == [], name
+        assert all(not r.template.heterogeneous for r in plan.rows), name
+        if name == "homo":  # one GPU type per model
+            for model in inst.models:
+                types = {r.template.stages[0].gpu_type for r in plan.rows if r.model == model.name}
+                assert len(types) <= 1
+        met = all(plan.served[m.name] >= m.demand_rps * (1 - 1e-9) for m in inst.models)
+        if met and coral.status == "optimal":
+            assert coral.cost_per_hour <= plan.cost_per_hour * (1 + 1e-9), name
+        # served never above what Coral's fairness-first plan could serve in total, when scarce
+        if coral.status == "scarce":
+            assert min(plan.served[m.name] / m.demand_rps for m in inst.models if m.demand_rps) \
+                <= coral.phases["min_served_fraction"] + 1e-9
+
+
+def test_subtract_takes_placed_gpus_off_nodes_and_quotas():
+    inst = random_instance(3)
+    lib = build_library(inst.models, inst.cluster.gpu_types(), inst.policy, inst.throughput,
+                        use_cache=False)
+    plan = allocate(inst.models, lib, inst.cluster, inst.policy)
+    left = baselines.subtract(inst.cluster, plan)
+    used = sum(r.count * r.template.gpus for r in plan.rows)
+    before = sum(sum(g.free) for g in inst.cluster.node_groups)
+    after = sum(sum(g.free) for g in left.node_groups)
+    assert before - after == used
+    again = replace(plan, rows=())
+    assert baselines.subtract(inst.cluster, again).node_groups == inst.cluster.node_groups
