@@ -6,6 +6,8 @@ change costs and bounds in place instead of rebuilding anything.
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from dataclasses import dataclass
 
@@ -34,12 +36,32 @@ def _gap(objective: float, bound: float) -> float:
     return abs(objective - bound) / max(abs(objective), 1e-9)
 
 
+_BANNER_SHOWN = False
+
+
+def _new_highs() -> "highspy.Highs":
+    """A Highs instance. HiGHS prints its banner on stdout from C++ at the first construction in
+    a process, which would corrupt ``--json`` output: that one construction writes to stderr."""
+    global _BANNER_SHOWN
+    if _BANNER_SHOWN:
+        return highspy.Highs()
+    _BANNER_SHOWN = True
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        return highspy.Highs()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 class HighsSolver:
     """min cost·x over a LinearModel, solved by HiGHS; costs and bounds mutable between solves."""
 
     def __init__(self, lm: LinearModel, seed: int = 0, options: dict | None = None) -> None:
         self.lm = lm
-        self.h = highspy.Highs()
+        self.h = _new_highs()
         self.h.setOptionValue("output_flag", False)
         self.h.setOptionValue("random_seed", seed)
         for name, value in (options or {}).items():

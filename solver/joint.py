@@ -168,7 +168,6 @@ def build_joint(inst: Instance) -> tuple[LinearModel, dict]:
                 nodes.append((node, group.gpu_type, group.gpus_per_node, free, parts))
     gpus = sorted({n[1] for n in nodes})
     sizes = sorted({t for m in models for t in tm.tp_degrees(m, policy.max_tp)})
-    price = {(p.name, g): p.gpu_hour_cost(g) for p in usable for g in gpus}
     # node-level packing: q[n,t,p]
     q_labels = [(n[0], t, p) for n in nodes for t in sizes if t <= n[3] for p in n[4]]
     q = dict(zip(q_labels, lm.add_vars("q", q_labels, 0.0, INF, integer=True)))
@@ -188,7 +187,8 @@ def build_joint(inst: Instance) -> tuple[LinearModel, dict]:
                         (n[1] == g and p.name in n[4] and n[3] >= t) for n in nodes
                     ):
                         e_labels.append((m.name, g, t, p.name))
-    e_cost = [price[(p, g)] * t for _, g, t, p in e_labels]
+    by_name = {p.name: p for p in usable}
+    e_cost = [by_name[p].stage_cost(g, t) for _, g, t, p in e_labels]
     e = dict(zip(e_labels, lm.add_vars("e", e_labels, 0.0, INF, integer=True, cost=e_cost)))
     supply_labels = sorted({(g, t, p) for _, g, t, p in e_labels})
     supply = dict(zip(supply_labels, lm.add_rows("supply", supply_labels, -INF, 0.0)))

@@ -71,9 +71,9 @@ class NodeGroup:
 class Billing:
     """Slurm's billing of a job shape: TRESBillingWeights and the per-GPU CPU/memory request.
 
-    billing per hour of a stage with ``g`` GPUs of type ``t`` =
-    g × (cpu × cpus_per_gpu + mem_gb × mem_per_gpu_gb + gpu + gpu_by_type[t]);
-    with ``max_tres`` (PriorityFlags=MAX_TRES) the sum becomes the largest single term.
+    billing per hour of a stage with ``g`` GPUs of type ``t`` on one node =
+    g × (cpu × cpus_per_gpu + mem_gb × mem_per_gpu_gb + gpu + gpu_by_type[t]) + node;
+    with ``max_tres`` (PriorityFlags=MAX_TRES) the per-GPU sum becomes its largest term.
     Slurm counts a typed GPU request under both ``GRES/gpu`` and ``GRES/gpu:<type>``.
     """
 
@@ -84,6 +84,7 @@ class Billing:
     cpus_per_gpu: int = 4
     mem_per_gpu_gb: float = 32.0
     max_tres: bool = False
+    node: float = 0.0  #: TRESBillingWeights Node=, charged once per node (one stage)
 
     def per_gpu_hour(self, gpu_type: str) -> float:
         """Billing units per hour for one GPU of ``gpu_type`` with its share of CPUs and memory."""
@@ -116,7 +117,9 @@ class Partition:
     def stage_cost(self, gpu_type: str, gpus: int) -> float | None:
         """Cost per hour of one pipeline stage using ``gpus`` GPUs of ``gpu_type`` here."""
         unit = self.gpu_hour_cost(gpu_type)
-        return None if unit is None else unit * gpus
+        if unit is None:
+            return None
+        return unit * gpus + (self.billing.node if self.billing is not None else 0.0)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,94 @@
+"""``coral-hpc plan models.yaml``: what Coral would run now — replicas per model, partition and
+layout, cost per hour, served vs demanded, solve times — from a live Slurm snapshot or a saved one
+(``--snapshot``, as written by ``coral-hpc cluster --json``). Submits nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from coral_hpc.cli._output import console, err_console, fail, print_json
+
+#: exit status when the independent checker rejects the plan (a solver bug: report it)
+EXIT_REJECTED = 1
+
+
+@click.command()
+@click.argument("models_yaml", type=click.Path(dir_okay=False))
+@click.option("--snapshot", "snapshot_file", type=click.Path(dir_okay=False),
+              help="Plan on a snapshot saved by `coral-hpc cluster --json` instead of asking Slurm.")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+@click.option("--export-templates", "export_file", type=click.Path(dir_okay=False),
+              help="Write the Stage-1 template library (usage, throughput, price) as JSON here.")
+@click.option("--cache-dir", type=click.Path(file_okay=False),
+              help="Stage-1 cache folder (default ~/.cache/coral-hpc/templates).")
+def plan(models_yaml: str, snapshot_file: str | None, as_json: bool, export_file: str | None,
+         cache_dir: str | None) -> None:
+    """Plan replicas for MODELS_YAML at least cost; print the plan (nothing is submitted)."""
+    from coral_hpc.cli.cluster import load_snapshot_file, observe
+    from coral_hpc.config import load_deployment
+    from coral_hpc.errors import ConfigError
+    from coral_hpc.plan import plan_deployment, plan_json, templates_json
+
+    try:
+        deployment = load_deployment(models_yaml)
+    except ConfigError as exc:
+        fail(exc.problems + [f"{models_yaml}: {len(exc.problems)} problem(s)"])
+    snapshot = load_snapshot_file(snapshot_file) if snapshot_file else observe(models_yaml, None)
+    unknown = sorted({m.architecture for m in deployment.models} - _known_architectures())
+    if unknown:
+        fail([f"{models_yaml}: architecture(s) {unknown} not in profiles/models.yaml; "
+              f"known: {', '.join(sorted(_known_architectures()))}"])
+    progress = None
+    if not as_json:
+        def progress(name: str, done: int, total: int) -> None:
+            if name:
+                err_console.print(f"Stage 1: {name} ({done + 1}/{total})", highlight=False)
+    result = plan_deployment(deployment, snapshot,
+                             cache_dir=Path(cache_dir) if cache_dir else None, progress=progress)
+    if export_file:
+        Path(export_file).write_text(json.dumps(templates_json(result), indent=1))
+    if as_json:
+        print_json(plan_json(result))
+    else:
+        _print_table(result)
+    if result.problems:
+        fail([f"checker: {p}" for p in result.problems], status=EXIT_REJECTED)
+
+
+def _known_architectures() -> set[str]:
+    from solver.catalog import load_models
+
+    return set(load_models())
+
+
+def _print_table(result) -> None:
+    plan = result.plan
+    unit = "billing/h" if result.unit == "billing" else "per h"
+    table = Table(title=f"Plan: {plan.status}, {plan.cost_per_hour:.2f} {unit}")
+    for column in ("model", "partition", "layout", "TP×PP", "count", "req/s each", f"cost {unit} each"):
+        table.add_column(column)
+    for row in plan.rows:
+        t = row.template
+        layout = " + ".join(f"{s.gpu_type}[{s.layers}]" for s in t.stages)
+        if not t.calibrated:
+            layout += " (uncalibrated)"
+        table.add_row(row.model, ",".join(dict.fromkeys(row.partitions)), layout,
+                      f"{t.tp}×{t.pp}", str(row.count), f"{row.throughput:.3g}",
+                      f"{row.cost_per_hour:.3g}")
+    console.print(table)
+    served = Table(title="Demand (requests/s of each model's mix)")
+    for column in ("model", "demand", "served", "capacity"):
+        served.add_column(column)
+    for m in result.models:
+        served.add_row(m.name, f"{m.demand_rps:.3g}", f"{plan.served[m.name]:.3g}",
+                       f"{plan.capacity[m.name]:.3g}")
+    console.print(served)
+    gap = "unknown" if plan.gap == float("inf") else f"{plan.gap:.1e}"
+    console.print(f"Stage 1 {result.stage1_s:.2f} s, Stage 2 {result.stage2_s:.2f} s, gap {gap}",
+                  highlight=False)
+    for line in plan.binding:
+        console.print(f"binding: {line}", highlight=False)

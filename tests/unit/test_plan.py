@@ -1,0 +1,152 @@
+"""coral_hpc.plan + ``coral-hpc plan``: a real dev-cluster snapshot (recorded with
+``coral-hpc cluster --json``) → solver inputs → a plan the checker accepts, priced by Slurm's
+billing of the job shape, printed as JSON with the documented keys."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from coral_hpc.cli.plan import plan as plan_command
+from coral_hpc.config import load_deployment
+from coral_hpc.plan import cluster_from_snapshot, model_specs, plan_deployment
+from coral_hpc.slurm.snapshot import ClusterSnapshot
+from coral_hpc.types import JobTag
+
+REPO = Path(__file__).resolve().parents[2]
+SNAPSHOT = REPO / "tests" / "data" / "plan" / "devcluster-snapshot.json"
+MODELS = REPO / "examples" / "models.yaml"
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("templates")
+
+
+@pytest.fixture(scope="module")
+def snapshot():
+    return ClusterSnapshot.from_json(SNAPSHOT.read_text())
+
+
+@pytest.fixture(scope="module")
+def result(snapshot, cache):
+    return plan_deployment(load_deployment(MODELS), snapshot, cache_dir=cache)
+
+
+def test_plan_on_the_recorded_snapshot_meets_demand_and_the_checker_accepts_it(result):
+    assert result.problems == []
+    assert result.plan.status == "optimal"
+    for model in result.models:
+        assert result.plan.served[model.name] == pytest.approx(model.demand_rps)
+    # phi-4's demand is token-based: 300 output tokens/s ÷ 256 tokens per request
+    assert next(m for m in result.models if m.name == "phi-4").demand_rps == pytest.approx(300 / 256)
+
+
+def test_replica_cost_is_slurm_billing_of_the_job_shape(result, snapshot):
+    deployment = load_deployment(MODELS)
+    shape = deployment.cluster
+    for row in result.plan.rows:
+        expected = 0.0
+        for stage, partition in zip(row.template.stages, row.partitions):
+            gpus = row.template.tp
+            expected += snapshot.partition(partition).billing_for(
+                gpus, stage.gpu_type, shape.cpus_per_gpu * gpus, shape.mem_per_gpu_gb * gpus)
+        assert row.cost_per_hour == pytest.approx(expected)
+    assert result.plan.cost_per_hour == pytest.approx(
+        sum(r.count * r.cost_per_hour for r in result.plan.rows))
+
+
+def test_drained_nodes_offer_nothing_and_own_running_replicas_keep_their_gpus(snapshot):
+    deployment = load_deployment(MODELS)
+    nodes = list(snapshot.nodes)
+    i = next(k for k, n in enumerate(nodes) if n.name == "a100-01")
+    nodes[i] = replace(nodes[i], state="draining", slurm_state="IDLE+DRAIN", gpus_free=0)
+    j = next(k for k, n in enumerate(nodes) if n.name == "v100-01")
+    nodes[j] = replace(nodes[j], state="mixed", gpus_alloc=2, gpus_free=2)
+    tag = JobTag("demo", "qwen3-8b", "r1", "qwen3-8b.tp2.v100-36")
+    job = {
+        "job_id": "77", "tag": tag.__dict__, "name": tag.job_name(), "state": "RUNNING",
+        "reason": None, "partition": "v100", "nodes": ["v100-01"], "num_nodes": 1,
+        "submit_time": 1.0, "start_time": 2.0, "end_time": None, "time_limit_s": 3600,
+        "time_left_s": 3000, "expected_start": None, "restarts": 0, "gpus": 2, "gpu_type": "v100",
+    }
+    data = replace(snapshot, nodes=tuple(nodes)).to_dict()
+    data["jobs"] = [job]
+    cluster = cluster_from_snapshot(deployment, ClusterSnapshot.from_dict(data))
+    free = {n: f for g in cluster.node_groups for n, f in zip(g.nodes, g.free)}
+    assert free["a100-01"] == 0
+    assert free["v100-01"] == 4  # 2 idle + 2 held by our own replica
+    assert [(r.template_id, r.partitions, r.count) for r in cluster.running] == [
+        ("qwen3-8b.tp2.v100-36", ("v100",), 1)]
+    # the shared "gpu" partition is not configured in examples/models.yaml: not offered
+    assert {p.name for p in cluster.partitions} == {"v100", "a100", "a100-80g"}
+
+
+def test_cli_json_has_the_documented_keys_and_the_template_export(cache, tmp_path):
+    export = tmp_path / "templates.json"
+    run = CliRunner().invoke(plan_command, [str(MODELS), "--snapshot", str(SNAPSHOT), "--json",
+                                            "--export-templates", str(export),
+                                            "--cache-dir", str(cache)])
+    assert run.exit_code == 0, run.output
+    doc = json.loads(run.stdout)
+    assert {"mode", "cost_per_hour", "solve_seconds", "models", "replicas"} <= set(doc)
+    assert set(doc["solve_seconds"]) == {"stage1", "stage2"}
+    for model in doc["models"]:
+        assert {"name", "demand", "served"} <= set(model)
+    for replica in doc["replicas"]:
+        assert {"model", "partition", "count", "throughput", "cost_per_hour", "tp", "pp",
+                "stages"} <= set(replica)
+        for stage in replica["stages"]:
+            assert {"gpu_type", "gpus", "layers", "partition"} <= set(stage)
+        assert sum(s["layers"] for s in replica["stages"]) > 0 and len(replica["stages"]) == replica["pp"]
+    assert doc["cost_per_hour"] == pytest.approx(
+        sum(r["count"] * r["cost_per_hour"] for r in doc["replicas"]))
+    library = json.loads(export.read_text())
+    planned = {r["template"] for r in doc["replicas"]}
+    exported = {t["id"]: t for t in library["templates"]}
+    assert planned <= set(exported)
+    for replica in doc["replicas"]:
+        t = exported[replica["template"]]
+        assert t["throughput"] == pytest.approx(replica["throughput"])
+        if len(set(s["partition"] for s in replica["stages"])) == 1:
+            assert t["price_per_hour"][replica["stages"][0]["partition"]] == pytest.approx(
+                replica["cost_per_hour"])
+
+
+def test_cli_prints_a_table_and_json_stays_clean_of_solver_banners(cache):
+    run = subprocess.run(
+        [sys.executable, "-c", "from coral_hpc.cli import main; main()", "plan", str(MODELS),
+         "--snapshot", str(SNAPSHOT), "--json", "--cache-dir", str(cache)],
+        capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert run.returncode == 0, run.stderr
+    json.loads(run.stdout)  # nothing but JSON on stdout
+    table = CliRunner().invoke(plan_command, [str(MODELS), "--snapshot", str(SNAPSHOT),
+                                              "--cache-dir", str(cache)])
+    assert table.exit_code == 0, table.output
+    assert "Plan: optimal" in table.stdout and "llama-70b" in table.stdout
+
+
+def test_bad_input_exits_2_naming_the_file_and_submits_nothing(tmp_path, cache):
+    bad = tmp_path / "models.yaml"
+    bad.write_text(MODELS.read_text().replace("ttft_s: 2.0", "ttft_s: -1"))
+    run = CliRunner().invoke(plan_command, [str(bad), "--snapshot", str(SNAPSHOT)])
+    assert run.exit_code == 2 and f"{bad}:" in run.stderr and "ttft_s" in run.stderr
+    missing = CliRunner().invoke(plan_command, [str(MODELS), "--snapshot", str(tmp_path / "no.json")])
+    assert missing.exit_code == 2 and "no.json" in missing.stderr
+
+
+@pytest.mark.slurm
+def test_live_plan_on_the_local_cluster(cache):
+    run = subprocess.run(
+        [sys.executable, "-c", "from coral_hpc.cli import main; main()", "plan", str(MODELS),
+         "--json", "--cache-dir", str(cache)],
+        capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert run.returncode == 0, run.stderr
+    doc = json.loads(run.stdout)
+    assert doc["mode"] in ("optimal", "scarce") and doc["checker_problems"] == []
