@@ -33,20 +33,6 @@ OVERLOAD = 3.0
 OVERLOAD_WINDOW_S = 15.0
 MODELS = ("qwen3-8b", "phi-4", "llama-70b")
 
-#: A finding, not a tolerance: see the reason. Strict, so the suite says so once it is fixed.
-LLAMA_FINDING = pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "plan vs engine disagree for llama-70b's planned replica "
-        "(tp1, a100-80g:37 + a100-80g:37 + v100:6; planned 0.764 req/s): the sim engine, like vLLM, "
-        "prefills a whole prompt in one step (271 ms on each a100-80g stage for 1024 tokens), while "
-        "solver.perf.stage_throughput spreads prompts over decode steps (b*in/out tokens per step) "
-        "where the roofline (a100-80g overlap 0.21) hides most of it: it charges ~65 ms per prompt. "
-        "Even at 0.36 req/s with every request exactly 1024/256 the engine's TPOT is 158-177 ms "
-        "(SLO 150 ms). See the SLO report (bench/results/slo.md)."
-    ),
-)
-
 
 def _start(model: str, index: int) -> int:
     """A different part of the trace for each model, the same on every run."""
@@ -97,11 +83,7 @@ def test_the_plan_serves_every_model_of_the_example(stack):
 
 @pytest.mark.parametrize(
     "model",
-    [
-        "qwen3-8b",
-        "phi-4",
-        pytest.param("llama-70b", marks=LLAMA_FINDING),
-    ],
+    MODELS,
 )
 def test_slo_met_at_the_planned_demand(stack, at_planned_demand, model):
     summary = at_planned_demand[model]
