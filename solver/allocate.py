@@ -282,8 +282,10 @@ def decode(sm: Stage2Model, x: np.ndarray) -> list[PlanRow]:
             replicas.append(tuple(parts))
         for parts in replicas:
             rows[(j, parts)] += 1
-            placed = tuple(_pop_slot(slots, stage.gpu_type, template.tp, p)
-                           for stage, p in zip(template.stages, parts))
+            placed: list[str] = []
+            for stage, p in zip(template.stages, parts):
+                placed.append(_pop_slot(slots, stage.gpu_type, template.tp, p, avoid=placed))
+            placed = tuple(placed)
             nodes.setdefault((j, parts), []).append(placed)
     out = []
     for (j, parts), count in sorted(rows.items(), key=lambda kv: (kv[0][0], kv[0][1])):
@@ -343,9 +345,16 @@ def _slot_pools(sm: Stage2Model, x: np.ndarray, sigma: dict) -> dict[tuple[str, 
     return pools
 
 
-def _pop_slot(slots: dict, gpu: str, tp: int, partition: str) -> str:
+def _pop_slot(slots: dict, gpu: str, tp: int, partition: str, avoid=()) -> str:
+    """A node for one stage; prefers a node the replica does not use yet (Slurm gives each
+    node of a job, or each hetjob component, a node of its own)."""
     pool = slots.get((gpu, tp, partition), [])
-    return pool.pop(0) if pool else "?"
+    if not pool:
+        return "?"
+    for i, node in enumerate(pool):
+        if node not in avoid:
+            return pool.pop(i)
+    return pool.pop(0)
 
 
 # --------------------------------------------------------------------------- plan assembly
