@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from coral_hpc.config import Deployment
 from coral_hpc.slurm.snapshot import ClusterSnapshot

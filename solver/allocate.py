@@ -128,7 +128,7 @@ def allocate(
     models: list[ModelSpec],
     library: dict[str, list[Template]],
     cluster: Cluster,
-    policy: Policy = Policy(),
+    policy: Policy | None = None,
     backend: str = "highs",
 ) -> Plan:
     """Stage 2: the least-cost plan meeting every demand, or the fairest when GPUs are scarce.
@@ -137,6 +137,7 @@ def allocate(
     ``policy.prune``); ``backend="pyomo"`` builds the same model through Pyomo (full, slower).
     """
     began = time.perf_counter()
+    policy = policy if policy is not None else Policy()
     data = prepare(models, library, cluster, policy)
     sm = build_model(data)
     runner = _Runner(sm, policy, backend, began + policy.time_limit_s)
@@ -251,7 +252,7 @@ def decode(sm: Stage2Model, x: np.ndarray) -> list[PlanRow]:
     with a node per stage (the packing the model chose, made concrete)."""
     data = sm.data
     nu = np.rint(x[sm.nu]).astype(int)
-    sigma = {key: int(round(x[col])) for col, key in zip(sm.sigma["sigma"], sm.sigma["keys"])}
+    sigma = {key: round(float(x[col])) for col, key in zip(sm.sigma["sigma"], sm.sigma["keys"])}
     slots = _slot_pools(sm, x, sigma)
     rows: Counter = Counter()
     nodes: dict[tuple[int, tuple[str, ...]], list[tuple[str, ...]]] = {}
@@ -314,7 +315,7 @@ def _slot_pools(sm: Stage2Model, x: np.ndarray, sigma: dict) -> dict[tuple[str, 
     for col, (k, pi) in zip(packing["y"], packing["y_labels"]):
         cls = data.classes[k]
         pattern = data.patterns[(cls.gpu_type, cls.free)][pi]
-        for _ in range(int(round(x[col]))):
+        for _ in range(round(float(x[col]))):
             node = cls.nodes[next_node[k]]
             next_node[k] += 1
             for size, count in pattern.items():
@@ -327,7 +328,7 @@ def _slot_pools(sm: Stage2Model, x: np.ndarray, sigma: dict) -> dict[tuple[str, 
     # may serve the partition
     for col, (k, t, p) in zip(packing["z"], packing["z_labels"]):
         key = (data.classes[k].gpu_type, t, p)
-        want = min(int(round(x[col])), need[key] - len(pools.get(key, [])))
+        want = min(round(float(x[col])), need[key] - len(pools.get(key, [])))
         free = class_slots.get((k, t), [])
         take, class_slots[(k, t)] = free[:max(want, 0)], free[max(want, 0):]
         pools.setdefault(key, []).extend(take)

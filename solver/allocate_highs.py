@@ -39,7 +39,7 @@ def _gap(objective: float, bound: float) -> float:
 _BANNER_SHOWN = False
 
 
-def _new_highs() -> "highspy.Highs":
+def _new_highs() -> highspy.Highs:
     """A Highs instance. HiGHS prints its banner on stdout from C++ at the first construction in
     a process, which would corrupt ``--json`` output: that one construction writes to stderr."""
     global _BANNER_SHOWN

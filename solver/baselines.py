@@ -69,9 +69,10 @@ def subtract(cluster: Cluster, plan: Plan) -> Cluster:
 
 
 def homo(models: list[ModelSpec], library: dict[str, list[Template]], cluster: Cluster,
-         policy: Policy = Policy()) -> Plan:
+         policy: Policy | None = None) -> Plan:
     """Every replica of a model on one GPU type: the type cheapest for the model alone."""
     began = time.perf_counter()
+    policy = policy if policy is not None else Policy()
     chosen: dict[str, list[Template]] = {}
     for model in models:
         best_key, best = None, []
@@ -87,9 +88,10 @@ def homo(models: list[ModelSpec], library: dict[str, list[Template]], cluster: C
 
 
 def melange(models: list[ModelSpec], library: dict[str, list[Template]], cluster: Cluster,
-            policy: Policy = Policy()) -> Plan:
+            policy: Policy | None = None) -> Plan:
     """Each model alone (priority order) on what is left; single-type replicas of any type."""
     began = time.perf_counter()
+    policy = policy if policy is not None else Policy()
     left = replace(cluster, running=())
     plans = []
     for model in sorted(models, key=lambda m: (-m.priority, m.name)):
@@ -100,9 +102,10 @@ def melange(models: list[ModelSpec], library: dict[str, list[Template]], cluster
 
 
 def cauchy(models: list[ModelSpec], library: dict[str, list[Template]], cluster: Cluster,
-           policy: Policy = Policy()) -> Plan:
+           policy: Policy | None = None) -> Plan:
     """Greedy by tokens per unit cost over homogeneous templates, first fit on nodes."""
     began = time.perf_counter()
+    policy = policy if policy is not None else Policy()
     free = {n: f for g in cluster.node_groups for n, f in zip(g.nodes, g.free)}
     group_of = {n: g for g in cluster.node_groups for n in g.nodes}
     quota_left = {q.name: q.max_gpus for q in cluster.quotas}

@@ -294,7 +294,7 @@ def _from_json(items: list[dict]) -> list[Template]:
 def build_library(
     models: Iterable[ModelSpec],
     gpu_types: Mapping[str, tuple[int, float]],
-    policy: Policy = Policy(),
+    policy: Policy | None = None,
     throughput: ThroughputModel | None = None,
     cache_dir: Path | str | None = None,
     progress: Progress | None = None,
@@ -307,6 +307,7 @@ def build_library(
     :func:`default_cache_dir`) under a hash of the model's SLO and mix, the GPU types, the policy
     and the throughput model's fingerprint; ``use_cache=False`` neither reads nor writes it.
     """
+    policy = policy if policy is not None else Policy()
     tm = throughput if throughput is not None else PerfThroughput()
     models = list(models)
     folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()

@@ -12,7 +12,6 @@ Outputs: :class:`Template` (Stage 1) and :class:`Plan` of :class:`PlanRow` (Stag
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -304,11 +303,3 @@ class Plan:
     def replicas(self, model: str | None = None) -> int:
         return sum(r.count for r in self.rows if model is None or r.model == model)
 
-
-def fraction(served: float, demand: float) -> float:
-    """Served fraction of a demand; 1 when nothing is asked."""
-    return 1.0 if demand <= 0 else served / demand
-
-
-def finite_or(value: float | None, default: float) -> float:
-    return default if value is None or not math.isfinite(value) else value

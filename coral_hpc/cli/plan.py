@@ -40,8 +40,8 @@ def plan(models_yaml: str, snapshot_file: str | None, as_json: bool, export_file
     snapshot = load_snapshot_file(snapshot_file) if snapshot_file else observe(models_yaml, None)
     unknown = sorted({m.architecture for m in deployment.models} - _known_architectures())
     if unknown:
-        fail([f"{models_yaml}: architecture(s) {unknown} not in profiles/models.yaml; "
-              f"known: {', '.join(sorted(_known_architectures()))}"])
+        known = ", ".join(sorted(_known_architectures()))
+        fail([f"{models_yaml}: architecture(s) {unknown} not in profiles/models.yaml; known: {known}"])
     progress = None
     if not as_json:
         def progress(name: str, done: int, total: int) -> None:

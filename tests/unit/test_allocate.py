@@ -12,7 +12,14 @@ from solver.check import check_plan
 from solver.joint import TableThroughput, random_instance
 from solver.templates import build_library
 from solver.types import (
-    Billing, Cluster, ModelSpec, NodeGroup, Partition, Policy, Quota, RunningReplica,
+    Billing,
+    Cluster,
+    ModelSpec,
+    NodeGroup,
+    Partition,
+    Policy,
+    Quota,
+    RunningReplica,
 )
 
 EXACT = Policy(n_max=3, rho=math.inf, max_tp=4, startup_penalty=0.0, mip_gap=0.0, time_limit_s=30)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import random
 
 import pytest
 
@@ -80,7 +79,7 @@ def test_no_template_is_dominated_and_layouts_follow_vllm_rules():
     inst = random_instance(3)
     lib = build_library(inst.models, inst.cluster.gpu_types(), inst.policy, inst.throughput,
                         use_cache=False)
-    for name, templates in lib.items():
+    for templates in lib.values():
         for a in templates:
             assert a.pp <= inst.policy.n_max
             assert a.layer_partition == ",".join(str(s.layers) for s in a.stages)
