@@ -1,8 +1,9 @@
 """The real planner: :class:`~coral_hpc.daemon.core.PlanRequest` → Stage 1 → Stage 2 →
 :class:`~coral_hpc.daemon.core.PlanOutcome`.
 
-1. Solver inputs from the request (models with the demand and mix to plan for, the cluster's
-   available GPUs, partitions and prices, quotas) — :func:`solver_inputs`.
+1. Solver inputs from the request through the adapter ``coral_hpc.plan`` (models with the
+   demand and mix to plan for; the cluster's available GPUs, partitions, prices and quotas) —
+   :func:`solver_inputs`.
 2. Stage 1, :func:`solver.templates.build_library`, cached on disk by a hash of everything it
    depends on (so a re-plan that only moved demand, prices or free GPUs reads JSON files).
 3. Templates on crash cool-down leave the library; (template, partitions) shapes that sat pending
@@ -22,27 +23,20 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from coral_hpc.config import Deployment
+from coral_hpc import plan as plan_adapter
 from coral_hpc.daemon.core import PlanOutcome, PlanRequest
-from coral_hpc.demand import ModelDemand
 from coral_hpc.errors import CoralError
 from coral_hpc.reconcile.desired import slots_from_plan
-from coral_hpc.reconcile.startup import startup_penalty
 from solver.allocate import allocate
-from solver.catalog import gpu_memory_gb
 from solver.check import check_plan
 from solver.templates import PerfThroughput, ThroughputModel, build_library
 from solver.types import (
-    Billing,
     Cluster,
     ModelSpec,
-    NodeGroup,
     Policy,
-    Quota,
     RunningReplica,
     Template,
 )
-from solver.types import Partition as SolverPartition
 
 
 class PlanningError(CoralError):
@@ -94,134 +88,55 @@ class SolverPlanner:
 
 
 # --------------------------------------------------------------------------- request → solver
-#
-# The adapter from a ClusterSnapshot + Deployment + demand to solver inputs belongs in
-# ``coral_hpc.plan`` (ARCHITECTURE.md); until that module lands, this one carries the adapter the
-# daemon needs, written to the same definitions (available GPUs, node groups, prices), so that
-# swapping it for ``coral_hpc.plan`` changes no plan.
 
 
 def solver_inputs(request: PlanRequest) -> tuple[list[ModelSpec], Cluster, Policy]:
-    """Models, cluster and policy for this epoch: declared/measured demand with headroom and
-    its mix, available GPUs (idle + held by replicas that go on serving, on usable nodes),
-    partitions with their prices, quotas, the running replicas and K."""
+    """Models, cluster and policy for this epoch through ``coral_hpc.plan``, with what only the
+    daemon knows: the demand (headroom included) and mix it measured, the replicas that go on
+    serving and the GPUs they hold, and the learnt start-up time behind K."""
     deployment = request.deployment
-    models = model_specs(deployment, request.demand)
-    cluster = cluster_of(deployment, request.snapshot, request.running)
-    settings = deployment.policy
-    policy = Policy(
-        n_max=settings.n_max,
-        rho=settings.rho,
-        heterogeneous=settings.heterogeneous,
-        startup_penalty=startup_penalty(request.startup_s, settings.replan_interval_s),
-        time_limit_s=settings.solver_time_limit_s,
-        mip_gap=settings.solver_mip_gap,
+    models = plan_adapter.model_specs(
+        deployment,
+        {name: item.planned_rps for name, item in request.demand.items()},
+        {name: (item.mix.input_tokens, item.mix.output_tokens)
+         for name, item in request.demand.items()},
     )
-    return models, cluster, policy
+    counts = Counter(request.running)
+    running = tuple(RunningReplica(template_id, tuple(partitions), count)
+                    for (template_id, partitions), count in sorted(counts.items()))
+    # only replicas that go on serving offer their GPUs: one being replaced keeps its GPUs until
+    # its successor is READY, so they must not be planned for the successor
+    held = _held_gpus(request.snapshot, request.running)
+    cluster = plan_adapter.cluster_from_snapshot(deployment, request.snapshot, running, held)
+    cluster = fit_job_shape(cluster, request.snapshot, held, deployment.cluster.cpus_per_gpu,
+                            deployment.cluster.mem_per_gpu_gb)
+    return models, cluster, plan_adapter.policy_of(deployment, request.startup_s)
 
 
-def model_specs(deployment: Deployment, demand: dict[str, ModelDemand]) -> list[ModelSpec]:
-    """One :class:`ModelSpec` per configured model, with the demand (after headroom) and mix to
-    plan for; a model with no demand entry is planned for nothing beyond ``min_replicas``."""
-    out = []
-    for m in deployment.models:
-        item = demand.get(m.name)
-        mix = item.mix if item is not None else None
-        out.append(ModelSpec(
-            name=m.name,
-            arch=m.architecture,
-            input_tokens=mix.input_tokens if mix else m.mix.input_tokens,
-            output_tokens=mix.output_tokens if mix else m.mix.output_tokens,
-            ttft_s=m.slo.ttft_s,
-            tpot_s=m.slo.tpot_s,
-            demand_rps=item.planned_rps if item is not None else 0.0,
-            priority=m.priority,
-            min_replicas=m.min_replicas,
-            max_replicas=m.max_replicas,
-            gpu_types=tuple(m.gpu_types),
-            partitions=tuple(m.partitions),
-        ))
-    return out
+def fit_job_shape(cluster: Cluster, snapshot: Any, held: dict[str, int], cpus_per_gpu: int,
+                  mem_per_gpu_gb: float) -> Cluster:
+    """Available GPUs per node capped by the CPUs and memory a replica asks per GPU.
 
-
-def cluster_of(deployment: Deployment, snapshot: Any,
-               running: tuple[tuple[str, tuple[str, ...]], ...]) -> Cluster:
-    """The Stage-2 cluster over the deployment's partitions.
-
-    Nodes are grouped by (GPU type, GPUs per node, GPU memory, configured partitions holding
-    them), so a solver node group is exactly one set of interchangeable nodes. A node's available
-    GPUs = its free GPUs (0 unless it is up and not draining) + GPUs held by this deployment's
-    replicas that go on serving (``running``): replicas about to be replaced keep their GPUs
-    until their successor is READY, so those GPUs are not offered to the successor.
-    """
-    configured = {p.name: p for p in deployment.cluster.partitions}
-    slurm_parts = {p.name: p for p in snapshot.partitions}
-    held = _held_gpus(snapshot, running)
-    groups: dict[tuple, list[tuple[str, int]]] = {}
-    for node in snapshot.nodes:
-        if node.gpu_type is None or node.gpus_total <= 0:
-            continue
-        parts = tuple(sorted(
-            p for p in node.partitions if p in configured and p in slurm_parts
-            and (not configured[p].gpu_types or node.gpu_type in configured[p].gpu_types)))
-        if not parts:
-            continue
-        memory = node.gpu_memory_gb or gpu_memory_gb(node.gpu_type) or 0.0
-        free = node.gpus_free + held.get(node.name, 0) if node.usable else 0
-        key = (node.gpu_type, node.gpus_total, float(memory), parts)
-        groups.setdefault(key, []).append((node.name, min(free, node.gpus_total)))
-    node_groups = []
-    members: dict[str, list[str]] = {}
-    for i, ((gpu, size, memory, parts), nodes) in enumerate(sorted(groups.items())):
-        name = f"{gpu}-{size}x{memory:g}g-{i}"
-        node_groups.append(NodeGroup(name, gpu, size, memory, tuple(n for n, _ in nodes),
-                                     tuple(f for _, f in nodes)))
-        for p in parts:
-            members.setdefault(p, []).append(name)
-    cluster_cfg = deployment.cluster
-    partitions = []
-    for name, cfg in configured.items():
-        info = slurm_parts.get(name)
-        if info is None:
-            continue  # a configured partition Slurm does not know: nothing can run there
-        partitions.append(SolverPartition(
-            name=name,
-            node_groups=tuple(members.get(name, ())),
-            usable=info.state == "up",
-            prices=dict(cfg.price) if isinstance(cfg.price, dict) else None,
-            billing=_billing(info.billing_weights, cluster_cfg.cpus_per_gpu,
-                             cluster_cfg.mem_per_gpu_gb) if cfg.price == "billing" else None,
-        ))
-    quotas = [Quota(f"gpu_type:{gpu}", limit, gpu_types=(gpu,))
-              for gpu, limit in sorted(cluster_cfg.gpu_quotas.items())]
-    quotas += [Quota(f"partition:{p.name}", p.max_gpus, partitions=(p.name,))
-               for p in cluster_cfg.partitions if p.max_gpus is not None]
-    limits = snapshot.limits
-    if limits is not None:
-        if limits.grp_gpus is not None:
-            quotas.append(Quota("slurm:GrpTRES=gres/gpu", limits.grp_gpus))
-        quotas += [Quota(f"slurm:GrpTRES=gres/gpu:{gpu}", limit, gpu_types=(gpu,))
-                   for gpu, limit in sorted(limits.grp_gpus_by_type.items())]
-    counts = Counter(running)
-    return Cluster(
-        node_groups=tuple(node_groups),
-        partitions=tuple(partitions),
-        quotas=tuple(quotas),
-        running=tuple(RunningReplica(template_id, tuple(parts), count)
-                      for (template_id, parts), count in sorted(counts.items())),
-    )
-
-
-def _billing(weights: dict[str, float], cpus_per_gpu: int, mem_per_gpu_gb: int) -> Billing:
-    """Slurm's TRESBillingWeights as the solver's per-GPU billing of a replica's job shape (with
-    no weights Slurm bills the CPU count)."""
-    if not weights:
-        return Billing(cpu=1.0, cpus_per_gpu=cpus_per_gpu, mem_per_gpu_gb=mem_per_gpu_gb)
-    by_type = {key.split(":", 1)[1]: value for key, value in weights.items()
-               if key.startswith("gres/gpu:")}
-    return Billing(cpu=weights.get("cpu", 0.0), mem_gb=weights.get("mem", 0.0),
-                   gpu=weights.get("gres/gpu", 0.0), gpu_by_type=by_type,
-                   cpus_per_gpu=cpus_per_gpu, mem_per_gpu_gb=float(mem_per_gpu_gb))
+    A stage with ``g`` GPUs asks ``g × cpus_per_gpu`` CPUs and ``g × mem_per_gpu_gb`` memory; a
+    node whose free memory holds only two GPUs' worth starts no third stage, however many GPUs
+    it has idle (found on the local cluster: 64 GB nodes with 4-8 GPUs at 32 GB per GPU left a
+    planned hetjob pending). What our serving replicas hold comes back with their GPUs."""
+    nodes = {n.name: n for n in snapshot.nodes}
+    groups = []
+    for group in cluster.node_groups:
+        free = []
+        for name, gpus in zip(group.nodes, group.free):
+            node = nodes.get(name)
+            if node is None or gpus <= 0:
+                free.append(gpus)
+                continue
+            back = held.get(name, 0)
+            cpus = node.cpus - node.cpus_alloc + back * cpus_per_gpu
+            mem = node.mem_gb - node.mem_alloc_gb + back * mem_per_gpu_gb
+            fit = min(gpus, int(cpus // cpus_per_gpu), int(mem // mem_per_gpu_gb + 1e-9))
+            free.append(max(0, min(fit, group.gpus_per_node)))
+        groups.append(replace(group, free=tuple(free)))
+    return replace(cluster, node_groups=tuple(groups))
 
 
 def _held_gpus(snapshot: Any, running: tuple[tuple[str, tuple[str, ...]], ...]) -> dict[str, int]:

@@ -13,9 +13,9 @@ from coral_hpc.daemon.core import PlanRequest
 from coral_hpc.daemon.planner import (
     PlanningError,
     SolverPlanner,
-    cluster_of,
     excluded_stages,
     placeable,
+    solver_inputs,
 )
 from coral_hpc.demand import Mix, ModelDemand, deployment_demand
 from solver.types import Cluster, NodeGroup, Stage, Template
@@ -33,8 +33,8 @@ def recorded_snapshot():
 
 def idle(snapshot):
     """The same cluster with every node idle and up, and none of our jobs."""
-    nodes = tuple(replace(n, state="idle", slurm_state="IDLE", gpus_alloc=0,
-                          gpus_free=n.gpus_total) for n in snapshot.nodes)
+    nodes = tuple(replace(n, state="idle", slurm_state="IDLE", gpus_alloc=0, cpus_alloc=0,
+                          mem_alloc_gb=0.0, gpus_free=n.gpus_total) for n in snapshot.nodes)
     return replace(snapshot, nodes=nodes, jobs=())
 
 
@@ -54,25 +54,30 @@ def planner(tmp_path_factory):
 # --------------------------------------------------------------------------- snapshot → cluster
 
 
+def cluster_of(snapshot, running=()):
+    return solver_inputs(request(snapshot, running=running))[1]
+
+
 def test_available_gpus_are_free_plus_what_serving_replicas_hold():
-    deployment = load_deployment(EXAMPLE)
     snapshot = recorded_snapshot()
     free = {n.name: n.gpus_free for n in snapshot.nodes}
-    cluster = cluster_of(deployment, snapshot, ((("a100x2", ("a100",))),))
+    cluster = cluster_of(snapshot, (("a100x2", ("a100",)),))
     available = {node: f for g in cluster.node_groups for node, f in zip(g.nodes, g.free)}
     assert available["a100-01"] == free["a100-01"] + 2  # job 50 goes on serving: its 2 GPUs
     assert available["a100-02"] == 0 and available["v100-02"] == 0  # drained
     # job 56 and jobs 58/59 are not listed as going on serving: their GPUs are not offered
     assert available["a100-80g-01"] == free["a100-80g-01"]
     assert available["v100-01"] == free["v100-01"]
-    without = cluster_of(deployment, snapshot, ())
+    assert [(r.template_id, r.partitions, r.count) for r in cluster.running] == [
+        ("a100x2", ("a100",), 1)]
+    without = cluster_of(snapshot)
     assert {n: f for g in without.node_groups for n, f in zip(g.nodes, g.free)}["a100-01"] == (
         free["a100-01"])
+    assert without.running == ()
 
 
 def test_partitions_are_the_configured_ones_priced_by_slurm_billing_weights():
-    deployment = load_deployment(EXAMPLE)
-    cluster = cluster_of(deployment, recorded_snapshot(), ())
+    cluster = cluster_of(recorded_snapshot())
     names = {p.name: p for p in cluster.partitions}
     assert sorted(names) == ["a100", "a100-80g", "v100"]  # not the catch-all "gpu"
     a100 = names["a100"]
@@ -80,17 +85,37 @@ def test_partitions_are_the_configured_ones_priced_by_slurm_billing_weights():
     assert a100.gpu_hour_cost("a100") == pytest.approx(0.05 * 4 + 0.01 * 32 + 2.5)
     groups = {g.name: g for g in cluster.node_groups}
     assert {groups[n].gpu_type for n in a100.node_groups} == {"a100"}
-    # each node is in exactly one group
     nodes = [n for g in cluster.node_groups for n in g.nodes]
-    assert sorted(nodes) == sorted(set(nodes))
+    assert sorted(nodes) == sorted(set(nodes))  # each node in exactly one group
+
+
+def test_k_is_the_learnt_startup_over_the_replan_interval():
+    _, _, policy = solver_inputs(request(recorded_snapshot(), startup_s=45.0))
+    interval = load_deployment(EXAMPLE).policy.replan_interval_s
+    assert policy.startup_penalty == pytest.approx(45.0 / interval)
+
+
+def test_gpus_a_node_offers_are_capped_by_the_cpus_and_memory_a_replica_asks_per_gpu():
+    # the example asks 4 CPUs and 32 GB per GPU; the recorded nodes have 16 CPUs and 64 GB
+    snapshot = idle(recorded_snapshot())
+    nodes = {n.name: n for n in snapshot.nodes}
+    available = {n: f for g in cluster_of(snapshot).node_groups for n, f in zip(g.nodes, g.free)}
+    for name, free in available.items():
+        node = nodes[name]
+        assert free == min(node.gpus_total, node.cpus // 4, int(node.mem_gb // 32)), name
+    # memory another job holds counts; what our serving replica holds comes back with its GPUs
+    busy = replace(snapshot, nodes=tuple(
+        replace(n, mem_alloc_gb=40.0, cpus_alloc=4, gpus_alloc=1, gpus_free=n.gpus_total - 1)
+        if n.name == "a100-01" else n for n in snapshot.nodes))
+    assert {n: f for g in cluster_of(busy).node_groups
+            for n, f in zip(g.nodes, g.free)}["a100-01"] == 0  # 24 GB left: no 32 GB stage
 
 
 def test_a_drained_partition_is_not_usable():
-    deployment = load_deployment(EXAMPLE)
     snapshot = recorded_snapshot()
     drained = replace(snapshot, partitions=tuple(
         replace(p, state="drain") if p.name == "a100" else p for p in snapshot.partitions))
-    usable = {p.name: p.usable for p in cluster_of(deployment, drained, ()).partitions}
+    usable = {p.name: p.usable for p in cluster_of(drained).partitions}
     assert usable == {"v100": True, "a100": False, "a100-80g": True}
 
 
@@ -161,20 +186,22 @@ def test_an_excluded_shape_moves_the_template_or_the_model_elsewhere(planner):
 
 
 def test_a_running_replica_is_kept_rather_than_moved_to_a_cheaper_place(planner):
-    """K > 0: an equal or slightly cheaper new replica does not pay its start-up."""
+    """With K large a running replica of a dearer template stays; with K = 0 it is moved."""
     snapshot = idle(recorded_snapshot())
     first = planner(request(snapshot))
-    # pretend phi-4 already runs somewhere dearer than the plan's choice: on a100-80g, tp1
-    running = (("phi-4.tp1.a100-80g-40", ("a100-80g",)),)
-    kept = planner(request(snapshot, running=running, startup_s=3000.0))
-    if ("phi-4.tp1.a100-80g-40", ("a100-80g",)) in {
-            (s.template_id, s.partitions) for s in first.desired.slots}:
-        pytest.skip("the plan chose that template anyway")
-    assert ("phi-4.tp1.a100-80g-40", ("a100-80g",)) in {
-        (s.template_id, s.partitions) for s in kept.desired.slots}
+    chosen = {(s.template_id, s.partitions) for s in first.desired.slots}
+    # a single-stage phi-4 template the optimal plan left out
+    dearer = next(t for t in planner.last["library"]["phi-4"]
+                  if t.pp == 1 and (t.id, (_partition(t),)) not in chosen)
+    running = ((dearer.id, (_partition(dearer),)),)
+    kept = planner(request(snapshot, running=running, startup_s=1e6))
+    assert running[0] in {(s.template_id, s.partitions) for s in kept.desired.slots}
     moved = planner(request(snapshot, running=running, startup_s=0.0))
-    assert ("phi-4.tp1.a100-80g-40", ("a100-80g",)) not in {
-        (s.template_id, s.partitions) for s in moved.desired.slots}
+    assert running[0] not in {(s.template_id, s.partitions) for s in moved.desired.slots}
+
+
+def _partition(template) -> str:
+    return template.stages[0].gpu_type  # the example names each partition after its GPU type
 
 
 def test_demand_is_planned_with_the_measured_mix(planner):
