@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +151,82 @@ def cluster_from_snapshot(deployment: Deployment, snapshot: ClusterSnapshot,
     return Cluster(tuple(node_groups), tuple(partitions), tuple(quotas), tuple(running))
 
 
+
+# --------------------------------------------------------------------------- what Slurm can start
+
+def fit_job_shape(cluster: Cluster, snapshot: ClusterSnapshot, held: dict[str, int], cpus_per_gpu: int,
+                  mem_per_gpu_gb: float) -> Cluster:
+    """Available GPUs per node capped by the CPUs and memory a replica asks per GPU.
+
+    A stage with ``g`` GPUs asks ``g × cpus_per_gpu`` CPUs and ``g × mem_per_gpu_gb`` memory; a
+    node whose free memory holds only two GPUs' worth starts no third stage, however many GPUs
+    it has idle (found on the local cluster: 64 GB nodes with 4-8 GPUs at 32 GB per GPU left a
+    planned hetjob pending). What our serving replicas hold comes back with their GPUs."""
+    nodes = {n.name: n for n in snapshot.nodes}
+    groups = []
+    for group in cluster.node_groups:
+        free = []
+        for name, gpus in zip(group.nodes, group.free):
+            node = nodes.get(name)
+            if node is None or gpus <= 0:
+                free.append(gpus)
+                continue
+            back = held.get(name, 0)
+            cpus = node.cpus - node.cpus_alloc + back * cpus_per_gpu
+            mem = node.mem_gb - node.mem_alloc_gb + back * mem_per_gpu_gb
+            fit = min(gpus, int(cpus // cpus_per_gpu), int(mem // mem_per_gpu_gb + 1e-9))
+            free.append(max(0, min(fit, group.gpus_per_node)))
+        groups.append(replace(group, free=tuple(free)))
+    return replace(cluster, node_groups=tuple(groups))
+
+
+
+def without_templates(library: dict[str, list[Template]],
+                      excluded: frozenset[str]) -> dict[str, list[Template]]:
+    """The library less the templates on cool-down."""
+    return {model: [t for t in templates if t.id not in excluded]
+            for model, templates in library.items()}
+
+
+
+def placeable(library: dict[str, list[Template]], cluster: Cluster) -> dict[str, list[Template]]:
+    """The templates whose stages can each get a node of their own this epoch.
+
+    A replica runs one stage per node: submitit asks for ``pp`` nodes, and Slurm's backfill
+    scheduler starts a heterogeneous job only when it can give each component a different node
+    (Slurm's heterogeneous_jobs page, "Limitations"). Stage 2 packs GPUs per node and may put two
+    stages of one replica on one node; a template with more stages of a GPU type than there are
+    nodes of that type with room for one stage (``tp`` free GPUs) would then never start."""
+    nodes_with_room: dict[tuple[str, int], int] = {}
+    for group in cluster.node_groups:
+        for tp in range(1, group.gpus_per_node + 1):
+            key = (group.gpu_type, tp)
+            nodes_with_room[key] = nodes_with_room.get(key, 0) + sum(
+                1 for free in group.free if free >= tp)
+    return {
+        model: [t for t in templates
+                if all(count <= nodes_with_room.get((gpu, t.tp), 0)
+                       for gpu, count in t.stage_counts().items())]
+        for model, templates in library.items()
+    }
+
+
+
+def excluded_stages(library: dict[str, list[Template]],
+                    shapes: frozenset[tuple[str, tuple[str, ...]]]) -> frozenset:
+    """(template id, GPU type, partition) for every stage of every excluded shape. Stage 2 routes
+    stages to partitions per (template, GPU type), so a shape is kept out stage by stage."""
+    by_id = {t.id: t for templates in library.values() for t in templates}
+    out = set()
+    for template_id, partitions in shapes:
+        template = by_id.get(template_id)
+        if template is None:
+            continue  # no longer in the library (cooled down, or an old cache): nothing to keep out
+        for stage, partition in zip(template.stages, partitions):
+            out.add((template_id, stage.gpu_type, partition))
+    return frozenset(out)
+
+
 def policy_of(deployment: Deployment, startup_s: float | None = None) -> Policy:
     """The solver policy from ``policy:`` (K = start-up time ÷ re-plan interval)."""
     p = deployment.policy
@@ -182,12 +258,18 @@ def plan_deployment(deployment: Deployment, snapshot: ClusterSnapshot,
                     progress: Callable[[str, int, int], None] | None = None) -> PlanResult:
     """Stage 1 (cached on disk) then Stage 2 for this deployment on this snapshot, checked."""
     models = model_specs(deployment, demand_rps)
-    cluster = cluster_from_snapshot(deployment, snapshot)
+    running, held = own_running(snapshot)
+    cluster = cluster_from_snapshot(deployment, snapshot, running, held)
+    # the same rules `serve` plans with: a node offers only the GPUs whose CPU and memory share
+    # it can also give, and every stage of a replica needs a node of its own
+    cluster = fit_job_shape(cluster, snapshot, held, deployment.cluster.cpus_per_gpu,
+                            deployment.cluster.mem_per_gpu_gb)
     policy = policy_of(deployment)
     tm = throughput if throughput is not None else PerfThroughput()
     began = time.perf_counter()
     library = build_library(models, cluster.gpu_types(), policy, tm, cache_dir=cache_dir,
                             progress=progress)
+    library = placeable(library, cluster)
     stage1 = time.perf_counter() - began
     plan = allocate(models, library, cluster, policy)
     stage2 = time.perf_counter() - began - stage1

@@ -10,13 +10,8 @@ import pytest
 
 from coral_hpc.config import load_deployment
 from coral_hpc.daemon.core import PlanRequest
-from coral_hpc.daemon.planner import (
-    PlanningError,
-    SolverPlanner,
-    excluded_stages,
-    placeable,
-    solver_inputs,
-)
+from coral_hpc.daemon.planner import PlanningError, SolverPlanner, solver_inputs
+from coral_hpc.plan import excluded_stages, placeable
 from coral_hpc.demand import Mix, ModelDemand, deployment_demand
 from solver.types import Cluster, NodeGroup, Stage, Template
 from tests.conftest import REPO

@@ -150,3 +150,22 @@ def test_live_plan_on_the_local_cluster(cache):
     assert run.returncode == 0, run.stderr
     doc = json.loads(run.stdout)
     assert doc["mode"] in ("optimal", "scarce") and doc["checker_problems"] == []
+
+
+def test_plan_uses_the_rules_serve_plans_with(result, snapshot):
+    """`coral-hpc plan` and `serve` agree on what Slurm can start: a node offers only the GPUs
+    whose CPU and memory share it can also give, and each stage of a replica gets its own node."""
+    dep = load_deployment(MODELS)
+    per_gpu_mem = dep.cluster.mem_per_gpu_gb
+    nodes = {n.name: n for n in snapshot.nodes}
+    for group in result.cluster.node_groups:
+        for name, free in zip(group.nodes, group.free):
+            assert free <= int(nodes[name].mem_gb // per_gpu_mem), (name, free)
+    rooms: dict[tuple[str, int], int] = {}
+    for group in result.cluster.node_groups:
+        for tp in range(1, group.gpus_per_node + 1):
+            rooms[(group.gpu_type, tp)] = rooms.get((group.gpu_type, tp), 0) + sum(
+                1 for free in group.free if free >= tp)
+    for row in result.plan.rows:
+        for gpu, count in row.template.stage_counts().items():
+            assert count <= rooms.get((gpu, row.template.tp), 0), row.template.id
