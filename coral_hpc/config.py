@@ -260,7 +260,10 @@ class PolicyConfig(_Frozen):
     """How the daemon plans and reacts. Every field has a default that suits a real cluster."""
 
     replan_interval_s: float = Field(default=60.0, gt=0, description="plan at least this often")
-    poll_interval_s: float = Field(default=5.0, gt=0, description="observe Slurm this often")
+    # One observe cycle costs three Slurm calls (nodes, partitions, own jobs): every 6 s that is
+    # 30 calls a minute, a load a shared slurmctld tolerates, and still a resubmission within
+    # ~10 s of a drain or a failed job (bench/results/reaction.md).
+    poll_interval_s: float = Field(default=6.0, gt=0, description="observe Slurm this often")
     demand_headroom: float = Field(default=0.2, ge=0, le=5, description="plan for demand × (1+h)")
     demand_change_threshold: float = Field(
         default=0.25, gt=0, description="re-plan early when demand moves by this fraction"
