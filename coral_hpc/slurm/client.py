@@ -101,7 +101,7 @@ def make_client(
         raise ValueError(f"slurm.backend must be auto, cli or pyslurm, not {backend!r}")
     from coral_hpc.slurm.pyslurm_backend import PyslurmClient, pyslurm_unusable_reason
 
-    reason = pyslurm_unusable_reason(cli.version)
+    reason = pyslurm_unusable_reason(cli.version, env)
     if reason is None:
         return PyslurmClient(cli)
     if backend == "pyslurm":
