@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 
@@ -208,3 +209,29 @@ def test_pipeline_steps_charge_the_engine_overhead_once_in_total():
     four = perf.step_latency_s(arch, gpu, 1, 16, 1, 0, 0, n_stages=4)
     # more stages -> a smaller share of the fixed overhead per stage (hand-off is tiny at 1 token)
     assert four < two < alone
+
+
+def test_erlang_c_wait_tail_matches_the_closed_form():
+    # M/M/2 with offered load 1: P(wait) = (a^c/c! * c/(c-a)) / (sum_{k<c} a^k/k! + same) = 1/3,
+    # and the wait beyond t decays at rate c/S - lambda.
+    assert perf._erlang_c_wait_tail(2, 1.0, 0.5, 0.0) == pytest.approx(1 / 3)
+    assert perf._erlang_c_wait_tail(2, 1.0, 0.5, 2.0) == pytest.approx(math.exp(-1.0) / 3)
+    # more servers for the same load: less waiting
+    assert perf._erlang_c_wait_tail(4, 1.0, 0.5, 0.0) < perf._erlang_c_wait_tail(2, 1.0, 0.5, 0.0)
+
+
+def test_kv_slots_leave_room_for_the_spread_of_exponential_lengths():
+    cap, n_in, n_out = 23632, 1024, 256
+    c = perf._concurrent_slots(cap, n_in, n_out, 256)
+    mean, sd = n_in + n_out, math.hypot(n_in, n_out)
+    assert c * mean + perf._Z * sd * math.sqrt(c) <= cap
+    assert (c + 1) * mean + perf._Z * sd * math.sqrt(c + 1) > cap
+    assert c < cap // (n_in + n_out / 2)  # fewer than the mean-only count
+    assert perf._concurrent_slots(10**9, n_in, n_out, 256) == 256  # max_num_seqs caps it
+
+
+def test_tail_step_runs_away_near_saturation():
+    # t = 10 + 0.5 t settles at 20; t = 10 + 1.1 t never settles
+    assert perf._tail_step(lambda t: 10 + 0.5 * t, 10.0, 100.0) == pytest.approx(20.0, rel=2e-3)
+    assert perf._tail_step(lambda t: 10 + 1.1 * t, 10.0, 1e9) == math.inf
+    assert perf._tail_step(lambda t: 10 + 0.5 * t, 10.0, 15.0) == math.inf  # past the limit
