@@ -121,11 +121,14 @@ def test_cost_json_matches_hand_computed_figures(slurm, tmp_path):
     het = slurm.sbatch(str(het_script))
 
     wait_until(lambda: state(slurm, rq) == "RUNNING", 30, f"job {rq} RUNNING")
+    first_node = slurm.run("squeue", "-h", "-j", rq, "-o", "%N").stdout.strip()
     time.sleep(2)
     slurm.run("scontrol", "requeue", rq)
-    # a requeued batch job is held back ~2 min (BeginTime): let it start again now
+    # A requeued batch job is held back ~2 min (BeginTime): let it start again now, but not on
+    # the node it just left — slurmd there still holds the revoked credential of the killed run
+    # for a moment, and a relaunch within it fails at once ("Job credential revoked", exit 1).
     wait_until(lambda: state(slurm, rq) == "PENDING", 15, f"job {rq} PENDING after requeue")
-    slurm.run("scontrol", "update", f"JobId={rq}", "StartTime=now")
+    slurm.run("scontrol", "update", f"JobId={rq}", f"ExcNodeList={first_node}", "StartTime=now")
     finished = [done, cross, rq, het]
     wait_until(lambda: not any(state(slurm, j) for j in finished), 120, f"jobs {finished} to end")
     wait_until(lambda: state(slurm, running) == "RUNNING", 60, f"job {running} RUNNING")
