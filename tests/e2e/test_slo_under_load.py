@@ -19,6 +19,7 @@ hundreds of tokens at up to 150 ms each — would outlast the test by minutes.
 from __future__ import annotations
 
 import asyncio
+import math
 
 import pytest
 
@@ -88,9 +89,16 @@ def test_the_plan_serves_every_model_of_the_example(stack):
 def test_slo_met_at_the_planned_demand(stack, at_planned_demand, model):
     summary = at_planned_demand[model]
     assert summary.requests >= 20, summary.brief()
-    # a whole number of requests in the window: the rate is the planned one to within half a request
     target = stack.planned_rps(model) * stack.speed(model)
-    assert abs(summary.rate_rps - target) <= 0.5 / WINDOW_S + 1e-9, (summary.rate_rps, target)
+    if summary.source.startswith("poisson"):
+        # no trace folder: Poisson arrivals, whose count in the window is itself random —
+        # within 4 standard deviations of the planned rate (plus half a request)
+        slack = 4 * math.sqrt(target * WINDOW_S) / WINDOW_S + 0.5 / WINDOW_S
+    else:
+        # the trace slice is stretched to the planned rate: a whole number of requests in the
+        # window, so the rate is the planned one to within half a request
+        slack = 0.5 / WINDOW_S + 1e-9
+    assert abs(summary.rate_rps - target) <= slack, (summary.rate_rps, target, summary.source)
     assert summary.fraction_within_slo >= TARGET, (
         f"{summary.brief()}\n  virtual time: {_virtual(stack, summary, 1.0, WINDOW_S).brief()}"
     )
