@@ -227,3 +227,28 @@ def test_slurmdbd_unreachable_is_a_clear_error_not_zeros(slurm_cluster, tmp_path
     assert out.returncode == 3, (out.stdout, out.stderr)
     assert out.stdout == ""
     assert "slurmdbd" in out.stderr and "Slurm accounting" in out.stderr
+
+
+def test_plot_and_report_files_from_the_real_books(slurm, tmp_path):
+    """`cost --plot` writes a PNG and `report` a self-contained HTML page from sacct's books."""
+    deployment = f"costrep-{uuid.uuid4().hex[:6]}"
+    wait_until(lambda: partitions_up(slurm, ("a100",)), 120, "partition a100 UP")
+    since = math.floor(time.time()) - 1
+    job = slurm.sbatch(*shape("a100", 1), *tagged(deployment, "plotted", "r1"), "--wrap=sleep 2")
+    wait_until(lambda: not state(slurm, job), 60, f"job {job} to end")
+    wait_until(lambda: sacct_runs(slurm, [job]) and all(
+        epoch(r["End"]) for r in sacct_runs(slurm, [job])), 60, "sacct to record the job")
+    path = models_yaml(tmp_path / "gpu.yaml", deployment, billing=False)
+    png, html = tmp_path / "cost.png", tmp_path / "report.html"
+    cli = [sys.executable, "-c", "from coral_hpc.cli import main; main()"]
+    window = ["--since", f"@{since}", "--until", f"@{math.floor(time.time()) + 60}"]
+    plotted = subprocess.run([*cli, "cost", str(path), *window, "--plot", str(png)],
+                             capture_output=True, text=True, env=slurm.env, timeout=120)
+    assert plotted.returncode == 0, plotted.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    reported = subprocess.run([*cli, "report", str(path), *window, "-o", str(html)],
+                              capture_output=True, text=True, env=slurm.env, timeout=120)
+    assert reported.returncode == 0, reported.stderr
+    page = html.read_text()
+    assert page.lstrip().lower().startswith("<!doctype html")
+    assert "data:image/png;base64," in page and "plotted" in page
