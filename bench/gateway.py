@@ -51,14 +51,17 @@ GOAL_ADDED_P50_US = 500
 GOAL_RPS_ONE_CORE = 10_000
 #: What limits the gateway, from a cProfile of it at c=32 (kept here so every report says it).
 LIMITS = (
-    "What limits coral: a cProfile of the gateway at c=32 puts about 75% of a request's time in "
-    "aiohttp's client (building and sending the upstream request, parsing its answer) and server "
-    "machinery, and about 15% in the gateway's own work (key check, JSON, routing, demand meter, "
-    "Prometheus). The aiohttp-minimal row, measured in the same run, is the floor of that stack: "
-    "coral's CPU per request over it is the price of auth, routing, metering and failover. The "
-    "machine is shared (see the load average): the absolute figures of every row move with it, "
-    "the ratios and CPU per request less so. Reaching 10k req/s on one core would need a leaner "
-    "upstream client than aiohttp's or several SO_REUSEPORT worker processes (more cores)."
+    "What limits coral: since its upstream requests go through its own client (an asyncio "
+    "protocol with the llhttp parser from httptools and a keep-alive pool per replica, "
+    "coral_hpc/gateway/upstream.py) instead of aiohttp's, a cProfile of the gateway at c=32 puts "
+    "about 35% of a request's CPU in aiohttp's server machinery (request and response objects, "
+    "URL dispatch), about 20% in the event loop's socket I/O (uvloop), about 11% in the upstream "
+    "client and about 18% in the gateway's own work (key check, JSON, routing, demand meter, "
+    "Prometheus). The aiohttp-minimal row, measured in the same run, is an aiohttp client and "
+    "server forwarder with none of that work. The machine is shared (see the load average): the "
+    "absolute figures of every row move with it, the ratios and CPU per request less so. Going "
+    "further towards 10k req/s on one core would need a leaner server layer than aiohttp's, or "
+    "several SO_REUSEPORT worker processes (more cores)."
 )
 
 CANNED = json.dumps({

@@ -27,13 +27,13 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from yarl import URL
 
 from coral_hpc.gateway.auth import KeyChecker, KeysFileError, is_loopback, read_keys_file
 from coral_hpc.gateway.metering import DemandMeter, GatewayMetrics
 from coral_hpc.gateway.routing import ReplicaState, Router
 from coral_hpc.gateway.streaming import SSEFramer, StreamUsage, error_event
 from coral_hpc.gateway.table import RoutingTableError, read_routing_table
+from coral_hpc.gateway.upstream import UpstreamError, UpstreamPool
 
 log = logging.getLogger("coral_hpc.gateway")
 
@@ -140,17 +140,14 @@ class Gateway:
         self._configured = set(settings.models)
         self._known = set(settings.models)
         self._keys = keys
-        self._upstream_headers = {"Content-Type": "application/json"}
-        self._sessions: dict[ReplicaState, aiohttp.ClientSession] = {}
+        # headers every upstream request carries, as wire bytes (built once per key change)
+        self._upstream_headers = b"Content-Type: application/json\r\n"
+        self._pools: dict[ReplicaState, UpstreamPool] = {}
         self._probe_session: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task] = []
         self._table_file = _Reloadable(settings.table_path)
         self._keys_file = _Reloadable(settings.api_keys_file)
         self._replica_key_file = _Reloadable(settings.replica_key_file)
-        self._urls: dict[tuple[str, str], URL] = {}
-        self._timeout = aiohttp.ClientTimeout(
-            total=None, connect=settings.connect_timeout_s, sock_read=settings.read_timeout_s
-        )
 
     # ------------------------------------------------------------------ app and lifecycle
 
@@ -183,9 +180,9 @@ class Gateway:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        for session in list(self._sessions.values()):
-            await session.close()
-        self._sessions.clear()
+        for pool in list(self._pools.values()):
+            pool.close()
+        self._pools.clear()
         if self._probe_session is not None:
             await self._probe_session.close()
 
@@ -223,8 +220,9 @@ class Gateway:
             except OSError as exc:
                 log.error("cannot read the replica key file %s: %s", path, exc.strerror)
             else:
-                self._upstream_headers = {"Content-Type": "application/json",
-                                          "Authorization": f"Bearer {key}"}
+                self._upstream_headers = (b"Content-Type: application/json\r\n"
+                                          b"Authorization: Bearer " + key.encode("latin-1")
+                                          + b"\r\n")
                 log.info("replica key loaded from %s", path)
 
     def _reload_table(self) -> None:
@@ -247,24 +245,17 @@ class Gateway:
                  len(diff.added), len(diff.removed), len(diff.reweighted))
 
     def _close_session(self, state: ReplicaState) -> None:
-        session = self._sessions.pop(state, None)
-        if session is not None:
-            asyncio.get_running_loop().create_task(session.close())
+        pool = self._pools.pop(state, None)
+        if pool is not None:
+            pool.close()
 
-    def _session(self, state: ReplicaState) -> aiohttp.ClientSession:
-        session = self._sessions.get(state)
-        if session is None:
-            session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(
-                    limit=self.settings.max_connections_per_replica, keepalive_timeout=30
-                ),
-                timeout=self._timeout,
-                auto_decompress=False,
-                cookie_jar=aiohttp.DummyCookieJar(),
-                skip_auto_headers=("User-Agent", "Accept-Encoding"),
-            )
-            self._sessions[state] = session
-        return session
+    def _pool(self, state: ReplicaState) -> UpstreamPool:
+        pool = self._pools.get(state)
+        if pool is None:
+            pool = self._pools[state] = UpstreamPool(
+                state.url, self.settings.connect_timeout_s, self.settings.read_timeout_s,
+                max_connections=self.settings.max_connections_per_replica, keepalive_s=30.0)
+        return pool
 
     # ------------------------------------------------------------------ health
 
@@ -420,34 +411,34 @@ class Gateway:
         if state.removed and state.outstanding == 0:
             self._close_session(state)
 
+    async def _post(self, replica: ReplicaState, path: str, body: bytes):
+        """Send the request; the pool's connection once the answer's head is in. Any transport
+        failure here happened before a byte reached the client, so it is retryable."""
+        try:
+            pool = self._pool(replica)
+        except ValueError as exc:
+            raise _UpstreamFailed(str(exc)) from None
+        try:
+            return pool, await pool.post(path, self._upstream_headers, body)
+        except UpstreamError as exc:
+            raise _UpstreamFailed(f"UpstreamError: {exc}") from None
+
     async def _forward(self, request: web.Request, replica: ReplicaState, body: bytes,
                        payload: dict, key: str) -> web.Response:
-        session = self._session(replica)
+        pool, conn = await self._post(replica, request.path, body)
         try:
-            async with session.post(self._upstream_url(replica, request.path), data=body,
-                                    headers=self._upstream_headers,
-                                    allow_redirects=False) as resp:
-                data = await resp.read()
-                status = resp.status
-                content_type = resp.headers.get("Content-Type", "application/json")
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-            raise _UpstreamFailed(f"{type(exc).__name__}: {exc}") from None
+            data = await conn.read_body(pool.read_timeout_s)
+        except UpstreamError as exc:
+            raise _UpstreamFailed(f"UpstreamError: {exc}") from None
+        finally:
+            pool.release(conn)
+        status = conn.status
+        content_type = conn.content_type or "application/json"
         if status == 200:
             self._count_answer(replica.model, key, payload, data)
         else:
             self.metrics.errors.labels(replica.model, f"upstream_{status}").inc()
         return web.Response(status=status, body=data, headers={"Content-Type": content_type})
-
-    def _upstream_url(self, replica: ReplicaState, path: str) -> URL:
-        """The replica's URL for ``path``, parsed once (yarl parsing is a visible per-request
-        cost at 10k req/s)."""
-        key = (replica.url, path)
-        url = self._urls.get(key)
-        if url is None:
-            if len(self._urls) > 4096:   # replicas come and go; keep the cache bounded
-                self._urls.clear()
-            url = self._urls[key] = URL(replica.url + path)
-        return url
 
     def _count_answer(self, model: str, key: str, payload: dict, data: bytes) -> None:
         counts = None
@@ -492,32 +483,26 @@ class Gateway:
     async def _forward_stream(self, request: web.Request, replica: ReplicaState, body: bytes,
                               payload: dict, key: str, children, started: float
                               ) -> web.StreamResponse:
-        session = self._session(replica)
+        pool, conn = await self._post(replica, request.path, body)
+        timeout = pool.read_timeout_s
         try:
-            resp = await session.post(self._upstream_url(replica, request.path), data=body,
-                                      headers=self._upstream_headers, allow_redirects=False)
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-            raise _UpstreamFailed(f"{type(exc).__name__}: {exc}") from None
-        finished = False
-        try:
-            content_type = resp.headers.get("Content-Type", "")
-            if resp.status != 200 or not content_type.startswith("text/event-stream"):
+            content_type = conn.content_type
+            if conn.status != 200 or not content_type.startswith("text/event-stream"):
                 # an error answer (or a replica that ignored stream=true): pass it through whole
                 try:
-                    data = await resp.read()
-                except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-                    raise _UpstreamFailed(f"{type(exc).__name__}: {exc}") from None
-                finished = True
-                if resp.status != 200:
-                    self.metrics.errors.labels(replica.model, f"upstream_{resp.status}").inc()
-                return web.Response(status=resp.status, body=data,
+                    data = await conn.read_body(timeout)
+                except UpstreamError as exc:
+                    raise _UpstreamFailed(f"UpstreamError: {exc}") from None
+                if conn.status != 200:
+                    self.metrics.errors.labels(replica.model, f"upstream_{conn.status}").inc()
+                return web.Response(status=conn.status, body=data,
                                     headers={"Content-Type": content_type or "application/json"})
             # Nothing reaches the client before the first chunk, so a replica that dies before
             # it can still be retried elsewhere.
             try:
-                first = await resp.content.readany()
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-                raise _UpstreamFailed(f"{type(exc).__name__}: {exc}") from None
+                first = await conn.read_chunk(timeout)
+            except UpstreamError as exc:
+                raise _UpstreamFailed(f"UpstreamError: {exc}") from None
             if not first:
                 raise _UpstreamFailed("the replica closed the stream before its first chunk")
             children.ttft.observe(time.perf_counter() - started)
@@ -538,9 +523,9 @@ class Gateway:
                         usage.observe(block)
                         await out.write(block)
                     try:
-                        chunk = await resp.content.readany()
-                    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-                        failure = f"{type(exc).__name__}: {exc}"
+                        chunk = await conn.read_chunk(timeout)
+                    except UpstreamError as exc:
+                        failure = f"UpstreamError: {exc}"
                         break
                 if failure is not None:
                     self._mark_down(replica, failure)
@@ -555,7 +540,6 @@ class Gateway:
                 # the client went away: the finally below closes the upstream request
                 self.metrics.errors.labels(replica.model, "client_gone").inc()
                 return out
-            finished = failure is None
             counts = _usage_counts(usage.usage)
             estimated = counts is None
             if estimated:
@@ -563,7 +547,6 @@ class Gateway:
             self._add_tokens(replica.model, key, counts[0], counts[1], estimated)
             return out
         finally:
-            if finished:
-                resp.release()      # back to the pool
-            else:
-                resp.close()        # drop the connection: the replica sees the request cancelled
+            # back to the pool when the answer was read whole, else closed: the replica sees the
+            # request cancelled
+            pool.release(conn)

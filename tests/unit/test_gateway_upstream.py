@@ -1,0 +1,156 @@
+"""The gateway's upstream client against real sockets: framing, keep-alive reuse, stale connections,
+timeouts. (The end-to-end behaviour through the gateway is in tests/e2e/test_gateway_*.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from coral_hpc.gateway.upstream import UpstreamError, UpstreamPool
+
+HEADERS = b"Content-Type: application/json\r\n"
+
+
+async def _serve(handler):
+    """A raw TCP server answering with ``handler(reader, writer)``; returns (server, base URL)."""
+    server = await asyncio.start_server(handler, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    return server, f"http://127.0.0.1:{port}"
+
+
+async def _read_request(reader: asyncio.StreamReader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":", 1)[1])
+    return head + await reader.readexactly(length)
+
+
+def test_chunked_stream_is_passed_through_byte_identical_and_the_connection_reused():
+    events = [b"data: {\"a\": 1}\n\n", b"data: {\"b\": 2}\n\n", b"data: [DONE]\n\n"]
+    connections = 0
+
+    async def handler(reader, writer):
+        nonlocal connections
+        connections += 1
+        while True:
+            try:
+                request = await _read_request(reader)
+            except asyncio.IncompleteReadError:
+                break
+            assert request.startswith(b"POST /v1/completions HTTP/1.1\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                         b"Transfer-Encoding: chunked\r\n\r\n")
+            for event in events:
+                writer.write(b"%x\r\n%s\r\n" % (len(event), event))
+                await writer.drain()
+                await asyncio.sleep(0.01)
+            writer.write(b"0\r\n\r\n")
+        writer.close()
+
+    async def main():
+        server, url = await _serve(handler)
+        pool = UpstreamPool(url, 2.0, 2.0)
+        for _ in range(2):
+            conn = await pool.post("/v1/completions", HEADERS, b'{"model": "m"}')
+            assert conn.status == 200 and conn.content_type == "text/event-stream"
+            got = b""
+            while chunk := await conn.read_chunk(2.0):
+                got += chunk
+            pool.release(conn)
+            assert got == b"".join(events)
+        pool.close()
+        server.close()
+
+    asyncio.run(main())
+    assert connections == 1
+
+
+def test_a_body_without_length_ends_at_eof():
+    async def handler(reader, writer):
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                     b"Connection: close\r\n\r\n{\"ok\": true}")
+        await writer.drain()
+        writer.close()
+
+    async def main():
+        server, url = await _serve(handler)
+        pool = UpstreamPool(url, 2.0, 2.0)
+        conn = await pool.post("/x", HEADERS, b"{}")
+        assert await conn.read_body(2.0) == b'{"ok": true}'
+        pool.release(conn)
+        assert pool._idle == []     # a closed connection is never pooled
+        server.close()
+
+    asyncio.run(main())
+
+
+def test_a_stale_keepalive_connection_is_retried_on_a_fresh_one():
+    connections = 0
+
+    async def handler(reader, writer):
+        nonlocal connections
+        connections += 1
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        # the next request on this connection is read, then the connection dropped unanswered,
+        # as a replica closing an idle keep-alive connection does
+        try:
+            await _read_request(reader)
+        except asyncio.IncompleteReadError:
+            pass
+        writer.close()
+
+    async def main():
+        server, url = await _serve(handler)
+        pool = UpstreamPool(url, 2.0, 2.0)
+        for _ in range(3):
+            conn = await pool.post("/x", HEADERS, b"{}")
+            assert await conn.read_body(2.0) == b"ok"
+            pool.release(conn)
+        server.close()
+
+    asyncio.run(main())
+    assert connections == 3
+
+
+def test_silence_longer_than_the_read_timeout_fails_and_connect_refused_fails():
+    async def handler(reader, writer):
+        await _read_request(reader)
+        await asyncio.sleep(5)
+
+    async def main():
+        server, url = await _serve(handler)
+        pool = UpstreamPool(url, 2.0, 0.2)
+        with pytest.raises(UpstreamError, match="sent nothing for 0.2 s"):
+            await pool.post("/x", HEADERS, b"{}")
+        server.close()
+        await server.wait_closed()
+        with pytest.raises(UpstreamError, match="connect to"):
+            await UpstreamPool(url, 2.0, 2.0).post("/x", HEADERS, b"{}")
+
+    asyncio.run(main())
+
+
+def test_a_replica_dying_mid_body_is_an_error_not_a_short_answer():
+    async def handler(reader, writer):
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial")
+        await writer.drain()
+        writer.close()
+
+    async def main():
+        server, url = await _serve(handler)
+        pool = UpstreamPool(url, 2.0, 2.0)
+        conn = await pool.post("/x", HEADERS, b"{}")
+        with pytest.raises(UpstreamError, match="closed by the replica"):
+            await conn.read_body(2.0)
+        pool.release(conn)
+        assert pool._idle == []
+        server.close()
+
+    asyncio.run(main())
