@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from coral_hpc.config import Deployment
+from coral_hpc.demand import deployment_demand
 from coral_hpc.slurm.snapshot import ClusterSnapshot
 from solver.allocate import allocate
 from solver.catalog import gpu_memory_gb
@@ -256,7 +257,12 @@ def plan_deployment(deployment: Deployment, snapshot: ClusterSnapshot,
                     cache_dir: Path | None = None,
                     throughput: ThroughputModel | None = None,
                     progress: Callable[[str, int, int], None] | None = None) -> PlanResult:
-    """Stage 1 (cached on disk) then Stage 2 for this deployment on this snapshot, checked."""
+    """Stage 1 (cached on disk) then Stage 2 for this deployment on this snapshot, checked.
+
+    Without ``demand_rps`` it plans for what ``serve`` plans for at start: the declared demand
+    with the policy's headroom (``demand: auto`` models count 0 until measured)."""
+    if demand_rps is None:
+        demand_rps = {name: d.planned_rps for name, d in deployment_demand(deployment, ()).items()}
     models = model_specs(deployment, demand_rps)
     running, held = own_running(snapshot)
     cluster = cluster_from_snapshot(deployment, snapshot, running, held)

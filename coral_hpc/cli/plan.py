@@ -80,7 +80,7 @@ def _print_table(result) -> None:
                       f"{t.tp}×{t.pp}", str(row.count), f"{row.throughput:.3g}",
                       f"{row.cost_per_hour:.3g}")
     console.print(table)
-    served = Table(title="Demand (requests/s of each model's mix)")
+    served = Table(title="Demand (requests/s of each model's mix, headroom included)")
     for column in ("model", "demand", "served", "capacity"):
         served.add_column(column)
     for m in result.models:
