@@ -36,6 +36,9 @@ from solver.types import Cluster, ModelSpec, Plan, PlanRow, Policy, Template
 #: relative slack when a phase's optimum becomes the next phase's constraint
 PHASE_TOLERANCE = 1e-9
 
+#: below this share of a model's template columns, excluding columns is not worth a MIP's risk
+MIN_EXCLUDED_SHARE = 0.1
+
 
 @dataclass
 class _Outcome:
@@ -71,7 +74,9 @@ class _Runner:
         if self.highs:
             self.highs.set_row_bounds(row, lower, upper)
 
-    def minimise(self, cost: np.ndarray) -> _Outcome:
+    def minimise(self, cost: np.ndarray, start: np.ndarray | None = None) -> _Outcome:
+        """min cost·x; ``start`` (a point feasible for this phase, e.g. the previous phase's
+        optimum) is HiGHS's first incumbent, and its columns stay in the restriction."""
         gap = self.policy.mip_gap
         if self.backend == "pyomo":
             from solver.allocate_pyomo import solve_pyomo
@@ -82,29 +87,39 @@ class _Runner:
         highs.set_cost(cost)
         nu = self.sm.nu
         if not self.policy.prune or len(nu) == 0:
-            result = highs.solve(self.left(), gap)
+            result = highs.solve(self.left(), gap, start=start)
             return _Outcome(result, result.bound, len(nu))
         lp = highs.solve(self.left(), 0.0, relax=True)
         if lp.status == "infeasible":
             return _Outcome(lp, math.inf, 0)
         if lp.status != "optimal" or lp.reduced_costs is None:
-            result = highs.solve(self.left(), gap)
+            result = highs.solve(self.left(), gap, start=start)
             return _Outcome(result, result.bound, len(nu))
         reduced = lp.reduced_costs[nu]
         at_zero = lp.x[nu] <= 1e-9
+        if start is not None:  # keeping more columns leaves the certificate below valid
+            at_zero &= start[nu] <= 0.5
         sigma_cols = self.sm.sigma["sigma"]
         sigma_owner = np.array([j for j, _, _ in self.sm.sigma["keys"]], dtype=np.int64)
         scale = max(abs(lp.objective), 1e-6)
         delta = 0.08 * scale
+        if start is not None:
+            # keep every column that could beat the start: then the restricted optimum (no worse
+            # than the start) certifies at once, instead of a second, wider MIP
+            delta = max(delta, float(cost @ start) - lp.objective + 1e-9 * scale)
         upper = self.col_upper[nu].copy()
         try:
             while True:
                 excluded = at_zero & (reduced > delta)
+                if excluded.sum() < MIN_EXCLUDED_SHARE * (upper > 0).sum():
+                    # a restriction this small barely shrinks the MIP but risks a second one
+                    # when it fails to certify: solve the whole model once instead
+                    excluded[:] = False
                 highs.set_col_bounds(nu, 0.0, np.where(excluded, 0.0, upper))
                 if len(sigma_cols):  # their stages go too: a smaller model for presolve
                     highs.set_col_bounds(sigma_cols, 0.0,
                                          np.where(excluded[sigma_owner], 0.0, math.inf))
-                result = highs.solve(self.left(), gap)
+                result = highs.solve(self.left(), gap, start=start)
                 least = reduced[excluded].min() if excluded.any() else math.inf
                 certified = lp.objective + least
                 if result.status == "infeasible" and excluded.any():
@@ -118,6 +133,7 @@ class _Runner:
                     return _Outcome(result, min(result.bound, certified), int((~excluded).sum()))
                 # widen to every column that could still beat the incumbent; then it certifies
                 delta = result.objective - lp.objective
+                start = result.x  # feasible for the wider restriction too
         finally:
             highs.set_col_bounds(nu, 0.0, upper)
             if len(sigma_cols):
@@ -161,7 +177,7 @@ def allocate(
         outcome = None
         if best_phi >= 1.0 - policy.mip_gap - PHASE_TOLERANCE:
             runner.set_col(phi, 1.0, 1.0)
-            outcome = runner.minimise(sm.cost)
+            outcome = runner.minimise(sm.cost, start=first.result.x)
             if outcome.result.status == "infeasible":
                 outcome = None
             elif outcome.result.x is None:  # out of time: the phase-1 plan serves every demand
@@ -173,13 +189,13 @@ def allocate(
             runner.set_col(phi, max(best_phi - PHASE_TOLERANCE, 0.0), 1.0)
             objective = np.zeros(sm.lm.num_cols)
             objective[served] = [-m.priority for m in data.models]
-            second = runner.minimise(objective)
+            second = runner.minimise(objective, start=first.result.x)
             best = second.result if second.result.x is not None else first.result
             best_weighted = float(np.dot([m.priority for m in data.models], best.x[served]))
             phases["weighted_served"] = best_weighted
             runner.set_row(weighted,
                            best_weighted - PHASE_TOLERANCE * max(1.0, abs(best_weighted)), math.inf)
-            outcome = runner.minimise(sm.cost)
+            outcome = runner.minimise(sm.cost, start=best.x)
             if outcome.result.x is None:  # out of time: keep the best served plan found
                 outcome = _Outcome(best, -math.inf, outcome.columns)
     if outcome.result.x is None:

@@ -88,10 +88,13 @@ class HighsSolver:
         self._inf = inf
         self.col_lower = np.asarray(lm.col_lower, float).copy()
         self.col_upper = np.asarray(lm.col_upper, float).copy()
+        self.cost = np.asarray(lm.cost, float).copy()
+        self.starts_rejected = 0  # MIP starts whose reported objective did not match the point
 
     def set_cost(self, cost: np.ndarray) -> None:
         idx = np.arange(self.lm.num_cols, dtype=np.int32)
-        self.h.changeColsCost(len(idx), idx, np.asarray(cost, float))
+        self.cost = np.asarray(cost, float).copy()
+        self.h.changeColsCost(len(idx), idx, self.cost)
 
     def set_col_bounds(self, cols, lower, upper) -> None:
         cols = np.atleast_1d(np.asarray(cols, dtype=np.int32))
@@ -105,16 +108,43 @@ class HighsSolver:
     def set_row_bounds(self, row: int, lower: float, upper: float) -> None:
         self.h.changeRowBounds(int(row), max(lower, -self._inf), min(upper, self._inf))
 
-    def solve(self, time_limit: float, gap: float, relax: bool = False) -> SolveResult:
+    def solve(self, time_limit: float, gap: float, relax: bool = False,
+              start: np.ndarray | None = None) -> SolveResult:
         """Solve as a MIP (or its LP relaxation with ``relax``) within ``time_limit`` seconds.
 
-        No warm start: with HiGHS 1.16, ``setSolution`` after a cost change made it report an
-        objective that did not match the returned point (seen in tests), so each solve is cold."""
+        ``start``: a point believed feasible, given to HiGHS as its first incumbent (it checks
+        feasibility itself and ignores an infeasible one). With HiGHS 1.16, ``setSolution``
+        after a cost change was once seen to report an objective that did not match the returned
+        point, so the answer is checked: the objective is recomputed from the point, and on any
+        mismatch the solve is repeated cold."""
+        began = time.perf_counter()
+        if start is not None and not relax:
+            result = self._run(time_limit, gap, relax, start)
+            if result.x is None or abs(result.objective - float(self.cost @ result.x)) <= \
+                    1e-7 * max(1.0, abs(result.objective)):
+                return result
+            self.starts_rejected += 1
+            time_limit = max(time_limit - (time.perf_counter() - began), 0.01)
+        return self._run(time_limit, gap, relax, None)
+
+    def _run(self, time_limit: float, gap: float, relax: bool,
+             start: np.ndarray | None) -> SolveResult:
         h = self.h
-        h.setOptionValue("time_limit", max(float(time_limit), 0.01))
+        limit = max(float(time_limit), 0.01)
+        if relax:
+            # HiGHS 1.16 checks an LP's time limit against the instance's run clock, which adds
+            # up over every earlier run (a MIP's limit counts from its own start): without this
+            # an LP late in a re-solve stops at once with "time limit" and no bound
+            limit += h.getRunTime()
+        h.setOptionValue("time_limit", limit)
         h.setOptionValue("mip_rel_gap", float(gap))
         h.setOptionValue("solve_relaxation", bool(relax))
         h.clearSolver()
+        if start is not None:
+            # clipped into the current bounds: a start that then breaks a row is ignored by HiGHS
+            point = np.clip(np.asarray(start, float), self.col_lower, self.col_upper)
+            idx = np.arange(self.lm.num_cols, dtype=np.int32)
+            h.setSolution(len(idx), idx, point)
         began = time.perf_counter()
         h.run()
         seconds = time.perf_counter() - began
