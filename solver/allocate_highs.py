@@ -91,6 +91,11 @@ class HighsSolver:
         self.cost = np.asarray(lm.cost, float).copy()
         self.starts_rejected = 0  # MIP starts whose reported objective did not match the point
 
+    def set_options(self, options: dict) -> None:
+        """HiGHS options for the solves that follow on this instance."""
+        for name, value in options.items():
+            self.h.setOptionValue(name, value)
+
     def set_cost(self, cost: np.ndarray) -> None:
         idx = np.arange(self.lm.num_cols, dtype=np.int32)
         self.cost = np.asarray(cost, float).copy()
