@@ -18,6 +18,9 @@ Speed comes from the formulation, exactly: availability removes templates that c
 MIP is solved over the columns whose LP reduced cost is small, and the answer is accepted only
 when the LP bound proves no excluded column could improve it (any plan using an excluded
 column j costs ≥ z_LP + d_j); otherwise the restriction widens and the MIP is solved again.
+Each phase after the first starts from the previous phase's plan (a MIP start, feasible because
+the previous optimum is now a constraint it meets); the restriction then keeps every column that
+could beat that start, so it certifies in one solve.
 """
 
 from __future__ import annotations
