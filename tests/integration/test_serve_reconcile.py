@@ -74,13 +74,6 @@ models:
     return path
 
 
-@pytest.fixture
-def env(slurm_cluster, monkeypatch):
-    # submitit runs sbatch with this process's environment: point it at the local cluster
-    monkeypatch.setenv("SLURM_CONF", slurm_cluster["SLURM_CONF"])
-    return slurm_cluster
-
-
 class Running:
     """A daemon running in this process (loops in threads) until :meth:`stop`."""
 
@@ -128,18 +121,6 @@ def tagged_jobs(env, deployment) -> list:
     """This deployment's jobs Slurm still runs or queues (ground truth, read independently)."""
     snapshot = make_client("cli", env=env).snapshot(deployment.deployment)
     return [j for j in snapshot.jobs if j.end_kind is None]
-
-
-@pytest.fixture
-def cleanup(env):
-    """Cancel every job of the deployments a test served, whatever happened."""
-    deployments = []
-    yield deployments.append
-    client = make_client("cli", env=env)
-    for deployment in deployments:
-        ids = [j.job_id for j in client.snapshot(deployment.deployment).jobs]
-        if ids:
-            client.cancel(ids)
 
 
 class ReadyWatch:

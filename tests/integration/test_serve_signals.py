@@ -18,7 +18,6 @@ import pytest
 
 from coral_hpc.config import load_deployment
 from coral_hpc.daemon.process import info_path, read_info
-from coral_hpc.slurm import make_client
 from tests.conftest import REPO, wait_until
 from tests.integration.serve_harness import candidates_to_json, slot
 from tests.integration.test_serve_reconcile import (
@@ -34,25 +33,6 @@ from tests.integration.test_serve_reconcile import (
 pytestmark = pytest.mark.slurm
 
 SECOND = "qwen3-8b-b"
-
-
-@pytest.fixture
-def env(slurm_cluster, monkeypatch):
-    # submitit runs sbatch with the daemon's environment: point it at the local cluster
-    monkeypatch.setenv("SLURM_CONF", slurm_cluster["SLURM_CONF"])
-    return slurm_cluster
-
-
-@pytest.fixture
-def cleanup(env):
-    """Cancel every job of the deployments a test served, whatever happened."""
-    deployments = []
-    yield deployments.append
-    client = make_client("cli", env=env)
-    for deployment in deployments:
-        ids = [j.job_id for j in client.snapshot(deployment.deployment).jobs]
-        if ids:
-            client.cancel(ids)
 
 
 def complete(address: str, model: str) -> tuple[int, dict | str]:
