@@ -15,6 +15,10 @@ import enum
 import re
 from dataclasses import dataclass
 
+#: Seconds between Slurm's SIGUSR2 warning and the end of the walltime (``--signal=USR2@N``):
+#: time for the engine to drain its requests; the reconcile loop counts it off a replica's life.
+SIGNAL_LEAD_S = 90
+
 _TAG_PREFIX = "coral:"
 _NAME_PREFIX = "coral."
 _FIELD_RE = re.compile(r"^[A-Za-z0-9._-]+$")

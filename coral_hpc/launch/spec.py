@@ -28,13 +28,13 @@ from coral_hpc.config import (
     VenvEnvironment,
 )
 from coral_hpc.errors import PermanentError
-from coral_hpc.types import JobTag, ReplicaLayout, StageLayout
+from coral_hpc.types import SIGNAL_LEAD_S, JobTag, ReplicaLayout, StageLayout
+
+__all__ = ["SIGNAL_LEAD_S", "ReplicaSpec", "SpecError", "StageRequest", "StageSpec", "replica_spec"]
 
 Environment = VenvEnvironment | ModuleEnvironment | ApptainerEnvironment
 _ENV_ADAPTER: TypeAdapter = TypeAdapter(EngineEnvironment)
 
-#: Seconds between Slurm's SIGUSR2 warning and the end of the walltime (``--signal=USR2@N``).
-SIGNAL_LEAD_S = 90
 
 
 class SpecError(PermanentError):
@@ -72,7 +72,8 @@ class StageRequest:
 
 @dataclass(frozen=True)
 class ReplicaSpec:
-    """Everything a replica job needs; JSON round-trips through :meth:`to_json`/:meth:`from_json`."""
+    """Everything a replica job needs; JSON round-trips through :meth:`to_json` and
+    :meth:`from_json`."""
 
     deployment: str
     model: str  # served model name (``--served-model-name``)

@@ -189,7 +189,8 @@ class Observer:
         if record.job_id is None:
             changes["job_id"] = job.job_id
             changes["submitted_at"] = job.submit_time or now
-            events.append(f"adopted job {job.job_id} of replica {record.id} (submitted before a restart)")
+            events.append(f"adopted job {job.job_id} of replica {record.id} "
+                          "(submitted before a restart)")
             self.store.add_event(now, "adopt", f"job {job.job_id} found for replica {record.id}",
                                  model=record.model, replica_id=record.id)
         nodes = list(job.nodes)
@@ -247,7 +248,8 @@ class Observer:
         )
         self.store.add_replica(record)
         self._record_job(record, job, now, events)
-        message = f"adopted running job {job.job_id} as replica {tag.replica_id} ({tag.template_id})"
+        message = (f"adopted running job {job.job_id} as replica {tag.replica_id} "
+                   f"({tag.template_id})")
         events.append(message)
         self.store.add_event(now, "adopt", message, model=tag.model, replica_id=tag.replica_id)
 
