@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from pydantic import TypeAdapter
 
+from coral_hpc.atomic import write_atomic
 from coral_hpc.config import (
     DEFAULT_CPUS_PER_GPU,
     DEFAULT_MEM_PER_GPU_GB,
@@ -243,10 +244,7 @@ class ReplicaSpec:
 
     def write(self) -> Path:
         """Write ``spec.json`` into the replica folder (atomically) and return its path."""
-        self.replica_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.spec_file.with_suffix(".json.tmp")
-        tmp.write_text(self.to_json())
-        tmp.replace(self.spec_file)
+        write_atomic(self.spec_file, self.to_json())
         return self.spec_file
 
 

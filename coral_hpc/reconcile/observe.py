@@ -14,8 +14,6 @@ restarted daemon never submits a duplicate of a job that already runs.
 from __future__ import annotations
 
 import logging
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -23,7 +21,7 @@ from pathlib import Path
 
 from coral_hpc.config import Deployment
 from coral_hpc.errors import CoralError
-from coral_hpc.launch.endpoint import read_endpoint
+from coral_hpc.launch.endpoint import http_health, read_endpoint
 from coral_hpc.launch.spec import ReplicaSpec
 from coral_hpc.reconcile.decide import Observation
 from coral_hpc.reconcile.settings import ReconcileSettings
@@ -33,19 +31,6 @@ from coral_hpc.store import ReplicaRecord, StartupObservation, Store
 from coral_hpc.types import ReplicaLayout
 
 log = logging.getLogger("coral_hpc.reconcile")
-
-#: Probe timeout: a replica on the cluster network answers /health in milliseconds.
-PROBE_TIMEOUT_S = 2.0
-
-
-def http_health(url: str, timeout: float = PROBE_TIMEOUT_S) -> bool:
-    """Whether ``url/health`` answers 200."""
-    try:
-        with urllib.request.urlopen(f"{url.rstrip('/')}/health", timeout=timeout) as resp:
-            return resp.status == 200
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
-
 
 @dataclass
 class Observed:
