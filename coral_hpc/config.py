@@ -411,6 +411,11 @@ class Deployment(_Frozen):
     deployment: str = Field(description="name used to tag this deployment's Slurm jobs")
     state_dir: str = Field(description="shared filesystem: endpoint files, logs, scripts")
     db_path: str = Field(description="daemon host's local disk: the SQLite database")
+    profiles_dir: str | None = Field(
+        default=None,
+        description="where `coral-hpc profile` writes measured profiles and plan/serve read "
+        "them; default <state_dir>/<deployment>/profiles",
+    )
     cluster: ClusterConfig
     engine: EngineConfig = EngineConfig()
     gateway: GatewayConfig = GatewayConfig()
@@ -454,6 +459,13 @@ class Deployment(_Frozen):
     def state_path(self) -> Path:
         """This deployment's folder on the shared filesystem."""
         return Path(self.state_dir).expanduser() / self.deployment
+
+    @property
+    def measured_profiles_path(self) -> Path:
+        """The site's measured profiles (``profiles_dir``, default under the state folder)."""
+        if self.profiles_dir:
+            return Path(self.profiles_dir).expanduser()
+        return self.state_path / "profiles"
 
     def model(self, name: str) -> ModelConfig:
         """The configured model called ``name``; KeyError if none."""
