@@ -35,8 +35,17 @@ from solver.perf_profiles import Calibration, MeasuredProfile, load_calibration,
 from solver.resources import profiles_dir
 
 __all__ = [
-    "Mix", "Slo", "configure", "measured_dirs", "measured_profiles", "engine_dtype", "is_calibrated", "kv_capacity_tokens",
-    "stage_throughput", "step_latency_s", "valid_tp_degrees",
+    "Mix",
+    "Slo",
+    "configure",
+    "engine_dtype",
+    "is_calibrated",
+    "kv_capacity_tokens",
+    "measured_dirs",
+    "measured_profiles",
+    "stage_throughput",
+    "step_latency_s",
+    "valid_tp_degrees",
 ]
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 #: token ids the prompts are made of: above the tokenizer's special tokens, below its vocabulary
 _PROMPT_IDS = range(16, 480)
-_BLOCKS_RE = re.compile(r'^vllm:cache_config_info\{(?P<labels>[^}]*)\}', re.M)
+_BLOCKS_RE = re.compile(r'^vllm:cache_config_info\{(?P<labels>[^}]*)\}', re.MULTILINE)
 
 
 @dataclass(frozen=True)

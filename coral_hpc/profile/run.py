@@ -182,4 +182,4 @@ def run_profiles(deployment: Deployment, tasks: Sequence[ProfileTask], client: P
     return written
 
 
-__all__ = ["ProfileError", "ProfileTask", "profile_tasks", "run_profiles", "CoralError"]
+__all__ = ["CoralError", "ProfileError", "ProfileTask", "profile_tasks", "run_profiles"]
