@@ -19,8 +19,10 @@ from coral_hpc.launch.endpoint import Endpoint, read_endpoint
 from coral_hpc.launch.spec import replica_spec
 from coral_hpc.launch.stop import stop_replicas
 from coral_hpc.launch.submit import submit_replica
+from coral_hpc.plan.layout import layout_dtype
 from coral_hpc.profile.measure import measure_engine
 from coral_hpc.profile.write import profile_document, profile_path, write_profile
+from coral_hpc.types import ReplicaLayout, StageLayout
 
 Progress = Callable[[str], None]
 
@@ -147,10 +149,12 @@ def run_profiles(deployment: Deployment, tasks: Sequence[ProfileTask], client: P
 
         layers = model_arch(task.architecture).layers
         split = [layers // task.pp + (1 if i < layers % task.pp else 0) for i in range(task.pp)]
-        spec = replica_spec(
-            deployment, task.model, f"profile-{secrets.token_hex(3)}", "profile",
-            [(task.partition, task.gpu_type, n) for n in split], task.tp, api_key_file=key_file,
+        layout = ReplicaLayout(
+            task.tp, tuple(StageLayout(task.partition, task.gpu_type, n) for n in split),
+            layout_dtype(task.architecture, [task.gpu_type]),
         )
+        spec = replica_spec(deployment, task.model, f"profile-{secrets.token_hex(3)}", "profile",
+                            layout, api_key_file=key_file)
         submitted = time.time()
         job_id = submit_replica(spec, client)
         try:
