@@ -320,6 +320,8 @@ class PolicyConfig(_Frozen):
     n_max: int = Field(default=6, ge=1, le=16, description="Stage 1: nodes per template at most")
     rho: float = Field(default=12.0, gt=1, description="Stage 1: GPU memory ≤ ρ × model size")
     heterogeneous: bool = Field(default=True, description="allow stages on different GPU types")
+    max_tp: int = Field(default=8, ge=1, le=64,
+                        description="Stage 1: largest tensor-parallel degree (1: pipelines only)")
     solver_time_limit_s: float = Field(default=10.0, gt=0)
     solver_mip_gap: float = Field(default=1e-4, ge=0, lt=1)
 
