@@ -20,7 +20,8 @@ def _plan(tmp_path, policy_line: str, *args: str):
     snapshot = tmp_path / "snapshot.json"
     snapshot.write_text(json.dumps(recorded_snapshot().to_dict()))
     run = CliRunner().invoke(plan_command, [str(models), "--snapshot", str(snapshot),
-                                            "--cache-dir", str(tmp_path / "cache"), *args])
+                                            "--cache-dir", str(tmp_path / "cache"), *args],
+                                env={"COLUMNS": "200"})  # wide enough for every column
     assert run.exit_code == 0, run.output
     return run.stdout
 
