@@ -9,7 +9,9 @@ For a model whose plan has prefill and decode replicas (routing-table ``role``),
    through the gateway's ordinary forwarding, so the client gets one answer (streamed or not)
    and the usual failure rules hold: a failure before a byte reached the client is retried —
    here both phases again, on other replicas, since the KV may have gone with a dead decode
-   replica — and once a stream has started, a failure ends it with an SSE error event.
+   replica; with no decode replica left, the whole request goes to an aggregated or a prefill
+   replica (vLLM's ``kv_both`` engines serve whole requests too) — and once a stream has
+   started, a failure ends it with an SSE error event.
 
 A model with aggregated replicas as well (``policy.disaggregation: auto``) splits its traffic
 between the two paths in proportion to their capacity: the aggregated replicas' weights against
@@ -149,6 +151,41 @@ class Disaggregation:
                 gw._done_with(decode)
             self.phase_requests.labels(model, "decode").inc()
             return response
+        return await self._whole(request, model, payload, key, children, started,
+                                 failed_prefill + failed_decode, last)
+
+    async def _whole(self, request: web.Request, model: str, payload: dict, key: str, children,
+                     started: float, failed: list[ReplicaState], last: str
+                     ) -> web.StreamResponse:
+        """No decode replica could answer: the request as it came, to an aggregated replica or,
+        failing that, a prefill replica (vLLM's kv_both engines serve whole requests too), so
+        losing the decode side does not lose the request."""
+        gw = self._gw
+        body = json.dumps(payload).encode()
+        for role in ("both", "prefill"):
+            for _ in range(gw.settings.max_retries + 1):
+                replica = gw.router.choose(model, exclude=failed, role=role)
+                if replica is None:
+                    break
+                replica.outstanding += 1
+                try:
+                    if payload.get("stream", False):
+                        response = await gw._forward_stream(request, replica, body, payload, key,
+                                                            children, started)
+                    else:
+                        response = await gw._forward(request, replica, body, payload, key)
+                except gw.upstream_failed as exc:
+                    last = str(exc)
+                    replica.failures += 1
+                    gw._mark_down(replica, last)
+                    failed.append(replica)
+                    continue
+                finally:
+                    gw._done_with(replica)
+                self.phase_requests.labels(model, f"whole_on_{role}").inc()
+                log.warning("%s: no decode replica answered; served whole on %s replica %s",
+                            model, role, replica.id)
+                return response
         gw.metrics.errors.labels(model, "upstream_failed").inc()
         return gw.error_response(502, f"decode replica(s) of {model!r} failed: {last}",
                                  "upstream_error")

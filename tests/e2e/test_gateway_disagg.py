@@ -144,3 +144,26 @@ def test_decode_replica_killed_mid_load_loses_no_plain_request(stack):
     assert [status for status, _ in results] == [200] * 24
     assert all(body["usage"]["completion_tokens"] == 60 for _, body in results)
     assert _metric(gw.url, "coral_gateway_phase_failures_total", model="d", phase="decode") >= 1
+
+
+def test_with_no_decode_replica_left_the_prefill_replica_answers_whole(tmp_path):
+    key_file = tmp_path / "replica.key"
+    key_file.write_text(REPLICA_KEY + "\n")
+    key_file.chmod(0o600)
+    prefill, decode = _start_sim(tmp_path, "p"), _start_sim(tmp_path, "d")
+    table = tmp_path / "table.json"
+    write_routing_table(table, RoutingTable(1, {"d": (
+        ReplicaRoute("p", prefill.url, 1.0, "prefill"),
+        ReplicaRoute("d", decode.url, 1.0, "decode"))}))
+    gateway = start_gateway(tmp_path, write_models_yaml(tmp_path, ["d"]), table,
+                            "--replica-key-file", str(key_file))
+    try:
+        decode.kill9()
+        r = httpx.post(gateway.url + "/v1/chat/completions", json=_chat(9), timeout=30)
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 9
+        assert _metric(gateway.url, "coral_gateway_phase_requests_total", model="d",
+                       phase="whole_on_prefill") == 1
+    finally:
+        gateway.stop()
+        prefill.stop()
