@@ -293,6 +293,29 @@ def _concurrent_slots(cap: int, n_in: int, n_out: int, max_seqs: int) -> int:
     return min(max_seqs, int(root * root))
 
 
+#: Growth factor of the batches probed for the first feasible one (see _first_feasible_batch).
+_PROBE_GROWTH = 1.25
+
+
+def _first_feasible_batch(feasible: Callable[[int], tuple[bool, float]], b_max: int
+                          ) -> tuple[int, float]:
+    """(smallest probed feasible batch, its mean step) or (0, 0.0) when none is.
+
+    Feasibility is not monotone at the small end: the tail-TPOT surge factor
+    1 + z / sqrt(spare x S x b) is largest at b = 1, so with prompt-heavy mixes (e.g. Azure code,
+    2,048 in / 28 out) a lone sequence fails where larger batches pass. Batches 1, 2, 3, ... are
+    probed growing by at most ``_PROBE_GROWTH`` per step (about 25 probes up to 256), and the
+    first that passes starts the search for the largest one.
+    """
+    b = 1
+    while b <= b_max:
+        ok, t = feasible(b)
+        if ok:
+            return b, t
+        b = max(b + 1, int(b * _PROBE_GROWTH))
+    return 0, 0.0
+
+
 def _model_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_stages: int,
                       slo: Slo, mix: Mix) -> float:
     cal = _calibration()
@@ -365,10 +388,11 @@ def _model_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_sta
         tail = _erlang_c_wait_tail(slots, a, slots / service - lam, budget)
         return tail <= MISS_PER_OBJECTIVE, t
 
-    ok, t1 = feasible(1)
-    if not ok:
+    lo, t_lo = _first_feasible_batch(feasible, b_max)
+    if lo == 0:
         return 0.0
-    lo, t_lo = 1, t1  # feasibility is monotone in b (every term grows with the batch)
+    # Above the first feasible batch, feasibility is monotone: the mean step, the prompts per
+    # step and the KV wait all grow with b, and the surge factor keeps falling.
     hi = b_max
     ok, t_hi = feasible(hi)
     if ok:

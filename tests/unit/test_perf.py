@@ -235,3 +235,15 @@ def test_tail_step_runs_away_near_saturation():
     assert perf._tail_step(lambda t: 10 + 0.5 * t, 10.0, 100.0) == pytest.approx(20.0, rel=2e-3)
     assert perf._tail_step(lambda t: 10 + 1.1 * t, 10.0, 1e9) == math.inf
     assert perf._tail_step(lambda t: 10 + 0.5 * t, 10.0, 15.0) == math.inf  # past the limit
+
+
+def test_prompt_heavy_mix_where_only_batches_above_one_pass_gets_its_throughput():
+    # gpt-oss-120b on one H100 with 1,024 in / 16 out: a lone sequence fails the tail-TPOT test
+    # (the surge factor 1 + z/sqrt(spare S b) is largest at b = 1), larger batches pass
+    arch, gpu = model_arch("gpt-oss-120b"), gpu_spec("h100")
+    slo, mix = perf.Slo(ttft_s=4.0, tpot_s=0.2), perf.Mix(input_tokens=1024, output_tokens=16)
+    rps = perf.stage_throughput(arch, gpu, 1, arch.layers, 1, slo, mix)
+    # a batch of one would serve at most 1 / (out x its prompt-carrying step); the answer is more
+    one = 1.0 / (mix.output_tokens * perf.step_latency_s(arch, gpu, 1, arch.layers, 1, 0,
+                                                         mix.input_tokens + mix.output_tokens))
+    assert rps > one
