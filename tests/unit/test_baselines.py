@@ -20,7 +20,7 @@ def test_baselines_are_valid_and_never_beat_the_optimum(seed):
     lib = build_library(inst.models, inst.cluster.gpu_types(), inst.policy, inst.throughput,
                         use_cache=False)
     coral = allocate(inst.models, lib, inst.cluster, inst.policy)
-    for name in ("homo", "melange", "cauchy"):
+    for name in ("homo", "melange", "cauchy", "paper_homo", "cauchy_adapted"):
         plan = getattr(baselines, name)(inst.models, lib, inst.cluster, inst.policy)
         assert check_plan(plan, inst.models, inst.cluster, lib, inst.throughput) == [], name
         assert all(not r.template.heterogeneous for r in plan.rows), name
@@ -28,6 +28,9 @@ def test_baselines_are_valid_and_never_beat_the_optimum(seed):
             for model in inst.models:
                 types = {r.template.stages[0].gpu_type for r in plan.rows if r.model == model.name}
                 assert len(types) <= 1
+        if name == "paper_homo":  # one template (strategy) per model
+            for model in inst.models:
+                assert len({r.template.id for r in plan.rows if r.model == model.name}) <= 1
         met = all(plan.served[m.name] >= m.demand_rps * (1 - 1e-9) for m in inst.models)
         if met and coral.status == "optimal":
             assert coral.cost_per_hour <= plan.cost_per_hour * (1 + 1e-9), name
@@ -49,3 +52,31 @@ def test_subtract_takes_placed_gpus_off_nodes_and_quotas():
     assert before - after == used
     again = replace(plan, rows=())
     assert baselines.subtract(inst.cluster, again).node_groups == inst.cluster.node_groups
+
+
+def test_paper_homo_keeps_one_strategy_while_cauchy_falls_back_when_it_runs_out():
+    inst = random_instance(2, scarce=True)  # one model, too few GPUs of its best type
+    lib = build_library(inst.models, inst.cluster.gpu_types(), inst.policy, inst.throughput,
+                        use_cache=False)
+    homo = baselines.paper_homo(inst.models, lib, inst.cluster, inst.policy)
+    cauchy = baselines.cauchy(inst.models, lib, inst.cluster, inst.policy)
+    assert check_plan(homo, inst.models, inst.cluster, lib, inst.throughput) == []
+    (model,) = inst.models
+    ids = {r.template.id for r in homo.rows}
+    assert len(ids) == 1
+    # Cauchy's first choice is Homo's strategy; it adds others once that fits no more
+    assert cauchy.rows[0].template.id in ids and len({r.template.id for r in cauchy.rows}) > 1
+    assert cauchy.served[model.name] > homo.served[model.name]
+    # the adaptation without phase roles is Cauchy itself
+    adapted = baselines.cauchy_adapted(inst.models, lib, inst.cluster, inst.policy)
+    assert adapted.rows == cauchy.rows
+
+
+def test_paper_homo_strategy_groups_interchangeable_placements():
+    inst = random_instance(2, scarce=True)
+    lib = build_library(inst.models, inst.cluster.gpu_types(), inst.policy, inst.throughput,
+                        use_cache=False)
+    # everything one strategy: Homo may then use every homogeneous template, like Cauchy
+    same = baselines.paper_homo(inst.models, lib, inst.cluster, inst.policy, strategy=lambda t: 0)
+    cauchy = baselines.cauchy(inst.models, lib, inst.cluster, inst.policy)
+    assert same.rows == cauchy.rows
