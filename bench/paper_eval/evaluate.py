@@ -1,0 +1,401 @@
+"""Trace-driven, event-based evaluation of one setup: re-plan every 6 minutes, serve every request.
+
+One run (the paper's): 30 minutes, a re-plan at the start of every 6-minute epoch with that epoch's
+demand (requests in the window / 360 s: an oracle forecast, the same for every method). Each plan
+is re-verified by the independent checker (:mod:`solver.check`). Then every request of the epoch
+is served in virtual time by the replica it is routed to:
+
+* **Routing**: a model's requests go to its plan rows in proportion to their planned capacity
+  (smooth weighted round robin, as the gateway's weights), and round robin over a row's replicas.
+  When a plan serves less than the demand, the gateway admits that share of the requests (evenly
+  spread) and refuses the rest: refused requests count as missed.
+* **Replica**: the sim engine's own scheduler (``coral_hpc.engine.batching``: continuous batching,
+  whole prompts in a step, KV-cache limit, preemption) and step times from :mod:`solver.perf`,
+  driven in virtual time (``tests/support/virtual_engine.py``). Replicas of one row receive
+  statistically identical shares, so one per row is simulated and its figures count ``count``
+  times. Each epoch's replicas start empty (the 6-minute epochs dwarf the warm-up).
+* **Goodput**: output tokens per second of the requests that met both SLOs (TTFT and mean TPOT).
+* **Cost per hour**: provisioning (Σ replicas x price over each epoch) + amortised start-up: each
+  replica that was not running in the previous epoch pays its price for ``STARTUP_S`` more.
+
+Because replica latencies come from the planner's own performance model, the SLO figures show
+that plans keep their promises under the trace's burstiness (self-consistency), not that vLLM
+would: that is for the real engine (issue 13 item 5).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from bench.paper_eval.setups import (
+    AVAILABILITY,
+    MODELS,
+    PRICES,
+    REGIONS,
+    Setup,
+    base_gpu,
+    nodes_for,
+    regional,
+)
+from bench.paper_eval.workload import RUN_S, ModelWorkload, model_workload
+from coral_hpc.engine.pipeline import Layout
+from solver import baselines
+from solver.allocate import allocate
+from solver.catalog import gpu_memory_gb
+from solver.check import check_plan
+from solver.templates import PerfThroughput, build_library
+from solver.types import Cluster, ModelSpec, NodeGroup, Partition, Plan, Policy, RunningReplica, Template
+from tests.support.replay import Slo
+from tests.support.trace_slice import Arrival, Workload
+from tests.support.virtual_engine import EngineShape, simulate
+
+#: Re-plan interval, seconds (the paper's 6 minutes).
+EPOCH_S = 360.0
+#: Submit -> ready of a new replica, seconds: coral-hpc's configured default until it has learnt
+#: its own (coral_hpc/config.py ``startup_time_s``); the paper's start-up times are not known here.
+STARTUP_S = 180.0
+#: Nodes per (GPU type, region) of the "unlimited" cluster that prices C* (never binding).
+UNLIMITED_NODES = 24
+#: GPUs of every type offered in every region whatever the reference plan uses (one 8-GPU node).
+FLOOR_GPUS = 8
+
+
+class RegionalThroughput(PerfThroughput):
+    """The performance model for regional GPU types (``h100@east`` is an H100)."""
+
+    def _gpu(self, gpu_type: str):
+        return super()._gpu(base_gpu(gpu_type))
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def workloads(setup: Setup, seed: int, folder) -> dict[str, ModelWorkload]:
+    """Every model's 30 minutes of requests (seeded per model)."""
+    out = {}
+    for i, name in enumerate(setup.setting.models):
+        pm = MODELS[name]
+        out[name] = model_workload(name, pm.trace, pm.offset_s, setup.rate_of(name), seed + i, folder)
+    return out
+
+
+def model_specs(setup: Setup, loads: dict[str, ModelWorkload], demand: dict[str, float]
+                ) -> list[ModelSpec]:
+    """The planner's view of the models: mix = the run's mean lengths, the epoch's demand."""
+    out = []
+    for name in setup.setting.models:
+        pm = MODELS[name]
+        n_in, n_out = loads[name].mean_mix()
+        out.append(ModelSpec(name, pm.arch, n_in, n_out, pm.ttft_s, pm.tpot_s,
+                             demand_rps=round(demand[name], 4)))
+    return out
+
+
+def regional_gpu_types(setup: Setup, region: str) -> dict[str, tuple[int, float]]:
+    """Stage 1's GPU types of one region: (largest node, GPU memory GB)."""
+    return {regional(g, region): (max(8, 1), gpu_memory_gb(g) or 16.0)
+            for g in setup.setting.gpu_types}
+
+
+def library_for(models: list[ModelSpec], setup: Setup, policy: Policy, tm: RegionalThroughput
+                ) -> dict[str, list[Template]]:
+    """Stage 1 per region (no template spans two), united."""
+    library: dict[str, list[Template]] = {m.name: [] for m in models}
+    for region in REGIONS:
+        part = build_library(models, regional_gpu_types(setup, region), policy, tm)
+        for name, templates in part.items():
+            library[name].extend(templates)
+    return library
+
+
+def cluster_for(setup: Setup, gpus: dict[str, int], running: tuple[RunningReplica, ...] = ()
+                ) -> Cluster:
+    """Node groups (one per regional GPU type and node shape) holding ``gpus`` GPUs per regional
+    type; one partition per regional type, priced per GPU-hour."""
+    groups, partitions = [], []
+    for gpu_type, count in sorted(gpus.items()):
+        gpu = base_gpu(gpu_type)
+        names = []
+        for size, n in sorted(Counter(nodes_for(count)).items()):
+            name = f"{gpu_type}-x{size}"
+            groups.append(NodeGroup(name, gpu_type, size, gpu_memory_gb(gpu) or 16.0,
+                                    tuple(f"{name}-{i:03d}" for i in range(n)), (size,) * n))
+            names.append(name)
+        if names:
+            partitions.append(Partition(gpu_type, tuple(names), prices={gpu_type: PRICES[gpu]}))
+    return Cluster(tuple(groups), tuple(partitions), (), running)
+
+
+def availability(setup: Setup, reference: Plan) -> dict[str, int]:
+    """GPUs per regional type: (1 + margin) x what the reference plan (the cheapest plan for the
+    run's peak demand on unlimited GPUs) uses of that GPU type, split evenly over the regions,
+    plus one 8-GPU node per type and region so every configuration is offered."""
+    margin = AVAILABILITY[setup.availability]
+    used = Counter()
+    for row in reference.rows:
+        for stage in row.template.stages:
+            used[base_gpu(stage.gpu_type)] += row.count * row.template.tp
+    return {regional(g, r): FLOOR_GPUS + math.ceil((1.0 + margin) * used[g] / len(REGIONS) - 1e-9)
+            for g in setup.setting.gpu_types for r in REGIONS}
+
+
+# --------------------------------------------------------------------------- methods
+
+Method = Callable[[list[ModelSpec], dict[str, list[Template]], Cluster, Policy], Plan]
+
+
+def _strategy(template: Template) -> tuple:
+    """A template's layout with the region taken off (the same strategy in either region)."""
+    return (template.tp, tuple((base_gpu(s.gpu_type), s.layers) for s in template.stages))
+
+
+def _homo_strict(models, library, cluster, policy):
+    return baselines.paper_homo(models, library, cluster, policy, strategy=_strategy)
+
+
+#: name -> (planner, whether it is told which replicas run: only Coral prices churn).
+#: The paper's Homo ("per model the homogeneous strategy with the best goodput per cost,
+#: greedily") read two ways: "homo" adds replicas of the best strategy that still fits, falling
+#: back to the next when one runs out (= solver.baselines.cauchy); "homo-strict" keeps one
+#: strategy per model and stops when it fits no more. Cauchy's adaptation ranks per phase; with
+#: no prefill/decode-only templates it is "homo".
+METHODS: dict[str, tuple[Method, bool]] = {
+    "coral": (allocate, True),
+    "homo": (baselines.cauchy, False),
+    "homo-strict": (_homo_strict, False),
+    "cauchy": (baselines.cauchy_adapted, False),
+    "homo-ilp": (baselines.homo, False),
+    "melange-ilp": (baselines.melange, False),
+}
+PAPER_BASELINES = ("homo", "homo-strict", "cauchy")
+ILP_BASELINES = ("homo-ilp", "melange-ilp")
+
+
+# --------------------------------------------------------------------------- serving
+
+
+def _deal(weights: list[float], n: int) -> list[list[int]]:
+    """Smooth weighted round robin: which of ``n`` requests (in order) goes to which weight."""
+    total = sum(weights)
+    credit = [0.0] * len(weights)
+    out: list[list[int]] = [[] for _ in weights]
+    for i in range(n):
+        for k, w in enumerate(weights):
+            credit[k] += w
+        k = max(range(len(weights)), key=lambda j: credit[j])
+        credit[k] -= total
+        out[k].append(i)
+    return out
+
+
+def _layout(template: Template, arch: str) -> Layout:
+    return Layout(arch, template.tp, tuple(base_gpu(s.gpu_type) for s in template.stages),
+                  tuple(s.layers for s in template.stages))
+
+
+def _replica_results(template: Template, arch: str, arrivals: list[Arrival], span_s: float):
+    """Serve ``arrivals`` on one replica of ``template`` in virtual time.
+
+    The role decides how: "both" serves prompt and output. Prefill- and decode-only replicas
+    (disaggregation, issue 14) are not simulated yet: the scheduler has no KV hand-off.
+    """
+    role = getattr(template, "role", "both")
+    if role != "both":
+        raise NotImplementedError(f"template {template.id}: role {role!r} has no replica "
+                                  "simulation yet (prefill/decode hand-off)")
+    return simulate(EngineShape(_layout(template, arch)), Workload(tuple(arrivals), span_s, "paper"))
+
+
+@dataclass
+class Served:
+    """What one model's requests of a window got (estimated over every replica)."""
+
+    requests: int = 0
+    output_tokens: int = 0
+    good: float = 0.0
+    good_output_tokens: float = 0.0
+    refused: int = 0
+
+
+def serve_window(plan: Plan, model: ModelSpec, load: ModelWorkload, start: float, sim_s: float
+                 ) -> Served:
+    """Route the model's requests of [start, start + sim_s) to the plan's replicas and serve them."""
+    idx = load.window(start, start + sim_s)
+    at, prompt, output = load.at[idx] - start, load.prompt[idx], load.output[idx]
+    out = Served(requests=len(at), output_tokens=int(output.sum()))
+    rows = [r for r in plan.rows if r.model == model.name and r.count > 0]
+    capacity = sum(r.count * r.throughput for r in rows)
+    if not rows or capacity <= 0 or len(at) == 0:
+        out.refused = len(at)
+        return out
+    share = min(1.0, capacity / model.demand_rps) if model.demand_rps > 0 else 1.0
+    admitted = [i for i in range(len(at)) if int((i + 1) * share) > int(i * share)]
+    out.refused = len(at) - len(admitted)
+    slo = Slo(model.ttft_s, model.tpot_s)
+    for row, picks in zip(rows, _deal([r.count * r.throughput for r in rows], len(admitted))):
+        mine = [admitted[j] for j in picks[::row.count]]  # replica 0 of the row
+        if not mine:
+            continue
+        arrivals = [Arrival(float(at[i]), int(prompt[i]), int(output[i])) for i in mine]
+        results = _replica_results(row.template, model.arch, arrivals, sim_s)
+        good = [r for r in results if r.within(slo)]
+        scale = len(picks) / len(mine)  # every replica of the row, from replica 0's share
+        out.good += scale * len(good)
+        out.good_output_tokens += scale * sum(r.completion_tokens for r in good)
+    return out
+
+
+# --------------------------------------------------------------------------- one run
+
+
+@dataclass
+class MethodRun:
+    """One method's run over a setup: per-epoch plans and what they served."""
+
+    method: str
+    cost_usd: float = 0.0  # provisioning + start-up over the run
+    startup_usd: float = 0.0
+    requests: Counter = field(default_factory=Counter)
+    good: Counter = field(default_factory=Counter)
+    good_tokens: Counter = field(default_factory=Counter)
+    refused: Counter = field(default_factory=Counter)
+    plan_seconds: list[float] = field(default_factory=list)
+    checker_problems: int = 0
+    statuses: Counter = field(default_factory=Counter)
+    #: cost-weighted shares of the plans: heterogeneous, multi-node, uncalibrated templates
+    cost_hetero: float = 0.0
+    cost_multinode: float = 0.0
+    cost_uncalibrated: float = 0.0
+    plan_cost: float = 0.0
+    templates: Counter = field(default_factory=Counter)  # template id -> replica-epochs
+
+    def hourly_cost(self, run_s: float) -> float:
+        return self.cost_usd * 3600.0 / run_s
+
+
+def _count(load: ModelWorkload, start: float) -> int:
+    """Requests of ``load`` arriving in the epoch starting at ``start``."""
+    window = load.window(start, start + EPOCH_S)
+    return window.stop - window.start
+
+
+def reference_plan(setup: Setup, loads, library, policy) -> Plan:
+    """The cheapest plan (Coral's) for the run's peak epoch demand on unlimited GPUs."""
+    peak = {name: max(_count(load, e * EPOCH_S) for e in range(int(RUN_S // EPOCH_S))) / EPOCH_S
+            for name, load in loads.items()}
+    models = model_specs(setup, loads, peak)
+    unlimited = cluster_for(setup, {regional(g, r): UNLIMITED_NODES * 8
+                                    for g in setup.setting.gpu_types for r in REGIONS})
+    return allocate(models, library, unlimited, policy)
+
+
+def run_setup(setup: Setup, methods: list[str], loads, library, policy, gpus: dict[str, int],
+              tm, sim_s: float, epochs: int, log=print) -> dict[str, MethodRun]:
+    """Every method over the same epochs, demand and availability."""
+    runs = {}
+    for method in methods:
+        plan_fn, told_running = METHODS[method]
+        run = MethodRun(method)
+        previous: Counter = Counter()
+        running: tuple[RunningReplica, ...] = ()
+        for e in range(epochs):
+            start = e * EPOCH_S
+            demand = {name: _count(load, start) / EPOCH_S for name, load in loads.items()}
+            models = model_specs(setup, loads, demand)
+            cluster = cluster_for(setup, gpus, running if told_running else ())
+            began = time.perf_counter()
+            plan = plan_fn(models, library, cluster, policy)
+            run.plan_seconds.append(time.perf_counter() - began)
+            run.statuses[plan.status] += 1
+            run.checker_problems += len(check_plan(plan, models, replace(cluster, running=()),
+                                                   library, tm))
+            now = Counter()
+            for row in plan.rows:
+                now[(row.template.id, row.partitions)] += row.count
+            new_cost = sum(max(0, row.count - previous[(row.template.id, row.partitions)])
+                           * row.cost_per_hour for row in plan.rows)
+            run.startup_usd += new_cost * STARTUP_S / 3600.0
+            run.cost_usd += plan.cost_per_hour * EPOCH_S / 3600.0
+            for row in plan.rows:
+                c = row.count * row.cost_per_hour
+                run.plan_cost += c
+                run.cost_hetero += c * row.template.heterogeneous
+                run.cost_multinode += c * (row.template.pp > 1)
+                run.cost_uncalibrated += c * (not row.template.calibrated)
+                run.templates[row.template.id] += row.count
+            previous = now
+            running = tuple(RunningReplica(tid, parts, n) for (tid, parts), n in now.items())
+            for model in models:
+                load = loads[model.name]
+                # the sample: sim_s seconds in the middle of the epoch, extrapolated to all of
+                # the epoch's requests and output tokens (not by time: the rate varies)
+                sample = serve_window(plan, model, load, start + (EPOCH_S - sim_s) / 2, sim_s)
+                epoch = load.window(start, start + EPOCH_S)
+                n, tokens = epoch.stop - epoch.start, int(load.output[epoch].sum())
+                run.requests[model.name] += n
+                if sample.requests:
+                    run.good[model.name] += n * sample.good / sample.requests
+                    run.refused[model.name] += n * sample.refused / sample.requests
+                if sample.output_tokens:
+                    run.good_tokens[model.name] += (tokens * sample.good_output_tokens
+                                                    / sample.output_tokens)
+            log(f"    {method:12s} epoch {e}: {plan.status:8s} ${plan.cost_per_hour:8.2f}/h "
+                f"plan {run.plan_seconds[-1]:.2f}s")
+        run.cost_usd += run.startup_usd
+        runs[method] = run
+    return runs
+
+
+def library_classes(library: dict[str, list[Template]], models: list[ModelSpec]
+                    ) -> dict[str, dict[str, float]]:
+    """Per model, the best requests/s per $/h of its templates by class (single-node homogeneous,
+    multi-node homogeneous, heterogeneous), over the library: why Coral picks what it picks."""
+    out = {}
+    for model in models:
+        best = {"single-node": 0.0, "multi-node": 0.0, "heterogeneous": 0.0}
+        for t in library.get(model.name, []):
+            cost = sum(PRICES[base_gpu(s.gpu_type)] * t.tp for s in t.stages)
+            key = "heterogeneous" if t.heterogeneous else ("multi-node" if t.pp > 1 else "single-node")
+            best[key] = max(best[key], t.throughput / cost)
+        out[model.name] = best
+    return out
+
+
+def summary(setup: Setup, runs: dict[str, MethodRun], run_s: float) -> dict:
+    """JSON-ready figures of one setup's runs."""
+    out = {}
+    for name, run in runs.items():
+        requests = sum(run.requests.values())
+        out[name] = {
+            "cost_per_hour": round(run.hourly_cost(run_s), 2),
+            "startup_per_hour": round(run.startup_usd * 3600.0 / run_s, 2),
+            "goodput_tok_s": round(sum(run.good_tokens.values()) / run_s, 1),
+            "slo_attainment": round(sum(run.good.values()) / requests, 4) if requests else 0.0,
+            "refused_share": round(sum(run.refused.values()) / requests, 4) if requests else 0.0,
+            "per_model": {
+                m: {"goodput_tok_s": round(run.good_tokens[m] / run_s, 1),
+                    "slo_attainment": round(run.good[m] / run.requests[m], 4) if run.requests[m] else 0.0}
+                for m in setup.setting.models},
+            "plan_seconds_max": round(max(run.plan_seconds), 3),
+            "statuses": dict(run.statuses),
+            "checker_problems": run.checker_problems,
+            "share_heterogeneous": round(run.cost_hetero / run.plan_cost, 4) if run.plan_cost else 0.0,
+            "share_multinode": round(run.cost_multinode / run.plan_cost, 4) if run.plan_cost else 0.0,
+            "share_uncalibrated": round(run.cost_uncalibrated / run.plan_cost, 4) if run.plan_cost else 0.0,
+            "templates": dict(run.templates.most_common(8)),
+        }
+    return out
+
+
+def cost_per_goodput(s: dict) -> float:
+    """$ per hour per (goodput token/s): the figure that stays fair when goodputs differ."""
+    return s["cost_per_hour"] / s["goodput_tok_s"] if s["goodput_tok_s"] > 0 else float("inf")
+
+
+__all__ = ["EPOCH_S", "METHODS", "STARTUP_S", "RegionalThroughput", "availability", "cluster_for",
+           "library_classes", "library_for", "model_specs", "reference_plan", "run_setup", "summary",
+           "workloads"]
