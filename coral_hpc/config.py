@@ -222,12 +222,42 @@ class ClusterConfig(_Frozen):
 # --------------------------------------------------------------------------- engine, gateway, policy
 
 
+#: vLLM's KV connectors (``--kv-transfer-config``'s ``kv_connector``) coral-hpc can configure:
+#: ExampleConnector moves the KV cache through a shared directory (the local cluster, measured
+#: in ../shared/VLLM-CPU.md); the others are vLLM's network connectors for GPU sites.
+KV_CONNECTORS = ("ExampleConnector", "NixlConnector", "LMCacheConnectorV1", "MooncakeConnector",
+                 "P2pNcclConnector")
+
+
+class KvConnectorConfig(_Frozen):
+    """How a disaggregated model's prefill replicas hand the KV cache to its decode replicas."""
+
+    name: Literal[KV_CONNECTORS] = Field(description="vLLM kv_connector: " + ", ".join(KV_CONNECTORS))
+    shared_path: str | None = Field(
+        default=None,
+        description="ExampleConnector's directory on the shared filesystem; "
+                    "default <state_dir>/<deployment>/kv",
+    )
+    extra_config: dict[str, Any] = Field(
+        default_factory=dict, description="kv_connector_extra_config passed to vLLM as is"
+    )
+
+    @model_validator(mode="after")
+    def _path_for_example_only(self) -> "KvConnectorConfig":
+        if self.shared_path is not None and self.name != "ExampleConnector":
+            raise ValueError(f"shared_path applies to ExampleConnector only, not {self.name}")
+        return self
+
+
 class EngineConfig(_Frozen):
     """Which engine replicas run."""
 
     kind: Literal["vllm", "sim"] = Field(default="vllm", description="sim = no GPU needed")
     args: tuple[str, ...] = Field(default=(), description="extra engine args for every model")
     version: str | None = Field(default=None, description="vLLM version the environments hold")
+    kv_connector: KvConnectorConfig | None = Field(
+        default=None, description="KV connector of disaggregated models (policy.disaggregation)"
+    )
 
 
 class GatewayConfig(_Frozen):
@@ -278,6 +308,27 @@ class PolicyConfig(_Frozen):
     heterogeneous: bool = Field(default=True, description="allow stages on different GPU types")
     solver_time_limit_s: float = Field(default=10.0, gt=0)
     solver_mip_gap: float = Field(default=1e-4, ge=0, lt=1)
+    # Off by default: prefill and decode replicas need a KV connector the site has set up
+    # (engine.kv_connector: a network connector on GPU nodes, or a shared directory) and each
+    # request makes two hops; a site opts in. "auto" then lets Stage 2 pick per model whatever
+    # is cheaper (aggregated, disaggregated or both); "on" plans prefill + decode replicas only.
+    disaggregation: Literal["auto", "on", "off"] = Field(
+        default="off", description="split prefill and decode onto separate replicas"
+    )
+    kv_fabric_gbs: float | None = Field(
+        default=None, gt=0,
+        description="GB/s the site's fabric carries for KV transfers in total; unset = no limit",
+    )
+
+    @field_validator("disaggregation", mode="before")
+    @classmethod
+    def _yaml_on_off(cls, value: Any) -> Any:
+        # YAML 1.1 (PyYAML) reads a bare on/off as a boolean: take it as the word it was
+        if value is True:
+            return "on"
+        if value is False:
+            return "off"
+        return value
 
 
 # --------------------------------------------------------------------------- models
@@ -406,6 +457,13 @@ class Deployment(_Frozen):
                     ("models", index, "partitions"),
                     f"partition(s) {unknown} not in cluster.partitions; valid: {sorted(known)}",
                 )
+        if (self.policy.disaggregation != "off" and self.engine.kind == "vllm"
+                and self.engine.kv_connector is None):
+            raise _FieldError(
+                ("engine", "kv_connector"),
+                f"policy.disaggregation {self.policy.disaggregation!r} with engine 'vllm' needs "
+                f"engine.kv_connector (name: one of {', '.join(KV_CONNECTORS)})",
+            )
         if self.engine.kind == "vllm":
             for index, part in enumerate(self.cluster.partitions):
                 if part.environment is None:

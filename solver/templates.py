@@ -29,6 +29,7 @@ from typing import Protocol
 
 import numpy as np
 
+from solver.roles import phase_templates, roles_for, supports_phases
 from solver.types import ModelSpec, Policy, Stage, Template
 
 #: progress(model name, models done, models total)
@@ -111,10 +112,29 @@ class PerfThroughput:
     def calibrated(self, model: ModelSpec, gpu_type: str) -> bool:
         return bool(self._perf.is_calibrated(self._arch(model), self._gpu(gpu_type)))
 
+    def phase_throughput(self, model: ModelSpec, gpu_type: str, tp: int, layers: int,
+                         stages: int, role: str) -> float:
+        """Requests/s one stage of a prefill-only or decode-only replica sustains."""
+        from solver import perf_roles
+
+        slo = self._perf.Slo(ttft_s=model.ttft_s, tpot_s=model.tpot_s)
+        mix = self._perf.Mix(input_tokens=model.input_tokens, output_tokens=model.output_tokens)
+        return perf_roles.phase_throughput(self._arch(model), self._gpu(gpu_type), tp, layers,
+                                           stages, slo, mix, role)
+
+    def kv_bytes_per_request(self, model: ModelSpec) -> float:
+        """KV bytes one request moves from its prefill to its decode replica."""
+        from solver import perf_roles
+
+        mix = self._perf.Mix(input_tokens=model.input_tokens, output_tokens=model.output_tokens)
+        return perf_roles.kv_bytes_per_request(self._arch(model), mix)
+
     def fingerprint(self) -> str:
+        from solver import perf_roles
         from solver.resources import profiles_dir
 
         digest = hashlib.sha256()
+        digest.update(Path(perf_roles.__file__).read_bytes())
         for path in sorted(profiles_dir().rglob("*")):
             if path.is_file():
                 digest.update(str(path.relative_to(profiles_dir())).encode())
@@ -262,6 +282,26 @@ def model_templates(
     return drop_dominated(out)
 
 
+def library_templates(
+    tm: ThroughputModel,
+    model: ModelSpec,
+    gpu_types: Mapping[str, tuple[int, float]],
+    policy: Policy,
+) -> list[Template]:
+    """The model's templates for every role its disaggregation policy allows
+    (:func:`solver.roles.roles_for`): aggregated from :func:`model_templates`, prefill and
+    decode from :func:`solver.roles.phase_templates`."""
+    roles = roles_for(model)
+    out = model_templates(tm, model, gpu_types, policy) if "both" in roles else []
+    phases = [r for r in roles if r != "both"]
+    if phases and not supports_phases(tm):
+        raise ValueError(f"model {model.name}: disaggregation {model.disaggregation} needs a "
+                         "throughput model that prices prefill and decode apart")
+    for role in phases:
+        out += phase_templates(tm, model, gpu_types, policy, role)
+    return out
+
+
 def drop_dominated(templates: list[Template]) -> list[Template]:
     """Keep templates no other beats: another dominates when it uses no more stages of every
     configuration and serves at least as much (ties keep the first)."""
@@ -292,6 +332,7 @@ def _cache_key(
         "version": CACHE_VERSION,
         "model": [model.name, model.arch, model.input_tokens, model.output_tokens,
                   model.ttft_s, model.tpot_s, sorted(model.gpu_types)],
+        "roles": list(roles_for(model)),
         "gpus": sorted([g, list(v)] for g, v in gpu_types.items()),
         "policy": [policy.n_max, policy.rho, policy.heterogeneous, policy.max_tp],
         "throughput": tm.fingerprint(),
@@ -311,6 +352,8 @@ def _from_json(items: list[dict]) -> list[Template]:
             stages=tuple(Stage(s["gpu_type"], int(s["layers"])) for s in item["stages"]),
             throughput=float(item["throughput"]),
             calibrated=bool(item.get("calibrated", True)),
+            role=item.get("role", "both"),
+            kv_bytes_per_request=float(item.get("kv_bytes_per_request", 0.0)),
         )
         for item in items
     ]
@@ -347,7 +390,7 @@ def build_library(
                 continue
             except (ValueError, KeyError, TypeError):
                 pass  # a damaged cache entry is rebuilt below
-        templates = model_templates(tm, model, gpu_types, policy)
+        templates = library_templates(tm, model, gpu_types, policy)
         library[model.name] = templates
         if use_cache:
             folder.mkdir(parents=True, exist_ok=True)
