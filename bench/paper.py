@@ -84,15 +84,19 @@ def pick_setups(spec: str) -> list[S.Setup]:
 def evaluate_setup(setup: S.Setup, args, policy: Policy, tm, folder: Path) -> dict:
     began = time.perf_counter()
     loads = workloads(setup, args.seed, folder)
-    models = model_specs(setup, loads, {m: 1.0 for m in loads})
     stage1 = time.perf_counter()
-    library = library_for(models, setup, policy, tm)
+    libraries = {}
+    for mode in sorted({METHODS[m].disaggregation for m in args.methods} | {"off"}):
+        models = model_specs(setup, loads, {m: 1.0 for m in loads}, mode)
+        libraries[mode] = library_for(models, setup, policy, tm)
+    models = model_specs(setup, loads, {m: 1.0 for m in loads})
+    library = libraries["off"]
     stage1 = time.perf_counter() - stage1
     reference = reference_plan(setup, loads, library, policy)
     gpus = availability(setup, reference)
     print(f"  {setup.name}: Stage 1 {stage1:.1f} s, reference ${reference.cost_per_hour:.2f}/h, "
           f"GPUs {gpus}", flush=True)
-    runs = run_setup(setup, args.methods, loads, library, policy, gpus, tm, args.sim_seconds,
+    runs = run_setup(setup, args.methods, loads, libraries, policy, gpus, tm, args.sim_seconds,
                      args.epochs, log=lambda line: print(line, flush=True))
     run_s = args.epochs * EPOCH_S
     figures = summary(setup, runs, run_s)
@@ -111,7 +115,7 @@ def evaluate_setup(setup: S.Setup, args, policy: Policy, tm, folder: Path) -> di
         "methods": figures,
         "library_best_rps_per_usd": {m: {k: round(v, 5) for k, v in d.items()}
                                      for m, d in library_classes(library, models).items()},
-        "templates": {m: len(ts) for m, ts in library.items()},
+        "templates": {mode: {m: len(ts) for m, ts in lib.items()} for mode, lib in libraries.items()},
         "stage1_s": round(stage1, 2),
         "seconds": round(time.perf_counter() - began, 1),
     }
@@ -121,6 +125,44 @@ def _ratio(base: dict, other: dict) -> str:
     cost = other["cost_per_hour"] / base["cost_per_hour"] if base["cost_per_hour"] else float("inf")
     per_good = cost_per_goodput(other) / cost_per_goodput(base)
     return f"{cost:.2f} / {per_good:.2f}"
+
+
+def _cost_ratio(results_methods: dict, base: str, other: str) -> str:
+    b, o = results_methods.get(base), results_methods.get(other)
+    if not b or not o or not b["cost_per_hour"]:
+        return "—"
+    return f"{o['cost_per_hour'] / b['cost_per_hour']:.2f}"
+
+
+def summary_table(results: list[dict]) -> list[str]:
+    """One line per setup: the paper's ratio beside ours (baseline cost ÷ Coral cost)."""
+    lines = [
+        "## Summary: baseline cost ÷ Coral cost (> 1: Coral is cheaper)",
+        "",
+        "| setup | paper | vs homo | vs cauchy | vs homo-ilp | vs melange-ilp | Coral het / multi "
+        "| with disagg: homo ÷ Coral+d | cauchy+d ÷ Coral+d | Coral ÷ Coral+d | Coral+d het / multi / "
+        "disagg | SLO Coral / Coral+d |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        m = r["methods"]
+        paper = ", ".join(f"{k} {v:g}" for k, v in r["paper"].items()) or "—"
+        c, d = m.get("coral", {}), m.get("coral+disagg", {})
+        lines.append(
+            f"| {r['setup']} | {paper} | {_cost_ratio(m, 'coral', 'homo')} | "
+            f"{_cost_ratio(m, 'coral', 'cauchy')} | {_cost_ratio(m, 'coral', 'homo-ilp')} | "
+            f"{_cost_ratio(m, 'coral', 'melange-ilp')} | "
+            f"{c.get('share_heterogeneous', 0):.0%} / {c.get('share_multinode', 0):.0%} | "
+            f"{_cost_ratio(m, 'coral+disagg', 'homo')} | "
+            f"{_cost_ratio(m, 'coral+disagg', 'cauchy+disagg')} | "
+            f"{_cost_ratio(m, 'coral+disagg', 'coral')} | "
+            + (f"{d.get('share_heterogeneous', 0):.0%} / {d.get('share_multinode', 0):.0%} / "
+               f"{d.get('share_disaggregated', 0):.0%} | " if d else "— | ")
+            + f"{c.get('slo_attainment', 0):.0%} / "
+            + (f"{d.get('slo_attainment', 0):.0%} |" if d else "— |"))
+    lines += ["", "Cost ratios compare hourly cost (provisioning + start-up); where SLO attainment "
+              "differs, the per-setup tables also give cost per goodput.", ""]
+    return lines
 
 
 def markdown(results: list[dict], args, seconds: float) -> str:
@@ -151,10 +193,11 @@ def markdown(results: list[dict], args, seconds: float) -> str:
         "- **Ratios** `cost / cost-per-goodput`: a baseline's hourly cost ÷ Coral's, and its "
         "(cost ÷ goodput) ÷ Coral's; > 1 means Coral is cheaper. The second is the fair one when "
         "goodputs differ (scarce GPUs).",
-        "- **Het / multi / uncal.**: share of the plan's GPU cost in heterogeneous templates, in "
-        "multi-node (pipeline) templates, and in templates resting on uncalibrated performance "
-        "entries (GPU without its own fitted factors, or MoE / MXFP4 models: no public measured "
-        "data for them; `solver.perf.is_calibrated`).",
+        "- **Het / multi / uncal. / disagg.**: share of the plan's GPU cost in heterogeneous "
+        "templates, in multi-node (pipeline) templates, in templates resting on uncalibrated "
+        "performance entries (a GPU without its own fitted factors — L40S, A10G — or an MoE / "
+        "MXFP4 model: no public per-layer measured data for them; `solver.perf.is_calibrated`), "
+        "and in prefill- or decode-only replicas.",
         f"- **Prices** (USD per GPU-hour): "
         + ", ".join(f"{g} {p:.3f}" for g, p in S.PRICES.items()) + f"; {S.PRICE_SOURCE}.",
         "- **Methods**: `coral` = Stage 1 + Stage 2 (heterogeneous and multi-node templates, "
@@ -177,15 +220,21 @@ def markdown(results: list[dict], args, seconds: float) -> str:
             f"{m.name} ({m.arch}, {S.TRACES[m.trace]}, {m.ttft_s:g} / {m.tpot_s:g})"
             for m in S.MODELS.values()) + ".",
         "",
-        "**Without disaggregation only.** Prefill/decode-only templates (issue 14, branch "
-        "`disagg`) were not merged when this ran; `evaluate._replica_results` dispatches on a "
-        "template's role and the Cauchy adaptation ranks per phase once role templates exist, "
-        "but the with-disaggregation columns are not measured yet.",
+        "**With and without disaggregation.** `coral+disagg` and `cauchy+disagg` plan with "
+        "every model's `disaggregation: auto` (Stage 1 adds prefill-only and decode-only "
+        "templates, `solver/roles.py`, `solver/perf_roles.py`; Stage 2 picks the cheaper mix; the "
+        "Cauchy adaptation ranks prefill templates by prompt tokens per cost and decode templates "
+        "by output tokens per cost). A disaggregated request is served by a prefill replica (every "
+        "one simulated), moved after `perf_roles.kv_transfer_s` (the calibration's inter-node link, "
+        "7.77 GB/s), then served by a decode replica admitting it with its prompt's KV loaded; its "
+        "first token comes from the decode replica, as in vLLM. The other methods are aggregated.",
         "",
     ]
+    lines += summary_table(results)
     for r in results:
         methods = r["methods"]
         coral = methods.get("coral")
+        coral_d = methods.get("coral+disagg")
         lines += [f"## {r['setup']}", ""]
         if r["paper"]:
             lines.append("Paper's cost ratio (baseline ÷ Coral): " + ", ".join(
@@ -197,17 +246,20 @@ def markdown(results: list[dict], args, seconds: float) -> str:
             f"GPUs offered per type and region: {r['gpus']}; reference (cheapest peak plan on "
             f"unlimited GPUs) ${r['reference_cost_per_hour']}/h.",
             "",
-            "| method | $/h | start-up $/h | ratio vs Coral (cost / per goodput) | goodput tok/s | "
-            "SLO | refused | het / multi / uncal. | plan statuses | max plan s | checker |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+            "| method | $/h | start-up $/h | vs Coral (cost / per goodput) | vs Coral+disagg | "
+            "goodput tok/s | SLO | refused | het / multi / uncal. / disagg. | plan statuses | "
+            "max plan s | checker |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for name, m in methods.items():
             ratio = "—" if name == "coral" or coral is None else _ratio(coral, m)
+            ratio_d = "—" if name == "coral+disagg" or coral_d is None else _ratio(coral_d, m)
             lines.append(
                 f"| {name} | {m['cost_per_hour']:.2f} | {m['startup_per_hour']:.2f} | {ratio} | "
+                f"{ratio_d} | "
                 f"{m['goodput_tok_s']:.0f} | {m['slo_attainment']:.1%} | {m['refused_share']:.1%} | "
                 f"{m['share_heterogeneous']:.0%} / {m['share_multinode']:.0%} / "
-                f"{m['share_uncalibrated']:.0%} | "
+                f"{m['share_uncalibrated']:.0%} / {m['share_disaggregated']:.0%} | "
                 + ", ".join(f"{k} {v}" for k, v in m["statuses"].items())
                 + f" | {m['plan_seconds_max']:.2f} | {m['checker_problems']} |")
         lines += ["", "Per model (goodput tok/s, SLO attainment):", "",

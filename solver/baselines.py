@@ -25,19 +25,34 @@ from collections.abc import Callable, Hashable
 from dataclasses import replace
 
 from solver.allocate import allocate
-from solver.types import Cluster, ModelSpec, NodeGroup, Plan, PlanRow, Policy, Quota, Template
+from solver.types import (
+    Cluster,
+    ModelSpec,
+    NodeGroup,
+    Plan,
+    PlanRow,
+    Policy,
+    Quota,
+    Template,
+    served_capacity,
+)
 
 
 def _single_type(templates: list[Template], gpu: str | None = None) -> list[Template]:
-    return [t for t in templates if not t.heterogeneous and (gpu is None or t.stages[0].gpu_type == gpu)]
+    """Aggregated (role "both") templates on one GPU type (``gpu``, or any single type)."""
+    return [t for t in templates if not t.heterogeneous and t.role == "both"
+            and (gpu is None or t.stages[0].gpu_type == gpu)]
+
+
+def _single_type_any_role(templates: list[Template]) -> list[Template]:
+    """Templates on one GPU type, of any role."""
+    return [t for t in templates if not t.heterogeneous]
 
 
 def combine(models: list[ModelSpec], plans: list[Plan], seconds: float) -> Plan:
     """One plan out of per-model plans (rows concatenated, figures recomputed)."""
     rows = tuple(row for plan in plans for row in plan.rows)
-    capacity = Counter()
-    for row in rows:
-        capacity[row.model] += row.count * row.throughput
+    capacity = Counter(served_capacity(rows))
     demand = {m.name: m.demand_rps for m in models}
     served = {m.name: min(demand[m.name], capacity[m.name]) for m in models}
     met = all(served[m.name] >= m.demand_rps * (1 - 1e-9) for m in models)
@@ -133,24 +148,19 @@ def cauchy_adapted(models: list[ModelSpec], library: dict[str, list[Template]], 
                    policy: Policy | None = None) -> Plan:
     """The paper's Cauchy adaptation: per phase, homogeneous templates ranked by that phase's
     tokens per cost (see the module doc); :func:`cauchy` when no template has a phase role."""
-    homogeneous = {m.name: _single_type(library.get(m.name, [])) for m in models}
-    if not any(_role(t) != "both" for ts in homogeneous.values() for t in ts):
+    homogeneous = {m.name: _single_type_any_role(library.get(m.name, [])) for m in models}
+    if not any(t.role != "both" for ts in homogeneous.values() for t in ts):
         return cauchy(models, library, cluster, policy)
     phases = []
     for role in ("prefill", "decode"):
-        phases.append({name: [t for t in ts if _role(t) == role] for name, ts in homogeneous.items()})
+        phases.append({name: [t for t in ts if t.role == role] for name, ts in homogeneous.items()})
     return _greedy(models, phases[0], cluster, fallback=True, phases=phases)
-
-
-def _role(template: Template) -> str:
-    """A template's phase role: "both" unless it is a prefill- or decode-only template."""
-    return getattr(template, "role", "both")
 
 
 def _tokens_per_cost(template: Template, model: ModelSpec, cost: float) -> float:
     """Tokens of the template's phase per unit cost: prompt tokens for prefill replicas, output
     tokens otherwise (a replica serving both phases is ranked by what the user reads)."""
-    tokens = model.input_tokens if _role(template) == "prefill" else model.output_tokens
+    tokens = model.input_tokens if template.role == "prefill" else model.output_tokens
     return template.throughput * tokens / cost
 
 

@@ -160,20 +160,25 @@ def _stage_coeffs(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int) -> StageC
 
 
 def step_latency_s(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, decode_seqs: int,
-                   prefill_tokens: int, context_tokens: int, n_stages: int = 1) -> float:
+                   prefill_tokens: int, context_tokens: int, n_stages: int = 1,
+                   prefill_ctx: float | None = None) -> float:
     """Seconds of one continuous-batching engine step on this stage.
 
     ``decode_seqs`` sequences decode one token each, reading ``context_tokens`` KV tokens in total;
-    ``prefill_tokens`` prompt tokens (assumed to be one prompt chunk, so its attention context
-    averages half of it) are prefilled in the same step. Includes this stage's share of the
-    per-step engine overhead and, in a pipeline of ``n_stages`` > 1, the hand-off to the next
-    stage — exactly what :func:`stage_throughput` charges, so a sim engine summing its stages'
-    steps sees the latency the planner promised.
+    ``prefill_tokens`` prompt tokens are prefilled in the same step, each attending to
+    ``prefill_ctx`` tokens on average. None: one prompt chunk from its start (half of it). A
+    batch of several chunks attends per sequence (attention kernels do not mix sequences):
+    pass Σ chunk·(already computed + chunk/2) ÷ Σ chunk, or k prompts of n tokens are charged
+    k times their attention. Includes this stage's share of the per-step engine overhead and,
+    in a pipeline of ``n_stages`` > 1, the hand-off to the next stage — exactly what
+    :func:`stage_throughput` charges (k whole prompts of n_in tokens at n_in/2 each), so a sim
+    engine summing its stages' steps sees the latency the planner promised.
     """
     cal = _calibration()
     c = _stage_coeffs(arch, gpu, tp, layers)
-    return step_time(c, decode_seqs, prefill_tokens, context_tokens, prefill_tokens / 2.0,
-                 cal.step_overhead_s, n_stages, cal.pp_alpha_s, cal.pp_bw)
+    ctx = prefill_tokens / 2.0 if prefill_ctx is None else prefill_ctx
+    return step_time(c, decode_seqs, prefill_tokens, context_tokens, ctx,
+                     cal.step_overhead_s, n_stages, cal.pp_alpha_s, cal.pp_bw)
 
 
 # --- measured overrides ---------------------------------------------------------------------

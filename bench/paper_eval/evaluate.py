@@ -11,7 +11,7 @@ is served in virtual time by the replica it is routed to:
   spread) and refuses the rest: refused requests count as missed.
 * **Replica**: the sim engine's own scheduler (``coral_hpc.engine.batching``: continuous batching,
   whole prompts in a step, KV-cache limit, preemption) and step times from :mod:`solver.perf`,
-  driven in virtual time (``tests/support/virtual_engine.py``). Replicas of one row receive
+  driven in virtual time (:mod:`bench.paper_eval.replica`). Replicas of one row receive
   statistically identical shares, so one per row is simulated and its figures count ``count``
   times. Each epoch's replicas start empty (the 6-minute epochs dwarf the warm-up).
 * **Goodput**: output tokens per second of the requests that met both SLOs (TTFT and mean TPOT).
@@ -41,17 +41,25 @@ from bench.paper_eval.setups import (
     nodes_for,
     regional,
 )
+from bench.paper_eval import replica
 from bench.paper_eval.workload import RUN_S, ModelWorkload, model_workload
 from coral_hpc.engine.pipeline import Layout
-from solver import baselines
+from solver import baselines, catalog, perf, perf_roles
 from solver.allocate import allocate
 from solver.catalog import gpu_memory_gb
 from solver.check import check_plan
 from solver.templates import PerfThroughput, build_library
-from solver.types import Cluster, ModelSpec, NodeGroup, Partition, Plan, Policy, RunningReplica, Template
-from tests.support.replay import Slo
-from tests.support.trace_slice import Arrival, Workload
-from tests.support.virtual_engine import EngineShape, simulate
+from solver.types import (
+    Cluster,
+    ModelSpec,
+    NodeGroup,
+    Partition,
+    Plan,
+    PlanRow,
+    Policy,
+    RunningReplica,
+    Template,
+)
 
 #: Re-plan interval, seconds (the paper's 6 minutes).
 EPOCH_S = 360.0
@@ -83,15 +91,15 @@ def workloads(setup: Setup, seed: int, folder) -> dict[str, ModelWorkload]:
     return out
 
 
-def model_specs(setup: Setup, loads: dict[str, ModelWorkload], demand: dict[str, float]
-                ) -> list[ModelSpec]:
+def model_specs(setup: Setup, loads: dict[str, ModelWorkload], demand: dict[str, float],
+                disaggregation: str = "off") -> list[ModelSpec]:
     """The planner's view of the models: mix = the run's mean lengths, the epoch's demand."""
     out = []
     for name in setup.setting.models:
         pm = MODELS[name]
         n_in, n_out = loads[name].mean_mix()
         out.append(ModelSpec(name, pm.arch, n_in, n_out, pm.ttft_s, pm.tpot_s,
-                             demand_rps=round(demand[name], 4)))
+                             demand_rps=round(demand[name], 4), disaggregation=disaggregation))
     return out
 
 
@@ -157,19 +165,31 @@ def _homo_strict(models, library, cluster, policy):
     return baselines.paper_homo(models, library, cluster, policy, strategy=_strategy)
 
 
-#: name -> (planner, whether it is told which replicas run: only Coral prices churn).
+@dataclass(frozen=True)
+class MethodSpec:
+    """How a method plans: its planner, whether it is told which replicas run (only Coral prices
+    churn), and the models' disaggregation policy (``auto``: prefill/decode templates exist)."""
+
+    plan: Method
+    told_running: bool
+    disaggregation: str = "off"
+
+
 #: The paper's Homo ("per model the homogeneous strategy with the best goodput per cost,
 #: greedily") read two ways: "homo" adds replicas of the best strategy that still fits, falling
 #: back to the next when one runs out (= solver.baselines.cauchy); "homo-strict" keeps one
 #: strategy per model and stops when it fits no more. Cauchy's adaptation ranks per phase; with
-#: no prefill/decode-only templates it is "homo".
-METHODS: dict[str, tuple[Method, bool]] = {
-    "coral": (allocate, True),
-    "homo": (baselines.cauchy, False),
-    "homo-strict": (_homo_strict, False),
-    "cauchy": (baselines.cauchy_adapted, False),
-    "homo-ilp": (baselines.homo, False),
-    "melange-ilp": (baselines.melange, False),
+#: no prefill/decode-only templates (disaggregation off) it is "homo". "+disagg": the same
+#: method when every model may be disaggregated (Stage 1 builds prefill and decode templates).
+METHODS: dict[str, MethodSpec] = {
+    "coral": MethodSpec(allocate, True),
+    "homo": MethodSpec(baselines.cauchy, False),
+    "homo-strict": MethodSpec(_homo_strict, False),
+    "cauchy": MethodSpec(baselines.cauchy_adapted, False),
+    "homo-ilp": MethodSpec(baselines.homo, False),
+    "melange-ilp": MethodSpec(baselines.melange, False),
+    "coral+disagg": MethodSpec(allocate, True, "auto"),
+    "cauchy+disagg": MethodSpec(baselines.cauchy_adapted, False, "auto"),
 }
 PAPER_BASELINES = ("homo", "homo-strict", "cauchy")
 ILP_BASELINES = ("homo-ilp", "melange-ilp")
@@ -197,19 +217,6 @@ def _layout(template: Template, arch: str) -> Layout:
                   tuple(s.layers for s in template.stages))
 
 
-def _replica_results(template: Template, arch: str, arrivals: list[Arrival], span_s: float):
-    """Serve ``arrivals`` on one replica of ``template`` in virtual time.
-
-    The role decides how: "both" serves prompt and output. Prefill- and decode-only replicas
-    (disaggregation, issue 14) are not simulated yet: the scheduler has no KV hand-off.
-    """
-    role = getattr(template, "role", "both")
-    if role != "both":
-        raise NotImplementedError(f"template {template.id}: role {role!r} has no replica "
-                                  "simulation yet (prefill/decode hand-off)")
-    return simulate(EngineShape(_layout(template, arch)), Workload(tuple(arrivals), span_s, "paper"))
-
-
 @dataclass
 class Served:
     """What one model's requests of a window got (estimated over every replica)."""
@@ -220,32 +227,114 @@ class Served:
     good_output_tokens: float = 0.0
     refused: int = 0
 
+    def count(self, ttft: float, tpot: float | None, tokens: int, model: ModelSpec,
+              weight: float) -> None:
+        """Book one simulated request standing for ``weight`` requests."""
+        if tokens > 0 and ttft <= model.ttft_s and (tpot is None or tpot <= model.tpot_s):
+            self.good += weight
+            self.good_output_tokens += weight * tokens
+
+
+#: Served windows already simulated: (layout, requests) -> outcomes. Methods often plan the same
+#: rows (the greedy baselines coincide without disaggregation), and a replica's outcome depends
+#: only on its layout and its requests, so each is simulated once per setup.
+_SERVED: dict[tuple, list] = {}
+
+
+def _serve(layout: Layout, requests: list[replica.Request]) -> list[replica.Outcome]:
+    key = (layout, tuple(requests))
+    if key not in _SERVED:
+        _SERVED[key] = replica.serve(layout, requests)
+    return _SERVED[key]
+
+
+def _tpot(o: replica.Outcome) -> float | None:
+    return (o.last_s - o.first_s) / (o.tokens - 1) if o.tokens > 1 else None
+
+
+def _aggregated(rows: list[PlanRow], picks: list[list[int]], at, prompt, output, model: ModelSpec,
+                out: Served) -> None:
+    """Requests served by replicas of both phases: replica 0 of each row is simulated."""
+    for row, mine_all in zip(rows, picks):
+        mine = mine_all[::row.count]
+        if not mine:
+            continue
+        outcomes = _serve(_layout(row.template, model.arch),
+                                 [replica.Request(float(at[i]), int(prompt[i]), int(output[i]))
+                                  for i in mine])
+        weight = len(mine_all) / len(mine)  # every replica of the row, from replica 0's share
+        for i, o in zip(mine, outcomes):
+            out.count(o.first_s - float(at[i]), _tpot(o), o.tokens, model, weight)
+
+
+def _disaggregated(prefill: list[PlanRow], decode: list[PlanRow], chosen: list[int], at, prompt,
+                   output, model: ModelSpec, out: Served) -> None:
+    """Requests served by a prefill replica, then (after the KV transfer) a decode replica.
+
+    Every prefill replica is simulated (prompt-only steps are few), so every request has its
+    hand-off time; replica 0 of each decode row is simulated, with vLLM's disaggregated timing:
+    the client's first token comes from the decode replica (computing the last prompt token).
+    The KV transfer takes ``solver.perf_roles.kv_transfer_s`` of the prefill replica's largest
+    stage (stages send their layers' KV at once)."""
+    arch = catalog.model_arch(model.arch)
+    ready: dict[int, float] = {}
+    for row, mine_all in zip(prefill, _deal([r.count * r.throughput for r in prefill],
+                                            len(chosen))):
+        layers = max(s.layers for s in row.template.stages)
+        for k in range(row.count):
+            mine = [chosen[j] for j in mine_all[k::row.count]]
+            if not mine:
+                continue
+            outcomes = _serve(_layout(row.template, model.arch),
+                                     [replica.Request(float(at[i]), int(prompt[i]), 1)
+                                      for i in mine])
+            for i, o in zip(mine, outcomes):
+                if o.tokens:
+                    mix = perf.Mix(input_tokens=int(prompt[i]), output_tokens=1)
+                    ready[i] = o.first_s + perf_roles.kv_transfer_s(arch, layers, mix)
+    handed = sorted(ready, key=lambda i: ready[i])
+    for row, mine_all in zip(decode, _deal([r.count * r.throughput for r in decode], len(handed))):
+        mine = [handed[j] for j in mine_all[::row.count]]
+        if not mine:
+            continue
+        outcomes = _serve(_layout(row.template, model.arch),
+                                 [replica.Request(ready[i], int(prompt[i]), int(output[i]),
+                                                  external=int(prompt[i]) - 1) for i in mine])
+        weight = len(mine_all) / len(mine)
+        for i, o in zip(mine, outcomes):
+            out.count(o.first_s - float(at[i]), _tpot(o), o.tokens, model, weight)
+
 
 def serve_window(plan: Plan, model: ModelSpec, load: ModelWorkload, start: float, sim_s: float
                  ) -> Served:
-    """Route the model's requests of [start, start + sim_s) to the plan's replicas and serve them."""
+    """Route the model's requests of [start, start + sim_s) to the plan's replicas and serve them.
+
+    Aggregated and disaggregated capacity share the requests in proportion; within each, rows
+    share them in proportion to their capacity (the gateway's weights). When the plan serves
+    less than the demand, the gateway admits that share (evenly spread) and refuses the rest."""
     idx = load.window(start, start + sim_s)
     at, prompt, output = load.at[idx] - start, load.prompt[idx], load.output[idx]
     out = Served(requests=len(at), output_tokens=int(output.sum()))
     rows = [r for r in plan.rows if r.model == model.name and r.count > 0]
-    capacity = sum(r.count * r.throughput for r in rows)
-    if not rows or capacity <= 0 or len(at) == 0:
+    by_role = {role: [r for r in rows if r.role == role] for role in ("both", "prefill", "decode")}
+    both = sum(r.count * r.throughput for r in by_role["both"])
+    split = min(sum(r.count * r.throughput for r in by_role[role]) for role in ("prefill", "decode"))
+    capacity = both + split
+    if capacity <= 0 or len(at) == 0:
         out.refused = len(at)
         return out
     share = min(1.0, capacity / model.demand_rps) if model.demand_rps > 0 else 1.0
     admitted = [i for i in range(len(at)) if int((i + 1) * share) > int(i * share)]
     out.refused = len(at) - len(admitted)
-    slo = Slo(model.ttft_s, model.tpot_s)
-    for row, picks in zip(rows, _deal([r.count * r.throughput for r in rows], len(admitted))):
-        mine = [admitted[j] for j in picks[::row.count]]  # replica 0 of the row
-        if not mine:
-            continue
-        arrivals = [Arrival(float(at[i]), int(prompt[i]), int(output[i])) for i in mine]
-        results = _replica_results(row.template, model.arch, arrivals, sim_s)
-        good = [r for r in results if r.within(slo)]
-        scale = len(picks) / len(mine)  # every replica of the row, from replica 0's share
-        out.good += scale * len(good)
-        out.good_output_tokens += scale * sum(r.completion_tokens for r in good)
+    paths = _deal([both, split], len(admitted))
+    aggregated = [admitted[j] for j in paths[0]]
+    if aggregated:
+        picks = _deal([r.count * r.throughput for r in by_role["both"]], len(aggregated))
+        _aggregated(by_role["both"], [[aggregated[j] for j in p] for p in picks], at, prompt,
+                    output, model, out)
+    if paths[1]:
+        _disaggregated(by_role["prefill"], by_role["decode"], [admitted[j] for j in paths[1]],
+                       at, prompt, output, model, out)
     return out
 
 
@@ -270,6 +359,7 @@ class MethodRun:
     cost_hetero: float = 0.0
     cost_multinode: float = 0.0
     cost_uncalibrated: float = 0.0
+    cost_disaggregated: float = 0.0
     plan_cost: float = 0.0
     templates: Counter = field(default_factory=Counter)  # template id -> replica-epochs
 
@@ -293,22 +383,26 @@ def reference_plan(setup: Setup, loads, library, policy) -> Plan:
     return allocate(models, library, unlimited, policy)
 
 
-def run_setup(setup: Setup, methods: list[str], loads, library, policy, gpus: dict[str, int],
-              tm, sim_s: float, epochs: int, log=print) -> dict[str, MethodRun]:
-    """Every method over the same epochs, demand and availability."""
+def run_setup(setup: Setup, methods: list[str], loads, libraries: dict[str, dict],
+              policy, gpus: dict[str, int], tm, sim_s: float, epochs: int, log=print
+              ) -> dict[str, MethodRun]:
+    """Every method over the same epochs, demand and availability; ``libraries`` by
+    disaggregation policy ("off", and "auto" when a method needs it)."""
+    _SERVED.clear()
     runs = {}
     for method in methods:
-        plan_fn, told_running = METHODS[method]
+        spec = METHODS[method]
+        library = libraries[spec.disaggregation]
         run = MethodRun(method)
         previous: Counter = Counter()
         running: tuple[RunningReplica, ...] = ()
         for e in range(epochs):
             start = e * EPOCH_S
             demand = {name: _count(load, start) / EPOCH_S for name, load in loads.items()}
-            models = model_specs(setup, loads, demand)
-            cluster = cluster_for(setup, gpus, running if told_running else ())
+            models = model_specs(setup, loads, demand, spec.disaggregation)
+            cluster = cluster_for(setup, gpus, running if spec.told_running else ())
             began = time.perf_counter()
-            plan = plan_fn(models, library, cluster, policy)
+            plan = spec.plan(models, library, cluster, policy)
             run.plan_seconds.append(time.perf_counter() - began)
             run.statuses[plan.status] += 1
             run.checker_problems += len(check_plan(plan, models, replace(cluster, running=()),
@@ -326,6 +420,7 @@ def run_setup(setup: Setup, methods: list[str], loads, library, policy, gpus: di
                 run.cost_hetero += c * row.template.heterogeneous
                 run.cost_multinode += c * (row.template.pp > 1)
                 run.cost_uncalibrated += c * (not row.template.calibrated)
+                run.cost_disaggregated += c * (row.role != "both")
                 run.templates[row.template.id] += row.count
             previous = now
             running = tuple(RunningReplica(tid, parts, n) for (tid, parts), n in now.items())
@@ -347,6 +442,7 @@ def run_setup(setup: Setup, methods: list[str], loads, library, policy, gpus: di
                 f"plan {run.plan_seconds[-1]:.2f}s")
         run.cost_usd += run.startup_usd
         runs[method] = run
+    _SERVED.clear()
     return runs
 
 
@@ -386,6 +482,8 @@ def summary(setup: Setup, runs: dict[str, MethodRun], run_s: float) -> dict:
             "share_heterogeneous": round(run.cost_hetero / run.plan_cost, 4) if run.plan_cost else 0.0,
             "share_multinode": round(run.cost_multinode / run.plan_cost, 4) if run.plan_cost else 0.0,
             "share_uncalibrated": round(run.cost_uncalibrated / run.plan_cost, 4) if run.plan_cost else 0.0,
+            "share_disaggregated": (round(run.cost_disaggregated / run.plan_cost, 4)
+                                    if run.plan_cost else 0.0),
             "templates": dict(run.templates.most_common(8)),
         }
     return out

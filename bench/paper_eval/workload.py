@@ -40,6 +40,7 @@ class ModelWorkload:
     prompt: np.ndarray
     output: np.ndarray
     source: str
+    mix: tuple[int, int]  #: mean prompt / output tokens of the trace window (the planner's mix)
 
     def window(self, start: float, end: float) -> slice:
         """Index range of the requests arriving in [start, end)."""
@@ -47,8 +48,9 @@ class ModelWorkload:
         return slice(int(lo), int(hi))
 
     def mean_mix(self) -> tuple[int, int]:
-        """(mean prompt tokens, mean output tokens), rounded, at least 1."""
-        return (max(1, round(float(self.prompt.mean()))), max(1, round(float(self.output.mean()))))
+        """(mean prompt tokens, mean output tokens) of the trace window the requests are drawn
+        from: fixed by the trace and offset, so every rate and seed plans for the same mix."""
+        return self.mix
 
 
 def _window_rows(rows: list[TraceRow], offset_s: float, length_s: float) -> tuple[np.ndarray, np.ndarray,
@@ -78,6 +80,7 @@ def model_workload(model: str, trace: str, offset_s: float, rate_rps: float, see
                          for i, n in enumerate(per_bin)])
     at = at[at < run_s]
     pick = rng.integers(0, len(prompts), len(at))
+    mix = (max(1, round(float(prompts.mean()))), max(1, round(float(outputs.mean()))))
     return ModelWorkload(model, at, np.maximum(prompts[pick], 1), np.maximum(outputs[pick], 1),
                          f"azure-llm-2023/{kind} from {offset_s:.0f} s, rate curve x"
-                         f"{rate_rps / (len(times) / run_s):.2f}")
+                         f"{rate_rps / (len(times) / run_s):.2f}", mix)

@@ -80,3 +80,33 @@ def test_paper_homo_strategy_groups_interchangeable_placements():
     same = baselines.paper_homo(inst.models, lib, inst.cluster, inst.policy, strategy=lambda t: 0)
     cauchy = baselines.cauchy(inst.models, lib, inst.cluster, inst.policy)
     assert same.rows == cauchy.rows
+
+
+def test_cauchy_adapted_sizes_each_phase_on_its_own_homogeneous_templates():
+    inst = random_instance(3, scarce=False, disaggregation="on")
+    # room for every phase: each node group four times over
+    roomy = replace(inst.cluster, node_groups=tuple(
+        replace(g, nodes=tuple(f"{n}-{k}" for k in range(4) for n in g.nodes),
+                free=tuple(g.gpus_per_node for _ in range(4) for _ in g.nodes))
+        for g in inst.cluster.node_groups), quotas=())
+    inst = replace(inst, cluster=roomy)
+    lib = build_library(inst.models, inst.cluster.gpu_types(), inst.policy, inst.throughput,
+                        use_cache=False)
+    plan = baselines.cauchy_adapted(inst.models, lib, inst.cluster, inst.policy)
+    assert check_plan(plan, inst.models, inst.cluster, lib, inst.throughput) == []
+    assert plan.rows and all(not r.template.heterogeneous for r in plan.rows)
+    for model in inst.models:
+        rows = [r for r in plan.rows if r.model == model.name]
+        capacity = {}
+        for role in ("prefill", "decode"):
+            # each phase alone covers the demand (a request needs one of each), unless the
+            # model's replica bound stops it
+            capacity[role] = sum(r.count * r.throughput for r in rows if r.role == role)
+            count = sum(r.count for r in rows if r.role == role)
+            assert capacity[role] >= model.demand_rps * (1 - 1e-9) or count == model.max_replicas
+        assert plan.served[model.name] == pytest.approx(
+            min(model.demand_rps, capacity["prefill"], capacity["decode"]))
+    # the aggregated baselines never use a phase template
+    for name in ("homo", "melange", "cauchy", "paper_homo"):
+        other = getattr(baselines, name)(inst.models, lib, inst.cluster, inst.policy)
+        assert all(r.role == "both" for r in other.rows), name

@@ -247,3 +247,16 @@ def test_prompt_heavy_mix_where_only_batches_above_one_pass_gets_its_throughput(
     one = 1.0 / (mix.output_tokens * perf.step_latency_s(arch, gpu, 1, arch.layers, 1, 0,
                                                          mix.input_tokens + mix.output_tokens))
     assert rps > one
+
+
+def test_batched_prompt_chunks_attend_per_sequence():
+    arch, gpu = model_arch("llama-3.1-8b"), gpu_spec("a100-80g")
+    one = step_latency_s(arch, gpu, 1, arch.layers, 0, 2048, 0)
+    # four 2,048-token prompts in one step: each attends to its own tokens (1,024 on average),
+    # not to half of the 8,192 tokens of the batch
+    four = step_latency_s(arch, gpu, 1, arch.layers, 0, 4 * 2048, 0, prefill_ctx=1024.0)
+    as_one_chunk = step_latency_s(arch, gpu, 1, arch.layers, 0, 4 * 2048, 0)
+    assert four < as_one_chunk
+    # and the per-sequence accounting is linear in the prompts, as the planner's step charges
+    over = perf._calibration().step_overhead_s
+    assert four - over == pytest.approx(4 * (one - over), rel=0.02)
