@@ -35,8 +35,9 @@ from solver.perf_profiles import Calibration, MeasuredProfile, load_calibration,
 from solver.resources import profiles_dir
 
 __all__ = [
-    "Mix", "Slo", "configure", "engine_dtype", "is_calibrated", "kv_capacity_tokens",
-    "stage_throughput", "step_latency_s", "valid_tp_degrees",
+    "PROMPTS_STALL_RING", "Mix", "Slo", "configure", "engine_dtype", "is_calibrated",
+    "kv_capacity_tokens", "stage_throughput", "step_latency_s", "throughput_from_coeffs",
+    "valid_tp_degrees",
 ]
 
 
@@ -321,10 +322,29 @@ def _first_feasible_batch(feasible: Callable[[int], tuple[bool, float]], b_max: 
     return 0, 0.0
 
 
+#: Pipeline accounting of prompts: True, a prompt stalls the whole ring of S micro-batches, so
+#: each stage pays S x b / n_out prompts per step of its own; False, each stage pays its own
+#: micro-batch's b / n_out. ASSUMED, not measured: bench/paper_pp.py fits it to the real engine
+#: (issue 13 item 5) once `coral-hpc profile` has measured PP 1/2/3.
+PROMPTS_STALL_RING = True
+
+
 def _model_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_stages: int,
                       slo: Slo, mix: Mix) -> float:
     cal = _calibration()
     cap = kv_capacity_tokens(arch, gpu, tp, layers, cal.gpu_memory_utilization)
+    return throughput_from_coeffs(_stage_coeffs(arch, gpu, tp, layers), cap, n_stages, slo, mix)
+
+
+def throughput_from_coeffs(c: StageCoeffs, cap: int, n_stages: int, slo: Slo, mix: Mix,
+                           prompts_stall_ring: bool | None = None,
+                           overhead_s: float | None = None) -> float:
+    """Requests/s one stage with step-time coefficients ``c`` and ``cap`` KV tokens sustains
+    (the search :func:`stage_throughput` runs, on any coefficients: e.g. ones fitted to a
+    measured engine). ``prompts_stall_ring`` None: :data:`PROMPTS_STALL_RING`;
+    ``overhead_s`` None: the calibration's per-step engine overhead."""
+    cal = _calibration()
+    ring = PROMPTS_STALL_RING if prompts_stall_ring is None else prompts_stall_ring
     n_in, n_out = mix.input_tokens, mix.output_tokens
     if cap <= 0 or n_in + n_out > cap:
         return 0.0
@@ -335,9 +355,10 @@ def _model_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_sta
     if b_max < 1:
         return 0.0
     S = n_stages
+    R = S if ring else 1  # micro-batches whose prompts each stage's step pays for
     tpot = slo.tpot_s / S
-    c = _stage_coeffs(arch, gpu, tp, layers)
-    over, alpha, bw = cal.step_overhead_s, cal.pp_alpha_s, cal.pp_bw
+    over = cal.step_overhead_s if overhead_s is None else overhead_s
+    alpha, bw = cal.pp_alpha_s, cal.pp_bw
     # KV tokens a decode step reads per running sequence: in + out for exponential outputs
     # (a sequence seen mid-flight is length-biased: long outputs stay longer), not in + out/2
     ctx = float(n_in + n_out)
@@ -361,9 +382,10 @@ def _model_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_sta
     def feasible(b: int) -> tuple[bool, float]:
         # A sequence advances one token per round of all S micro-batches; the S x b sequences
         # in flight see about S x b prompts arrive during one request's n_out rounds (Little),
-        # and a prompt stalls the whole pipeline ring (every stage waits for its long step), so
-        # each stage pays S x b / n_out prompts per step of its own — not b / n_out.
-        mean_prompts = S * b / n_out
+        # and if a prompt stalls the whole pipeline ring (every stage waits for its long step),
+        # each stage pays S x b / n_out prompts per step of its own, else its own micro-batch's
+        # b / n_out (R = S or 1: PROMPTS_STALL_RING, assumed until measured).
+        mean_prompts = R * b / n_out
         t = step(b, mean_prompts)
         if t > tpot:
             return False, t
@@ -379,7 +401,7 @@ def _model_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_sta
         # the engine in virtual time (bench/slo.py): >= 95 % at the capacity this returns.
         spare = step_empty / t
         surge = 1.0 + _Z / math.sqrt(spare * S * b)
-        if _tail_step(lambda x: step(b * surge * x / t, S * b * surge * x / (t * n_out)),
+        if _tail_step(lambda x: step(b * surge * x / t, R * b * surge * x / (t * n_out)),
                       t, tpot) > tpot:
             return False, t
         # TTFT: queue for a KV slot (M/M/c with the slots above; a request holds one for

@@ -47,21 +47,21 @@ class Outcome:
     tokens: int
 
 
-def stage_times(layout: Layout, batch: Batch) -> tuple[float, ...]:
+def stage_times(layout: Layout, batch: Batch, arch=None, gpus=None) -> tuple[float, ...]:
     """Seconds each stage spends on ``batch``, prompt chunks attending per sequence.
 
     KV read: decodes read their context (computed + the new token), chunks the KV of their
     earlier chunks; attention: each chunk's tokens attend to its earlier tokens and half of
-    itself on average."""
-    arch = catalog.model_arch(layout.arch)
+    itself on average. ``arch``/``gpus``: the layout's catalogue entries, when already looked up."""
+    arch = arch if arch is not None else catalog.model_arch(layout.arch)
+    gpus = gpus if gpus is not None else [catalog.gpu_spec(g) for g in layout.gpu_types]
     prefill = batch.prefill_tokens
     pairs = sum(chunk * (seq.computed + chunk / 2.0) for seq, chunk in batch.prefill)
     context = sum(s.computed + 1 for s in batch.decode) + sum(s.computed for s, _ in batch.prefill)
     return tuple(
-        perf.step_latency_s(arch, catalog.gpu_spec(gpu), layout.tp, layers, batch.decode_seqs,
-                            prefill, context, layout.stages,
-                            prefill_ctx=pairs / prefill if prefill else 0.0)
-        for gpu, layers in zip(layout.gpu_types, layout.layers))
+        perf.step_latency_s(arch, gpu, layout.tp, layers, batch.decode_seqs, prefill, context,
+                            layout.stages, prefill_ctx=pairs / prefill if prefill else 0.0)
+        for gpu, layers in zip(gpus, layout.layers))
 
 
 def serve(layout: Layout, requests: list[Request]) -> list[Outcome]:
@@ -69,6 +69,8 @@ def serve(layout: Layout, requests: list[Request]) -> list[Outcome]:
 
     A request the KV cache could never hold is answered at its arrival with no tokens."""
     model = StepModel(layout)
+    arch = catalog.model_arch(layout.arch)
+    gpus = [catalog.gpu_spec(g) for g in layout.gpu_types]
     engines = layout.stages
     scheduler = Scheduler(kv_capacity_tokens=model.kv_capacity_tokens(), max_num_seqs=MAX_NUM_SEQS,
                           max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, num_engines=engines)
@@ -93,7 +95,7 @@ def serve(layout: Layout, requests: list[Request]) -> list[Outcome]:
             if batch is None:
                 continue
             busy[e] = batch
-            end = clock.reserve(now, stage_times(layout, batch))
+            end = clock.reserve(now, stage_times(layout, batch, arch, gpus))
             order += 1
             heapq.heappush(events, (end, order, 0, e))
 
