@@ -45,8 +45,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from solver import catalog, perf  # noqa: E402
-from solver.perf_model import StageCoeffs  # noqa: E402
+from solver import catalog, perf
+from solver.perf_model import StageCoeffs
 
 CONFIGS = ROOT / "bench/paper_pp_configs"
 
@@ -159,9 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     out.with_suffix(".json").write_text(json.dumps({"rows": rows, "median_log_error": verdict,
                                                     "fits_best": best}, indent=1) + "\n")
     lines = ["# Pipeline accounting vs the real engine (bench/paper_pp.py)", "",
-             "Measured: `coral-hpc profile` on vLLM's CPU build (see the module doc). Predicted: "
+             ("Measured: `coral-hpc profile` on vLLM's CPU build (see the module doc). Predicted: "
              "`solver.perf.throughput_from_coeffs` on step times fitted to each model's PP-1 "
-             "steps.", "",
+             "steps."), "",
              "| model | PP | split | mix in/out | SLO s | measured req/s | ring | own |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:

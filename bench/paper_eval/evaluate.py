@@ -31,6 +31,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from bench.paper_eval import replica
 from bench.paper_eval.setups import (
     AVAILABILITY,
     MODELS,
@@ -41,7 +42,6 @@ from bench.paper_eval.setups import (
     nodes_for,
     regional,
 )
-from bench.paper_eval import replica
 from bench.paper_eval.workload import RUN_S, ModelWorkload, model_workload
 from coral_hpc.engine.pipeline import Layout
 from solver import baselines, catalog, perf, perf_roles
