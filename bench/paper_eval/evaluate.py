@@ -122,12 +122,13 @@ def regional_gpu_types(setup: Setup, region: str) -> dict[str, tuple[int, float]
             for g in setup.setting.gpu_types}
 
 
-def library_for(models: list[ModelSpec], setup: Setup, policy: Policy, tm: RegionalThroughput
-                ) -> dict[str, list[Template]]:
+def library_for(models: list[ModelSpec], setup: Setup, policy: Policy, tm: RegionalThroughput,
+                use_cache: bool = True) -> dict[str, list[Template]]:
     """Stage 1 per region (no template spans two), united."""
     library: dict[str, list[Template]] = {m.name: [] for m in models}
     for region in REGIONS:
-        part = build_library(models, regional_gpu_types(setup, region), policy, tm)
+        part = build_library(models, regional_gpu_types(setup, region), policy, tm,
+                             use_cache=use_cache)
         for name, templates in part.items():
             library[name].extend(templates)
     return library
@@ -186,6 +187,14 @@ class MethodSpec:
     plan: Method
     told_running: bool
     disaggregation: str = "off"
+    #: False: plan on Stage 1 as if a prompt did not stall the pipeline ring (a what-if on the
+    #: unmeasured PP term; single-node templates are the same either way)
+    ring_stall: bool = True
+
+    @property
+    def library(self) -> tuple[str, bool]:
+        """Key of the Stage-1 library this method plans on."""
+        return (self.disaggregation, self.ring_stall)
 
 
 #: The paper's Homo ("per model the homogeneous strategy with the best goodput per cost,
@@ -194,6 +203,8 @@ class MethodSpec:
 #: strategy per model and stops when it fits no more. Cauchy's adaptation ranks per phase; with
 #: no prefill/decode-only templates (disaggregation off) it is "homo". "+disagg": the same
 #: method when every model may be disaggregated (Stage 1 builds prefill and decode templates).
+#: "coral-no-ring-stall": Coral planning as if prompts did not stall the pipeline ring, its
+#: replicas served by the same sim scheduler (a what-if until the real engine says which holds).
 METHODS: dict[str, MethodSpec] = {
     "coral": MethodSpec(allocate, True),
     "homo": MethodSpec(baselines.cauchy, False),
@@ -203,6 +214,7 @@ METHODS: dict[str, MethodSpec] = {
     "melange-ilp": MethodSpec(baselines.melange, False),
     "coral+disagg": MethodSpec(allocate, True, "auto"),
     "cauchy+disagg": MethodSpec(baselines.cauchy_adapted, False, "auto"),
+    "coral-no-ring-stall": MethodSpec(allocate, True, "off", ring_stall=False),
 }
 PAPER_BASELINES = ("homo", "homo-strict", "cauchy")
 ILP_BASELINES = ("homo-ilp", "melange-ilp")
@@ -396,16 +408,16 @@ def reference_plan(setup: Setup, loads, library, policy) -> Plan:
     return allocate(models, library, unlimited, policy)
 
 
-def run_setup(setup: Setup, methods: list[str], loads, libraries: dict[str, dict],
+def run_setup(setup: Setup, methods: list[str], loads, libraries: dict[tuple[str, bool], dict],
               policy, gpus: dict[str, int], tm, sim_s: float, epochs: int, log=print
               ) -> dict[str, MethodRun]:
     """Every method over the same epochs, demand and availability; ``libraries`` by
-    disaggregation policy ("off", and "auto" when a method needs it)."""
+    :attr:`MethodSpec.library` key."""
     _SERVED.clear()
     runs = {}
     for method in methods:
         spec = METHODS[method]
-        library = libraries[spec.disaggregation]
+        library = libraries[spec.library]
         run = MethodRun(method)
         previous: Counter = Counter()
         running: tuple[RunningReplica, ...] = ()
@@ -474,6 +486,20 @@ def library_classes(library: dict[str, list[Template]], models: list[ModelSpec]
     return out
 
 
+def library_without_ring_stall(models: list[ModelSpec], setup: Setup, policy: Policy
+                               ) -> dict[str, list[Template]]:
+    """Stage 1 as if a prompt did not stall the pipeline ring (``perf.PROMPTS_STALL_RING``
+    False): how much the unmeasured PP term decides (not cached: the flag is no file)."""
+    saved = perf.PROMPTS_STALL_RING
+    perf.PROMPTS_STALL_RING = False
+    perf.configure()
+    try:
+        return library_for(models, setup, policy, RegionalThroughput(), use_cache=False)
+    finally:
+        perf.PROMPTS_STALL_RING = saved
+        perf.configure()
+
+
 def summary(setup: Setup, runs: dict[str, MethodRun], run_s: float) -> dict:
     """JSON-ready figures of one setup's runs."""
     out = {}
@@ -508,5 +534,6 @@ def cost_per_goodput(s: dict) -> float:
 
 
 __all__ = ["EPOCH_S", "METHODS", "STARTUP_S", "RegionalThroughput", "availability", "cluster_for",
-           "library_classes", "library_for", "model_specs", "reference_plan", "run_setup", "summary",
+           "library_classes", "library_for", "library_without_ring_stall", "model_specs",
+           "reference_plan", "run_setup", "summary",
            "workloads"]
