@@ -230,6 +230,20 @@ def markdown(results: list[dict], args, seconds: float) -> str:
         "did not stall the pipeline ring (`solver.perf.PROMPTS_STALL_RING`, the model's "
         "unmeasured PP assumption): a what-if, its replicas served by the same simulation."),
         "",
+        "## Uncalibrated entries (issue 13 item 6)",
+        "",
+        ("- **L40S, A10G**: no per-layer public measurements (Helix and Vidur cover A100, H100, "
+        "A40, L4, T4, V100); they use their class's fitted factors (GDDR). A10G is checked end to "
+        "end against a public llmperf write-up (bench/results/calibrate.md: single-stream ITL "
+        "+7.7 %, batch ~12 -6.5 %, batch ~19 -28.5 %). A search of the stored public pages for "
+        "L40S vLLM measurements found only batch-1 Llama-3.1-8B throughputs (Koyeb, quoted by "
+        "aihardwareindex.com: H100 93, L40S 44 tok/s), whose H100 figure implies 0.45 of peak "
+        "bandwidth against 0.89 fitted on Vidur's H100 operator profiles: dominated by something "
+        "other than the decode step, so not usable for a fit."),
+        ("- **MoE / MXFP4 models** (Qwen3-235B-A22B, gpt-oss-20b/120b): no public measured data "
+        "in ../shared/data; their figures rest on the dense fits (`calibrated_moe: false`)."),
+        "- Every plan's share of GPU cost on such entries is the `uncal.` figure of each table.",
+        "",
         "## What is reconstructed (not the paper's own inputs)",
         "",
     ]
