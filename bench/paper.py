@@ -8,8 +8,9 @@ project's ILP baselines (homogeneous-only, Mélange-style). Reports hourly cost 
 amortised start-up), goodput and SLO attainment per method and model, which templates Coral used,
 and why it falls short of the paper's ratios where it does.
 
-Usage: python bench/paper.py [--setups all|core,extended,...] [--epochs 5] [--sim-seconds 360]
-Writes bench/results/paper.json and bench/results/paper.md.
+Usage: python bench/paper.py [--setups all|core/default/*,...] [--epochs 5] [--sim-seconds 360]
+Writes bench/results/paper.json and bench/results/paper.md (``--render-only`` rewrites the .md
+from the .json).
 """
 
 from __future__ import annotations
@@ -323,6 +324,22 @@ def markdown(results: list[dict], args, seconds: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_only(out: Path) -> int:
+    """Rewrite the report from the figures of the last run (its own command line kept)."""
+    path = out.with_suffix(".json")
+    if not path.is_file():
+        print(f"bench/paper.py --render-only: {path} does not exist; run bench/paper.py first",
+              file=sys.stderr)
+        return 2
+    data = json.loads(path.read_text())
+    meta = data["meta"]
+    setups = meta.get("setups", "all")
+    args = argparse.Namespace(epochs=meta["epochs"], sim_seconds=meta["sim_seconds"], setups=setups)
+    out.with_suffix(".md").write_text(markdown(data["setups"], args, meta["seconds"]))
+    print(f"wrote {out.with_suffix('.md')} from {path}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--setups", default="all",
@@ -334,7 +351,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=str(ROOT / "bench/results/paper"))
+    parser.add_argument("--render-only", action="store_true",
+                        help="rewrite OUT.md from OUT.json (the figures of the last run), no run")
     args = parser.parse_args(argv)
+    if args.render_only:
+        return render_only(Path(args.out))
     args.methods = [m for m in args.methods.split(",") if m]
     unknown = [m for m in args.methods if m not in METHODS]
     if unknown or "coral" not in args.methods:
@@ -353,6 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"command": " ".join(["python", "bench/paper.py"] + (argv or sys.argv[1:])),
             "epochs": args.epochs, "sim_seconds": args.sim_seconds, "seed": args.seed,
+            "setups": args.setups,
             "seconds": round(seconds, 1), "paper_baselines": PAPER_BASELINES,
             "ilp_baselines": ILP_BASELINES, "prices": S.PRICES, "price_source": S.PRICE_SOURCE}
     out.with_suffix(".json").write_text(json.dumps({"meta": meta, "setups": results}, indent=1) + "\n")
