@@ -75,7 +75,41 @@ def parse_slurm_time(value: str | int) -> int:
 # --------------------------------------------------------------------------- cluster section
 
 
-class VenvEnvironment(_Frozen):
+_ENV_VAR_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: reach the engine only from their files (gateway.api_keys / hf_token_file), never from config
+_SECRET_VARS = frozenset({"VLLM_API_KEY", "HF_TOKEN"})
+
+
+class _EnvironmentBase(_Frozen):
+    """What every engine environment kind shares: extra environment variables for the engine."""
+
+    #: written as a mapping in models.yaml; kept as sorted (name, value) pairs so the frozen
+    #: config (and every spec holding it) stays hashable
+    env: tuple[tuple[str, str], ...] = Field(
+        default=(),
+        description="extra environment variables for the engine (a mapping NAME: value), "
+        "e.g. VLLM_CPU_KVCACHE_SPACE for vLLM's CPU build",
+    )
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_pairs(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return tuple(sorted((str(k), str(v)) for k, v in value.items()))
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+        for name, _ in value:
+            if not _ENV_VAR_RE.match(name):
+                raise ValueError(f"{name!r} is not an environment variable name (A-Z, 0-9, _)")
+            if name in _SECRET_VARS:
+                raise ValueError(f"{name} is a secret: it reaches the engine from its file only")
+        return value
+
+
+class VenvEnvironment(_EnvironmentBase):
     """vLLM installed in a virtual environment on the shared filesystem."""
 
     kind: Literal["venv"] = "venv"
@@ -83,14 +117,14 @@ class VenvEnvironment(_Frozen):
     modules: tuple[str, ...] = Field(default=(), description="`module load` these first (CUDA)")
 
 
-class ModuleEnvironment(_Frozen):
+class ModuleEnvironment(_EnvironmentBase):
     """vLLM provided by environment modules."""
 
     kind: Literal["module"] = "module"
     modules: tuple[str, ...] = Field(min_length=1, description="`module load` lines, in order")
 
 
-class ApptainerEnvironment(_Frozen):
+class ApptainerEnvironment(_EnvironmentBase):
     """vLLM inside an Apptainer/Singularity image (`apptainer exec --nv`)."""
 
     kind: Literal["apptainer"] = "apptainer"
@@ -438,6 +472,11 @@ class Deployment(_Frozen):
     deployment: str = Field(description="name used to tag this deployment's Slurm jobs")
     state_dir: str = Field(description="shared filesystem: endpoint files, logs, scripts")
     db_path: str = Field(description="daemon host's local disk: the SQLite database")
+    profiles_dir: str | None = Field(
+        default=None,
+        description="where `coral-hpc profile` writes measured profiles and plan/serve read "
+        "them; default <state_dir>/<deployment>/profiles",
+    )
     cluster: ClusterConfig
     engine: EngineConfig = EngineConfig()
     gateway: GatewayConfig = GatewayConfig()
@@ -488,6 +527,13 @@ class Deployment(_Frozen):
     def state_path(self) -> Path:
         """This deployment's folder on the shared filesystem."""
         return Path(self.state_dir).expanduser() / self.deployment
+
+    @property
+    def measured_profiles_path(self) -> Path:
+        """The site's measured profiles (``profiles_dir``, default under the state folder)."""
+        if self.profiles_dir:
+            return Path(self.profiles_dir).expanduser()
+        return self.state_path / "profiles"
 
     def model(self, name: str) -> ModelConfig:
         """The configured model called ``name``; KeyError if none."""

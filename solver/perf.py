@@ -35,8 +35,18 @@ from solver.perf_profiles import Calibration, MeasuredProfile, load_calibration,
 from solver.resources import profiles_dir
 
 __all__ = [
-    "PROMPTS_STALL_RING", "Mix", "Slo", "configure", "engine_dtype", "is_calibrated",
-    "kv_capacity_tokens", "stage_throughput", "step_latency_s", "throughput_from_coeffs",
+    "PROMPTS_STALL_RING",
+    "Mix",
+    "Slo",
+    "configure",
+    "engine_dtype",
+    "is_calibrated",
+    "kv_capacity_tokens",
+    "measured_dirs",
+    "measured_profiles",
+    "stage_throughput",
+    "step_latency_s",
+    "throughput_from_coeffs",
     "valid_tp_degrees",
 ]
 
@@ -82,11 +92,20 @@ def _calibration() -> Calibration:
     return load_calibration(_profiles)
 
 
+def measured_dirs() -> tuple[Path, ...]:
+    """The folders measured profiles are read from now (see :func:`configure`)."""
+    if _measured_dirs is not None:
+        return _measured_dirs
+    return ((_profiles or profiles_dir()).resolve() / "measured",)
+
+
+def measured_profiles() -> dict[tuple[str, str, int], tuple[MeasuredProfile, ...]]:
+    """Every measured profile in use, keyed by (arch, gpu, tp)."""
+    return _measured()
+
+
 def _measured() -> dict[tuple[str, str, int], tuple[MeasuredProfile, ...]]:
-    dirs = _measured_dirs
-    if dirs is None:
-        dirs = ((_profiles or profiles_dir()).resolve() / "measured",)
-    return load_measured(dirs, _profiles)
+    return load_measured(measured_dirs(), _profiles)
 
 
 # --- rules ----------------------------------------------------------------------------------

@@ -139,6 +139,12 @@ class PerfThroughput:
             if path.is_file():
                 digest.update(str(path.relative_to(profiles_dir())).encode())
                 digest.update(path.read_bytes())
+        # measured profiles may live outside the package (a site's profiles_dir): a new or
+        # changed measurement must invalidate the cached Stage-1 library
+        for folder in getattr(self._perf, "measured_dirs", lambda: ())():
+            for path in sorted(Path(folder).glob("*.yaml")):
+                digest.update(str(path).encode())
+                digest.update(path.read_bytes())
         for module in (self._perf, self._catalog):
             digest.update(Path(module.__file__).read_bytes())
         return digest.hexdigest()

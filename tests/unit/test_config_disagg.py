@@ -8,7 +8,7 @@ import pytest
 
 from coral_hpc.config import parse_deployment
 from coral_hpc.errors import ConfigError
-from coral_hpc.plan import model_specs
+from coral_hpc.plan.inputs import model_specs
 
 from .test_config import BASE
 
