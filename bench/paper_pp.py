@@ -23,8 +23,9 @@ then ``python bench/paper_pp.py`` reads the measured profiles (each deployment's
 2. for every measured throughput point (PP 1, 2, 3; its mix, TTFT and TPOT), predicts the
    requests/s of the layout with ``solver.perf.throughput_from_coeffs`` under both accountings
    (slowest stage; KV capacity from the profile);
-3. writes predicted vs measured and the median |log(predicted / measured)| of each accounting to
-   bench/results/paper_pp.md and .json. The accounting that fits is what
+3. writes predicted vs measured, also as ratios to PP 1 of the same mix (errors of the step fit
+   common to all layouts cancel there), and the median |log(predicted / measured)| of each
+   accounting to bench/results/paper_pp.md and .json. The accounting that fits is what
    ``solver.perf.PROMPTS_STALL_RING`` should say, citing this result.
 
 Without measured profiles it says what is missing and exits 2, writing nothing.
@@ -108,10 +109,11 @@ def predict(doc: dict, fit: tuple[float, float, float], point: dict, ring: bool)
 
 
 def compare(profiles: list[dict]) -> list[dict]:
-    """Predicted vs measured for every throughput point, per model and layout."""
+    """Predicted vs measured for every throughput point, per (model, GPU type) and layout; each
+    (model, GPU type)'s step times fitted to its own PP-1 profile."""
     rows = []
-    for model in sorted({d["model"] for d in profiles}):
-        docs = [d for d in profiles if d["model"] == model]
+    for model, gpu in sorted({(d["model"], d["gpu"]) for d in profiles}):
+        docs = [d for d in profiles if d["model"] == model and d["gpu"] == gpu]
         base = [d for d in docs if d["pp"] == 1 and d.get("step_latency")]
         if not base:
             continue
@@ -121,13 +123,26 @@ def compare(profiles: list[dict]) -> list[dict]:
                 measured = float(point["requests_per_s"])
                 ring, own = predict(doc, fit, point, True), predict(doc, fit, point, False)
                 rows.append({
-                    "model": model, "pp": doc["pp"],
+                    "model": model, "gpu": gpu, "pp": doc["pp"],
                     "split": doc.get("layer_partition", str(catalog.model_arch(doc["arch"]).layers)),
                     "mix": [point["input_tokens"], point["output_tokens"]],
                     "slo": [point["ttft_s"], point["tpot_s"]], "measured_rps": measured,
                     "ring_rps": round(ring, 4), "own_rps": round(own, 4),
                     "fit": [round(x, 9) for x in fit], "profile": doc["_path"],
                 })
+    return rows
+
+
+def with_ratios(rows: list[dict]) -> list[dict]:
+    """Each PP > 1 row's measured and predicted requests/s relative to the PP-1 row of the same
+    model, GPU type and mix: machine-wide errors of the step fit cancel in the ratio."""
+    base = {(r["model"], r["gpu"], tuple(r["mix"])): r for r in rows if r["pp"] == 1}
+    for r in rows:
+        one = base.get((r["model"], r["gpu"], tuple(r["mix"])))
+        if r["pp"] > 1 and one and one["measured_rps"] > 0 and one["ring_rps"] > 0:
+            r["measured_vs_pp1"] = round(r["measured_rps"] / one["measured_rps"], 4)
+            r["ring_vs_pp1"] = round(r["ring_rps"] / one["ring_rps"], 4)
+            r["own_vs_pp1"] = round(r["own_rps"] / one["own_rps"], 4)
     return rows
 
 
@@ -143,16 +158,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     folders = args.profiles or profile_dirs()
     profiles = load_profiles([f for f in folders if f.is_dir()])
-    rows = compare(profiles)
+    rows = with_ratios(compare(profiles))
     if not any(r["pp"] > 1 for r in rows):
         print("bench/paper_pp.py: no measured pipeline throughput points in "
               + ", ".join(map(str, folders)) + "; run `coral-hpc profile` first (see the module "
               "doc)", file=sys.stderr)
         return 2
     verdict = {}
-    for name, key in (("prompts stall the ring", "ring_rps"), ("own micro-batch only", "own_rps")):
-        errs = [_log_err(r[key], r["measured_rps"]) for r in rows if r["pp"] > 1]
-        verdict[name] = statistics.median(errs)
+    for name, key in (("prompts stall the ring", "ring"), ("own micro-batch only", "own")):
+        errs = [_log_err(r[f"{key}_rps"], r["measured_rps"]) for r in rows if r["pp"] > 1]
+        ratio_errs = [_log_err(r[f"{key}_vs_pp1"], r["measured_vs_pp1"])
+                      for r in rows if "measured_vs_pp1" in r]
+        verdict[name] = statistics.median(ratio_errs) if ratio_errs else statistics.median(errs)
     best = min(verdict, key=verdict.get)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -162,13 +179,18 @@ def main(argv: list[str] | None = None) -> int:
              ("Measured: `coral-hpc profile` on vLLM's CPU build (see the module doc). Predicted: "
              "`solver.perf.throughput_from_coeffs` on step times fitted to each model's PP-1 "
              "steps."), "",
-             "| model | PP | split | mix in/out | SLO s | measured req/s | ring | own |",
-             "|---|---|---|---|---|---|---|---|"]
+             ("| model | partition GPU | PP | split | mix in/out | SLO s | measured req/s | ring | own "
+             "| measured ÷ PP 1 | ring ÷ PP 1 | own ÷ PP 1 |"),
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['model']} | {r['pp']} | {r['split']} | {r['mix'][0]}/{r['mix'][1]} | "
+        lines.append(f"| {r['model']} | {r['gpu']} | {r['pp']} | {r['split']} | "
+                     f"{r['mix'][0]}/{r['mix'][1]} | "
                      f"{r['slo'][0]:g}/{r['slo'][1]:g} | {r['measured_rps']:.3f} | "
-                     f"{r['ring_rps']:.3f} | {r['own_rps']:.3f} |")
-    lines += ["", "Median |log(predicted / measured)| over PP > 1: "
+                     f"{r['ring_rps']:.3f} | {r['own_rps']:.3f} | "
+                     + " | ".join(f"{r[k]:.3f}" if k in r else "—"
+                                  for k in ("measured_vs_pp1", "ring_vs_pp1", "own_vs_pp1")) + " |")
+    lines += ["", "Median |log(predicted / measured)| over PP > 1 (of the ratios to PP 1 where a PP-1 "
+              "point of the same mix exists, else of the requests/s): "
               + "; ".join(f"{k}: {v:.3f}" for k, v in verdict.items()) + f". Fits best: **{best}**.",
               ""]
     out.with_suffix(".md").write_text("\n".join(lines))
