@@ -56,8 +56,9 @@ def profile_dirs() -> list[Path]:
     """Each config's measured-profile folder (its state_dir's default)."""
     from coral_hpc.config import load_deployment
 
-    return [load_deployment(str(path)).measured_profiles_path
-            for path in sorted(CONFIGS.glob("*.yaml"))]
+    return [
+        load_deployment(str(path)).measured_profiles_path for path in sorted(CONFIGS.glob("*.yaml"))
+    ]
 
 
 def load_profiles(folders: list[Path]) -> list[dict]:
@@ -74,38 +75,63 @@ def load_profiles(folders: list[Path]) -> list[dict]:
 
 def fit_steps(points: list[dict]) -> tuple[float, float, float]:
     """(overhead s, s per token of decode + prompt, s per KV token read) of the whole model."""
-    rows = [[1.0, p["decode_seqs"] + p["prefill_tokens"], p["context_tokens"] + p["prefill_tokens"]]
-            for p in points]
+    rows = [
+        [1.0, p["decode_seqs"] + p["prefill_tokens"], p["context_tokens"] + p["prefill_tokens"]]
+        for p in points
+    ]
     y = [p["seconds"] for p in points]
     coef, *_ = np.linalg.lstsq(np.array(rows), np.array(y), rcond=None)
     return tuple(max(float(c), 0.0) for c in coef)  # type: ignore[return-value]
 
 
-def stage_coeffs(fit: tuple[float, float, float], layers: int, total: int, hidden: int
-                 ) -> StageCoeffs:
+def stage_coeffs(
+    fit: tuple[float, float, float], layers: int, total: int, hidden: int
+) -> StageCoeffs:
     """Step-time coefficients of a stage holding ``layers`` of ``total`` layers: the fitted
     per-token terms in proportion, additive (overlap 1), no roofline split left to make."""
     _, per_token, per_kv = fit
     share = layers / total
     return StageCoeffs(
-        flops_per_token=per_token * share, lm_head_flops=0.0, attn_flops=0.0, flops=1.0,
-        attn_flops_rate=1.0, dense_bytes=0.0, expert_bytes=0.0, expert_pick=0.0, weight_bw=1.0,
-        kv_bytes_per_token=per_kv * share, kv_bw=1.0, overlap=1.0, floor_s=0.0,
-        comm_alpha_s=0.0, comm_s_per_token=0.0, hidden_bytes=hidden * 2.0)
+        flops_per_token=per_token * share,
+        lm_head_flops=0.0,
+        attn_flops=0.0,
+        flops=1.0,
+        attn_flops_rate=1.0,
+        dense_bytes=0.0,
+        expert_bytes=0.0,
+        expert_pick=0.0,
+        weight_bw=1.0,
+        kv_bytes_per_token=per_kv * share,
+        kv_bw=1.0,
+        overlap=1.0,
+        floor_s=0.0,
+        comm_alpha_s=0.0,
+        comm_s_per_token=0.0,
+        hidden_bytes=hidden * 2.0,
+    )
 
 
 def predict(doc: dict, fit: tuple[float, float, float], point: dict, ring: bool) -> float:
     """Requests/s the layout of ``doc`` sustains at ``point``'s mix and SLO (slowest stage)."""
     arch = catalog.model_arch(doc["arch"])
-    split = ([int(x) for x in str(doc["layer_partition"]).split(",")] if doc["pp"] > 1
-             else [arch.layers])
+    split = (
+        [int(x) for x in str(doc["layer_partition"]).split(",")] if doc["pp"] > 1 else [arch.layers]
+    )
     cap = int(doc.get("kv_capacity_tokens") or 0)
     slo = perf.Slo(point["ttft_s"], point["tpot_s"])
     mix = perf.Mix(point["input_tokens"], point["output_tokens"])
-    return min(perf.throughput_from_coeffs(stage_coeffs(fit, n, arch.layers, arch.hidden), cap,
-                                           len(split), slo, mix, prompts_stall_ring=ring,
-                                           overhead_s=fit[0])
-               for n in split)
+    return min(
+        perf.throughput_from_coeffs(
+            stage_coeffs(fit, n, arch.layers, arch.hidden),
+            cap,
+            len(split),
+            slo,
+            mix,
+            prompts_stall_ring=ring,
+            overhead_s=fit[0],
+        )
+        for n in split
+    )
 
 
 def compare(profiles: list[dict]) -> list[dict]:
@@ -122,14 +148,23 @@ def compare(profiles: list[dict]) -> list[dict]:
             for point in doc.get("throughput", []):
                 measured = float(point["requests_per_s"])
                 ring, own = predict(doc, fit, point, True), predict(doc, fit, point, False)
-                rows.append({
-                    "model": model, "gpu": gpu, "pp": doc["pp"],
-                    "split": doc.get("layer_partition", str(catalog.model_arch(doc["arch"]).layers)),
-                    "mix": [point["input_tokens"], point["output_tokens"]],
-                    "slo": [point["ttft_s"], point["tpot_s"]], "measured_rps": measured,
-                    "ring_rps": round(ring, 4), "own_rps": round(own, 4),
-                    "fit": [round(x, 9) for x in fit], "profile": doc["_path"],
-                })
+                rows.append(
+                    {
+                        "model": model,
+                        "gpu": gpu,
+                        "pp": doc["pp"],
+                        "split": doc.get(
+                            "layer_partition", str(catalog.model_arch(doc["arch"]).layers)
+                        ),
+                        "mix": [point["input_tokens"], point["output_tokens"]],
+                        "slo": [point["ttft_s"], point["tpot_s"]],
+                        "measured_rps": measured,
+                        "ring_rps": round(ring, 4),
+                        "own_rps": round(own, 4),
+                        "fit": [round(x, 9) for x in fit],
+                        "profile": doc["_path"],
+                    }
+                )
     return rows
 
 
@@ -152,47 +187,76 @@ def _log_err(pred: float, meas: float) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--profiles", action="append", type=Path,
-                        help="a measured-profile folder (repeatable; default: the configs')")
+    parser.add_argument(
+        "--profiles",
+        action="append",
+        type=Path,
+        help="a measured-profile folder (repeatable; default: the configs')",
+    )
     parser.add_argument("--out", default=str(ROOT / "bench/results/paper_pp"))
     args = parser.parse_args(argv)
     folders = args.profiles or profile_dirs()
     profiles = load_profiles([f for f in folders if f.is_dir()])
     rows = with_ratios(compare(profiles))
     if not any(r["pp"] > 1 for r in rows):
-        print("bench/paper_pp.py: no measured pipeline throughput points in "
-              + ", ".join(map(str, folders)) + "; run `coral-hpc profile` first (see the module "
-              "doc)", file=sys.stderr)
+        print(
+            "bench/paper_pp.py: no measured pipeline throughput points in "
+            + ", ".join(map(str, folders))
+            + "; run `coral-hpc profile` first (see the module "
+            "doc)",
+            file=sys.stderr,
+        )
         return 2
     verdict = {}
     for name, key in (("prompts stall the ring", "ring"), ("own micro-batch only", "own")):
         errs = [_log_err(r[f"{key}_rps"], r["measured_rps"]) for r in rows if r["pp"] > 1]
-        ratio_errs = [_log_err(r[f"{key}_vs_pp1"], r["measured_vs_pp1"])
-                      for r in rows if "measured_vs_pp1" in r]
+        ratio_errs = [
+            _log_err(r[f"{key}_vs_pp1"], r["measured_vs_pp1"])
+            for r in rows
+            if "measured_vs_pp1" in r
+        ]
         verdict[name] = statistics.median(ratio_errs) if ratio_errs else statistics.median(errs)
     best = min(verdict, key=verdict.get)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps({"rows": rows, "median_log_error": verdict,
-                                                    "fits_best": best}, indent=1) + "\n")
-    lines = ["# Pipeline accounting vs the real engine (bench/paper_pp.py)", "",
-             ("Measured: `coral-hpc profile` on vLLM's CPU build (see the module doc). Predicted: "
-             "`solver.perf.throughput_from_coeffs` on step times fitted to each model's PP-1 "
-             "steps."), "",
-             ("| model | partition GPU | PP | split | mix in/out | SLO s | measured req/s | ring | own "
-             "| measured ÷ PP 1 | ring ÷ PP 1 | own ÷ PP 1 |"),
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    out.with_suffix(".json").write_text(
+        json.dumps({"rows": rows, "median_log_error": verdict, "fits_best": best}, indent=1) + "\n"
+    )
+    lines = [
+        "# Pipeline accounting vs the real engine (bench/paper_pp.py)",
+        "",
+        (
+            "Measured: `coral-hpc profile` on vLLM's CPU build (see the module doc). Predicted: "
+            "`solver.perf.throughput_from_coeffs` on step times fitted to each model's PP-1 "
+            "steps."
+        ),
+        "",
+        (
+            "| model | partition GPU | PP | split | mix in/out | SLO s | measured req/s | ring | "
+            "own | measured ÷ PP 1 | ring ÷ PP 1 | own ÷ PP 1 |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['model']} | {r['gpu']} | {r['pp']} | {r['split']} | "
-                     f"{r['mix'][0]}/{r['mix'][1]} | "
-                     f"{r['slo'][0]:g}/{r['slo'][1]:g} | {r['measured_rps']:.3f} | "
-                     f"{r['ring_rps']:.3f} | {r['own_rps']:.3f} | "
-                     + " | ".join(f"{r[k]:.3f}" if k in r else "—"
-                                  for k in ("measured_vs_pp1", "ring_vs_pp1", "own_vs_pp1")) + " |")
-    lines += ["", "Median |log(predicted / measured)| over PP > 1 (of the ratios to PP 1 where a PP-1 "
-              "point of the same mix exists, else of the requests/s): "
-              + "; ".join(f"{k}: {v:.3f}" for k, v in verdict.items()) + f". Fits best: **{best}**.",
-              ""]
+        lines.append(
+            f"| {r['model']} | {r['gpu']} | {r['pp']} | {r['split']} | "
+            f"{r['mix'][0]}/{r['mix'][1]} | "
+            f"{r['slo'][0]:g}/{r['slo'][1]:g} | {r['measured_rps']:.3f} | "
+            f"{r['ring_rps']:.3f} | {r['own_rps']:.3f} | "
+            + " | ".join(
+                f"{r[k]:.3f}" if k in r else "—"
+                for k in ("measured_vs_pp1", "ring_vs_pp1", "own_vs_pp1")
+            )
+            + " |"
+        )
+    lines += [
+        "",
+        "Median |log(predicted / measured)| over PP > 1 (of the ratios to PP 1 where a PP-1 "
+        "point of the same mix exists, else of the requests/s): "
+        + "; ".join(f"{k}: {v:.3f}" for k, v in verdict.items())
+        + f". Fits best: **{best}**.",
+        "",
+    ]
     out.with_suffix(".md").write_text("\n".join(lines))
     print(f"wrote {out.with_suffix('.md')}: fits best: {best}")
     return 0

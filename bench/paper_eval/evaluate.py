@@ -100,42 +100,66 @@ def workloads(setup: Setup, seed: int, folder) -> dict[str, ModelWorkload]:
     out = {}
     for i, name in enumerate(setup.setting.models):
         pm = MODELS[name]
-        out[name] = model_workload(name, pm.trace, pm.offset_s, setup.rate_of(name), seed + i, folder)
+        out[name] = model_workload(
+            name, pm.trace, pm.offset_s, setup.rate_of(name), seed + i, folder
+        )
     return out
 
 
-def model_specs(setup: Setup, loads: dict[str, ModelWorkload], demand: dict[str, float],
-                disaggregation: str = "off") -> list[ModelSpec]:
+def model_specs(
+    setup: Setup,
+    loads: dict[str, ModelWorkload],
+    demand: dict[str, float],
+    disaggregation: str = "off",
+) -> list[ModelSpec]:
     """The planner's view of the models: mix = the run's mean lengths, the epoch's demand."""
     out = []
     for name in setup.setting.models:
         pm = MODELS[name]
         n_in, n_out = loads[name].mean_mix()
-        out.append(ModelSpec(name, pm.arch, n_in, n_out, pm.ttft_s, pm.tpot_s,
-                             demand_rps=round(demand[name], 4), disaggregation=disaggregation))
+        out.append(
+            ModelSpec(
+                name,
+                pm.arch,
+                n_in,
+                n_out,
+                pm.ttft_s,
+                pm.tpot_s,
+                demand_rps=round(demand[name], 4),
+                disaggregation=disaggregation,
+            )
+        )
     return out
 
 
 def regional_gpu_types(setup: Setup, region: str) -> dict[str, tuple[int, float]]:
     """Stage 1's GPU types of one region: (largest node, GPU memory GB)."""
-    return {regional(g, region): (max(8, 1), gpu_memory_gb(g) or 16.0)
-            for g in setup.setting.gpu_types}
+    return {
+        regional(g, region): (max(8, 1), gpu_memory_gb(g) or 16.0) for g in setup.setting.gpu_types
+    }
 
 
-def library_for(models: list[ModelSpec], setup: Setup, policy: Policy, tm: RegionalThroughput,
-                use_cache: bool = True) -> dict[str, list[Template]]:
+def library_for(
+    models: list[ModelSpec],
+    setup: Setup,
+    policy: Policy,
+    tm: RegionalThroughput,
+    use_cache: bool = True,
+) -> dict[str, list[Template]]:
     """Stage 1 per region (no template spans two), united."""
     library: dict[str, list[Template]] = {m.name: [] for m in models}
     for region in REGIONS:
-        part = build_library(models, regional_gpu_types(setup, region), policy, tm,
-                             use_cache=use_cache)
+        part = build_library(
+            models, regional_gpu_types(setup, region), policy, tm, use_cache=use_cache
+        )
         for name, templates in part.items():
             library[name].extend(templates)
     return library
 
 
-def cluster_for(setup: Setup, gpus: dict[str, int], running: tuple[RunningReplica, ...] = ()
-                ) -> Cluster:
+def cluster_for(
+    setup: Setup, gpus: dict[str, int], running: tuple[RunningReplica, ...] = ()
+) -> Cluster:
     """Node groups (one per regional GPU type and node shape) holding ``gpus`` GPUs per regional
     type; one partition per regional type, priced per GPU-hour."""
     groups, partitions = [], []
@@ -144,8 +168,16 @@ def cluster_for(setup: Setup, gpus: dict[str, int], running: tuple[RunningReplic
         names = []
         for size, n in sorted(Counter(nodes_for(count)).items()):
             name = f"{gpu_type}-x{size}"
-            groups.append(NodeGroup(name, gpu_type, size, gpu_memory_gb(gpu) or 16.0,
-                                    tuple(f"{name}-{i:03d}" for i in range(n)), (size,) * n))
+            groups.append(
+                NodeGroup(
+                    name,
+                    gpu_type,
+                    size,
+                    gpu_memory_gb(gpu) or 16.0,
+                    tuple(f"{name}-{i:03d}" for i in range(n)),
+                    (size,) * n,
+                )
+            )
             names.append(name)
         if names:
             partitions.append(Partition(gpu_type, tuple(names), prices={gpu_type: PRICES[gpu]}))
@@ -161,8 +193,11 @@ def availability(setup: Setup, reference: Plan) -> dict[str, int]:
     for row in reference.rows:
         for stage in row.template.stages:
             used[base_gpu(stage.gpu_type)] += row.count * row.template.tp
-    return {regional(g, r): FLOOR_GPUS + math.ceil((1.0 + margin) * used[g] / len(REGIONS) - 1e-9)
-            for g in setup.setting.gpu_types for r in REGIONS}
+    return {
+        regional(g, r): FLOOR_GPUS + math.ceil((1.0 + margin) * used[g] / len(REGIONS) - 1e-9)
+        for g in setup.setting.gpu_types
+        for r in REGIONS
+    }
 
 
 # --------------------------------------------------------------------------- methods
@@ -238,8 +273,12 @@ def _deal(weights: list[float], n: int) -> list[list[int]]:
 
 
 def _layout(template: Template, arch: str) -> Layout:
-    return Layout(arch, template.tp, tuple(base_gpu(s.gpu_type) for s in template.stages),
-                  tuple(s.layers for s in template.stages))
+    return Layout(
+        arch,
+        template.tp,
+        tuple(base_gpu(s.gpu_type) for s in template.stages),
+        tuple(s.layers for s in template.stages),
+    )
 
 
 @dataclass
@@ -252,8 +291,9 @@ class Served:
     good_output_tokens: float = 0.0
     refused: int = 0
 
-    def count(self, ttft: float, tpot: float | None, tokens: int, model: ModelSpec,
-              weight: float) -> None:
+    def count(
+        self, ttft: float, tpot: float | None, tokens: int, model: ModelSpec, weight: float
+    ) -> None:
         """Book one simulated request standing for ``weight`` requests."""
         if tokens > 0 and ttft <= model.ttft_s and (tpot is None or tpot <= model.tpot_s):
             self.good += weight
@@ -277,23 +317,33 @@ def _tpot(o: replica.Outcome) -> float | None:
     return (o.last_s - o.first_s) / (o.tokens - 1) if o.tokens > 1 else None
 
 
-def _aggregated(rows: list[PlanRow], picks: list[list[int]], at, prompt, output, model: ModelSpec,
-                out: Served) -> None:
+def _aggregated(
+    rows: list[PlanRow], picks: list[list[int]], at, prompt, output, model: ModelSpec, out: Served
+) -> None:
     """Requests served by replicas of both phases: replica 0 of each row is simulated."""
     for row, mine_all in zip(rows, picks):
-        mine = mine_all[::row.count]
+        mine = mine_all[:: row.count]
         if not mine:
             continue
-        outcomes = _serve(_layout(row.template, model.arch),
-                                 [replica.Request(float(at[i]), int(prompt[i]), int(output[i]))
-                                  for i in mine])
+        outcomes = _serve(
+            _layout(row.template, model.arch),
+            [replica.Request(float(at[i]), int(prompt[i]), int(output[i])) for i in mine],
+        )
         weight = len(mine_all) / len(mine)  # every replica of the row, from replica 0's share
         for i, o in zip(mine, outcomes):
             out.count(o.first_s - float(at[i]), _tpot(o), o.tokens, model, weight)
 
 
-def _disaggregated(prefill: list[PlanRow], decode: list[PlanRow], chosen: list[int], at, prompt,
-                   output, model: ModelSpec, out: Served) -> None:
+def _disaggregated(
+    prefill: list[PlanRow],
+    decode: list[PlanRow],
+    chosen: list[int],
+    at,
+    prompt,
+    output,
+    model: ModelSpec,
+    out: Served,
+) -> None:
     """Requests served by a prefill replica, then (after the KV transfer) a decode replica.
 
     Every prefill replica is simulated (prompt-only steps are few), so every request has its
@@ -303,35 +353,44 @@ def _disaggregated(prefill: list[PlanRow], decode: list[PlanRow], chosen: list[i
     stage (stages send their layers' KV at once)."""
     arch = catalog.model_arch(model.arch)
     ready: dict[int, float] = {}
-    for row, mine_all in zip(prefill, _deal([r.count * r.throughput for r in prefill],
-                                            len(chosen))):
+    for row, mine_all in zip(
+        prefill, _deal([r.count * r.throughput for r in prefill], len(chosen))
+    ):
         layers = max(s.layers for s in row.template.stages)
         for k in range(row.count):
-            mine = [chosen[j] for j in mine_all[k::row.count]]
+            mine = [chosen[j] for j in mine_all[k :: row.count]]
             if not mine:
                 continue
-            outcomes = _serve(_layout(row.template, model.arch),
-                                     [replica.Request(float(at[i]), int(prompt[i]), 1)
-                                      for i in mine])
+            outcomes = _serve(
+                _layout(row.template, model.arch),
+                [replica.Request(float(at[i]), int(prompt[i]), 1) for i in mine],
+            )
             for i, o in zip(mine, outcomes):
                 if o.tokens:
                     mix = perf.Mix(input_tokens=int(prompt[i]), output_tokens=1)
                     ready[i] = o.first_s + perf_roles.kv_transfer_s(arch, layers, mix)
     handed = sorted(ready, key=lambda i: ready[i])
     for row, mine_all in zip(decode, _deal([r.count * r.throughput for r in decode], len(handed))):
-        mine = [handed[j] for j in mine_all[::row.count]]
+        mine = [handed[j] for j in mine_all[:: row.count]]
         if not mine:
             continue
-        outcomes = _serve(_layout(row.template, model.arch),
-                                 [replica.Request(ready[i], int(prompt[i]), int(output[i]),
-                                                  external=int(prompt[i]) - 1) for i in mine])
+        outcomes = _serve(
+            _layout(row.template, model.arch),
+            [
+                replica.Request(
+                    ready[i], int(prompt[i]), int(output[i]), external=int(prompt[i]) - 1
+                )
+                for i in mine
+            ],
+        )
         weight = len(mine_all) / len(mine)
         for i, o in zip(mine, outcomes):
             out.count(o.first_s - float(at[i]), _tpot(o), o.tokens, model, weight)
 
 
-def serve_window(plan: Plan, model: ModelSpec, load: ModelWorkload, start: float, sim_s: float
-                 ) -> Served:
+def serve_window(
+    plan: Plan, model: ModelSpec, load: ModelWorkload, start: float, sim_s: float
+) -> Served:
     """Route the model's requests of [start, start + sim_s) to the plan's replicas and serve them.
 
     Aggregated and disaggregated capacity share the requests in proportion; within each, rows
@@ -343,7 +402,9 @@ def serve_window(plan: Plan, model: ModelSpec, load: ModelWorkload, start: float
     rows = [r for r in plan.rows if r.model == model.name and r.count > 0]
     by_role = {role: [r for r in rows if r.role == role] for role in ("both", "prefill", "decode")}
     both = sum(r.count * r.throughput for r in by_role["both"])
-    split = min(sum(r.count * r.throughput for r in by_role[role]) for role in ("prefill", "decode"))
+    split = min(
+        sum(r.count * r.throughput for r in by_role[role]) for role in ("prefill", "decode")
+    )
     capacity = both + split
     if capacity <= 0 or len(at) == 0:
         out.refused = len(at)
@@ -355,11 +416,26 @@ def serve_window(plan: Plan, model: ModelSpec, load: ModelWorkload, start: float
     aggregated = [admitted[j] for j in paths[0]]
     if aggregated:
         picks = _deal([r.count * r.throughput for r in by_role["both"]], len(aggregated))
-        _aggregated(by_role["both"], [[aggregated[j] for j in p] for p in picks], at, prompt,
-                    output, model, out)
+        _aggregated(
+            by_role["both"],
+            [[aggregated[j] for j in p] for p in picks],
+            at,
+            prompt,
+            output,
+            model,
+            out,
+        )
     if paths[1]:
-        _disaggregated(by_role["prefill"], by_role["decode"], [admitted[j] for j in paths[1]],
-                       at, prompt, output, model, out)
+        _disaggregated(
+            by_role["prefill"],
+            by_role["decode"],
+            [admitted[j] for j in paths[1]],
+            at,
+            prompt,
+            output,
+            model,
+            out,
+        )
     return out
 
 
@@ -400,17 +476,30 @@ def _count(load: ModelWorkload, start: float) -> int:
 
 def reference_plan(setup: Setup, loads, library, policy) -> Plan:
     """The cheapest plan (Coral's) for the run's peak epoch demand on unlimited GPUs."""
-    peak = {name: max(_count(load, e * EPOCH_S) for e in range(int(RUN_S // EPOCH_S))) / EPOCH_S
-            for name, load in loads.items()}
+    peak = {
+        name: max(_count(load, e * EPOCH_S) for e in range(int(RUN_S // EPOCH_S))) / EPOCH_S
+        for name, load in loads.items()
+    }
     models = model_specs(setup, loads, peak)
-    unlimited = cluster_for(setup, {regional(g, r): UNLIMITED_NODES * 8
-                                    for g in setup.setting.gpu_types for r in REGIONS})
+    unlimited = cluster_for(
+        setup,
+        {regional(g, r): UNLIMITED_NODES * 8 for g in setup.setting.gpu_types for r in REGIONS},
+    )
     return allocate(models, library, unlimited, policy)
 
 
-def run_setup(setup: Setup, methods: list[str], loads, libraries: dict[tuple[str, bool], dict],
-              policy, gpus: dict[str, int], tm, sim_s: float, epochs: int, log=print
-              ) -> dict[str, MethodRun]:
+def run_setup(
+    setup: Setup,
+    methods: list[str],
+    loads,
+    libraries: dict[tuple[str, bool], dict],
+    policy,
+    gpus: dict[str, int],
+    tm,
+    sim_s: float,
+    epochs: int,
+    log=print,
+) -> dict[str, MethodRun]:
     """Every method over the same epochs, demand and availability; ``libraries`` by
     :attr:`MethodSpec.library` key."""
     _SERVED.clear()
@@ -430,13 +519,16 @@ def run_setup(setup: Setup, methods: list[str], loads, libraries: dict[tuple[str
             plan = spec.plan(models, library, cluster, policy)
             run.plan_seconds.append(time.perf_counter() - began)
             run.statuses[plan.status] += 1
-            run.checker_problems += len(check_plan(plan, models, replace(cluster, running=()),
-                                                   library, tm))
+            run.checker_problems += len(
+                check_plan(plan, models, replace(cluster, running=()), library, tm)
+            )
             now = Counter()
             for row in plan.rows:
                 now[(row.template.id, row.partitions)] += row.count
-            new_cost = sum(max(0, row.count - previous[(row.template.id, row.partitions)])
-                           * row.cost_per_hour for row in plan.rows)
+            new_cost = sum(
+                max(0, row.count - previous[(row.template.id, row.partitions)]) * row.cost_per_hour
+                for row in plan.rows
+            )
             run.startup_usd += new_cost * STARTUP_S / 3600.0
             run.cost_usd += plan.cost_per_hour * EPOCH_S / 3600.0
             for row in plan.rows:
@@ -461,18 +553,22 @@ def run_setup(setup: Setup, methods: list[str], loads, libraries: dict[tuple[str
                     run.good[model.name] += n * sample.good / sample.requests
                     run.refused[model.name] += n * sample.refused / sample.requests
                 if sample.output_tokens:
-                    run.good_tokens[model.name] += (tokens * sample.good_output_tokens
-                                                    / sample.output_tokens)
-            log(f"    {method:12s} epoch {e}: {plan.status:8s} ${plan.cost_per_hour:8.2f}/h "
-                f"plan {run.plan_seconds[-1]:.2f}s")
+                    run.good_tokens[model.name] += (
+                        tokens * sample.good_output_tokens / sample.output_tokens
+                    )
+            log(
+                f"    {method:12s} epoch {e}: {plan.status:8s} ${plan.cost_per_hour:8.2f}/h "
+                f"plan {run.plan_seconds[-1]:.2f}s"
+            )
         run.cost_usd += run.startup_usd
         runs[method] = run
     _SERVED.clear()
     return runs
 
 
-def library_classes(library: dict[str, list[Template]], models: list[ModelSpec]
-                    ) -> dict[str, dict[str, float]]:
+def library_classes(
+    library: dict[str, list[Template]], models: list[ModelSpec]
+) -> dict[str, dict[str, float]]:
     """Per model, the best requests/s per $/h of its templates by class (single-node homogeneous,
     multi-node homogeneous, heterogeneous), over the library: why Coral picks what it picks."""
     out = {}
@@ -480,14 +576,19 @@ def library_classes(library: dict[str, list[Template]], models: list[ModelSpec]
         best = {"single-node": 0.0, "multi-node": 0.0, "heterogeneous": 0.0}
         for t in library.get(model.name, []):
             cost = sum(PRICES[base_gpu(s.gpu_type)] * t.tp for s in t.stages)
-            key = "heterogeneous" if t.heterogeneous else ("multi-node" if t.pp > 1 else "single-node")
+            key = (
+                "heterogeneous"
+                if t.heterogeneous
+                else ("multi-node" if t.pp > 1 else "single-node")
+            )
             best[key] = max(best[key], t.throughput / cost)
         out[model.name] = best
     return out
 
 
-def library_without_ring_stall(models: list[ModelSpec], setup: Setup, policy: Policy
-                               ) -> dict[str, list[Template]]:
+def library_without_ring_stall(
+    models: list[ModelSpec], setup: Setup, policy: Policy
+) -> dict[str, list[Template]]:
     """Stage 1 as if a prompt did not stall the pipeline ring (``perf.PROMPTS_STALL_RING``
     False): how much the unmeasured PP term decides (not cached: the flag is no file)."""
     saved = perf.PROMPTS_STALL_RING
@@ -512,17 +613,29 @@ def summary(setup: Setup, runs: dict[str, MethodRun], run_s: float) -> dict:
             "slo_attainment": round(sum(run.good.values()) / requests, 4) if requests else 0.0,
             "refused_share": round(sum(run.refused.values()) / requests, 4) if requests else 0.0,
             "per_model": {
-                m: {"goodput_tok_s": round(run.good_tokens[m] / run_s, 1),
-                    "slo_attainment": round(run.good[m] / run.requests[m], 4) if run.requests[m] else 0.0}
-                for m in setup.setting.models},
+                m: {
+                    "goodput_tok_s": round(run.good_tokens[m] / run_s, 1),
+                    "slo_attainment": round(run.good[m] / run.requests[m], 4)
+                    if run.requests[m]
+                    else 0.0,
+                }
+                for m in setup.setting.models
+            },
             "plan_seconds_max": round(max(run.plan_seconds), 3),
             "statuses": dict(run.statuses),
             "checker_problems": run.checker_problems,
-            "share_heterogeneous": round(run.cost_hetero / run.plan_cost, 4) if run.plan_cost else 0.0,
-            "share_multinode": round(run.cost_multinode / run.plan_cost, 4) if run.plan_cost else 0.0,
-            "share_uncalibrated": round(run.cost_uncalibrated / run.plan_cost, 4) if run.plan_cost else 0.0,
-            "share_disaggregated": (round(run.cost_disaggregated / run.plan_cost, 4)
-                                    if run.plan_cost else 0.0),
+            "share_heterogeneous": round(run.cost_hetero / run.plan_cost, 4)
+            if run.plan_cost
+            else 0.0,
+            "share_multinode": round(run.cost_multinode / run.plan_cost, 4)
+            if run.plan_cost
+            else 0.0,
+            "share_uncalibrated": round(run.cost_uncalibrated / run.plan_cost, 4)
+            if run.plan_cost
+            else 0.0,
+            "share_disaggregated": (
+                round(run.cost_disaggregated / run.plan_cost, 4) if run.plan_cost else 0.0
+            ),
             "templates": dict(run.templates.most_common(8)),
         }
     return out
@@ -533,7 +646,19 @@ def cost_per_goodput(s: dict) -> float:
     return s["cost_per_hour"] / s["goodput_tok_s"] if s["goodput_tok_s"] > 0 else float("inf")
 
 
-__all__ = ["EPOCH_S", "METHODS", "STARTUP_S", "RegionalThroughput", "availability", "cluster_for",
-           "library_classes", "library_for", "library_without_ring_stall", "model_specs",
-           "reference_plan", "run_setup", "summary",
-           "workloads"]
+__all__ = [
+    "EPOCH_S",
+    "METHODS",
+    "STARTUP_S",
+    "RegionalThroughput",
+    "availability",
+    "cluster_for",
+    "library_classes",
+    "library_for",
+    "library_without_ring_stall",
+    "model_specs",
+    "reference_plan",
+    "run_setup",
+    "summary",
+    "workloads",
+]

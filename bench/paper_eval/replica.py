@@ -59,9 +59,19 @@ def stage_times(layout: Layout, batch: Batch, arch=None, gpus=None) -> tuple[flo
     pairs = sum(chunk * (seq.computed + chunk / 2.0) for seq, chunk in batch.prefill)
     context = sum(s.computed + 1 for s in batch.decode) + sum(s.computed for s, _ in batch.prefill)
     return tuple(
-        perf.step_latency_s(arch, gpu, layout.tp, layers, batch.decode_seqs, prefill, context,
-                            layout.stages, prefill_ctx=pairs / prefill if prefill else 0.0)
-        for gpu, layers in zip(gpus, layout.layers))
+        perf.step_latency_s(
+            arch,
+            gpu,
+            layout.tp,
+            layers,
+            batch.decode_seqs,
+            prefill,
+            context,
+            layout.stages,
+            prefill_ctx=pairs / prefill if prefill else 0.0,
+        )
+        for gpu, layers in zip(gpus, layout.layers)
+    )
 
 
 def serve(layout: Layout, requests: list[Request]) -> list[Outcome]:
@@ -72,8 +82,12 @@ def serve(layout: Layout, requests: list[Request]) -> list[Outcome]:
     arch = catalog.model_arch(layout.arch)
     gpus = [catalog.gpu_spec(g) for g in layout.gpu_types]
     engines = layout.stages
-    scheduler = Scheduler(kv_capacity_tokens=model.kv_capacity_tokens(), max_num_seqs=MAX_NUM_SEQS,
-                          max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, num_engines=engines)
+    scheduler = Scheduler(
+        kv_capacity_tokens=model.kv_capacity_tokens(),
+        max_num_seqs=MAX_NUM_SEQS,
+        max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+        num_engines=engines,
+    )
     clock = PipelineClock(engines)
     busy: list[Batch | None] = [None] * engines
     events: list[tuple[float, int, int, int]] = []  # (time, order, kind, index); 0 = step end

@@ -33,14 +33,16 @@ from dataclasses import dataclass
 #: On-Demand Pricing ... 2026"); the others are AWS list prices as published by AWS in 2025
 #: [not re-checked here: the price pages are not in the stored corpus].
 PRICES: dict[str, float] = {
-    "h100": 55.04 / 8,      # p5.48xlarge, 8x H100-SXM (after AWS's June 2025 price cut)
+    "h100": 55.04 / 8,  # p5.48xlarge, 8x H100-SXM (after AWS's June 2025 price cut)
     "a100-80g": 40.966 / 8,  # p4de.24xlarge, 8x A100-80GB
-    "l40s": 1.861,           # g6e.xlarge, 1x L40S
-    "a10g": 1.006,           # g5.xlarge, 1x A10G
-    "l4": 0.805,             # g6.xlarge, 1x L4
+    "l40s": 1.861,  # g6e.xlarge, 1x L40S
+    "a10g": 1.006,  # g5.xlarge, 1x A10G
+    "l4": 0.805,  # g6.xlarge, 1x L4
 }
-PRICE_SOURCE = ("AWS on-demand us-east-1 list prices per GPU (p5.48xlarge/8, p4de.24xlarge/8, "
-                "g6e.xlarge, g5.xlarge, g6.xlarge); only g5.xlarge re-checked here")
+PRICE_SOURCE = (
+    "AWS on-demand us-east-1 list prices per GPU (p5.48xlarge/8, p4de.24xlarge/8, "
+    "g6e.xlarge, g5.xlarge, g6.xlarge); only g5.xlarge re-checked here"
+)
 
 #: Node shapes the paper offers: GPUs per node (instance).
 NODE_SHAPES = (1, 2, 4, 8)
@@ -48,8 +50,11 @@ NODE_SHAPES = (1, 2, 4, 8)
 REGIONS = ("east", "west")
 
 #: Trace of each model: (trace, row offset). "burstgpt->conv" marks BurstGPT's stand-in.
-TRACES = {"azure-code": "Azure LLM 2023 code", "azure-conv": "Azure LLM 2023 conversation",
-          "burstgpt->conv": "BurstGPT (not obtainable) -> Azure LLM 2023 conversation, other offset"}
+TRACES = {
+    "azure-code": "Azure LLM 2023 code",
+    "azure-conv": "Azure LLM 2023 conversation",
+    "burstgpt->conv": "BurstGPT (not obtainable) -> Azure LLM 2023 conversation, other offset",
+}
 
 
 @dataclass(frozen=True)
@@ -70,14 +75,18 @@ class PaperModel:
 MODELS = {
     "qwen3-8b": PaperModel("qwen3-8b", "qwen3-8b", "azure-conv", 0.0, 1.0, 0.05, "small"),
     "qwen3-32b": PaperModel("qwen3-32b", "qwen3-32b", "azure-code", 0.0, 2.0, 0.08, "medium"),
-    "llama-3.1-70b": PaperModel("llama-3.1-70b", "llama-3.1-70b", "burstgpt->conv", 1500.0, 3.0,
-                                0.10, "large"),
-    "gpt-oss-20b": PaperModel("gpt-oss-20b", "gpt-oss-20b", "azure-code", 1200.0, 1.0, 0.05,
-                              "small"),
-    "gpt-oss-120b": PaperModel("gpt-oss-120b", "gpt-oss-120b", "burstgpt->conv", 600.0, 2.0, 0.08,
-                               "medium"),
-    "qwen3-235b": PaperModel("qwen3-235b", "qwen3-235b-a22b", "azure-conv", 1800.0, 3.0, 0.10,
-                             "large"),
+    "llama-3.1-70b": PaperModel(
+        "llama-3.1-70b", "llama-3.1-70b", "burstgpt->conv", 1500.0, 3.0, 0.10, "large"
+    ),
+    "gpt-oss-20b": PaperModel(
+        "gpt-oss-20b", "gpt-oss-20b", "azure-code", 1200.0, 1.0, 0.05, "small"
+    ),
+    "gpt-oss-120b": PaperModel(
+        "gpt-oss-120b", "gpt-oss-120b", "burstgpt->conv", 600.0, 2.0, 0.08, "medium"
+    ),
+    "qwen3-235b": PaperModel(
+        "qwen3-235b", "qwen3-235b-a22b", "azure-conv", 1800.0, 3.0, 0.10, "large"
+    ),
 }
 
 #: Demand skews: multiplier per size class (total over a setup's models stays about the same).
@@ -102,8 +111,9 @@ class Setting:
 
 
 SETTINGS = {
-    "core": Setting("core", ("qwen3-8b", "qwen3-32b", "llama-3.1-70b"),
-                    ("h100", "a100-80g", "l40s"), 10.0),
+    "core": Setting(
+        "core", ("qwen3-8b", "qwen3-32b", "llama-3.1-70b"), ("h100", "a100-80g", "l40s"), 10.0
+    ),
     "extended": Setting("extended", tuple(MODELS), tuple(PRICES), 25.0),
 }
 
@@ -130,10 +140,14 @@ class Setup:
 SETUPS = tuple(
     Setup(SETTINGS[s], d, a)
     for s, d, a in (
-        ("core", "default", "default"), ("core", "default", "scarce"),
-        ("core", "large-heavy", "default"), ("core", "small-heavy", "default"),
-        ("extended", "default", "default"), ("extended", "default", "scarce"),
-        ("extended", "large-heavy", "default"), ("extended", "small-heavy", "default"),
+        ("core", "default", "default"),
+        ("core", "default", "scarce"),
+        ("core", "large-heavy", "default"),
+        ("core", "small-heavy", "default"),
+        ("extended", "default", "default"),
+        ("extended", "default", "scarce"),
+        ("extended", "large-heavy", "default"),
+        ("extended", "small-heavy", "default"),
     )
 )
 
@@ -165,5 +179,3 @@ def nodes_for(gpus: int) -> list[int]:
             out.append(size)
             left -= size
     return out
-
-

@@ -53,20 +53,31 @@ class ModelWorkload:
         return self.mix
 
 
-def _window_rows(rows: list[TraceRow], offset_s: float, length_s: float) -> tuple[np.ndarray, np.ndarray,
-                                                                                    np.ndarray]:
+def _window_rows(
+    rows: list[TraceRow], offset_s: float, length_s: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(times from the window's start, prompts, outputs) of the trace rows in the window."""
     t = np.array([r.t for r in rows])
     t = t - t[0]
     span = t[-1]
     shifted = (t - offset_s) % span  # wrap round the end of the trace
     keep = shifted < length_s
-    return (shifted[keep], np.array([r.context_tokens for r in rows])[keep],
-            np.array([r.generated_tokens for r in rows])[keep])
+    return (
+        shifted[keep],
+        np.array([r.context_tokens for r in rows])[keep],
+        np.array([r.generated_tokens for r in rows])[keep],
+    )
 
 
-def model_workload(model: str, trace: str, offset_s: float, rate_rps: float, seed: int,
-                   folder: Path | None = None, run_s: float = RUN_S) -> ModelWorkload:
+def model_workload(
+    model: str,
+    trace: str,
+    offset_s: float,
+    rate_rps: float,
+    seed: int,
+    folder: Path | None = None,
+    run_s: float = RUN_S,
+) -> ModelWorkload:
     """``model``'s requests over one run at a mean of ``rate_rps`` (see the module doc)."""
     kind = TRACE_KIND[trace]
     rows = load_trace(kind, folder)
@@ -76,11 +87,18 @@ def model_workload(model: str, trace: str, offset_s: float, rate_rps: float, see
     intensity = counts / counts.mean() * rate_rps  # req/s per bin, mean = rate_rps
     rng = np.random.default_rng(seed)
     per_bin = rng.poisson(intensity * BIN_S)
-    at = np.concatenate([np.sort(rng.uniform(i * BIN_S, (i + 1) * BIN_S, n))
-                         for i, n in enumerate(per_bin)])
+    at = np.concatenate(
+        [np.sort(rng.uniform(i * BIN_S, (i + 1) * BIN_S, n)) for i, n in enumerate(per_bin)]
+    )
     at = at[at < run_s]
     pick = rng.integers(0, len(prompts), len(at))
     mix = (max(1, round(float(prompts.mean()))), max(1, round(float(outputs.mean()))))
-    return ModelWorkload(model, at, np.maximum(prompts[pick], 1), np.maximum(outputs[pick], 1),
-                         f"azure-llm-2023/{kind} from {offset_s:.0f} s, rate curve x"
-                         f"{rate_rps / (len(times) / run_s):.2f}", mix)
+    return ModelWorkload(
+        model,
+        at,
+        np.maximum(prompts[pick], 1),
+        np.maximum(outputs[pick], 1),
+        f"azure-llm-2023/{kind} from {offset_s:.0f} s, rate curve x"
+        f"{rate_rps / (len(times) / run_s):.2f}",
+        mix,
+    )

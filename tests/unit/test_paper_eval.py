@@ -21,10 +21,18 @@ from coral_hpc.engine.pipeline import Layout
 from solver.types import Policy
 
 _ROOT = Path(__file__).resolve().parents[2]
-TRACES = next((base / "shared/data/traces/azure-llm-2023" for base in (_ROOT.parent, _ROOT.parents[1])
-               if (base / "shared/data/traces/azure-llm-2023").is_dir()), _ROOT / "absent")
-needs_traces = pytest.mark.skipif(not TRACES.is_dir(), reason="the Azure traces are not beside "
-                                  "this checkout (../shared/data/traces)")
+TRACES = next(
+    (
+        base / "shared/data/traces/azure-llm-2023"
+        for base in (_ROOT.parent, _ROOT.parents[1])
+        if (base / "shared/data/traces/azure-llm-2023").is_dir()
+    ),
+    _ROOT / "absent",
+)
+needs_traces = pytest.mark.skipif(
+    not TRACES.is_dir(),
+    reason="the Azure traces are not beside this checkout (../shared/data/traces)",
+)
 
 
 class _Load:
@@ -81,8 +89,9 @@ def test_availability_is_the_reference_plans_use_plus_margin_and_a_node_per_type
     loads = {m: _Load((512, 128)) for m in setup.setting.models}
     models = model_specs(setup, loads, {m: 2.0 for m in loads})
     library = library_for(models, setup, Policy(n_max=2), RegionalThroughput())
-    unlimited = cluster_for(setup, {f"{g}@{r}": 64 for g in setup.setting.gpu_types
-                                    for r in setups.REGIONS})
+    unlimited = cluster_for(
+        setup, {f"{g}@{r}": 64 for g in setup.setting.gpu_types for r in setups.REGIONS}
+    )
     from solver.allocate import allocate
 
     plan = allocate(models, library, unlimited, Policy(n_max=2))
