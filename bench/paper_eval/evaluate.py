@@ -519,8 +519,11 @@ def run_setup(
             plan = spec.plan(models, library, cluster, policy)
             run.plan_seconds.append(time.perf_counter() - began)
             run.statuses[plan.status] += 1
+            # the what-if library disagrees with the shipped model by design: there the checker
+            # re-verifies placement, prices, demand and limits, not the templates' throughput
             run.checker_problems += len(
-                check_plan(plan, models, replace(cluster, running=()), library, tm)
+                check_plan(plan, models, replace(cluster, running=()),
+                           library if spec.ring_stall else None, tm if spec.ring_stall else None)
             )
             now = Counter()
             for row in plan.rows:
