@@ -66,7 +66,7 @@ class StreamUsage:
                 continue
             try:
                 obj = json.loads(data)
-            except ValueError:
+            except (ValueError, RecursionError):
                 continue
             if not isinstance(obj, dict):
                 continue
