@@ -31,7 +31,7 @@ from coral_hpc.types import (
     TemplateExclusion,
 )
 from tests.conftest import REPO
-from tests.fakes.slurm import FakeSlurm, recorded_snapshot
+from tests.fakes.slurm import FakeSlurm, recorded_22_05_snapshot, recorded_snapshot
 
 EXAMPLE = REPO / "examples" / "models.yaml"
 START = 50_000.0
@@ -152,8 +152,11 @@ def events(loop, kind):
 # --------------------------------------------------------------------------- the happy path
 
 
-def test_a_planned_replica_is_submitted_once_then_routed_when_ready(make):
-    loop = make(ScriptedPlanner(slot()))
+@pytest.mark.parametrize("recording", ["devcluster", "slurm-22.05"])
+def test_a_planned_replica_is_submitted_once_then_routed_when_ready(make, recording):
+    clock = Clock()
+    base = recorded_snapshot() if recording == "devcluster" else recorded_22_05_snapshot()
+    loop = make(ScriptedPlanner(slot()), slurm=FakeSlurm(base, clock), clock=clock)
     loop.cycle()
     (record,) = loop.live()
     assert (record.template_id, record.layout) == (slot().template_id, slot().layout)
