@@ -27,7 +27,6 @@ from coral_hpc.config import VenvEnvironment
 from coral_hpc.launch import read_endpoint, stop_replicas, submit_replica
 from coral_hpc.launch.spec import ReplicaSpec, StageSpec
 from coral_hpc.slurm import make_client
-from coral_hpc.types import ReplicaLayout, StageLayout
 from tests.conftest import wait_until
 from tests.vllm.engine_client import chat, completion, streamed_completion, token_ids
 
@@ -46,21 +45,14 @@ READY_TIMEOUT_S = 420
 def _spec(tmp_path: Path, venv: Path, models: Path, layout: str) -> ReplicaSpec:
     environment = VenvEnvironment(path=str(venv), env={"VLLM_CPU_KVCACHE_SPACE": "1"})
     stages = LAYOUTS[layout]
-    replica_layout = ReplicaLayout(1, tuple(StageLayout(p, g, n) for p, g, n in stages), "auto")
-    fields = {
-        "deployment": f"vllmtest{secrets.token_hex(2)}", "model": "tiny", "model_source": str(models / MODEL),
-        "replica_id": f"{layout}-1", "template_id": f"t-{layout}",
-        "stages": tuple(StageSpec(p, g, 1, n, environment) for p, g, n in stages), "tp": 1,
-        "engine_kind": "vllm", "state_path": str(tmp_path / "state"), "time_limit_s": 900,
-        "max_model_len": 512, "cpus_per_gpu": 1, "mem_per_gpu_gb": 4, "health_timeout_s": READY_TIMEOUT_S,
-        "drain_timeout_s": 60.0,
-    }
-    try:
-        return ReplicaSpec(**fields)
-    except TypeError:  # the planner's ReplicaSpec carries a layout instead of stages
-        fields.pop("stages")
-        fields.pop("tp")
-        return ReplicaSpec(layout=replica_layout, environment=environment, **fields)
+    return ReplicaSpec(
+        deployment=f"vllmtest{secrets.token_hex(2)}", model="tiny", model_source=str(models / MODEL),
+        replica_id=f"{layout}-1", template_id=f"t-{layout}",
+        stages=tuple(StageSpec(p, g, 1, n, environment) for p, g, n in stages), tp=1,
+        engine_kind="vllm", state_path=str(tmp_path / "state"), time_limit_s=900,
+        max_model_len=512, cpus_per_gpu=1, mem_per_gpu_gb=4, health_timeout_s=READY_TIMEOUT_S,
+        drain_timeout_s=60.0,
+    )
 
 
 @pytest.fixture(scope="module")
