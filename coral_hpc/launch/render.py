@@ -55,6 +55,7 @@ def _spec_context(spec: ReplicaSpec) -> dict[str, Any]:
         "tp": spec.tp,
         "pp": spec.pp,
         "dtype": spec.dtype,
+        "kv_transfer_config": spec.kv_transfer_config,
         "max_model_len": spec.max_model_len,
         "engine_args": spec.engine_args,
         "env_kind": spec.env_kind,
