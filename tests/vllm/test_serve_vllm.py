@@ -89,7 +89,8 @@ def test_serve_the_vllm_example_on_the_real_engine(tmp_path, vllm_env, vllm_venv
         address = read_info(info_path(deployment))["gateway"]
         for model in models:
             resp = httpx.post(f"http://{address}/v1/completions", timeout=120, json={
-                "model": model, "prompt": "Once upon a time", "max_tokens": 8, "temperature": 0})
+                "model": model, "prompt": "Once upon a time", "max_tokens": 8, "temperature": 0,
+                "ignore_eos": True})
             assert resp.status_code == 200, resp.text
             assert SIM_HEADER not in resp.headers, "answered by the sim engine"
             answer = resp.json()
