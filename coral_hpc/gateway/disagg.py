@@ -134,14 +134,15 @@ class Disaggregation:
         attempts = gw.settings.max_retries + 1
         last = "no replica"
         for _ in range(attempts):
+            # the decode replica first: with none left, a prefill would be wasted work
+            decode = gw.router.choose(model, exclude=failed_decode, role="decode")
+            if decode is None:
+                break
             try:
                 params = await self._prefill(request, model, prefill_body, request_id,
                                              failed_prefill)
             except _PhaseFailed as failed:
                 return failed.response
-            decode = gw.router.choose(model, exclude=failed_decode, role="decode")
-            if decode is None:
-                break
             body = json.dumps(decode_payload(payload, params)).encode()
             decode.outstanding += 1
             try:
