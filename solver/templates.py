@@ -156,17 +156,33 @@ class PerfThroughput:
 def _stage_tables(
     tm: ThroughputModel, model: ModelSpec, types: list[str], tp: int, stages: int, layers: int
 ) -> np.ndarray:
-    """``table[g, l-1]`` = throughput of a stage of type g holding l layers (1 ≤ l ≤ L-S+1),
-    forced non-increasing in l (a stage never gets faster by holding more layers)."""
+    """``table[g, l-1]`` = throughput of a stage of type g holding l layers (1 ≤ l ≤ L-S+1).
+
+    A stage may need a minimum layer count: the model can call a stage with few layers
+    infeasible and one with more feasible (e.g. Qwen3-235B on 4×H100 in 2 stages with a
+    prompt-heavy mix: nothing below 10 layers). So every layer count is asked; entries before the
+    first feasible one stay 0, and from it on the table is forced non-increasing (a stage never
+    gets faster by holding more layers), so the feasible layer counts at any throughput form one
+    interval [:func:`_least_layers`, most].
+    """
     longest = layers - stages + 1
     table = np.zeros((len(types), longest))
     for gi, gpu in enumerate(types):
         for l in range(1, longest + 1):
             value = tm.throughput(model, gpu, tp, l, stages)
             table[gi, l - 1] = value if value > 0 else 0.0
-            if value <= 0:  # non-increasing: every longer stage is infeasible too
-                break
-    return np.minimum.accumulate(table, axis=1)
+    least = _least_layers(table)
+    for gi in range(len(types)):
+        start = least[gi] - 1
+        if start < longest:
+            table[gi, start:] = np.minimum.accumulate(table[gi, start:])
+    return table
+
+
+def _least_layers(table: np.ndarray) -> np.ndarray:
+    """Per stage type, the fewest layers at which its stage is feasible (L-S+2 when never)."""
+    positive = table > 0
+    return np.where(positive.any(axis=1), positive.argmax(axis=1) + 1, table.shape[1] + 1)
 
 
 def _multisets(n_types: int, stages: int, heterogeneous: bool) -> np.ndarray:
@@ -187,18 +203,23 @@ def best_layouts(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Exact best bottleneck throughput for every multiset row of ``counts``.
 
-    Returns (throughput per row (0 = no layout), layers per stage type at that throughput).
+    ``table`` as :func:`_stage_tables` makes it: per type, zeros up to its fewest feasible layers,
+    then non-increasing. At a target T a stage of type g holds any layer count in
+    [least_g, most_g(T)], so a multiset reaches T iff Σ n_g·least_g ≤ L ≤ Σ n_g·most_g(T).
+    Returns (throughput per row (0 = no layout), most layers per stage type at that throughput).
     """
     candidates = np.unique(table[table > 0])[::-1]  # descending
     if candidates.size == 0:
         return np.zeros(len(counts)), np.zeros_like(counts)
+    least = _least_layers(table)
     # most layers a stage of type g holds at throughput ≥ T: [T, g]
     most = (table[None, :, :] >= candidates[:, None, None]).sum(axis=2)
+    most = np.where(most >= 1, most + (least[None, :] - 1), 0)
     # a used type that cannot hold even one layer makes the target infeasible
     big = layers * (counts.sum(axis=1).max() + 1)
     capped = np.where(most >= 1, most, -big)
     capacity = counts @ capped.T  # [multiset, candidate], non-decreasing as T falls
-    ok = capacity >= layers
+    ok = (capacity >= layers) & ((counts @ least) <= layers)[:, None]
     first = ok.argmax(axis=1)
     feasible = ok[np.arange(len(counts)), first]
     throughput = np.where(feasible, candidates[first], 0.0)
@@ -206,16 +227,20 @@ def best_layouts(
     return throughput, per_type
 
 
-def _split(per_type: np.ndarray, counts: np.ndarray, layers: int) -> list[tuple[int, int]]:
-    """A concrete split: (type index, layers) per stage, each ≤ its cap, ≥ 1, summing to L.
+def _split(per_type: np.ndarray, counts: np.ndarray, layers: int,
+           least: np.ndarray | None = None) -> list[tuple[int, int]]:
+    """A concrete split: (type index, layers) per stage, each within [least, cap], summing to L.
 
-    Takes layers off the stages holding the most first, which keeps the split balanced."""
+    Takes layers off the stages holding the most first (among those above their type's least),
+    which keeps the split balanced. ``least`` None: every type may go down to one layer."""
+    floor = np.ones(len(counts), dtype=np.int64) if least is None else least
     stages = [[gi, int(per_type[gi])] for gi in range(len(counts)) for _ in range(int(counts[gi]))]
     excess = sum(l for _, l in stages) - layers
     while excess > 0:
-        # one layer at a time off the fullest stage keeps the split balanced; never below 1,
-        # as Σ layers > L ≥ S means some stage holds more than one
-        largest = max(range(len(stages)), key=lambda i: (stages[i][1], -i))
+        # one layer at a time off the fullest stage that may still shrink keeps the split
+        # balanced; best_layouts guaranteed Σ least ≤ L, so one always may
+        largest = max((i for i in range(len(stages)) if stages[i][1] > floor[stages[i][0]]),
+                      key=lambda i: (stages[i][1], -i))
         stages[largest][1] -= 1
         excess -= 1
     return [(gi, l) for gi, l in stages]
@@ -248,7 +273,7 @@ def model_templates(
                 continue
             throughput, per_type = best_layouts(table, counts, layers)
             for row in np.nonzero(throughput > 0)[0]:
-                split = _split(per_type[row], counts[row], layers)
+                split = _split(per_type[row], counts[row], layers, _least_layers(table))
                 stage_list = tuple(Stage(types[gi], l) for gi, l in split)
                 actual = min(table[gi, l - 1] for gi, l in split)
                 out.append(
