@@ -15,7 +15,7 @@ the real engine's on this 2-core host, beside everything else running here: they
 ways of serving, they are not GPU figures.
 
 Writes bench/results/disagg_real.json and .md. Runs Slurm jobs: take the shared lock.
-Usage: flock /tmp/coral-slurm.lock .venv/bin/python bench/disagg_real.py [--window 60]
+Usage: flock /tmp/coral-slurm.lock .venv/bin/python bench/disagg_real.py --modes off  (then on)
 """
 
 from __future__ import annotations
@@ -171,10 +171,10 @@ def write_md(path: Path, data: dict) -> None:
     lines = [
         "# SLO attainment with and without disaggregation (real engine, local cluster)",
         "",
-        f"`bench/disagg_real.py`, {data['when']}: tiny-llama (vLLM {data['vllm']} CPU build), "
-        f"mix {MIX.input_tokens}/{MIX.output_tokens} tokens (exponential), SLO TTFT "
-        f"{SLO.ttft_s:g} s / TPOT {SLO.tpot_s:g} s, Poisson arrivals at the plan's demand for "
-        (f"{data['window_s']:g} s, through the gateway. 2-core host shared with other work: the "
+        (f"`bench/disagg_real.py`, {data['when']}: tiny-llama (vLLM {data['vllm']} CPU build), "
+         f"mix {MIX.input_tokens}/{MIX.output_tokens} tokens (exponential), SLO TTFT "
+         f"{SLO.ttft_s:g} s / TPOT {SLO.tpot_s:g} s, Poisson arrivals at the plan's demand for "
+         f"{data['window_s']:g} s, through the gateway. 2-core host shared with other work: the "
          "figures compare the two modes, they are not GPU figures."),
         "",
         ("| mode | replicas | demand req/s | requests | within SLO | errors | TTFT p50/p90/p99 ms "
@@ -196,19 +196,29 @@ def main() -> int:
     parser.add_argument("--window", type=float, default=60.0, help="arrival window, seconds")
     parser.add_argument("--modes", default="off,on")
     parser.add_argument("--results", type=Path, default=REPO / "bench" / "results")
+    parser.add_argument("--render-only", action="store_true",
+                        help="rewrite the .md from the last run's .json")
     args = parser.parse_args()
+    if args.render_only:
+        write_md(args.results / "disagg_real.md",
+                 json.loads((args.results / "disagg_real.json").read_text()))
+        return 0
     venv, models = _venv_and_models()
     version = subprocess.run([f"{venv}/bin/python", "-c",
                               "import importlib.metadata as m; print(m.version('vllm'))"],
                              capture_output=True, text=True, check=False).stdout.strip()
-    runs = [run_mode(mode, args.window, venv, models) for mode in args.modes.split(",")]
-    for r in runs:
-        print(r["mode"], r["brief"])
-    data = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "vllm": version,
-            "window_s": args.window, "runs": runs}
     args.results.mkdir(parents=True, exist_ok=True)
-    (args.results / "disagg_real.json").write_text(json.dumps(data, indent=1) + "\n")
-    write_md(args.results / "disagg_real.md", data)
+    path = args.results / "disagg_real.json"
+    for mode in args.modes.split(","):
+        # one mode per run keeps each Slurm-locked run short; each run replaces its own entry
+        result = run_mode(mode, args.window, venv, models)
+        print(mode, result["brief"])
+        old = json.loads(path.read_text()) if path.exists() else {"runs": []}
+        runs = [r for r in old["runs"] if r["mode"] != mode] + [result]
+        data = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "vllm": version,
+                "window_s": args.window, "runs": sorted(runs, key=lambda r: r["mode"] != "off")}
+        path.write_text(json.dumps(data, indent=1) + "\n")
+        write_md(args.results / "disagg_real.md", data)
     return 0
 
 
