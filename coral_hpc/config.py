@@ -11,6 +11,7 @@ second of the model's own request mix; token-based demand is converted on load
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
@@ -304,6 +305,16 @@ class EngineConfig(_Frozen):
     )
 
 
+def is_loopback_host(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses; a host name may resolve anywhere."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 class GatewayConfig(_Frozen):
     """The one OpenAI-compatible endpoint."""
 
@@ -312,6 +323,34 @@ class GatewayConfig(_Frozen):
         default=None, description="file of hashed API keys; required beyond loopback"
     )
     max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+    tls_cert: str | None = Field(
+        default=None, description="PEM certificate (chain) the gateway serves HTTPS with"
+    )
+    tls_key: str | None = Field(default=None, description="PEM private key of tls_cert; mode 0600")
+    behind_tls_proxy: bool = Field(
+        default=False,
+        description="a TLS-terminating proxy of the site is in front: plain HTTP beyond loopback",
+    )
+
+    @model_validator(mode="after")
+    def _exposure(self) -> "GatewayConfig":
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("set tls_cert and tls_key together (or neither)")
+        if is_loopback_host(self.host):
+            return self
+        # beyond loopback, API keys travel over the network: keys, and TLS to carry them
+        if self.api_keys_file is None:
+            raise ValueError(
+                f"listen {self.listen!r} is reachable from other machines: set api_keys_file "
+                "(`coral-hpc keys add FILE NAME`) or listen on 127.0.0.1"
+            )
+        if self.tls_cert is None and not self.behind_tls_proxy:
+            raise ValueError(
+                f"listen {self.listen!r} is reachable from other machines and API keys would "
+                "cross the network in clear: set tls_cert and tls_key, or behind_tls_proxy: true "
+                "when the site's TLS-terminating proxy is in front"
+            )
+        return self
 
     @field_validator("listen")
     @classmethod
@@ -350,6 +389,8 @@ class PolicyConfig(_Frozen):
     n_max: int = Field(default=6, ge=1, le=16, description="Stage 1: nodes per template at most")
     rho: float = Field(default=12.0, gt=1, description="Stage 1: GPU memory ≤ ρ × model size")
     heterogeneous: bool = Field(default=True, description="allow stages on different GPU types")
+    max_tp: int = Field(default=8, ge=1, le=64,
+                        description="Stage 1: largest tensor-parallel degree (1: pipelines only)")
     solver_time_limit_s: float = Field(default=10.0, gt=0)
     solver_mip_gap: float = Field(default=1e-4, ge=0, lt=1)
     # Off by default: prefill and decode replicas need a KV connector the site has set up

@@ -263,4 +263,5 @@ def policy_of(deployment: Deployment, startup_s: float | None = None) -> Policy:
     startup = p.startup_time_s if startup_s is None else startup_s
     return Policy(n_max=p.n_max, rho=p.rho, heterogeneous=p.heterogeneous,
                   startup_penalty=startup / p.replan_interval_s,
-                  time_limit_s=p.solver_time_limit_s, mip_gap=p.solver_mip_gap)
+                  time_limit_s=p.solver_time_limit_s, mip_gap=p.solver_mip_gap,
+                  max_tp=p.max_tp)

@@ -338,8 +338,7 @@ def test_a_cancel_slurm_did_not_carry_out_is_sent_again(make):
     assert loop.store.replica(record.id).cancelled_at is None  # not recorded as cancelled
     assert not loop.slurm.cancelled
     loop.cycle(loop.settings.poll_interval_s + 1)  # after the backoff: sent again
-    # grace: the drain signal first (SIGUSR2 since vLLM's workers die on Slurm's SIGTERM)
-    assert loop.slurm.cancelled == [(record.job_id, DRAIN_SIGNAL, False)]
+    assert loop.slurm.cancelled == [(record.job_id, DRAIN_SIGNAL, False)]  # grace: the drain signal first
     assert loop.store.replica(record.id).cancelled_at is not None
 
 

@@ -39,6 +39,7 @@ def example_copy(tmp_path: Path, venv: Path, models: Path) -> Path:
         r"(?m)^state_dir: .*$": f"state_dir: {tmp_path / 'shared'}",
         r"(?m)^db_path: .*$": f"db_path: {tmp_path / 'daemon' / 'coral.db'}",
         r"(?m)^  poll_interval_s: .*$": "  poll_interval_s: 1",
+        r"(?m)^profiles_dir: .*$": f"profiles_dir: {REPO / 'examples' / 'vllm-cpu.profiles'}",
     }
     for pattern, value in replacements.items():
         text, count = re.subn(pattern, value, text)
