@@ -29,6 +29,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from coral_hpc.gateway.auth import KeyChecker, KeysFileError, is_loopback, read_keys_file
+from coral_hpc.gateway.disagg import Disaggregation
 from coral_hpc.gateway.metering import DemandMeter, GatewayMetrics
 from coral_hpc.gateway.routing import ReplicaState, Router
 from coral_hpc.gateway.streaming import SSEFramer, StreamUsage, error_event
@@ -153,11 +154,16 @@ class Gateway:
     """The gateway's state and handlers. Construct, then :meth:`build_app`; nothing starts until
     the app does (no threads, no I/O in the constructor)."""
 
+    #: for :mod:`coral_hpc.gateway.disagg`, which forwards through this gateway's machinery
+    upstream_failed = _UpstreamFailed
+    error_response = staticmethod(_error)
+
     def __init__(self, settings: GatewaySettings, keys: KeyChecker | None = None) -> None:
         self.settings = settings
         self.router = Router()
         self.meter = DemandMeter()
         self.metrics = GatewayMetrics(self._ready_counts)
+        self.disagg = Disaggregation(self)  # prefill → decode for disaggregated models
         self._configured = set(settings.models)
         self._known = set(settings.models)
         self._keys = keys
@@ -414,6 +420,12 @@ class Gateway:
                           "not_found_error")
         children = self.metrics.children(model, key)
         children.requests.inc()
+        if self.disagg.wants(model):
+            self.meter.record_arrival(model, key)
+            started = time.perf_counter()
+            response = await self.disagg.serve(request, model, payload, key, children, started)
+            children.latency.observe(time.perf_counter() - started)
+            return response
         replica = self.router.choose(model)
         if replica is None:
             self.meter.record_arrival(model, key, rejected=True)
@@ -455,7 +467,7 @@ class Gateway:
         if state.removed and state.outstanding == 0:
             self._close_session(state)
 
-    async def _post(self, replica: ReplicaState, path: str, body: bytes):
+    async def _post(self, replica: ReplicaState, path: str, body: bytes, extra: bytes = b""):
         """Send the request; the pool's connection once the answer's head is in. Any transport
         failure here happened before a byte reached the client, so it is retryable."""
         try:
@@ -463,9 +475,22 @@ class Gateway:
         except ValueError as exc:
             raise _UpstreamFailed(str(exc)) from None
         try:
-            return pool, await pool.post(path, self._upstream_headers, body)
+            return pool, await pool.post(path, self._upstream_headers + extra, body)
         except UpstreamError as exc:
             raise _UpstreamFailed(f"UpstreamError: {exc}") from None
+
+    async def post_whole(self, replica: ReplicaState, path: str, body: bytes,
+                         extra_headers: str = "") -> tuple[int, bytes]:
+        """POST ``body`` and read the whole answer: (status, body). A transport failure raises
+        :attr:`upstream_failed` (nothing has reached the client)."""
+        pool, conn = await self._post(replica, path, body, extra_headers.encode("latin-1"))
+        try:
+            data = await conn.read_body(pool.read_timeout_s)
+        except UpstreamError as exc:
+            raise _UpstreamFailed(f"UpstreamError: {exc}") from None
+        finally:
+            pool.release(conn)
+        return conn.status, data
 
     async def _forward(self, request: web.Request, replica: ReplicaState, body: bytes,
                        payload: dict, key: str) -> web.Response:
@@ -479,12 +504,13 @@ class Gateway:
         status = conn.status
         content_type = conn.content_type or "application/json"
         if status == 200:
-            self._count_answer(replica.model, key, payload, data)
+            self._count_answer(replica.model, key, payload, data, replica.role)
         else:
             self.metrics.errors.labels(replica.model, f"upstream_{status}").inc()
         return web.Response(status=status, body=data, headers={"Content-Type": content_type})
 
-    def _count_answer(self, model: str, key: str, payload: dict, data: bytes) -> None:
+    def _count_answer(self, model: str, key: str, payload: dict, data: bytes,
+                      role: str = "both") -> None:
         counts = None
         generated_chars = 0
         # Fast path: parse only the usage object (answers can be large; usage is small).
@@ -496,7 +522,7 @@ class Gateway:
                 usage = None
             counts = _usage_counts(usage)
             if counts is not None:
-                self._add_tokens(model, key, counts[0], counts[1], False)
+                self._add_tokens(model, key, counts[0], counts[1], False, role)
                 return
         try:
             answer = json.loads(data)
@@ -515,10 +541,12 @@ class Gateway:
         estimated = counts is None
         if estimated:
             counts = (_estimate_prompt_tokens(payload), math.ceil(generated_chars / 4))
-        self._add_tokens(model, key, counts[0], counts[1], estimated)
+        self._add_tokens(model, key, counts[0], counts[1], estimated, role)
 
     def _add_tokens(self, model: str, key: str, prompt: int, generated: int,
-                    estimated: bool) -> None:
+                    estimated: bool, role: str = "both") -> None:
+        if role == "decode":
+            self.disagg.count_decoded(model, generated)
         children = self.metrics.children(model, key)
         children.prompt.inc(prompt)
         children.generated.inc(generated)
@@ -588,7 +616,7 @@ class Gateway:
             estimated = counts is None
             if estimated:
                 counts = (_estimate_prompt_tokens(payload), usage.chunks)
-            self._add_tokens(replica.model, key, counts[0], counts[1], estimated)
+            self._add_tokens(replica.model, key, counts[0], counts[1], estimated, replica.role)
             return out
         finally:
             # back to the pool when the answer was read whole, else closed: the replica sees the
