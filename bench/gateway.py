@@ -44,7 +44,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from coral_hpc.gateway.table import ReplicaRoute, RoutingTable, write_routing_table  # noqa: E402
+from coral_hpc.gateway.table import ReplicaRoute, RoutingTable, write_routing_table
 
 RESULTS = REPO / "bench" / "results"
 GOAL_ADDED_P50_US = 500
@@ -71,19 +71,19 @@ CANNED = json.dumps({
 }, separators=(",", ":"))
 BODY = json.dumps({"model": "bench", "prompt": "hello there", "max_tokens": 7})
 
-WRK_LUA = """
+WRK_LUA = f"""
 wrk.method = "POST"
-wrk.body = '%s'
+wrk.body = '{BODY}'
 wrk.headers["Content-Type"] = "application/json"
 done = function(summary, latency, requests)
   local e = summary.errors
   io.write(string.format(
-    'RESULT {"requests":%%d,"duration_us":%%d,"socket_errors":%%d,"non2xx":%%d,' ..
-    '"p50_us":%%d,"p90_us":%%d,"p99_us":%%d,"mean_us":%%.1f}\\n',
+    'RESULT {{"requests":%d,"duration_us":%d,"socket_errors":%d,"non2xx":%d,' ..
+    '"p50_us":%d,"p90_us":%d,"p99_us":%d,"mean_us":%.1f}}\\n',
     summary.requests, summary.duration, e.connect + e.read + e.write + e.timeout, e.status,
     latency:percentile(50), latency:percentile(90), latency:percentile(99), latency.mean))
 end
-""" % BODY
+"""
 
 
 MINIMAL_PROXY = """
@@ -156,13 +156,13 @@ def ensure_vllm_router(venv: Path, install: bool) -> tuple[str | None, str]:
     if not binary.exists() and install:
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         result = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "vllm-router"],
-                                capture_output=True, text=True)
+                                check=False, capture_output=True, text=True)
         if result.returncode != 0:
             return None, f"pip install vllm-router failed: {result.stderr.strip()[-400:]}"
     if not binary.exists():
         return None, f"vllm-router is not installed in {venv} (run with --install)"
     version = subprocess.run([str(venv / "bin" / "pip"), "show", "vllm-router"],
-                             capture_output=True, text=True).stdout
+                             check=False, capture_output=True, text=True).stdout
     line = next((ln for ln in version.splitlines() if ln.startswith("Version:")), "Version: ?")
     return str(binary), line.split(":", 1)[1].strip()
 
@@ -228,7 +228,7 @@ def run_wrk(port: int, concurrency: int, duration: float, core: str, work: Path)
     script.write_text(WRK_LUA)
     argv = ["taskset", "-c", core, "wrk", "-t1", f"-c{concurrency}", f"-d{max(1, round(duration))}s",
             "-s", str(script), f"http://127.0.0.1:{port}/v1/completions"]
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=duration + 60)
+    out = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=duration + 60)
     line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if line is None:
         raise RuntimeError(f"wrk printed no result: {out.stdout}\n{out.stderr}")
@@ -385,8 +385,8 @@ def write_results(args, results: dict, notes: dict, router_version: str | None,
         }
         for peer, s in summary.items() if peer != "coral" and coral
     }
-    nginx_version = subprocess.run(["nginx", "-v"], capture_output=True, text=True).stderr.strip()
-    wrk_version = subprocess.run(["wrk", "-v"], capture_output=True, text=True).stdout.split(
+    nginx_version = subprocess.run(["nginx", "-v"], check=False, capture_output=True, text=True).stderr.strip()
+    wrk_version = subprocess.run(["wrk", "-v"], check=False, capture_output=True, text=True).stdout.split(
         "\n")[0].strip()
     cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text()
                 .splitlines() if ln.startswith("model name")), platform.processor())
@@ -412,17 +412,17 @@ def write_results(args, results: dict, notes: dict, router_version: str | None,
     lines = [
         "# Gateway overhead vs peers",
         "",
-        f"Generated {doc['generated_at']} by `bench/gateway.py` on {cpu} ({os.cpu_count()} CPUs; "
-        f"load average at the end {', '.join(f'{x:.2f}' for x in os.getloadavg())}).",
-        f"Each proxy pinned to core {args.proxy_core}; upstream (nginx, canned completion) and "
+        (f"Generated {doc['generated_at']} by `bench/gateway.py` on {cpu} ({os.cpu_count()} CPUs; "
+        f"load average at the end {', '.join(f'{x:.2f}' for x in os.getloadavg())})."),
+        (f"Each proxy pinned to core {args.proxy_core}; upstream (nginx, canned completion) and "
         f"load generator ({wrk_version}, one thread) on core(s) {args.load_cores}; "
-        f"{args.duration:g} s per measurement after a 1 s warm-up.",
+        f"{args.duration:g} s per measurement after a 1 s warm-up."),
         "",
-        "| system | c=1 p50 | c=1 p99 | added p50 | added p99 | req/s at c=32 | proxy CPU/req "
-        "| one-core capacity (req/s of CPU) |",
+        ("| system | c=1 p50 | c=1 p99 | added p50 | added p99 | req/s at c=32 | proxy CPU/req "
+        "| one-core capacity (req/s of CPU) |"),
         "|---|---|---|---|---|---|---|---|",
-        f"| direct (no proxy) | {direct['p50_us']} µs | {direct['p99_us']} µs | – | – | "
-        f"{results['direct']['c32']['rps']:.0f} | – | – |",
+        (f"| direct (no proxy) | {direct['p50_us']} µs | {direct['p99_us']} µs | – | – | "
+        f"{results['direct']['c32']['rps']:.0f} | – | – |"),
     ]
     for name, s in summary.items():
         res = results[name]

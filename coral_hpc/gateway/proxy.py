@@ -223,7 +223,7 @@ class Gateway:
                     await result
             except asyncio.CancelledError:
                 raise
-            except Exception:  # noqa: BLE001 - one bad step must not stop the loop
+            except Exception:
                 log.exception("gateway background step %s failed", getattr(step, "__name__", step))
             await asyncio.sleep(interval)
 
