@@ -6,6 +6,7 @@ shell word goes through the ``q`` filter (:func:`shlex.quote`), and undefined na
 
 from __future__ import annotations
 
+import json
 import shlex
 from functools import lru_cache
 from pathlib import Path
@@ -58,6 +59,8 @@ def _spec_context(spec: ReplicaSpec) -> dict[str, Any]:
         "layout_kind": spec.layout.kind,
         "dtype": spec.dtype,
         "kv_transfer_config": spec.kv_transfer_config,
+        "kv_connector": (json.loads(spec.kv_transfer_config)["kv_connector"]
+                         if spec.kv_transfer_config else None),
         "max_model_len": spec.max_model_len,
         "engine_args": spec.engine_args,
         "env_kind": spec.env_kind,
