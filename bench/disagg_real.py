@@ -53,8 +53,9 @@ READY_TIMEOUT_S = 420
 def _venv_and_models() -> tuple[str, str]:
     venv = subprocess.run([str(REPO / "scripts" / "vllm-cpu-env")], check=True,
                           capture_output=True, text=True).stdout.strip().splitlines()[-1]
-    models = subprocess.run([f"{venv}/bin/python", str(REPO / "scripts" / "make-test-models")],
-                            check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
+    made = subprocess.run([f"{venv}/bin/python", str(REPO / "scripts" / "make-test-models")],
+                          check=True, capture_output=True, text=True)
+    models = made.stdout.strip().splitlines()[-1]
     return venv, models
 
 
@@ -184,7 +185,8 @@ def write_md(path: Path, data: dict) -> None:
     for r in data["runs"]:
         t, p = r["ttft_s"], r["tpot_s"]
         lines.append(
-            f"| {r['mode']} | {', '.join(x['role'] for x in r['replicas'])} | {r['demand_rps']:.2f} "
+            f"| {r['mode']} | {', '.join(x['role'] for x in r['replicas'])} "
+            f"| {r['demand_rps']:.2f} "
             f"| {r['requests']} | {r['fraction_within_slo']:.0%} | {r['errors']} "
             f"| {ms(t['p50'])}/{ms(t['p90'])}/{ms(t['p99'])} | {ms(p['p50'])}/{ms(p['p90'])}/"
             f"{ms(p['p99'])} | {r['decode_external_kv_hit_tokens']:g} |")

@@ -4,7 +4,8 @@ made for (from measured profiles), and at a multiple of it; the fraction of requ
 model's TTFT and TPOT SLOs. Unlike bench/slo.py (the sim engine, whose latencies are the
 planner's own model), nothing here is self-consistent by construction.
 
-    flock /tmp/coral-slurm.lock .venv/bin/python bench/slo_vllm.py [--seconds 30] [--multipliers 1,3]
+    flock /tmp/coral-slurm.lock .venv/bin/python bench/slo_vllm.py \
+        [--seconds 30] [--multipliers 1,3]
 
 Writes bench/results/slo_vllm.{json,md}. Run on the 2-core dev machine with other work beside it:
 every node of the local cluster is the same two cores.
