@@ -592,3 +592,17 @@ def load_deployment(path: str | Path) -> Deployment:
     except OSError as exc:
         raise ConfigError(str(file), [f"{file}: cannot read: {exc.strerror}"]) from None
     return parse_deployment(text, str(file))
+
+
+# --------------------------------------------------------------------------- field lines (ops)
+
+
+def field_line(path: str | Path, loc: tuple[str | int, ...]) -> int:
+    """The 1-based line of field ``loc`` (``("models", 2, "min_replicas")``) in the YAML file at
+    ``path``, or of its nearest parent present there; 1 when the file cannot be read. For errors
+    found after loading (a plan that cannot meet ``min_replicas``) that must still name a line."""
+    try:
+        root = yaml.compose(Path(path).read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
+    except (OSError, yaml.YAMLError):
+        return 1
+    return _nearest_line(_line_index(root), tuple(loc)) if root is not None else 1

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from coral_hpc.cli._output import console, fail, print_json
+from coral_hpc.cli._output import fail, print_json
 from coral_hpc.config import load_deployment
 from coral_hpc.errors import ConfigError, PermanentError
 
@@ -111,12 +111,10 @@ def keys_list(keys_file: str, as_json: bool) -> None:
     if as_json:
         print_json(rows)
         return
-    from rich.table import Table
+    from coral_hpc.cli._output import Column, print_table
 
-    table = Table("name", "created", "sha256 prefix")
-    for row in rows:
-        table.add_row(row["name"], row["created"], row["sha256_prefix"])
-    console.print(table)
+    print_table([Column("name", "id"), Column("created", "id"), Column("sha256 prefix", "id")],
+                [(row["name"], row["created"], row["sha256_prefix"]) for row in rows])
 
 
 @keys.command("remove")

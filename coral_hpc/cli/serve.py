@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from coral_hpc.cli._output import fail
+from coral_hpc.cli._output import EXIT_CONFLICT, EXIT_UNAVAILABLE, fail
 from coral_hpc.config import load_deployment
 from coral_hpc.errors import ConfigError, PermanentError
 
@@ -55,8 +55,8 @@ def serve(file: str, listen: str | None, metrics_listen: str, cache_dir: str | N
     try:
         run_daemon(file, planner, gateway_listen=listen, metrics_listen=metrics)
     except AlreadyRunning as exc:
-        fail(f"{file}: {exc}", status=1)
+        fail(f"{file}: {exc}", status=EXIT_CONFLICT)
     except PermanentError as exc:  # the gateway cannot start, Slurm refuses the backend
         fail(f"{file}: {exc}")
     except OSError as exc:  # the metrics port is taken
-        fail(f"{file}: {exc}", status=3)
+        fail(f"{file}: {exc}", status=EXIT_UNAVAILABLE)
