@@ -228,6 +228,25 @@ class EngineConfig(_Frozen):
     kind: Literal["vllm", "sim"] = Field(default="vllm", description="sim = no GPU needed")
     args: tuple[str, ...] = Field(default=(), description="extra engine args for every model")
     version: str | None = Field(default=None, description="vLLM version the environments hold")
+    # model weights (ops): see the "model weights" section below
+    hf_token_file: str | None = Field(
+        default=None,
+        description="file (mode 600, yours) holding a Hugging Face token; it reaches the engine "
+                    "and `coral-hpc stage` as HF_TOKEN in their environment only",
+    )
+    hf_home: str | None = Field(
+        default=None,
+        description="the site's shared Hugging Face cache (HF_HOME) on the shared filesystem, "
+                    "set in every environment kind and bound into Apptainer images "
+                    "[default: <state_dir>/huggingface]",
+    )
+
+    @field_validator("hf_token_file")
+    @classmethod
+    def _private_token_file(cls, value: str | None) -> str | None:
+        if value is not None:
+            check_private_file(value, "Hugging Face token")
+        return value
 
 
 class GatewayConfig(_Frozen):
@@ -606,3 +625,36 @@ def field_line(path: str | Path, loc: tuple[str | int, ...]) -> int:
     except (OSError, yaml.YAMLError):
         return 1
     return _nearest_line(_line_index(root), tuple(loc)) if root is not None else 1
+
+
+# --------------------------------------------------------------------------- model weights (ops)
+
+
+def check_private_file(path: str, what: str) -> None:
+    """Refuse a secret file that is missing, empty, not this user's, or that group or others
+    could read (as ssh refuses a loose private key). ValueError says how to fix it."""
+    import os
+    import stat
+
+    file = Path(path).expanduser()
+    try:
+        info = file.stat()
+    except OSError as exc:
+        raise ValueError(f"{what} file {file}: cannot read: {exc.strerror}") from None
+    if info.st_uid != os.getuid():
+        raise ValueError(f"{what} file {file} is owned by uid {info.st_uid}, not by this user")
+    if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ValueError(
+            f"{what} file {file} has mode {stat.S_IMODE(info.st_mode):o}: group or others may "
+            f"read it; run `chmod 600 {file}`"
+        )
+    if info.st_size == 0:
+        raise ValueError(f"{what} file {file} is empty")
+
+
+def hf_home_of(deployment: Deployment) -> str:
+    """The Hugging Face cache replicas and `coral-hpc stage` use: ``engine.hf_home``, or
+    ``<state_dir>/huggingface`` (shared by every deployment of that state_dir), absolute."""
+    configured = deployment.engine.hf_home
+    base = Path(configured) if configured else Path(deployment.state_dir) / "huggingface"
+    return str(base.expanduser().resolve())

@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "down": ("coral_hpc.cli.down", "down", "Stop the daemon, drain and cancel every replica of the deployment."),
     "plan": ("coral_hpc.cli.plan", "plan", "What Coral would run now: replicas, layouts, cost, served vs demand (submits nothing)."),
     "keys": ("coral_hpc.cli.gateway", "keys", "Add, list or remove gateway API keys (hashed file)."),
+    "stage": ("coral_hpc.cli.stage", "stage", "Download every model into the shared Hugging Face cache with one Slurm job."),
 }
 
 
