@@ -208,33 +208,57 @@ def print_table(columns: Sequence[Column], rows: Sequence[Sequence[Any]], *,
 _progress_log = logging.getLogger("coral_hpc.stage1")
 
 
+class Stage1Progress:
+    """A ``progress(model, done, total)`` callback for Stage 1 (the planner calls it once per
+    model and once with ``model == ""`` when done): a rich progress bar on stderr while Stage 1
+    runs when stderr is a terminal, one log line per model otherwise — never on stdout. Usable
+    for one ``plan`` and for every re-plan of ``serve``."""
+
+    def __init__(self, terminal: bool | None = None) -> None:
+        self.terminal = err_console.is_terminal if terminal is None else terminal
+        self._bar: Any = None
+        self._task: Any = None
+        #: after the first whole pass, Stage 1 mostly reads its cache: a daemon's re-plans log
+        #: their per-model lines at DEBUG instead of repeating them every epoch
+        self._passes = 0
+
+    def __call__(self, name: str, done: int, total: int) -> None:
+        if not name:
+            self._passes += 1
+        if not self.terminal:
+            if name:
+                line = f"Stage 1: templates for {name} ({done + 1}/{total})"
+                if logging.getLogger().handlers:
+                    level = logging.INFO if self._passes == 0 else logging.DEBUG
+                    _progress_log.log(level, "%s", line)
+                else:
+                    sys.stderr.write(line + "\n")
+            return
+        if name and self._bar is None:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+            self._bar = Progress(TextColumn("Stage 1 {task.description}"), BarColumn(),
+                                 MofNCompleteColumn(), console=err_console, transient=True)
+            self._bar.start()
+            self._task = self._bar.add_task("", total=total)
+        if self._bar is not None:
+            self._bar.update(self._task, total=total, completed=done,
+                             description=f"templates: {name}" if name else "done")
+            if not name:
+                self.close()
+
+    def close(self) -> None:
+        """Stop the bar (if one runs)."""
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+
 @contextmanager
-def stage1_progress(enabled: bool = True) -> Iterator[Callable[[str, int, int], None] | None]:
-    """A ``progress(model, done, total)`` callback for Stage 1: a rich progress bar on stderr
-    when stderr is a terminal, one log line per model otherwise (never on stdout)."""
-    if not enabled:
-        yield None
-        return
-    if err_console.is_terminal:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
-        with Progress(TextColumn("Stage 1 {task.description}"), BarColumn(),
-                      MofNCompleteColumn(), console=err_console, transient=True) as bar:
-            task = bar.add_task("", total=None)
-
-            def advance(name: str, done: int, total: int) -> None:
-                bar.update(task, total=total, completed=done,
-                           description=f"templates: {name}" if name else "done")
-
-            yield advance
-        return
-
-    def log_line(name: str, done: int, total: int) -> None:
-        if name:
-            line = f"Stage 1: templates for {name} ({done + 1}/{total})"
-            if logging.getLogger().handlers:
-                _progress_log.info("%s", line)
-            else:
-                sys.stderr.write(line + "\n")
-
-    yield log_line
+def stage1_progress() -> Iterator[Stage1Progress]:
+    """A :class:`Stage1Progress` that is closed however the planning ends."""
+    progress = Stage1Progress()
+    try:
+        yield progress
+    finally:
+        progress.close()

@@ -73,7 +73,7 @@ def partition_rows(snapshot: ClusterSnapshot, cpus_per_gpu: int = 4,
     costs there in Slurm billing units: TRESBillingWeights' GPU weight plus the CPU and memory
     weights times the CPUs and GB that job asks per GPU (``billing_per_gpu_hour``;
     ``billing_per_gpu`` keeps the GPU weight alone)."""
-    from coral_hpc.plan import billing_of
+    from coral_hpc.plan.inputs import billing_of
 
     nodes = {n.name: n for n in snapshot.nodes}
     rows = []

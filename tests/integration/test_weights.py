@@ -25,6 +25,7 @@ from coral_hpc.launch.spec import replica_spec
 from coral_hpc.launch.stop import stop_replicas
 from coral_hpc.launch.submit import submit_replica
 from coral_hpc.slurm import make_client
+from coral_hpc.types import ReplicaLayout, StageLayout
 from tests.conftest import wait_until
 from tests.support.hub_standin import HubStandIn
 
@@ -81,7 +82,8 @@ def test_the_hf_token_reaches_only_the_engines_environment(slurm, tmp_path, toke
     path = write_config(tmp_path, token_file, {"kind": "sim"}, ["Qwen/Qwen3-8B"],
                         {"name": "a100", "gpu_types": ["a100"]})
     deployment = load_deployment(path)  # validate checks the token file's mode
-    spec = replica_spec(deployment, "m0", "tok-1", "t0", [("a100", "a100", 36)], 1,
+    spec = replica_spec(deployment, "m0", "tok-1", "t0",
+                        ReplicaLayout(1, (StageLayout("a100", "a100", 36),), "auto"),
                         api_key_file=None)
     assert spec.hf_token_file == str(token_file) and spec.hf_home.endswith("hf-home")
     client = make_client("cli", env=slurm.env)

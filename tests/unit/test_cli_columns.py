@@ -21,6 +21,7 @@ from rich.console import Console
 
 from coral_hpc.cli._output import Column, fit_widths, render_table
 from coral_hpc.store import ReplicaRecord, open_store
+from coral_hpc.types import ReplicaLayout, StageLayout
 
 REPO = Path(__file__).resolve().parents[2]
 SNAPSHOT = REPO / "tests" / "data" / "plan" / "devcluster-snapshot.json"
@@ -170,15 +171,17 @@ def status_deployment(tmp_path: Path) -> Path:
     store = open_store(config["db_path"])
     now = time.time()
     layouts = [
-        ("qwen3-8b", ("a100",), {"tp": 1, "pp": 1}),
-        ("phi-4", ("a100", "v100"), {"tp": 1, "pp": 2}),
-        ("llama-70b", ("a100", "a100-80g"), {"tp": 2, "pp": 2}),
+        ("qwen3-8b", ReplicaLayout(1, (StageLayout("a100", "a100", 36),), "auto")),
+        ("phi-4", ReplicaLayout(1, (StageLayout("a100", "a100", 28),
+                                    StageLayout("v100", "v100", 12)), "half")),
+        ("llama-70b", ReplicaLayout(2, (StageLayout("a100", "a100", 35),
+                                        StageLayout("a100-80g", "a100-80g", 45)), "auto")),
     ]
-    for index, (model, partitions, layout) in enumerate(layouts):
+    for index, (model, layout) in enumerate(layouts):
         ready = index != 1
         store.add_replica(ReplicaRecord(
             id=f"r{index:02d}c0ffee", model=model, template_id=f"{model}-t{index}",
-            layout={**layout, "stages": []}, partitions=partitions, throughput=2.0,
+            layout=layout, partitions=layout.partitions, throughput=2.0,
             cost_per_hour=3.0, created_at=now - 3600 * (index + 1), job_id=f"{123450 + index}",
             time_limit_s=7200.0 * (index + 1), submitted_at=now - 3600 * (index + 1),
             started_at=now - 3000 * (index + 1) if ready else None,

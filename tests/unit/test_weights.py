@@ -16,6 +16,7 @@ from coral_hpc.launch.entrypoint import _engine_env
 from coral_hpc.launch.render import render_engine_script
 from coral_hpc.launch.spec import replica_spec
 from coral_hpc.launch.stage import render_stage_script
+from coral_hpc.types import ReplicaLayout, StageLayout
 
 TOKEN = "hf_unitToken_31f0"
 ENVIRONMENTS = {
@@ -65,7 +66,8 @@ def test_every_environment_kind_gets_hf_home_and_the_token_only_in_its_environme
         tmp_path, env_kind, monkeypatch):
     deployment = load_deployment(deployment_file(tmp_path, env_kind))
     assert hf_home_of(deployment) == str((tmp_path / "shared" / "huggingface").resolve())
-    spec = replica_spec(deployment, "m", "r1", "t0", [("a100", "a100", 36)], 1,
+    spec = replica_spec(deployment, "m", "r1", "t0",
+                        ReplicaLayout(1, (StageLayout("a100", "a100", 36),), "auto"),
                         api_key_file=None)
     assert spec.hf_home == hf_home_of(deployment)
     assert TOKEN not in spec.to_json() and spec.hf_token_file == str(tmp_path / "hf.token")
