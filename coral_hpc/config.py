@@ -387,6 +387,42 @@ class ModelConfig(_Frozen):
         return self.demand.output_tokens_per_s / self.mix.output_tokens
 
 
+# --------------------------------------------------------------------------- retention (ops)
+
+
+class RetentionConfig(_Frozen):
+    """What the daemon keeps, and for how long. A daemon runs for months: without limits its
+    logs, the replica folders on the shared filesystem and its database only grow."""
+
+    log_max_mb: float = Field(
+        default=20.0, gt=0,
+        description="rotate the daemon's (serve --log-file) and the gateway's log at this size",
+    )
+    log_backups: int = Field(
+        default=5, ge=1, description="rotated logs kept per log: at most (1 + this) × log_max_mb"
+    )
+    replica_files_days: float = Field(
+        default=14.0, gt=0,
+        description="remove an ended replica's folder, logs and rendezvous files after this "
+                    "long (two weeks of post-mortems)",
+    )
+    events_days: float = Field(
+        default=90.0, gt=0, description="keep `coral-hpc status` events this long"
+    )
+    history_days: float = Field(
+        default=400.0, gt=0,
+        description="keep plans, ended replicas, metered demand and token counts this long: a "
+                    "year of `coral-hpc cost` and `report` (booked vs predicted, cost per token)",
+    )
+    demand_compact_after_days: float = Field(
+        default=2.0, gt=0,
+        description="merge per-scrape demand intervals older than this into hourly rows",
+    )
+    prune_interval_s: float = Field(
+        default=3600.0, gt=0, description="apply these limits this often"
+    )
+
+
 # --------------------------------------------------------------------------- deployment
 
 
@@ -400,6 +436,7 @@ class Deployment(_Frozen):
     engine: EngineConfig = EngineConfig()
     gateway: GatewayConfig = GatewayConfig()
     policy: PolicyConfig = PolicyConfig()
+    retention: RetentionConfig = RetentionConfig()
     models: tuple[ModelConfig, ...] = Field(min_length=1)
 
     @field_validator("deployment")

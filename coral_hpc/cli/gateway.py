@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import click
@@ -28,9 +27,11 @@ from coral_hpc.errors import ConfigError, PermanentError
               help="Seconds between /health probes of each replica.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
+@click.option("--log-file", type=click.Path(dir_okay=False),
+              help="Log here, rotated at retention.log_max_mb [default: stderr].")
 def gateway(file: str, table: str | None, replica_key_file: str | None, listen: str | None,
             ready_file: str | None, read_timeout: float, probe_interval: float,
-            log_level: str) -> None:
+            log_level: str, log_file: str | None = None) -> None:
     """Serve every model of FILE behind one OpenAI-compatible endpoint."""
     from coral_hpc.gateway.proxy import GatewaySettings
     from coral_hpc.gateway.server import run_gateway
@@ -65,8 +66,9 @@ def gateway(file: str, table: str | None, replica_key_file: str | None, listen: 
         read_timeout_s=read_timeout,
         probe_interval_s=probe_interval,
     )
-    logging.basicConfig(level=log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from coral_hpc.cli._logging import configure_logging
+
+    configure_logging(log_level, log_file, deployment.retention)
     try:
         run_gateway(settings, host, port, Path(ready_file) if ready_file else None)
     except PermanentError as exc:

@@ -8,7 +8,6 @@ them).
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import click
@@ -35,22 +34,26 @@ def _listen(option: str, value: str) -> str:
               help="Stage-1 template cache [default: ~/.cache/coral-hpc/templates].")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
+@click.option("--log-file", type=click.Path(dir_okay=False),
+              help="Log here, rotated at retention.log_max_mb [default: stderr, e.g. the "
+                   "systemd journal].")
 def serve(file: str, listen: str | None, metrics_listen: str, cache_dir: str | None,
-          log_level: str) -> None:
+          log_level: str, log_file: str | None = None) -> None:
     """Serve every model of FILE at least cost until SIGTERM (replicas keep running)."""
     from coral_hpc.daemon import serve as run_daemon
     from coral_hpc.daemon.process import AlreadyRunning
     from coral_hpc.plan.planner import Planner
 
     try:
-        load_deployment(file)  # fail fast, before a lock, a gateway or a Slurm call
+        deployment = load_deployment(file)  # fail fast, before a lock, a gateway or Slurm
     except ConfigError as exc:
         fail(exc.problems + [f"{file}: {len(exc.problems)} problem(s); nothing was started"])
     if listen is not None:
         _listen("--listen", listen)
     metrics = None if metrics_listen.lower() == "off" else _listen("--metrics", metrics_listen)
-    logging.basicConfig(level=log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from coral_hpc.cli._logging import configure_logging
+
+    configure_logging(log_level, log_file, deployment.retention)
     from coral_hpc.cli._output import Stage1Progress
 
     planner = Planner(cache_dir=Path(cache_dir) if cache_dir else None,

@@ -101,7 +101,7 @@ def serve(
                  metrics_address)
         reload_requested = threading.Event()
         _install_signals(stop, reload_requested)
-        threads = [loop.start() for loop in daemon.loops(stop)]
+        threads = [loop.start() for loop in daemon.loops(stop) + [_retention_loop(daemon, stop)]]
         retry_gateway_at = 0.0
         while not stop.wait(0.5):
             if reload_requested.is_set():
@@ -132,6 +132,17 @@ def serve(
             store.close()
         info_path(deployment).unlink(missing_ok=True)
         lock.release()
+
+
+def _retention_loop(daemon, stop: threading.Event):
+    """Prune the database and old replica files every ``retention.prune_interval_s``."""
+    from coral_hpc.daemon.core import Loop
+    from coral_hpc.daemon.retention import RetentionStep
+
+    step = RetentionStep(lambda: daemon.deployment, daemon.store, daemon.clock)
+    # the step returns a summary: a Loop step returning something true would run again at once
+    return Loop("retention", daemon.deployment.retention.prune_interval_s,
+                lambda: step() and None, stop)
 
 
 def _install_signals(stop: threading.Event, reload_requested: threading.Event) -> None:
