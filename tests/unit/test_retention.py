@@ -28,7 +28,7 @@ from coral_hpc.store import (
     migrate,
     open_store,
 )
-from coral_hpc.types import ReplicaLayout, StageLayout
+from coral_hpc.types import ExclusionKind, ReplicaLayout, StageLayout, TemplateExclusion
 
 REPO = Path(__file__).resolve().parents[2]
 NOW = 1_800_000_000.0  # the fake clock
@@ -76,8 +76,8 @@ def test_pruning_keeps_what_reports_need_and_drops_the_rest(tmp_path):
     store.add_demand([DemandInterval(NOW - 420 * day, NOW - 420 * day + 6, "qwen3-8b", 5, 50, 60, 0),
                       DemandInterval(NOW - 6, NOW, "qwen3-8b", 3, 30, 40, 0)])
     store.add_startup(StartupObservation(NOW - 401 * day, "rold", "t0", "a100", 120.0))
-    store.set_exclusion(Exclusion("template:t0", "crash_cooldown", NOW - 450 * day,
-                                  NOW - 449 * day, "crashed"))
+    store.set_exclusion(Exclusion(TemplateExclusion("t0"), ExclusionKind.CRASH_COOLDOWN,
+                                  NOW - 450 * day, NOW - 449 * day, "crashed"))
     result = RetentionStep(lambda: deployment, store, lambda: NOW)()
     assert [e.message for e in store.events()] == ["10 days ago"]
     plans = store.plans_between(NOW - 600 * day, NOW)
