@@ -239,3 +239,32 @@ def test_every_help_lists_the_exit_statuses():
             assert code in text, (name, code)
     cost = " ".join(run_cli("cost", "--help").stdout.split())
     assert "ISO 8601" in cost and "@EPOCH" in cost and "now-6h" in cost
+
+
+# --------------------------------------------------------------------------- cost
+
+
+COST_TABLE = """
+import json, sys
+from tests.unit.test_accounting import recorded, report, t
+from coral_hpc.cli.cost import _print_table
+records, now = recorded.__wrapped__() if hasattr(recorded, "__wrapped__") else recorded()
+data = report(records, t("22:04:00"), t("22:06:00"), now).to_dict()
+json.dump(data, open(sys.argv[1], "w"), default=str)
+_print_table(data)
+"""
+
+
+def test_cost_at_80_columns_shows_every_model_partition_gpu_type_and_day_whole(tmp_path):
+    doc = tmp_path / "cost.json"
+    out = subprocess.run(
+        [sys.executable, "-c", COST_TABLE, str(doc)], capture_output=True, text=True, cwd=REPO,
+        env={**os.environ, "COLUMNS": "80"}, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    assert_fits(out.stdout, 80)
+    data = json.loads(doc.read_text())
+    words = tokens(out.stdout)
+    assert data["rows"]
+    for row in data["rows"]:
+        for key in ("model", "partition", "gpu_type", "day"):
+            assert str(row[key]) in words, (key, row[key])
