@@ -268,3 +268,34 @@ def test_cost_at_80_columns_shows_every_model_partition_gpu_type_and_day_whole(t
     for row in data["rows"]:
         for key in ("model", "partition", "gpu_type", "day"):
             assert str(row[key]) in words, (key, row[key])
+
+
+# --------------------------------------------------------------------------- Stage-1 progress
+
+
+def test_stage1_progress_logs_a_line_per_model_first_then_only_at_debug(caplog):
+    import logging
+
+    from coral_hpc.cli._output import Stage1Progress
+
+    progress = Stage1Progress(terminal=False)
+    with caplog.at_level(logging.DEBUG, logger="coral_hpc.stage1"):  # a handler, as serve has
+        for _ in range(2):  # serve's first plan, then a re-plan
+            for done, name in enumerate(("qwen3-8b", "llama-70b")):
+                progress(name, done, 2)
+            progress("", 2, 2)
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "coral_hpc.stage1"]
+    assert lines[:2] == [(logging.INFO, "Stage 1: templates for qwen3-8b (1/2)"),
+                         (logging.INFO, "Stage 1: templates for llama-70b (2/2)")]
+    assert [level for level, _ in lines[2:]] == [logging.DEBUG, logging.DEBUG]
+
+
+def test_stage1_progress_on_a_terminal_draws_on_stderr_only(capsys):
+    from coral_hpc.cli._output import Stage1Progress
+
+    progress = Stage1Progress(terminal=True)
+    progress("qwen3-8b", 0, 1)
+    assert progress._bar is not None  # a bar while Stage 1 runs
+    progress("", 1, 1)
+    assert progress._bar is None  # gone when it is done
+    assert capsys.readouterr().out == ""
