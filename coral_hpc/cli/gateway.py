@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from coral_hpc.cli._logging import configure_logging
 from coral_hpc.cli._output import fail, print_json
 from coral_hpc.config import load_deployment
 from coral_hpc.errors import ConfigError, PermanentError
@@ -66,8 +67,6 @@ def gateway(file: str, table: str | None, replica_key_file: str | None, listen: 
         read_timeout_s=read_timeout,
         probe_interval_s=probe_interval,
     )
-    from coral_hpc.cli._logging import configure_logging
-
     configure_logging(log_level, log_file, deployment.retention)
     try:
         run_gateway(settings, host, port, Path(ready_file) if ready_file else None)

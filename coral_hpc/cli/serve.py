@@ -12,7 +12,8 @@ from pathlib import Path
 
 import click
 
-from coral_hpc.cli._output import EXIT_CONFLICT, EXIT_UNAVAILABLE, fail
+from coral_hpc.cli._logging import configure_logging
+from coral_hpc.cli._output import EXIT_CONFLICT, EXIT_UNAVAILABLE, Stage1Progress, fail
 from coral_hpc.config import load_deployment
 from coral_hpc.errors import ConfigError, PermanentError
 
@@ -51,11 +52,8 @@ def serve(file: str, listen: str | None, metrics_listen: str, cache_dir: str | N
     if listen is not None:
         _listen("--listen", listen)
     metrics = None if metrics_listen.lower() == "off" else _listen("--metrics", metrics_listen)
-    from coral_hpc.cli._logging import configure_logging
-
     configure_logging(log_level, log_file, deployment.retention)
-    from coral_hpc.cli._output import Stage1Progress
-
+    # Stage 1 at start-up can take minutes: a bar on a terminal, a log line per model otherwise
     planner = Planner(cache_dir=Path(cache_dir) if cache_dir else None,
                       progress=Stage1Progress())
     try:

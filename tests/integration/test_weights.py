@@ -151,4 +151,15 @@ def test_stage_downloads_each_model_into_hf_home_once(slurm, tmp_path, token_fil
         slurm.track(again["job_id"])
         assert again["results"]["org/tiny"]["status"] == "cached"
         assert hub.file_requests() == downloads  # nothing fetched twice
+
+        # a model the hub does not have: named, exit 2 (invalid input), nothing half-written
+        missing = write_config(tmp_path, token_file, {"kind": "vllm"}, ["org/missing"],
+                               {"name": "v100", "gpu_types": ["v100"],
+                                "environment": {"kind": "venv", "path": str(venv)}})
+        refused = subprocess.run(
+            [sys.executable, "-c", "from coral_hpc.cli import main; main()", "stage",
+             str(missing), "--timeout", "240"],
+            capture_output=True, text=True, env=env, cwd=REPO, timeout=300, check=False)
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert "org/missing" in refused.stdout and "refused" in refused.stdout
     assert_token_absent(tmp_path / "shared")
