@@ -21,6 +21,7 @@ Design rules (../shared/ARCHITECTURE.md, "State"):
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -606,6 +607,8 @@ def open_store(path: str | Path, readonly: bool = False) -> Store:
         )
     else:
         file.parent.mkdir(parents=True, exist_ok=True)
+        if not file.exists():
+            _create(file)
         connection = sqlite3.connect(str(file), check_same_thread=False, timeout=10)
     connection.row_factory = sqlite3.Row
     try:
@@ -626,6 +629,18 @@ def open_store(path: str | Path, readonly: bool = False) -> Store:
         connection.close()
         raise
     return Store(connection, str(file))
+
+
+def _create(file: Path) -> None:
+    """Make a new database beside ``file`` and move it into place once migrated, so a reader
+    (``coral-hpc status`` while the daemon starts) never opens one without its tables."""
+    tmp = file.with_name(f".{file.name}.{os.getpid()}.new")
+    connection = sqlite3.connect(str(tmp))
+    try:
+        migrate(connection, str(file))
+    finally:
+        connection.close()
+    os.replace(tmp, file)
 
 
 def migrate(connection: sqlite3.Connection, name: str = "<db>") -> list[int]:
