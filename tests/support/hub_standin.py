@@ -75,7 +75,10 @@ class HubStandIn:
                     if marker in rest:
                         repo, kind = rest.split(marker)[0], marker.strip("/")
                 if repo not in hub.repos:
-                    return self._send(404, b'{"error": "Repository not found"}', head)
+                    # as the hub answers for a repo that does not exist (or is private)
+                    return self._send(401, b'{"error": "Repository Not Found"}', head,
+                                      {"X-Error-Code": "RepoNotFound",
+                                       "Content-Type": "application/json"})
                 folder = hub.repos[repo]
                 files = sorted(p for p in folder.rglob("*") if p.is_file())
                 if kind == "tree":
