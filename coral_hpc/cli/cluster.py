@@ -157,12 +157,14 @@ def cluster(as_json: bool, snapshot_file: str | None, config: str | None, deploy
         highlight=False,
     )
     if snapshot.jobs:
+        # Slurm's reason beside the state it explains: one column fewer at 80 characters
         jobs = [
             (job.job_id, job.tag.model if job.tag else "-",
-             job.tag.replica_id if job.tag else "-", job.state or "-", job.reason or "",
+             job.tag.replica_id if job.tag else "-",
+             f"{job.state or '-'} ({job.reason})" if job.reason else job.state or "-",
              job.partition, job.gpus, ", ".join(job.nodes))
             for job in snapshot.jobs
         ]
         print_table([Column("job", "id"), Column("model", "id"), Column("replica", "id"),
-                     Column("state", "id"), Column("reason"), Column("partition", "id"),
+                     Column("state (reason)"), Column("partition", "id"),
                      Column("GPUs", "num"), Column("nodes")], jobs, wide=wide)

@@ -299,3 +299,21 @@ def test_stage1_progress_on_a_terminal_draws_on_stderr_only(capsys):
     progress("", 1, 1)
     assert progress._bar is None  # gone when it is done
     assert capsys.readouterr().out == ""
+
+
+def test_cluster_jobs_at_80_columns_show_every_job_state_and_replica_whole(tmp_path):
+    from tests.unit.test_slurm_snapshot import client
+
+    path = tmp_path / "snap.json"
+    path.write_text(client()[0].snapshot("dep1").to_json())  # recorded squeue/sacct output
+    jobs = json.loads(path.read_text())["jobs"]
+    assert jobs
+    out = run_cli("cluster", "--snapshot", str(path))
+    assert out.returncode == 0, out.stderr
+    assert_fits(out.stdout, 80)
+    words = tokens(out.stdout)
+    for job in jobs:
+        assert job["job_id"] in words and job["state"] in words and job["partition"] in words
+        assert job["tag"]["replica_id"] in words
+        for node in job["nodes"]:
+            assert node in words or f"{node}," in words
