@@ -103,6 +103,13 @@ def status(file: str, as_json: bool, wide: bool) -> None:
     try:
         store = open_store(deployment.db_path, readonly=True)
     except PermanentError as exc:
+        from coral_hpc.daemon.claim import served_elsewhere
+
+        other = served_elsewhere(deployment.state_path)
+        if other is not None:  # its database is on that host's local disk
+            fail(f"{file}: the daemon serving {deployment.deployment} runs on {other['host']} "
+                 f"(heartbeat {other['age_s']:.0f} s ago) and keeps its database there; run "
+                 f"`coral-hpc status` on {other['host']}")
         fail(str(exc))
     try:
         data = status_data(deployment, store, time.time())

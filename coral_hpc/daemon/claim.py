@@ -90,3 +90,17 @@ class HostClaim:
         tmp = self.path.with_name(f".{self.path.name}.{self.host}.{self.pid}.tmp")
         tmp.write_text(json.dumps({"host": self.host, "pid": self.pid, "heartbeat": now}) + "\n")
         tmp.replace(self.path)
+
+
+def served_elsewhere(state_path: Path, stale_after_s: float = MIN_STALE_S,
+                     clock: Callable[[], float] = time.time,
+                     host: str | None = None) -> dict | None:
+    """The claim of a daemon on *another* host whose heartbeat is fresh, or None. Commands that
+    act on a deployment (``down``) or read its database (``status``) use it to send the user to
+    the host that serves it instead of acting from the wrong login node."""
+    me = host or socket.gethostname()
+    claim = HostClaim(claim_path(state_path), stale_after_s, clock).read()
+    if claim is None or claim.get("host") == me:
+        return None
+    age = clock() - float(claim.get("heartbeat", 0.0))
+    return {**claim, "age_s": age} if age < stale_after_s else None

@@ -49,3 +49,41 @@ def test_the_same_host_takes_over_its_own_claim(tmp_path):
     restarted = HostClaim(path, 60, clock=clock, host="login1", pid=12)
     restarted.acquire()  # the local flock already proved pid 11 gone
     assert restarted.read()["pid"] == 12
+
+
+def test_down_and_status_from_the_wrong_login_node_send_the_user_to_the_daemons_host(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import yaml
+
+    repo = Path(__file__).resolve().parents[2]
+    config = yaml.safe_load((repo / "examples" / "models.yaml").read_text())
+    config["state_dir"] = str(tmp_path / "shared")
+    config["db_path"] = str(tmp_path / "daemon" / "demo.db")  # this host has no database
+    path = tmp_path / "models.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    claim = tmp_path / "shared" / "demo" / "daemon-host.json"
+    claim.parent.mkdir(parents=True)
+    claim.write_text(json.dumps({"host": "login-elsewhere", "pid": 4242,
+                                 "heartbeat": time.time()}))
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-c", "from coral_hpc.cli import main; main()",
+                               *args], capture_output=True, text=True, cwd=repo, timeout=60,
+                              env={**os.environ, "SLURM_CONF": "/nonexistent"}, check=False)
+
+    down = run("down", str(path))
+    assert down.returncode == 4, down.stderr
+    assert "login-elsewhere" in down.stderr and "nothing was stopped" in down.stderr
+    status = run("status", str(path))
+    assert status.returncode == 2 and "run `coral-hpc status` on login-elsewhere" in status.stderr
+    # a silent claim (its daemon died) no longer stands in the way
+    claim.write_text(json.dumps({"host": "login-elsewhere", "pid": 4242,
+                                 "heartbeat": time.time() - 3600}))
+    status = run("status", str(path))
+    assert status.returncode == 2 and "login-elsewhere" not in status.stderr
