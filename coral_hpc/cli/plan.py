@@ -94,22 +94,36 @@ def _known_architectures() -> set[str]:
 
 
 def _print_table(outcome, wide: bool = False) -> None:
+    from coral_hpc.plan.figures import figures_used
+
     result = outcome.solved
     plan = result.plan
     unit = "billing/h" if result.unit == "billing" else "per h"
+    priced = "Slurm billing units" if result.unit == "billing" else "the partitions' prices"
+    arch = {m.name: m.arch for m in result.models}
     rows = []
     for row in plan.rows:
         t = row.template
         layout = " + ".join(f"{s.gpu_type}[{s.layers}]" for s in t.stages)
         if not t.calibrated:
             layout += " (uncalibrated)"
-        rows.append((row.model, ", ".join(dict.fromkeys(row.partitions)), layout,
+        rows.append([row.model, row.role, ", ".join(dict.fromkeys(row.partitions)), layout,
                      f"{t.tp}×{t.pp}", row.count, f"{row.throughput:.3g}",
-                     f"{row.cost_per_hour:.3g}"))
-    print_table([Column("model", "id"), Column("partition"), Column("layout [layers]"),
-                 Column("TP×PP", "id"), Column("count", "num"), Column("req/s each", "num"),
-                 Column(f"cost {unit} each", "num")], rows,
-                title=f"Plan: {plan.status}, {plan.cost_per_hour:.2f} {unit}", wide=wide)
+                     f"{row.cost_per_hour:.3g}", figures_used(t, arch[row.model])])
+    columns = [Column("model", "id"), Column("role", "id"), Column("partition"),
+               Column("layout [layers]"), Column("TP×PP", "id"), Column("count", "num"),
+               Column("req/s each", "num"), Column("cost/h each", "num"), Column("figures")]
+    # a column whose every row says the same is a sentence under the table, not a column:
+    # what an 80-character terminal has room for
+    same = {i: rows[0][i] for i in (1, 8) if rows and len({r[i] for r in rows}) == 1}
+    keep = [i for i in range(len(columns)) if i not in same]
+    print_table([columns[i] for i in keep], [[r[i] for i in keep] for r in rows],
+                title=f"Plan: {plan.status}, {plan.cost_per_hour:.2f} {unit} ({priced})",
+                wide=wide)
+    if 1 in same:
+        console.print(f"role of every replica: {same[1]}", highlight=False)
+    if 8 in same:
+        console.print(f"throughput figures of every template: {same[8]}", highlight=False)
     served = [(m.name, f"{m.demand_rps:.3g}", f"{plan.served[m.name]:.3g}",
                f"{plan.capacity[m.name]:.3g}") for m in result.models]
     print_table([Column("model", "id"), Column("demand", "num"), Column("served", "num"),

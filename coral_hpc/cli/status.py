@@ -49,7 +49,11 @@ def status_data(deployment, store, now: float) -> dict:
     for m in deployment.models:
         ready = [r for r in records if r.model == m.name
                  and statuses[r.id].state is ReplicaState.READY]
-        capacity = sum(r.throughput for r in ready)
+        # a disaggregated request needs a prefill and a decode replica: the lesser side counts
+        by_role = {"both": 0.0, "prefill": 0.0, "decode": 0.0}
+        for r in ready:
+            by_role[r.layout.role if r.layout else "both"] += r.throughput
+        capacity = by_role["both"] + min(by_role["prefill"], by_role["decode"])
         demand = planned_demand.get(m.name, m.demand_rps or 0.0)
         models.append({
             "name": m.name,
@@ -137,10 +141,11 @@ def _print_tables(data: dict, wide: bool = False, now: float | None = None) -> N
         wide=wide,
     )
     print_table(
-        [Column("replica", "id"), Column("model", "id"), Column("job", "id"),
-         Column("state", "id"), Column("partition"), Column("TP×PP", "id"),
-         Column("age", "num"), Column("time left", "num"), Column("endpoint", "id")],
-        [(r["id"], r["model"], r["job_id"] or "", r["state"],
+        [Column("replica", "id"), Column("model", "id"), Column("role", "id"),
+         Column("job", "id"), Column("state", "id"), Column("partition"),
+         Column("TP×PP", "id"), Column("age", "num"), Column("time left", "num"),
+         Column("endpoint", "id")],
+        [(r["id"], r["model"], r["role"] or "?", r["job_id"] or "", r["state"],
           r["partition"].replace(",", ", "), f"{r['tp']}×{r['pp']}", duration(r["age_s"]),
           duration(r["time_left_s"]), r["endpoint"] or "") for r in data["replicas"]],
         wide=wide,

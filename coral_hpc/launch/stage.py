@@ -61,6 +61,8 @@ def render_stage_script(deployment: Deployment, partition: str, result_file: Pat
         "partition": partition,
         "env": env,
         "env_kind": env.kind if env is not None else "none",
+        # the environment's own variables (a site's proxy, for instance) apply to the download too
+        "env_vars": tuple(env.env) if env is not None else (),
         "job_name": f"coral-stage.{deployment.deployment}",
         "comment": f"coral-hpc stage of {deployment.deployment}",
         "log_file": str(log_file),
