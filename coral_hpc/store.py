@@ -21,6 +21,7 @@ Design rules (../shared/ARCHITECTURE.md, "State"):
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -136,6 +137,18 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
             until       REAL NOT NULL,
             reason      TEXT NOT NULL
         );
+        """,
+    ),
+    (
+        2,
+        # Retention (coral_hpc.daemon.retention) deletes by time, and the daemon reads recent
+        # demand of every model each cycle (``demand_since`` without a model): both need an
+        # index on time, or each cycle and each pruning scans the whole table.
+        """
+        CREATE INDEX demand_end ON demand_intervals (end);
+        CREATE INDEX plans_time ON plans (time);
+        CREATE INDEX startup_time ON startup_observations (time);
+        CREATE INDEX exclusions_until ON exclusions (until);
         """,
     ),
 )
@@ -406,6 +419,70 @@ class Store:
 
     # ----------------------------------------------------------------- misc
 
+    # ----------------------------------------------------------------- retention
+
+    def prune(self, *, events_before: float, history_before: float) -> dict[str, int]:
+        """Delete what retention no longer keeps, in one transaction; rows deleted per table.
+
+        ``events_before``: events older than that. ``history_before``: plans (but never the
+        plan still in force at that time, which cost reports start from), replicas that ended
+        before it, metered demand intervals that ended before it, start-up observations, and
+        exclusions that expired before it. Live replicas are never touched."""
+        statements = {
+            "events": ("DELETE FROM events WHERE time < ?", (events_before,)),
+            "plans": (
+                ("DELETE FROM plans WHERE time < ? AND id < (SELECT COALESCE(MAX(id), 0) FROM "
+                 "plans WHERE time <= ?)"), (history_before, history_before)),
+            "replicas": ("DELETE FROM replicas WHERE ended_at IS NOT NULL AND ended_at < ?",
+                         (history_before,)),
+            "demand_intervals": ("DELETE FROM demand_intervals WHERE end < ?",
+                                 (history_before,)),
+            "startup_observations": ("DELETE FROM startup_observations WHERE time < ?",
+                                     (history_before,)),
+            "exclusions": ("DELETE FROM exclusions WHERE until < ?", (history_before,)),
+        }
+        deleted = {}
+        with self._lock, self._db:
+            for table, (sql, params) in statements.items():
+                deleted[table] = self._db.execute(sql, params).rowcount
+        return deleted
+
+    def compact_demand(self, before: float, bucket_s: float = 3600.0) -> int:
+        """Merge metered intervals that ended before ``before`` into one row per model, API key
+        and ``bucket_s`` bucket (sums of requests and tokens; start and end of the bucket's
+        first and last interval), so years of per-scrape rows stay small while cost per token
+        keeps an hourly resolution. Returns how many rows were removed."""
+        with self._lock, self._db:
+            groups = self._db.execute(
+                "SELECT model, api_key, CAST(start / ? AS INTEGER) AS bucket, COUNT(*) AS n, "
+                "MIN(start) AS start, MAX(end) AS end, SUM(requests) AS requests, "
+                "SUM(prompt_tokens) AS prompt_tokens, SUM(generated_tokens) AS generated_tokens, "
+                "SUM(rejected) AS rejected FROM demand_intervals WHERE end < ? "
+                "GROUP BY model, api_key, bucket HAVING COUNT(*) > 1",
+                (bucket_s, before),
+            ).fetchall()
+            removed = 0
+            for g in groups:
+                low, high = g["bucket"] * bucket_s, (g["bucket"] + 1) * bucket_s
+                removed += self._db.execute(
+                    "DELETE FROM demand_intervals WHERE model = ? AND api_key = ? AND end < ? "
+                    "AND start >= ? AND start < ?",
+                    (g["model"], g["api_key"], before, low, high),
+                ).rowcount - 1
+                self._db.execute(
+                    "INSERT INTO demand_intervals (start, end, model, api_key, requests, "
+                    "prompt_tokens, generated_tokens, rejected) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (g["start"], g["end"], g["model"], g["api_key"], g["requests"],
+                     g["prompt_tokens"], g["generated_tokens"], g["rejected"]),
+                )
+        return removed
+
+    def query_plan(self, sql: str, params: Sequence[Any] = ()) -> list[str]:
+        """SQLite's ``EXPLAIN QUERY PLAN`` of ``sql`` (the index a query uses), for tests and
+        for an operator wondering why a query is slow."""
+        rows = self._read(f"EXPLAIN QUERY PLAN {sql}", params)
+        return [str(r["detail"]) for r in rows]
+
     def counts(self) -> dict[str, int]:
         """Rows per table."""
         out = {}
@@ -434,6 +511,8 @@ def open_store(path: str | Path, readonly: bool = False) -> Store:
         )
     else:
         file.parent.mkdir(parents=True, exist_ok=True)
+        if not file.exists():
+            _create(file)
         connection = sqlite3.connect(str(file), check_same_thread=False, timeout=10)
     connection.row_factory = sqlite3.Row
     try:
@@ -454,6 +533,18 @@ def open_store(path: str | Path, readonly: bool = False) -> Store:
         connection.close()
         raise
     return Store(connection, str(file))
+
+
+def _create(file: Path) -> None:
+    """Make a new database beside ``file`` and move it into place once migrated, so a reader
+    (``coral-hpc status`` while the daemon starts) never opens one without its tables."""
+    tmp = file.with_name(f".{file.name}.{os.getpid()}.new")
+    connection = sqlite3.connect(str(tmp))
+    try:
+        migrate(connection, str(file))
+    finally:
+        connection.close()
+    os.replace(tmp, file)
 
 
 def migrate(connection: sqlite3.Connection, name: str = "<db>") -> list[int]:

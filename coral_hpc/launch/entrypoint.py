@@ -138,8 +138,14 @@ def _setup_logging(spec: ReplicaSpec, job_id: str, rank: int) -> Path:
 
 
 def _engine_env(spec: ReplicaSpec) -> dict[str, str]:
+    """The engine's environment: the job's, without secrets it may have inherited from the
+    daemon's shell, plus the secrets read from their files (``VLLM_API_KEY``, and ``HF_TOKEN``
+    from ``engine.hf_token_file``) and ``HF_HOME``. This process never holds them in its own
+    environment, so nothing else it starts (or logs) sees them."""
     env = {k: v for k, v in os.environ.items() if k not in ("VLLM_API_KEY", "HF_TOKEN")}
     env.update(engine_secrets(spec.api_key_file, spec.hf_token_file))
+    if spec.hf_home:
+        env["HF_HOME"] = spec.hf_home
     env["PYTHONUNBUFFERED"] = "1"
     return env
 

@@ -65,6 +65,8 @@ def _spec_context(spec: ReplicaSpec) -> dict[str, Any]:
         "engine_args": spec.engine_args,
         "env_kind": spec.env_kind,
         "env": environment,
+        # bound into Apptainer images at the same path, so HF_HOME means the same inside
+        "hf_home": spec.hf_home,
         "modules": tuple(environment.modules) if environment is not None else (),
         "env_vars": tuple(environment.env) if environment is not None else (),
         "python": spec.python,
@@ -120,3 +122,8 @@ def render_hetjob(spec: ReplicaSpec, spec_file: Path, folder: Path | None = None
         "spec_file": str(spec_file),
     }
     return _render(HETJOB_TEMPLATE, context, folder)
+
+
+def render_template(name: str, context: dict[str, Any], folder: Path | None = None) -> str:
+    """Render any shipped template (``stage.sbatch.j2``) with the same quoting rules."""
+    return _render(name, context, folder)
