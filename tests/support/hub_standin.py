@@ -45,7 +45,8 @@ class HubStandIn:
         self.server.server_close()
 
     def file_requests(self) -> list[str]:
-        return [path for method, path, _ in self.requests if method == "GET" and "/resolve/" in path]
+        return [path for method, path, _ in self.requests
+                if method == "GET" and "/resolve/" in path]
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         hub = self
@@ -57,7 +58,8 @@ class HubStandIn:
             def _route(self, head: bool) -> None:
                 path = unquote(urlparse(self.path).path)
                 hub.requests.append((self.command, path, self.headers.get("Authorization")))
-                if hub.token is not None and self.headers.get("Authorization") != f"Bearer {hub.token}":
+                wanted = f"Bearer {hub.token}"
+                if hub.token is not None and self.headers.get("Authorization") != wanted:
                     return self._send(401, b'{"error": "token required"}', head)
                 if path.startswith("/api/models/"):
                     return self._repo_info(path[len("/api/models/"):], head)

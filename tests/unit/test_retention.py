@@ -73,7 +73,8 @@ def test_pruning_keeps_what_reports_need_and_drops_the_rest(tmp_path):
     store.add_replica(replica("rold", "1", NOW - 460 * day, NOW - 450 * day))
     store.add_replica(replica("rlive", "2", NOW - 500 * day, None))  # never ended: kept
     store.add_replica(replica("rrecent", "3", NOW - 20 * day, NOW - 10 * day))
-    store.add_demand([DemandInterval(NOW - 420 * day, NOW - 420 * day + 6, "qwen3-8b", 5, 50, 60, 0),
+    old = NOW - 420 * day
+    store.add_demand([DemandInterval(old, old + 6, "qwen3-8b", 5, 50, 60, 0),
                       DemandInterval(NOW - 6, NOW, "qwen3-8b", 3, 30, 40, 0)])
     store.add_startup(StartupObservation(NOW - 401 * day, "rold", "t0", "a100", 120.0))
     store.set_exclusion(Exclusion(TemplateExclusion("t0"), ExclusionKind.CRASH_COOLDOWN,
