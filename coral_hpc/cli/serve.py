@@ -14,8 +14,8 @@ from pathlib import Path
 import click
 
 from coral_hpc.cli._output import fail
-from coral_hpc.config import load_deployment
-from coral_hpc.errors import ConfigError, PermanentError
+from coral_hpc.cli.validate import checked_deployment
+from coral_hpc.errors import PermanentError
 
 
 def _listen(option: str, value: str) -> str:
@@ -26,7 +26,7 @@ def _listen(option: str, value: str) -> str:
 
 
 @click.command()
-@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("file")
 @click.option("--listen", help="Gateway host:port, overriding gateway.listen (port 0 = any free "
                                "port; the bound one is in `coral-hpc status`).")
 @click.option("--metrics", "metrics_listen", default="127.0.0.1:0", show_default=True,
@@ -42,10 +42,8 @@ def serve(file: str, listen: str | None, metrics_listen: str, cache_dir: str | N
     from coral_hpc.daemon.planner import SolverPlanner
     from coral_hpc.daemon.process import AlreadyRunning
 
-    try:
-        load_deployment(file)  # fail fast, before a lock, a gateway or a Slurm call
-    except ConfigError as exc:
-        fail(exc.problems + [f"{file}: {len(exc.problems)} problem(s); nothing was started"])
+    # fail fast, before a lock, a gateway or a Slurm call: the same checks as `validate`
+    checked_deployment(file, "nothing was started")
     if listen is not None:
         _listen("--listen", listen)
     metrics = None if metrics_listen.lower() == "off" else _listen("--metrics", metrics_listen)
