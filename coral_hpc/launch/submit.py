@@ -20,7 +20,8 @@ from typing import Any, Protocol
 import submitit
 
 from coral_hpc.launch.entrypoint import run_replica
-from coral_hpc.launch.render import render_hetjob
+from coral_hpc.launch.quoting import shell_word, slurm_word
+from coral_hpc.launch.render import render_engine_script, render_hetjob
 from coral_hpc.launch.spec import SIGNAL_LEAD_S, ReplicaSpec
 from coral_hpc.slurm.errors import classify
 
@@ -40,13 +41,14 @@ def submitit_parameters(spec: ReplicaSpec) -> dict[str, Any]:
         raise ValueError(f"replica {spec.replica_id} is heterogeneous: submit it as a hetjob")
     stage = spec.stages[0]
     tag = spec.tag
+    # submitit writes `#SBATCH --key=value` unquoted: only bare Slurm names may reach those lines
     params: dict[str, Any] = {
         "job_name": tag.job_name(),
         "comment": tag.comment(),
-        "partition": stage.partition,
+        "partition": str(slurm_word(stage.partition)),
         "nodes": spec.pp,
         "ntasks_per_node": 1,  # one entrypoint per node: the node rank is SLURM_PROCID
-        "gres": f"gpu:{stage.gpu_type}:{stage.gpus_per_node}",
+        "gres": f"gpu:{slurm_word(stage.gpu_type)}:{int(stage.gpus_per_node)}",
         "cpus_per_task": spec.cpus_per_gpu * stage.gpus_per_node,
         "mem": f"{spec.mem_per_gpu_gb * stage.gpus_per_node}GB",
         "time": spec.time_limit_min,
@@ -56,9 +58,9 @@ def submitit_parameters(spec: ReplicaSpec) -> dict[str, Any]:
         "additional_parameters": {"no_requeue": True},
     }
     if spec.account:
-        params["account"] = spec.account
+        params["account"] = str(slurm_word(spec.account))
     if spec.qos:
-        params["qos"] = spec.qos
+        params["qos"] = str(slurm_word(spec.qos))
     return params
 
 
@@ -75,6 +77,18 @@ def submit_with_submitit(spec: ReplicaSpec, spec_file: Path) -> str:
     return str(job.job_id)
 
 
+def check_renderable(spec: ReplicaSpec) -> None:
+    """Render every engine script the job will run (with placeholder ports), so a value that
+    cannot be written safely raises :class:`~coral_hpc.launch.quoting.UnsafeValue` (a
+    PermanentError) before anything is submitted. submitit writes the state path (its log folder)
+    and python onto its own script lines too."""
+    shell_word(spec.state_path)
+    shell_word(spec.python)
+    for rank in range(spec.pp):
+        render_engine_script(spec, rank=rank, port=1 if rank == 0 else None,
+                             master_addr="head", master_port=2)
+
+
 def write_hetjob(spec: ReplicaSpec, spec_file: Path) -> Path:
     """Render the hetjob batch script into the replica folder and return its path."""
     script = spec.replica_dir / "hetjob.sbatch"
@@ -89,6 +103,7 @@ def submit_replica(spec: ReplicaSpec, client: ScriptSubmitter) -> str:
     Raises a ``coral_hpc.slurm.errors`` error: ``SlurmUnavailable`` (a TransientError: retry
     later) or ``SlurmRejected``/``SlurmCommandError`` (PermanentErrors: surface them).
     """
+    check_renderable(spec)  # refuse an unsafe value here, not as a job that fails at start
     spec_file = spec.write()
     # Slurm cannot start a job whose --output folder is missing (JobLaunchFailure)
     spec.logs_dir.mkdir(parents=True, exist_ok=True)
