@@ -31,7 +31,8 @@ def plan(models_yaml: str, snapshot_file: str | None, as_json: bool, export_file
     from coral_hpc.cli.cluster import load_snapshot_file, observe
     from coral_hpc.config import load_deployment
     from coral_hpc.errors import ConfigError
-    from coral_hpc.plan import plan_deployment, plan_json, templates_json
+    from coral_hpc.plan.planner import Planner, PlanRequest
+    from coral_hpc.plan.report import plan_json, templates_json
 
     try:
         deployment = load_deployment(models_yaml)
@@ -47,16 +48,17 @@ def plan(models_yaml: str, snapshot_file: str | None, as_json: bool, export_file
         def progress(name: str, done: int, total: int) -> None:
             if name:
                 err_console.print(f"Stage 1: {name} ({done + 1}/{total})", highlight=False)
-    result = plan_deployment(deployment, snapshot,
-                             cache_dir=Path(cache_dir) if cache_dir else None, progress=progress)
+    # the same planner and request `serve` plans with at start on this snapshot
+    planner = Planner(cache_dir=Path(cache_dir) if cache_dir else None, progress=progress)
+    outcome = planner.solve(PlanRequest.from_snapshot(deployment, snapshot))
     if export_file:
-        Path(export_file).write_text(json.dumps(templates_json(result), indent=1))
+        Path(export_file).write_text(json.dumps(templates_json(outcome), indent=1))
     if as_json:
-        print_json(plan_json(result))
+        print_json(plan_json(outcome))
     else:
-        _print_table(result)
-    if result.problems:
-        fail([f"checker: {p}" for p in result.problems], status=EXIT_REJECTED)
+        _print_table(outcome)
+    if outcome.problems:
+        fail([f"checker: {p}" for p in outcome.problems], status=EXIT_REJECTED)
 
 
 def _known_architectures() -> set[str]:
@@ -65,7 +67,8 @@ def _known_architectures() -> set[str]:
     return set(load_models())
 
 
-def _print_table(result) -> None:
+def _print_table(outcome) -> None:
+    result = outcome.solved
     plan = result.plan
     unit = "billing/h" if result.unit == "billing" else "per h"
     table = Table(title=f"Plan: {plan.status}, {plan.cost_per_hour:.2f} {unit}")

@@ -39,8 +39,8 @@ def serve(file: str, listen: str | None, metrics_listen: str, cache_dir: str | N
           log_level: str) -> None:
     """Serve every model of FILE at least cost until SIGTERM (replicas keep running)."""
     from coral_hpc.daemon import serve as run_daemon
-    from coral_hpc.daemon.planner import SolverPlanner
     from coral_hpc.daemon.process import AlreadyRunning
+    from coral_hpc.plan.planner import Planner
 
     # fail fast, before a lock, a gateway or a Slurm call: the same checks as `validate`
     checked_deployment(file, "nothing was started")
@@ -49,7 +49,7 @@ def serve(file: str, listen: str | None, metrics_listen: str, cache_dir: str | N
     metrics = None if metrics_listen.lower() == "off" else _listen("--metrics", metrics_listen)
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    planner = SolverPlanner(cache_dir=Path(cache_dir) if cache_dir else None)
+    planner = Planner(cache_dir=Path(cache_dir) if cache_dir else None)
     try:
         run_daemon(file, planner, gateway_listen=listen, metrics_listen=metrics)
     except AlreadyRunning as exc:

@@ -1,7 +1,7 @@
 """The daemon: wires observe → (plan) → decide → act → publish, and the demand scrape.
 
 It owns no logic of its own: every rule lives in ``coral_hpc.reconcile`` (status, triggers,
-decide), ``coral_hpc.demand`` and the solver. Each loop is one step function with its own interval;
+decide), ``coral_hpc.demand`` and ``coral_hpc.plan`` (the planner, injected). Each loop is one step function with its own interval;
 errors are caught and logged only at the loop boundary; sleeps wait on an Event so SIGTERM stops
 the daemon at once. Collaborators (Slurm client, store, planner, clock, gateway) are injected and
 the constructor starts nothing.
@@ -13,67 +13,34 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from coral_hpc.config import Deployment
 from coral_hpc.daemon.metrics import DaemonMetrics
 from coral_hpc.daemon.routing import TablePublisher, ready_routes
 from coral_hpc.daemon.scrape import DemandScraper
 from coral_hpc.demand import ModelDemand, changed_models, deployment_demand
+from coral_hpc.plan.desired import DesiredPlan, plan_from_rows, slot_rows
+from coral_hpc.plan.planner import PlanOutcome, PlanRequest
 from coral_hpc.reconcile import (
     Cancel,
     Decision,
-    DesiredPlan,
     Drain,
     ReconcileSettings,
-    ReplicaState,
     Submit,
     decide,
+    goes_on_serving,
     replan_reasons,
     replica_status,
 )
 from coral_hpc.reconcile.act import Actor
 from coral_hpc.reconcile.backoff import Backoff
-from coral_hpc.reconcile.desired import plan_from_rows, slot_rows
 from coral_hpc.reconcile.observe import Observed, Observer
 from coral_hpc.reconcile.startup import learned_startup_s
 from coral_hpc.store import Store
 
 log = logging.getLogger("coral_hpc.daemon")
-
-
-# --------------------------------------------------------------------------- planning seam
-
-
-@dataclass(frozen=True)
-class PlanRequest:
-    """What the planner gets each time the plan is out of date."""
-
-    deployment: Deployment
-    snapshot: Any  # coral_hpc.slurm.snapshot.ClusterSnapshot
-    demand: dict[str, ModelDemand]
-    #: live replicas that will go on serving: (template id, partitions) each
-    running: tuple[tuple[str, tuple[str, ...]], ...]
-    excluded_templates: frozenset[str]
-    excluded_shapes: frozenset[tuple[str, tuple[str, ...]]]
-    startup_s: float
-
-
-@dataclass(frozen=True)
-class PlanOutcome:
-    """A plan and what it promises."""
-
-    desired: DesiredPlan
-    cost_per_hour: float
-    solve_s: float
-    status: str
-    served: dict[str, float] = field(default_factory=dict)
-
-
-class Planner(Protocol):
-    def __call__(self, request: PlanRequest) -> PlanOutcome: ...
 
 
 # --------------------------------------------------------------------------- loops
@@ -123,7 +90,7 @@ class Daemon:
         deployment: Deployment,
         store: Store,
         client: Any,  # coral_hpc.slurm.client.SlurmClient
-        planner: Planner,
+        planner: Callable[[PlanRequest], PlanOutcome],
         *,
         api_key_file: Path | None,
         table_path: Path,
@@ -218,13 +185,8 @@ class Daemon:
             return
         exclusions = self.store.exclusions(now)
         statuses = {f.record.id: replica_status(f, now, self.settings) for f in observed.facts}
-        running = tuple(
-            (f.record.template_id, f.record.partitions) for f in observed.facts
-            if statuses[f.record.id].state in (ReplicaState.READY, ReplicaState.STARTING,
-                                               ReplicaState.PENDING, ReplicaState.SUBMITTING)
-            and not statuses[f.record.id].needs_successor
-            and not statuses[f.record.id].pending_too_long
-        )
+        running = tuple((f.record.template_id, f.record.partitions) for f in observed.facts
+                        if goes_on_serving(statuses[f.record.id]))
         request = PlanRequest(
             deployment=self.deployment,
             snapshot=observed.snapshot,

@@ -7,8 +7,8 @@ Three contexts, one filter each (registered in :mod:`coral_hpc.launch.render`):
 - ``c`` — text inside a ``#`` comment: control characters are shown escaped (``\\n``), so the
   comment stays one line whatever the value (a newline in ``environment.path`` escaped a comment
   of the engine script and the next line ran: issue 16).
-- ``w`` — a bare Slurm word (partition, GPU type, account, QOS) where no quoting is possible, as in
-  ``--gres=gpu:TYPE:N``: only ``[A-Za-z0-9._-]`` is accepted.
+- ``w`` — a bare Slurm word (partition, GRES, memory, account, QOS) where no quoting is possible
+  (submitit writes its ``#SBATCH`` lines unquoted): only ``[A-Za-z0-9._:-]`` is accepted.
 
 :func:`finalize` is Jinja's hook on every ``{{ ... }}``: it lets through what one of the filters
 produced, and numbers; anything else — a template that forgets a filter, a string where a number
@@ -25,7 +25,9 @@ from typing import Any
 
 from coral_hpc.errors import PermanentError
 
-_SLURM_WORD_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+#: a Slurm name, or a word of them joined by ':' (``gpu:a100:2``): nothing a shell or sbatch's
+#: option parser reads as anything but the word itself
+_SLURM_WORD_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 _UNSAFE_CATEGORIES = {"Cc", "Zl", "Zp"}
 
 
@@ -67,12 +69,13 @@ def comment_text(value: Any) -> Rendered:
 
 
 def slurm_word(value: Any) -> Rendered:
-    """``value`` as a bare Slurm name (partition, GPU type, account, QOS): letters, digits, '.',
-    '_', '-', starting with a letter or digit; anything else raises :class:`UnsafeValue`."""
+    """``value`` as a bare Slurm word (partition, ``gpu:TYPE:N``, account, QOS): letters, digits,
+    '.', '_', '-', ':', starting with a letter or digit; anything else raises
+    :class:`UnsafeValue`."""
     text = str(value)
     if not _SLURM_WORD_RE.match(text):
         raise UnsafeValue(
-            f"{text!r} is not a Slurm name (1–64 letters, digits, '.', '_', '-'); it cannot be "
+            f"{text!r} is not a Slurm name (letters, digits, '.', '_', '-', ':'); it cannot be "
             "written into a batch script"
         )
     return Rendered(text)

@@ -4,7 +4,6 @@
 - :mod:`.decide` — ``decide(plan, replicas, now, …)``: pure; returns Submit/Drain/Cancel/… actions
   (make-before-break, scale-down drains then cancels, nothing destructive on stale data).
 - :mod:`.triggers` — ``replan_reasons(…)``: when the plan is out of date.
-- :mod:`.desired` — the solver's plan as slots the decide step matches replicas against.
 - :mod:`.startup`, :mod:`.backoff` — learnt start-up time (K) and backoff on transient errors.
 """
 
@@ -22,6 +21,7 @@ from coral_hpc.reconcile.decide import (
     Slot,
     Submit,
     decide,
+    goes_on_serving,
     shape_key,
     template_key,
 )
@@ -32,5 +32,5 @@ from coral_hpc.reconcile.triggers import replan_reasons
 __all__ = [
     "Action", "Backoff", "Cancel", "Decision", "DesiredPlan", "Drain", "Exclude", "Forget", "Keep",
     "Observation", "ReconcileSettings", "ReplicaFacts", "ReplicaState", "ReplicaStatus", "Slot",
-    "Submit", "decide", "replan_reasons", "replica_status", "shape_key", "template_key",
+    "Submit", "decide", "goes_on_serving", "replan_reasons", "replica_status", "shape_key", "template_key",
 ]

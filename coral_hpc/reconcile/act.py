@@ -149,18 +149,14 @@ class Actor:
     def _submit(self, action: Submit, now: float, result: ActResult) -> None:
         slot = action.slot
         replica_id = new_replica_id()
-        layout = dict(slot.layout)
-        stages = [(s["partition"], s["gpu_type"], int(s["layers"])) for s in layout["stages"]]
         try:
-            spec = replica_spec(
-                self.deployment, slot.model, replica_id, slot.template_id, stages,
-                int(layout["tp"]), api_key_file=self.api_key_file,
-            )
+            spec = replica_spec(self.deployment, slot.model, replica_id, slot.template_id,
+                                slot.layout, api_key_file=self.api_key_file)
         except (CoralError, KeyError) as exc:
             self._refuse(action, f"cannot build a job for {slot.template_id}: {exc}", now, result)
             return
         self.store.add_replica(ReplicaRecord(
-            id=replica_id, model=slot.model, template_id=slot.template_id, layout=layout,
+            id=replica_id, model=slot.model, template_id=slot.template_id, layout=slot.layout,
             partitions=slot.partitions, throughput=slot.throughput,
             cost_per_hour=slot.cost_per_hour, created_at=now, replaces=action.replaces,
             reason=action.reason, time_limit_s=float(spec.time_limit_s),

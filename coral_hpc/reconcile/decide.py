@@ -34,43 +34,13 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
+from coral_hpc.plan.desired import DesiredPlan, Slot
 from coral_hpc.reconcile.settings import ReconcileSettings
 from coral_hpc.reconcile.status import ReplicaFacts, ReplicaState, ReplicaStatus, replica_status
 from coral_hpc.store import Exclusion, ReplicaRecord
 
 # --------------------------------------------------------------------------- inputs
-
-
-@dataclass(frozen=True)
-class Slot:
-    """One plan row as the decide step needs it: ``count`` replicas of a template on partitions."""
-
-    model: str
-    template_id: str
-    partitions: tuple[str, ...]  # one per pipeline stage
-    count: int
-    throughput: float  # per replica, requests/s: the routing weight
-    cost_per_hour: float  # per replica
-    #: plain data for the launcher: {"tp", "pp", "stages": [{"gpu_type", "layers", "partition"}]}
-    layout: Mapping[str, Any] = field(default_factory=dict)
-
-    @property
-    def key(self) -> tuple[str, tuple[str, ...]]:
-        return (self.template_id, self.partitions)
-
-
-@dataclass(frozen=True)
-class DesiredPlan:
-    """The plan the cluster should converge to."""
-
-    time: float
-    slots: tuple[Slot, ...]
-
-    def capacity(self, model: str) -> float:
-        """Requests/s the plan's replicas of ``model`` sustain."""
-        return sum(s.count * s.throughput for s in self.slots if s.model == model)
 
 
 @dataclass(frozen=True)
@@ -187,6 +157,14 @@ _KEEP_ORDER = {
 }
 
 
+def goes_on_serving(status: ReplicaStatus) -> bool:
+    """Whether a live replica counts towards its plan slot: it serves or will, and needs no
+    successor. The one rule for the decide step (which replicas a slot keeps) and the planner
+    (which replicas go on serving, keep their GPUs and get the start-up credit)."""
+    return (status.state in _KEEP_ORDER and not status.needs_successor
+            and not status.pending_too_long and not status.submit_lost)
+
+
 def decide(
     plan: DesiredPlan | None,
     replicas: Sequence[ReplicaFacts],
@@ -271,13 +249,7 @@ def decide(
 
     kept: set[str] = set()
     for slot in slots:
-        candidates = [
-            r for r in by_key.get(slot.key, [])
-            if statuses[r.id].state in _KEEP_ORDER
-            and not statuses[r.id].needs_successor
-            and not statuses[r.id].pending_too_long
-            and not statuses[r.id].submit_lost
-        ]
+        candidates = [r for r in by_key.get(slot.key, []) if goes_on_serving(statuses[r.id])]
         candidates.sort(key=lambda r: (_KEEP_ORDER[statuses[r.id].state], -_time_left(statuses[r.id]),
                                        r.created_at, r.id))
         keep = candidates[: slot.count]

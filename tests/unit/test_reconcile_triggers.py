@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from coral_hpc.config import PolicyConfig
+from coral_hpc.plan.desired import plan_from_rows, slot_rows
 from coral_hpc.reconcile import Backoff, ReconcileSettings, replan_reasons
-from coral_hpc.reconcile.desired import plan_from_rows, slot_rows
 from coral_hpc.reconcile.startup import learned_startup_s, startup_penalty
 from coral_hpc.store import Exclusion, StartupObservation
 from tests.unit.reconcile_facts import facts, plan, rec, slot
@@ -126,8 +126,9 @@ def test_plan_rows_round_trip_through_plain_data():
 
 
 def test_slots_from_a_solver_plan_keep_layout_throughput_and_cost():
-    from coral_hpc.reconcile.desired import slots_from_plan
-    from solver.types import Plan, PlanRow, Stage, Template
+    from coral_hpc.plan.planner import desired_plan
+    from coral_hpc.types import ReplicaLayout, StageLayout
+    from solver.types import ModelSpec, Plan, PlanRow, Stage, Template
 
     hetero = Template("m", tp=2, stages=(Stage("a100", 20), Stage("v100", 12)), throughput=3.5)
     single = Template("n", tp=1, stages=(Stage("a100", 36),), throughput=2.0)
@@ -136,11 +137,13 @@ def test_slots_from_a_solver_plan_keep_layout_throughput_and_cost():
         demand={"m": 7.0}, served={"m": 7.0}, capacity={"m": 7.0}, cost_per_hour=18.0,
         status="optimal", gap=0.0, solve_seconds=0.1,
     )
-    desired = slots_from_plan(plan, time=5.0)
+    models = [ModelSpec("m", "qwen3-32b", 512, 128, 2.0, 0.1),
+              ModelSpec("n", "qwen3-8b", 512, 128, 2.0, 0.1)]
+    desired = desired_plan(plan, models, now=5.0)
     (only,) = desired.slots  # count 0 rows dropped
     assert (only.template_id, only.partitions, only.count) == (hetero.id, ("a100", "v100"), 2)
     assert (only.throughput, only.cost_per_hour) == (3.5, 9.0)
-    assert only.layout == {"tp": 2, "pp": 2, "stages": [
-        {"gpu_type": "a100", "layers": 20, "partition": "a100"},
-        {"gpu_type": "v100", "layers": 12, "partition": "v100"}]}
+    # V100 has no bf16: the whole pipeline runs in half precision
+    assert only.layout == ReplicaLayout(2, (StageLayout("a100", "a100", 20),
+                                            StageLayout("v100", "v100", 12)), "half")
     assert desired.capacity("m") == 7.0
