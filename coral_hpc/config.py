@@ -79,6 +79,16 @@ def _admits_bool(annotation: Any) -> bool:
     return any(_admits_bool(arg) for arg in getattr(annotation, "__args__", ()) or ())
 
 
+def _against_file(value: str | None, info: ValidationInfo) -> str | None:
+    """A relative path (``~`` expanded) made absolute against the folder of the models.yaml it
+    was read from, so the same file means the same paths whatever the working directory."""
+    base = (info.context or {}).get("base_dir")
+    if value is None or base is None:
+        return value  # parsed from text (or from a spec.json): kept as written
+    path = Path(value).expanduser()
+    return os.path.normpath(path if path.is_absolute() else Path(base) / path)
+
+
 class _Frozen(BaseModel):
     """Every config section: immutable, unknown keys rejected, numbers finite (no .inf/.nan),
     no yes/no where a number is expected, no control characters in any text."""
@@ -149,6 +159,8 @@ class VenvEnvironment(_Frozen):
     path: str = Field(description="venv directory; its bin/ holds `vllm`")
     modules: tuple[str, ...] = Field(default=(), description="`module load` these first (CUDA)")
 
+    _resolve = field_validator("path")(_against_file)
+
 
 class ModuleEnvironment(_Frozen):
     """vLLM provided by environment modules."""
@@ -164,6 +176,8 @@ class ApptainerEnvironment(_Frozen):
     image: str = Field(description="path to the .sif image on the shared filesystem")
     binds: tuple[str, ...] = Field(default=(), description="extra --bind specs (model cache)")
     modules: tuple[str, ...] = Field(default=(), description="`module load apptainer` etc.")
+
+    _resolve = field_validator("image")(_against_file)
 
 
 EngineEnvironment = Annotated[
@@ -335,6 +349,8 @@ class GatewayConfig(_Frozen):
     )
     max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0, le=1 << 30)
 
+    _resolve = field_validator("api_keys_file")(_against_file)
+
     @field_validator("listen")
     @classmethod
     def _host_port(cls, value: str) -> str:
@@ -499,6 +515,9 @@ class Deployment(_Frozen):
     policy: PolicyConfig = PolicyConfig()
     models: tuple[ModelConfig, ...] = Field(min_length=1)
 
+    # relative paths mean "beside this models.yaml", not "below wherever serve was started"
+    _resolve = field_validator("state_dir", "db_path")(_against_file)
+
     @field_validator("deployment")
     @classmethod
     def _safe_deployment(cls, value: str) -> str:
@@ -654,12 +673,13 @@ def _problems_from(error: ValidationError, lines: dict[tuple, int], path: str) -
     return list(dict.fromkeys(problems))
 
 
-def _validated(source: YamlSource, path: str) -> Deployment:
+def _validated(source: YamlSource, path: str, base_dir: Path | None) -> Deployment:
     data = source.data
     if not isinstance(data, dict):
         raise ConfigError(path, [f"{path}:1: (top level): expected a mapping of settings"])
+    context = {"base_dir": base_dir} if base_dir is not None else None
     try:
-        deployment = Deployment.model_validate(data)
+        deployment = Deployment.model_validate(data, context=context)
     except ValidationError as exc:
         raise ConfigError(path, _problems_from(exc, source.lines, path)) from None
     deployment._source = path
@@ -667,13 +687,16 @@ def _validated(source: YamlSource, path: str) -> Deployment:
     return deployment
 
 
-def parse_deployment(text: str, path: str = "<string>") -> Deployment:
-    """Validate the YAML ``text`` of a models.yaml. Raises :class:`ConfigError`."""
+def parse_deployment(text: str, path: str = "<string>", base_dir: Path | None = None) -> Deployment:
+    """Validate the YAML ``text`` of a models.yaml. Raises :class:`ConfigError`.
+
+    With ``base_dir``, relative paths (state_dir, db_path, api_keys_file, environment paths) are
+    made absolute against it; without, they are kept as written."""
     try:
         source = parse_yaml(text, path)
     except SourceError as exc:
         raise ConfigError(path, [exc.problem]) from None
-    return _validated(source, path)
+    return _validated(source, path, base_dir)
 
 
 def load_deployment(path: str | Path) -> Deployment:
@@ -681,12 +704,13 @@ def load_deployment(path: str | Path) -> Deployment:
 
     The file must be a regular file of at most ``config_source.MAX_CONFIG_BYTES`` of UTF-8 YAML;
     anything else is refused before it is read whole (see :mod:`coral_hpc.config_source`).
+    Relative paths in it resolve against the file's own folder (absolute, ``~`` expanded).
     """
     try:
         source = load_yaml(path)
     except SourceError as exc:
         raise ConfigError(str(path), [exc.problem]) from None
-    return _validated(source, str(path))
+    return _validated(source, str(path), Path(os.path.abspath(path)).parent)
 
 
 # --------------------------------------------------------------------------- the host's paths

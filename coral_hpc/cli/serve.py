@@ -39,6 +39,7 @@ def serve(file: str, listen: str | None, metrics_listen: str, cache_dir: str | N
           log_level: str) -> None:
     """Serve every model of FILE at least cost until SIGTERM (replicas keep running)."""
     from coral_hpc.daemon import serve as run_daemon
+    from coral_hpc.daemon.lease import LeaseHeld
     from coral_hpc.daemon.process import AlreadyRunning
     from coral_hpc.plan.planner import Planner
 
@@ -52,8 +53,8 @@ def serve(file: str, listen: str | None, metrics_listen: str, cache_dir: str | N
     planner = Planner(cache_dir=Path(cache_dir) if cache_dir else None)
     try:
         run_daemon(file, planner, gateway_listen=listen, metrics_listen=metrics)
-    except AlreadyRunning as exc:
-        fail(f"{file}: {exc}", status=1)
+    except (AlreadyRunning, LeaseHeld) as exc:  # a second daemon: exit 2, naming the first
+        fail(f"{file}: {exc}")
     except PermanentError as exc:  # the gateway cannot start, Slurm refuses the backend
         fail(f"{file}: {exc}")
     except OSError as exc:  # the metrics port is taken

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from coral_hpc.config import load_deployment
+from coral_hpc.daemon.lease import read_lease
 from coral_hpc.errors import ConfigError, PermanentError
 
 log = logging.getLogger("coral_hpc.daemon")
@@ -51,6 +52,7 @@ def serve(
     from prometheus_client import start_http_server
 
     from coral_hpc.daemon.core import Daemon
+    from coral_hpc.daemon.lease import Lease
     from coral_hpc.daemon.metrics import DaemonMetrics
     from coral_hpc.daemon.process import (
         DaemonLock,
@@ -60,18 +62,33 @@ def serve(
         write_info,
     )
     from coral_hpc.daemon.scrape import fetch_demand
+    from coral_hpc.daemon.status_file import status_data, status_file, write_status
+    from coral_hpc.daemon.stop_request import StopRequests
     from coral_hpc.gateway.table import default_replica_key_path, default_table_path
+    from coral_hpc.instance import ensure_instance
     from coral_hpc.slurm.client import client_for_deployment
     from coral_hpc.store import open_store
 
     config_path = Path(config_path).resolve()
     deployment = load_deployment(config_path)
     stop = stop or threading.Event()
+    # the lease on the shared state folder first: a daemon on any host names itself there
+    lease = Lease(deployment.state_path, deployment.deployment)
+    taken = lease.acquire()
     lock = DaemonLock(lock_path(deployment))
-    lock.acquire()
+    try:
+        lock.acquire()
+    except BaseException:
+        lease.release()
+        raise
     store = gateway = metrics_server = None
     try:
+        instance = ensure_instance(deployment.state_path, deployment.deployment)
+        stop_requests = StopRequests(deployment.state_path, since=time.time())
         store = open_store(deployment.db_path)
+        if taken:
+            store.add_event(time.time(), "lease", "took over the stale lease of the daemon on "
+                            f"{taken.get('host')} (pid {taken.get('pid')})")
         key_file = ensure_replica_key(default_replica_key_path(deployment))
         client = client_for_deployment(deployment)
         gateway = GatewayProcess(config_path, deployment, listen=gateway_listen)
@@ -87,6 +104,9 @@ def serve(
             deployment, store, client, planner,
             api_key_file=key_file, table_path=default_table_path(deployment),
             metrics=metrics, demand_source=lambda: fetch_demand(gateway.url),
+            instance=instance, may_act=lease.ours,
+            on_cycle=lambda now: write_status(status_file(deployment.state_path),
+                                              status_data(deployment, store, now)),
         )
         daemon.resume_plan()
         info = {
@@ -95,6 +115,8 @@ def serve(
             "started_at": time.time(),
         }
         write_info(info_path(deployment), info)
+        lease.publish(config=str(config_path), instance=instance, gateway=address,
+                      metrics=metrics_address, started_at=info["started_at"])
         store.add_event(time.time(), "start", f"daemon started (pid {os.getpid()}), gateway on "
                         f"{address}, metrics on {metrics_address}")
         log.info("serving %s: gateway http://%s, metrics %s", deployment.deployment, address,
@@ -104,6 +126,20 @@ def serve(
         threads = [loop.start() for loop in daemon.loops(stop)]
         retry_gateway_at = 0.0
         while not stop.wait(0.5):
+            if not lease.renew():
+                holder = read_lease(lease.path) or {}
+                store.add_event(time.time(), "lease_lost", "the lease was taken over by the "
+                                f"daemon on {holder.get('host')} (pid {holder.get('pid')}); "
+                                "stopping without touching its replicas")
+                log.error("lease lost to %s pid %s; stopping", holder.get("host"),
+                          holder.get("pid"))
+                stop.set()
+                break
+            request = stop_requests.pending()
+            if request is not None:
+                store.add_event(time.time(), "stop", f"stop requested by {request}")
+                stop.set()
+                break
             if reload_requested.is_set():
                 reload_requested.clear()
                 deployment = _reload(config_path, daemon, deployment, gateway)
@@ -120,6 +156,7 @@ def serve(
                 # a restart on port 0 (or a reload) binds a new port: clients read it here
                 info["gateway"] = gateway.address
                 write_info(info_path(deployment), info)
+                lease.publish(gateway=gateway.address)
         for thread in threads:
             thread.join(timeout=30)
         store.add_event(time.time(), "stop", "daemon stopped; replicas left running")
@@ -132,6 +169,7 @@ def serve(
             store.close()
         info_path(deployment).unlink(missing_ok=True)
         lock.release()
+        lease.release()
 
 
 def _install_signals(stop: threading.Event, reload_requested: threading.Event) -> None:

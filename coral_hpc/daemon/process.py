@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -49,11 +50,15 @@ class DaemonLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
             os.close(fd)
             raise AlreadyRunning(
-                f"another coral-hpc serve holds {self.path}; stop it first (SIGTERM) or use "
+                f"another coral-hpc serve (host {socket.gethostname()}, pid {holder}) holds "
+                f"{self.path}; stop it first (`coral-hpc down`, or SIGTERM) or see "
                 "`coral-hpc status`"
             ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())  # who holds it, for the message above
         self._fd = fd
 
     def release(self) -> None:
