@@ -55,8 +55,9 @@ def test_the_same_file_from_any_working_directory_names_the_same_paths(tmp_path:
     seen = set()
     for cwd in (tmp_path, copy.parent, Path("/")):
         out = subprocess.run(
-            [sys.executable, "-c", "import sys; from coral_hpc.config import load_deployment as l;"
-             " d = l(sys.argv[1]); print(d.state_dir, d.db_path)", os.path.relpath(copy, cwd)],
+            [sys.executable, "-c", ("import sys; from coral_hpc.config import load_deployment as l;"
+                                    " d = l(sys.argv[1]); print(d.state_dir, d.db_path)"),
+             os.path.relpath(copy, cwd)],
             cwd=cwd, capture_output=True, text=True, check=True)
         seen.add(out.stdout.strip())
     assert seen == {f"{tmp_path}/.state/shared {tmp_path}/.state/daemon/demo.db"}
