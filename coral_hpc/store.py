@@ -30,7 +30,7 @@ from time import time as _wall_clock
 from typing import Any
 
 from coral_hpc.errors import PermanentError
-from coral_hpc.types import ReplicaLayout
+from coral_hpc.types import Excluded, ExclusionKind, ReplicaLayout, excluded_from_key
 
 # --------------------------------------------------------------------------- schema
 
@@ -243,11 +243,15 @@ class StartupObservation:
 class Exclusion:
     """A template or shape kept out of plans until ``until`` (crash cool-down, pending timeout)."""
 
-    key: str
-    kind: str
+    target: Excluded
+    kind: ExclusionKind
     since: float
     until: float
     reason: str
+
+    @property
+    def key(self) -> str:
+        return self.target.key
 
 
 # --------------------------------------------------------------------------- store
@@ -483,7 +487,8 @@ class Store:
             "VALUES (:key, :kind, :since, :until, :reason) "
             "ON CONFLICT(key) DO UPDATE SET kind = excluded.kind, since = excluded.since, "
             "until = excluded.until, reason = excluded.reason",
-            asdict(exclusion),
+            {"key": exclusion.key, "kind": ExclusionKind(exclusion.kind).value,
+             "since": exclusion.since, "until": exclusion.until, "reason": exclusion.reason},
         )
 
     def exclusions(self, now: float) -> list[Exclusion]:
@@ -492,7 +497,8 @@ class Store:
             "SELECT key, kind, since, until, reason FROM exclusions WHERE until > ? ORDER BY key",
             (now,),
         )
-        return [Exclusion(**dict(r)) for r in rows]
+        return [Exclusion(excluded_from_key(r["key"]), ExclusionKind(r["kind"]), r["since"],
+                          r["until"], r["reason"]) for r in rows]
 
     # ----------------------------------------------------------------- misc
 

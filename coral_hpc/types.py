@@ -3,10 +3,15 @@
 :class:`JobTag` is how coral-hpc recognises its own Slurm jobs: written by ``coral_hpc.launch``
 into the job name and comment, read back by ``coral_hpc.slurm`` when it observes the queue and
 sacct. One format, one place.
+
+:class:`ReplicaLayout` is how one replica runs (made by ``coral_hpc.plan``, carried to launch,
+store and status); :class:`TemplateExclusion` / :class:`ShapeExclusion` are what a cool-down or
+timeout keeps out of plans.
 """
 
 from __future__ import annotations
 
+import enum
 import re
 from dataclasses import dataclass
 
@@ -167,3 +172,54 @@ class ReplicaLayout:
             raise ValueError(f"replica layout without {exc.args[0]!r}: {data!r}") from None
         except (TypeError, AttributeError) as exc:
             raise ValueError(f"not a replica layout: {data!r} ({exc})") from None
+
+
+# --------------------------------------------------------------------------- exclusions
+
+
+class ExclusionKind(str, enum.Enum):
+    """Why something is kept out of plans for a while."""
+
+    CRASH_COOLDOWN = "crash_cooldown"  #: a template crashed ``crash_limit`` times
+    PENDING_TIMEOUT = "pending_timeout"  #: a replica of a shape sat pending past the timeout
+    SUBMIT_REFUSED = "submit_refused"  #: Slurm refused a shape (drained partition, bad GRES)
+
+
+@dataclass(frozen=True)
+class TemplateExclusion:
+    """A template kept out of plans wherever it would run (crash cool-down)."""
+
+    template_id: str
+
+    @property
+    def key(self) -> str:
+        """The store's key: ``template:<id>``."""
+        return f"template:{self.template_id}"
+
+
+@dataclass(frozen=True)
+class ShapeExclusion:
+    """A template kept out of some partitions, stage by stage (pending timeout, refusal)."""
+
+    template_id: str
+    partitions: tuple[str, ...]
+
+    @property
+    def key(self) -> str:
+        """The store's key: ``shape:<id>@<partition of each stage>``."""
+        return f"shape:{self.template_id}@{','.join(self.partitions)}"
+
+
+Excluded = TemplateExclusion | ShapeExclusion
+
+
+def excluded_from_key(key: str) -> Excluded:
+    """Inverse of ``.key`` (the store reads its column back). ValueError for anything else."""
+    kind, sep, body = key.partition(":")
+    if sep and kind == "template" and body:
+        return TemplateExclusion(body)
+    if sep and kind == "shape":
+        template, at, parts = body.rpartition("@")
+        if at and template:
+            return ShapeExclusion(template, tuple(p for p in parts.split(",") if p))
+    raise ValueError(f"not an exclusion key: {key!r} (template:<id> or shape:<id>@<partitions>)")

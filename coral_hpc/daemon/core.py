@@ -31,7 +31,7 @@ from coral_hpc.reconcile import (
     Submit,
     decide,
     goes_on_serving,
-    replan_reasons,
+    replan_triggers,
     replica_status,
 )
 from coral_hpc.reconcile.act import Actor
@@ -39,6 +39,7 @@ from coral_hpc.reconcile.backoff import Backoff
 from coral_hpc.reconcile.observe import Observed, Observer
 from coral_hpc.reconcile.startup import learned_startup_s
 from coral_hpc.store import Store
+from coral_hpc.types import ShapeExclusion, TemplateExclusion
 
 log = logging.getLogger("coral_hpc.daemon")
 
@@ -195,11 +196,11 @@ class Daemon:
         changed = (changed_models(self.planned_demand, demand,
                                   self.settings.demand_change_threshold)
                    if self.planned_demand else [])
-        reasons = replan_reasons(
+        triggers = replan_triggers(
             self.plan_time, now, self.settings, observed.facts, changed, observed.unavailable,
             self.unavailable_at_plan, self.store.exclusions(now),
         )
-        if not reasons or observed.snapshot is None or not self.plan_backoff.ready(now):
+        if not triggers or observed.snapshot is None or not self.plan_backoff.ready(now):
             return
         exclusions = self.store.exclusions(now)
         statuses = {f.record.id: replica_status(f, now, self.settings) for f in observed.facts}
@@ -210,10 +211,11 @@ class Daemon:
             snapshot=observed.snapshot,
             demand=demand,
             running=running,
-            excluded_templates=frozenset(
-                e.key.split(":", 1)[1] for e in exclusions if e.key.startswith("template:")),
-            excluded_shapes=frozenset(_shape(e.key) for e in exclusions
-                                      if e.key.startswith("shape:")),
+            excluded_templates=frozenset(e.target.template_id for e in exclusions
+                                         if isinstance(e.target, TemplateExclusion)),
+            excluded_shapes=frozenset((e.target.template_id, e.target.partitions)
+                                      for e in exclusions
+                                      if isinstance(e.target, ShapeExclusion)),
             startup_s=learned_startup_s(self.store.startups(limit=50),
                                         self.deployment.policy.startup_time_s),
         )
@@ -232,7 +234,7 @@ class Daemon:
         self.unavailable_at_plan = observed.unavailable
         self.metrics.plan_cost.set(outcome.cost_per_hour)
         self.metrics.solve_seconds.observe(outcome.solve_s)
-        self.metrics.plans.labels(_trigger_kind(reasons[0])).inc()
+        self.metrics.plans.labels(triggers[0].kind.value).inc()
         for model in self.deployment.models:
             self.metrics.plan_replicas.labels(model.name).set(
                 sum(s.count for s in outcome.desired.slots if s.model == model.name))
@@ -242,7 +244,7 @@ class Daemon:
         summary = ", ".join(f"{s.count}×{s.template_id}@{','.join(s.partitions)}"
                             for s in outcome.desired.slots) or "no replicas"
         self.store.add_event(now, "plan", f"{outcome.status}, {outcome.cost_per_hour:.3g}/h: "
-                             f"{summary} (because: {'; '.join(reasons)})")
+                             f"{summary} (because: {'; '.join(t.reason for t in triggers)})")
 
     # ------------------------------------------------------------------ publishing
 
@@ -302,21 +304,3 @@ class Daemon:
             loops.append(Loop("scrape", self.settings.poll_interval_s,
                               lambda: self.scrape_once() and None, stop, on_error))
         return loops
-
-
-def _shape(key: str) -> tuple[str, tuple[str, ...]]:
-    """``shape:<template>@<p1,p2>`` → (template, (p1, p2))."""
-    body = key.split(":", 1)[1]
-    template, _, parts = body.rpartition("@")
-    return template, tuple(p for p in parts.split(",") if p)
-
-
-def _trigger_kind(reason: str) -> str:
-    for word, kind in (("interval", "interval"), ("demand", "demand"), ("draining", "cluster"),
-                       ("back in service", "cluster"), ("ended", "replica_failed"),
-                       ("pending", "pending_timeout"), ("walltime", "walltime"),
-                       ("excluded", "exclusion"), ("no plan", "start"),
-                       ("unknown", "start"), ("unhealthy", "unhealthy")):
-        if word in reason:
-            return kind
-    return "other"

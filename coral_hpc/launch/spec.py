@@ -19,6 +19,8 @@ from typing import Any, Literal
 from pydantic import TypeAdapter
 
 from coral_hpc.config import (
+    DEFAULT_CPUS_PER_GPU,
+    DEFAULT_MEM_PER_GPU_GB,
     ApptainerEnvironment,
     Deployment,
     EngineEnvironment,
@@ -88,8 +90,8 @@ class ReplicaSpec:
     max_model_len: int | None = None
     account: str | None = None
     qos: str | None = None
-    cpus_per_gpu: int = 4
-    mem_per_gpu_gb: int = 32
+    cpus_per_gpu: int = DEFAULT_CPUS_PER_GPU
+    mem_per_gpu_gb: int = DEFAULT_MEM_PER_GPU_GB
     api_key_file: str | None = None  # file (mode 600) whose content becomes VLLM_API_KEY
     hf_token_file: str | None = None  # file (mode 600) whose content becomes HF_TOKEN
     python: str = field(default_factory=lambda: sys.executable)  # runs the entrypoint (and sim)

@@ -34,10 +34,10 @@ from coral_hpc.reconcile.decide import (
     Exclude,
     Forget,
     Submit,
-    shape_key,
 )
 from coral_hpc.reconcile.settings import ReconcileSettings
 from coral_hpc.store import Exclusion, ReplicaRecord, Store
+from coral_hpc.types import ExclusionKind, ShapeExclusion
 
 log = logging.getLogger("coral_hpc.reconcile")
 
@@ -117,10 +117,10 @@ class Actor:
     # ------------------------------------------------------------------ actions
 
     def _exclude(self, action: Exclude, now: float, result: ActResult) -> None:
-        self.store.set_exclusion(Exclusion(action.key, action.kind, now, action.until,
+        self.store.set_exclusion(Exclusion(action.target, action.kind, now, action.until,
                                            action.reason))
-        self.store.add_event(now, action.kind, action.reason, model=action.model)
-        result.excluded.append(action.key)
+        self.store.add_event(now, action.kind.value, action.reason, model=action.model)
+        result.excluded.append(action.target.key)
 
     def _drain(self, action: Drain, now: float, result: ActResult) -> None:
         record = self.store.update_replica(action.replica_id, drain_requested_at=now)
@@ -184,10 +184,11 @@ class Actor:
 
     def _refuse(self, action: Submit, message: str, now: float, result: ActResult) -> None:
         """A submission that cannot succeed as planned: keep its shape out of plans a while."""
-        key = shape_key(action.slot.template_id, action.slot.partitions)
+        target = ShapeExclusion(action.slot.template_id, action.slot.partitions)
         until = now + self.settings.pending_exclusion_s
-        self.store.set_exclusion(Exclusion(key, "submit_refused", now, until, message))
-        self.store.add_event(now, "submit_refused", message, model=action.slot.model)
+        kind = ExclusionKind.SUBMIT_REFUSED
+        self.store.set_exclusion(Exclusion(target, kind, now, until, message))
+        self.store.add_event(now, kind.value, message, model=action.slot.model)
         result.errors.append(message)
-        result.excluded.append(key)
+        result.excluded.append(target.key)
         log.warning("%s", message)

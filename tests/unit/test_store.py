@@ -20,7 +20,13 @@ from coral_hpc.store import (
     migrate,
     open_store,
 )
-from coral_hpc.types import ReplicaLayout, StageLayout
+from coral_hpc.types import (
+    ExclusionKind,
+    ReplicaLayout,
+    ShapeExclusion,
+    StageLayout,
+    TemplateExclusion,
+)
 
 
 def _replica(rid: str = "r1", **extra) -> ReplicaRecord:
@@ -215,11 +221,13 @@ def test_startup_observations_newest_first(store):
 
 
 def test_exclusions_expire_and_replace(store):
-    store.set_exclusion(Exclusion("template:t1", "crash_cooldown", 0.0, 100.0, "3 crashes"))
-    store.set_exclusion(Exclusion("shape:a100/a100:4", "pending_timeout", 0.0, 50.0, "pending"))
-    assert {e.key for e in store.exclusions(now=10.0)} == {"template:t1", "shape:a100/a100:4"}
-    assert [e.key for e in store.exclusions(now=60.0)] == ["template:t1"]
-    store.set_exclusion(Exclusion("template:t1", "crash_cooldown", 70.0, 300.0, "again"))
+    t1, shape = TemplateExclusion("t1"), ShapeExclusion("t2", ("a100", "v100"))
+    store.set_exclusion(Exclusion(t1, ExclusionKind.CRASH_COOLDOWN, 0.0, 100.0, "3 crashes"))
+    store.set_exclusion(Exclusion(shape, ExclusionKind.PENDING_TIMEOUT, 0.0, 50.0, "pending"))
+    assert {(e.target, e.kind) for e in store.exclusions(now=10.0)} == {
+        (t1, ExclusionKind.CRASH_COOLDOWN), (shape, ExclusionKind.PENDING_TIMEOUT)}
+    assert [e.target for e in store.exclusions(now=60.0)] == [t1]
+    store.set_exclusion(Exclusion(t1, ExclusionKind.CRASH_COOLDOWN, 70.0, 300.0, "again"))
     (only,) = store.exclusions(now=200.0)
     assert (only.since, only.until, only.reason) == (70.0, 300.0, "again")
 
