@@ -1,0 +1,80 @@
+"""Issue 16, Why-1 on the real local cluster (sim engine): two copies of one models.yaml in two
+folders (same deployment name) are two instances that leave each other's replicas alone; a second
+daemon on the same file — started from another working directory — exits 2 naming the first.
+
+Before: the two copies adopted and cancelled each other's replicas in a loop (69 qwen3-8b jobs in
+80 s), and the same file from another directory got a second daemon.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from coral_hpc.config import load_deployment
+from coral_hpc.daemon.lease import holder
+from tests.conftest import REPO, wait_until
+from tests.integration.test_serve_reconcile import (
+    ON_A100,
+    events,
+    ready,
+    tagged_jobs,
+    write_config,
+)
+from tests.integration.test_serve_signals import ServeProcess
+
+pytestmark = pytest.mark.slurm
+
+
+def _copies(tmp_path: Path) -> tuple[Path, Path]:
+    (tmp_path / "a").mkdir()
+    first = write_config(tmp_path / "a")
+    second = tmp_path / "b" / "models.yaml"
+    second.parent.mkdir(parents=True)
+    second.write_text(first.read_text().replace(str(tmp_path / "a"), str(tmp_path / "b")))
+    return first, second
+
+
+def test_two_copies_of_one_deployment_leave_each_other_alone(tmp_path, env, cleanup):
+    config_a, config_b = _copies(tmp_path)
+    dep_a, dep_b = load_deployment(config_a), load_deployment(config_b)
+    assert dep_a.deployment == dep_b.deployment and dep_a.state_path != dep_b.state_path
+    cleanup(dep_a)
+    serve_a = ServeProcess(tmp_path / "a", config_a, [ON_A100], env)
+    serve_b = ServeProcess(tmp_path / "b", config_b, [ON_A100], env)
+    try:
+        (ready_a,) = wait_until(lambda: ready(dep_a), 120, "a READY replica of copy a")
+        (ready_b,) = wait_until(lambda: ready(dep_b), 120, "a READY replica of copy b")
+        assert ready_a["job_id"] != ready_b["job_id"]
+        time.sleep(15)  # ~15 reconcile cycles at poll_interval_s 1: the loop showed within 10
+        jobs = {j.job_id for j in tagged_jobs(env, dep_a)}
+        assert jobs == {ready_a["job_id"], ready_b["job_id"]}, jobs
+        for dep, own, other in ((dep_a, ready_a, ready_b), (dep_b, ready_b, ready_a)):
+            assert len(events(dep, "submit")) == 1, [e.message for e in events(dep, "submit")]
+            assert not events(dep, "cancel") and not events(dep, "adopt")
+            alone = [e.message for e in events(dep, "foreign_job")]
+            assert any(other["job_id"] in m and "another instance" in m for m in alone), alone
+            assert [r["job_id"] for r in ready(dep)] == [own["job_id"]]
+
+        # the same file from another working directory: refused, naming the first daemon
+        lease = holder(dep_a.state_path)
+        assert lease is not None and lease["pid"] == serve_a.proc.pid
+        third = subprocess.run(
+            [sys.executable, "-c", "from coral_hpc.cli import main; main()", "serve",
+             os.path.relpath(config_a, "/")],
+            cwd="/", env={**os.environ, **env, "PYTHONPATH": str(REPO)}, capture_output=True,
+            text=True, timeout=120, check=False)
+        assert third.returncode == 2, third.stderr
+        assert f"host {socket.gethostname()} (pid {serve_a.proc.pid}" in third.stderr
+        assert "Traceback" not in third.stderr
+        assert len(events(dep_a, "submit")) == 1  # the refused daemon submitted nothing
+    finally:
+        assert serve_b.stop() == 0
+        assert serve_a.stop() == 0
+    assert holder(dep_a.state_path) is None  # released on SIGTERM: a restart anywhere may take it
