@@ -48,6 +48,12 @@ def down(file: str, grace: float, as_json: bool) -> None:
             time.sleep(0.2)
         if lock_is_held(lock_path(deployment)):
             fail(f"the daemon (pid {pid}) did not stop within 60 s; nothing was cancelled")
+    # a gateway left running by a daemon killed with -9 goes too
+    from coral_hpc.daemon.process import stop_recorded_gateway
+
+    stopped_gateway = stop_recorded_gateway(deployment)
+    if stopped_gateway is not None and not as_json:
+        console.print(f"{deployment.deployment}: stopped the gateway (pid {stopped_gateway})")
     # 2. every job carrying this deployment's tag, known to the database or not
     client = client_for_deployment(deployment)
     try:

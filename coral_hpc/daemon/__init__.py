@@ -92,7 +92,13 @@ def serve(
         key_file = ensure_replica_key(default_replica_key_path(deployment))
         client = client_for_deployment(deployment)
         gateway = GatewayProcess(config_path, deployment, listen=gateway_listen)
-        address = gateway.start()
+        # a gateway left by a daemon killed with -9 is still routing: keep it (no gap, no leak)
+        address = gateway.adopt()
+        if address is not None:
+            store.add_event(time.time(), "gateway", f"adopted the running gateway (pid "
+                            f"{gateway.pid}) on {address}")
+        else:
+            address = gateway.start()
         metrics = DaemonMetrics()
         metrics_address = None
         if metrics_listen:
@@ -144,7 +150,7 @@ def serve(
                 reload_requested.clear()
                 deployment = _reload(config_path, daemon, deployment, gateway)
             if not gateway.alive() and time.monotonic() >= retry_gateway_at:
-                code = gateway.proc.returncode if gateway.proc is not None else None
+                code = gateway.exit_code
                 store.add_event(time.time(), "gateway",
                                 f"gateway not running (exit code {code}); starting it")
                 try:

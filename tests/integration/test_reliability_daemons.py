@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -20,16 +21,26 @@ import pytest
 from coral_hpc.config import load_deployment
 from coral_hpc.daemon.lease import holder
 from tests.conftest import REPO, wait_until
-from tests.integration.test_serve_reconcile import (
-    ON_A100,
-    events,
-    ready,
-    tagged_jobs,
-    write_config,
-)
+from tests.integration import test_serve_reconcile as harness
+from tests.integration.test_serve_reconcile import ON_A100, tagged_jobs, write_config
 from tests.integration.test_serve_signals import ServeProcess
 
 pytestmark = pytest.mark.slurm
+
+
+def ready(deployment) -> list[dict]:
+    """READY replicas per the daemon's database ([] while a starting daemon creates it)."""
+    try:
+        return harness.ready(deployment)
+    except sqlite3.OperationalError:
+        return []
+
+
+def events(deployment, kind: str | None = None) -> list:
+    try:
+        return harness.events(deployment, kind)
+    except sqlite3.OperationalError:
+        return []
 
 
 def _copies(tmp_path: Path) -> tuple[Path, Path]:
@@ -78,3 +89,100 @@ def test_two_copies_of_one_deployment_leave_each_other_alone(tmp_path, env, clea
         assert serve_b.stop() == 0
         assert serve_a.stop() == 0
     assert holder(dep_a.state_path) is None  # released on SIGTERM: a restart anywhere may take it
+
+
+# --------------------------------------------------------------------------- Why-2: the gateway
+
+
+def gateway_processes(config: Path) -> list[int]:
+    """Every `coral-hpc gateway <config>` process on this host."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"gateway" in argv and str(config).encode() in argv:
+            found.append(int(proc.name))
+    return found
+
+
+class Requester:
+    """Sends completions through ``address`` back to back in a thread; counts what failed."""
+
+    def __init__(self, address: str, model: str):
+        import threading
+
+        from tests.integration.test_serve_signals import complete
+
+        self.results: list[int] = []
+        self._stop = threading.Event()
+
+        def run():
+            while not self._stop.is_set():
+                status, _ = complete(address, model)
+                self.results.append(status)
+                time.sleep(0.05)
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> list[int]:
+        self._stop.set()
+        self._thread.join(40)
+        return self.results
+
+
+def test_the_gateway_outlives_kill_9_and_down_stops_it(tmp_path, env, cleanup):
+    from coral_hpc.daemon.process import info_path, read_info
+    from tests.integration.test_serve_reconcile import MODEL
+
+    config = write_config(tmp_path)
+    deployment = load_deployment(config)
+    cleanup(deployment)
+    serve = ServeProcess(tmp_path, config, [ON_A100], env)
+    (first,) = wait_until(lambda: ready(deployment), 120, "a READY replica")
+    address = wait_until(lambda: (read_info(info_path(deployment)) or {}).get("gateway"), 30,
+                         "the gateway address")
+    (gateway_pid,) = gateway_processes(config)
+    from tests.integration.test_serve_signals import complete
+
+    wait_until(lambda: complete(address, MODEL)[0] == 200, 30, "the gateway routing to it")
+    requests = Requester(address, MODEL)
+    try:
+        for cycle in range(3):
+            serve.proc.kill()  # kill -9: no cleanup at all
+            serve.proc.wait(30)
+            serve.log.close()
+            time.sleep(2)  # the gateway alone, routing by the last table
+            assert gateway_processes(config) == [gateway_pid], f"cycle {cycle}"
+            serve = ServeProcess(tmp_path, config, [ON_A100], env)
+            wait_until(lambda: any("adopted the running gateway" in e.message
+                                   for e in events(deployment, "gateway")
+                                   if e.time > time.time() - 60) and ready(deployment),
+                       60, f"cycle {cycle}: the restarted daemon adopting its gateway")
+            assert (read_info(info_path(deployment)) or {}).get("gateway") == address
+        statuses = requests.stop()
+        failed = [(i, s) for i, s in enumerate(statuses) if s != 200]
+        assert len(statuses) > 50 and not failed, (
+            f"{len(failed)} of {len(statuses)} requests failed: {failed[:20]}")
+        assert gateway_processes(config) == [gateway_pid]  # 3 kill/restart cycles, no leak
+        jobs = tagged_jobs(env, deployment)
+        assert [j.job_id for j in jobs] == [first["job_id"]]  # never duplicated or orphaned
+        serve.proc.kill()  # leave the gateway behind once more: `down` must stop it
+        serve.proc.wait(30)
+        serve.log.close()
+    finally:
+        requests.stop()
+        if serve.proc.poll() is None:
+            serve.stop()
+    down = subprocess.run(
+        [sys.executable, "-c", "from coral_hpc.cli import main; main()", "down", str(config),
+         "--grace", "5"], cwd=REPO, env={**os.environ, **env}, capture_output=True, text=True,
+        timeout=120, check=False)
+    assert down.returncode == 0, down.stderr
+    assert f"stopped the gateway (pid {gateway_pid})" in down.stdout
+    wait_until(lambda: not gateway_processes(config), 15, "no gateway process left")
+    wait_until(lambda: not tagged_jobs(env, deployment), 60, "no replica job left")
