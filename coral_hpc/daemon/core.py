@@ -163,7 +163,8 @@ class Daemon:
             self._maybe_plan(observed, now)
             decision = decide(self.plan, observed.facts, now, self.settings,
                               exclusions=self.store.exclusions(now),
-                              observation=observed.observation)
+                              observation=observed.observation,
+                              configured=frozenset(m.name for m in self.deployment.models))
             self.last_decision = decision
             if decision.held_back and any(isinstance(a, (Submit, Drain, Cancel))
                                           for a in decision.actions) is False:

@@ -22,7 +22,10 @@ Rules, in the order they are applied:
 5. **Make-before-break.** Every other live replica is surplus. Surplus that serves nothing
    (pending, starting, unhealthy) is cancelled at once. A READY surplus replica is drained
    only while the model's READY capacity without it still reaches the plan's capacity for the
-   model — so a replacement is READY before the replica it replaces drains.
+   model — so a replacement is READY before the replica it replaces drains — and never when it
+   is its (configured) model's last READY replica: a re-plan that drops a model for want of
+   GPUs, a drained node or walltime near leaves it serving until a successor is READY, or until
+   its job ends when none can start (issue 16: a maintenance drain failed 87 of 87 requests).
 6. **Drain, then cancel.** A DRAINING replica is cancelled ``drain_grace_s`` after it left the
    routing table (re-sent after ``cancel_retry_s`` if Slurm has not ended it).
 7. **Bounded calls.** At most ``max_submits_per_cycle`` submissions and
@@ -163,9 +166,12 @@ def decide(
     settings: ReconcileSettings | None = None,
     exclusions: Sequence[Exclusion] = (),
     observation: Observation | None = None,
+    configured: frozenset[str] | None = None,
 ) -> Decision:
     """Compare ``plan`` with ``replicas`` (live ones, plus recently ended ones for crash counting)
-    and return the actions to take at ``now``. See the module docstring for the rules."""
+    and return the actions to take at ``now``. See the module docstring for the rules.
+    ``configured``: the models of models.yaml (None: every model with replicas); a model no
+    longer configured may lose its last READY replica."""
     settings = settings or ReconcileSettings()
     observation = observation or Observation(jobs_at=now, cluster_at=now)
     statuses = {f.record.id: replica_status(f, now, settings) for f in replicas}
@@ -263,9 +269,15 @@ def decide(
     # 5. surplus, make-before-break
     surplus = [r for r in live if r.id not in kept and statuses[r.id].state in _KEEP_ORDER]
     ready_capacity: dict[str, float] = defaultdict(float)
+    # READY replicas that will go on serving (not themselves draining-node or walltime bound):
+    # only these count as a successor that lets another replica drain
+    ready_count: dict[str, int] = defaultdict(int)
     for record in live:
         if statuses[record.id].state is ReplicaState.READY:
             ready_capacity[record.model] += record.throughput
+            if not statuses[record.id].needs_successor:
+                ready_count[record.model] += 1
+    kept_last: list[str] = []
     planned = {m: plan.capacity(m) for m in {r.model for r in live}}
     # serving surplus: the ones that will stop anyway first, then the dearest per request/s
     surplus.sort(key=lambda r: (not statuses[r.id].needs_successor,
@@ -277,12 +289,20 @@ def decide(
             continue  # nothing to cancel yet: adopted or forgotten on a later cycle
         if status.state is not ReplicaState.READY:
             if record.id not in already_cancelled:
-                cancels.append(Cancel(record.id, _surplus_reason(record, status)))
+                cancels.append(Cancel(record.id, _surplus_reason(record, status,
+                                                                 ready_count[record.model])))
             continue
         remaining = ready_capacity[record.model] - record.throughput
+        stable = not status.needs_successor
+        others = ready_count[record.model] - (1 if stable else 0)
+        if others < 1 and (configured is None or record.model in configured):
+            kept_last.append(f"{record.id} ({_surplus_reason(record, status, 0)}) kept: the last "
+                             f"READY replica of {record.model}, no successor READY")
+            continue
         if remaining + 1e-9 >= planned.get(record.model, 0.0):
-            drains.append(Drain(record.id, _surplus_reason(record, status)))
+            drains.append(Drain(record.id, _surplus_reason(record, status, others)))
             ready_capacity[record.model] = remaining
+            ready_count[record.model] = others
 
     # 6. draining replicas: cancel after the grace, retry a cancel Slurm did not carry out
     for record in live:
@@ -301,6 +321,8 @@ def decide(
         actions.extend(cancels[: settings.max_cancels_per_cycle])
     submits.sort(key=lambda s: s.replaces is None)  # replacements first (stable otherwise)
     actions.extend(submits[: settings.max_submits_per_cycle])
+    if kept_last:
+        held_back = "; ".join(filter(None, [held_back, *kept_last]))
     return Decision(tuple(actions), tuple(dict.fromkeys(replan)), held_back, statuses)
 
 
@@ -323,14 +345,17 @@ def _take_predecessor(
     return candidates.pop(0)
 
 
-def _surplus_reason(record: ReplicaRecord, status: ReplicaStatus) -> str:
+def _surplus_reason(record: ReplicaRecord, status: ReplicaStatus, others_ready: int) -> str:
+    """Why a replica is drained, saying what actually serves its model afterwards."""
+    serving = (f"{others_ready} other READY replica(s) of {record.model} serving"
+               if others_ready else f"no other READY replica of {record.model}")
     if status.near_walltime:
-        return f"walltime in {status.time_left_s:.0f}s; successor serving"
+        return f"walltime in {status.time_left_s:.0f}s; {serving}"
     if status.must_move:
-        return "node or partition draining or down; successor serving"
+        return f"node or partition draining or down; {serving}"
     if status.unhealthy_too_long:
-        return "unhealthy; replaced"
-    return f"not in the plan ({record.template_id} on {','.join(record.partitions)})"
+        return f"unhealthy; {serving}"
+    return f"not in the plan ({record.template_id} on {','.join(record.partitions)}); {serving}"
 
 
 def _crash_cooldowns(
