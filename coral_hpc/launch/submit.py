@@ -57,6 +57,11 @@ def submitit_parameters(spec: ReplicaSpec) -> dict[str, Any]:
         "wckey": None,  # submitit would tag every job with the wckey "submitit"
         "additional_parameters": {"no_requeue": True},
     }
+    # a daemon killed between sbatch and submitit's pickle rename must not leave a job that
+    # fails at start: the job writes the (known) call itself (coral_hpc.launch.pickle_guard)
+    params["setup"] = [" ".join(shell_word(word) for word in (
+        spec.python, "-m", "coral_hpc.launch.pickle_guard", str(spec.logs_dir),
+        str(spec.spec_file)))]
     if spec.account:
         params["account"] = str(slurm_word(spec.account))
     if spec.qos:

@@ -186,3 +186,55 @@ def test_the_gateway_outlives_kill_9_and_down_stops_it(tmp_path, env, cleanup):
     assert f"stopped the gateway (pid {gateway_pid})" in down.stdout
     wait_until(lambda: not gateway_processes(config), 15, "no gateway process left")
     wait_until(lambda: not tagged_jobs(env, deployment), 60, "no replica job left")
+
+
+# --------------------------------------------------------------------------- Why-3: submission
+
+
+KILLED_SUBMITTER = """
+import os, signal, sys
+from pathlib import Path
+import submitit.core.utils as utils
+from coral_hpc.launch.spec import ReplicaSpec
+from coral_hpc.launch.submit import submit_replica
+from coral_hpc.slurm import make_client
+
+# kill -9 of the submitting process the moment sbatch has answered, before submitit renames
+# its pickle to <job id>_submitted.pkl (what a daemon killed during submission leaves)
+utils.JobPaths.move_temporary_file = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
+spec = ReplicaSpec.from_json(Path(sys.argv[1]).read_text())
+submit_replica(spec, make_client("cli"))
+"""
+
+
+def test_a_submission_killed_after_sbatch_still_starts(tmp_path, env, slurm):
+    from coral_hpc.launch.endpoint import read_endpoint
+    from coral_hpc.launch.spec import ReplicaSpec, StageSpec
+    from coral_hpc.slurm import make_client
+
+    spec = ReplicaSpec(
+        deployment="reltest", model="qwen3-8b", model_source="Qwen/Qwen3-8B",
+        replica_id="killed-1", template_id="t0", stages=(StageSpec("a100", "a100", 1, 36),),
+        tp=1, engine_kind="sim", state_path=str(tmp_path / "state" / "reltest"),
+        time_limit_s=600, sim_arch="qwen3-8b", cpus_per_gpu=1, mem_per_gpu_gb=4,
+        instance="0123456789ab",
+    )
+    spec_copy = tmp_path / "spec-in.json"
+    spec_copy.write_text(spec.to_json())
+    killed = subprocess.run([sys.executable, "-c", KILLED_SUBMITTER, str(spec_copy)],
+                            cwd=REPO, env={**os.environ, **env}, capture_output=True, text=True,
+                            timeout=120, check=False)
+    assert killed.returncode == -9, killed.stderr
+    client = make_client("cli", env=env)
+    (job,) = wait_until(lambda: [j for j in client.snapshot("reltest").jobs
+                                 if j.tag and j.tag.replica_id == "killed-1"], 30,
+                        "the job the killed submitter left")
+    slurm.track(job.job_id)
+    # before: "Waited for 60 seconds but could not find submitted jobs", job FAILED at ~60 s
+    endpoint = wait_until(lambda: read_endpoint(spec.endpoint_file), 90,
+                          f"the endpoint file of job {job.job_id} (engine serving)")
+    assert endpoint.job_id == job.job_id
+    state = client.job_states([job.job_id])[job.job_id].state
+    assert state == "RUNNING", state
+    batch_log = (Path(spec.logs_dir) / f"{job.job_id}_0_log.out").read_text()
+    assert "pickle_guard: the submitting process never renamed" in batch_log
