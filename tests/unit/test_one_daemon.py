@@ -220,3 +220,16 @@ def test_a_daemon_adopts_only_its_own_instance_and_leaves_unreadable_jobs_alone(
     # the planner does not count the others' GPUs as ours
     assert {j.job_id for j in daemon.last_observed.snapshot.jobs} == {"501"}
     store.close()
+
+
+def test_logs_find_a_replica_by_job_id_without_the_database(tmp_path: Path):
+    """From a login node other than the daemon's there is no database: the shared log folder
+    alone answers for a replica id or a job id."""
+    from coral_hpc.cli.logs import replica_logs
+
+    for name in ("r1.4242.rank0.log", "r1.4242.rank1.log", "4242_0_log.out", "r2.99.rank0.log"):
+        (tmp_path / name).write_text("x\n")
+    by_job = [p.name for p in replica_logs(tmp_path, "4242", None)]
+    assert by_job == ["4242_0_log.out", "r1.4242.rank0.log", "r1.4242.rank1.log"]
+    assert [p.name for p in replica_logs(tmp_path, "r1", None)] == [
+        "r1.4242.rank0.log", "r1.4242.rank1.log"]
