@@ -16,7 +16,9 @@ Rules, in the order they are applied:
    ``pending_exclusion_s``, so the next plan places that capacity elsewhere.
 4. **Match the plan.** For every plan slot (template on partitions, count), keep up to ``count``
    live replicas of that slot that will go on serving — READY first, then STARTING, then
-   PENDING — and submit the rest. Replicas that need a successor (walltime near, node or
+   PENDING — then, for what is still missing, replicas of the same model still pending or
+   starting in a slot the plan no longer names (hysteresis: a changed plan never cancels work in
+   flight), and submit the rest. Replicas that need a successor (walltime near, node or
    partition draining or down, unhealthy too long) do not count as matching: their successors are
    submitted now, ahead of time.
 5. **Make-before-break.** Every other live replica is surplus. Surplus that serves nothing
@@ -245,6 +247,17 @@ def decide(
             successors_needed[record.model].append(record.id)
 
     kept: set[str] = set()
+    # Hysteresis: a replica still pending or starting whose slot a newer plan no longer names is
+    # work in flight. It fills a missing slot of its model in place of a new submission (oldest
+    # first) instead of being cancelled, until it is READY, pends past pending_timeout_s or the
+    # model's slots are full — so plans that alternate never cancel their own replacements.
+    slot_keys = {s.key for s in slots}
+    in_flight: dict[str, list[ReplicaRecord]] = defaultdict(list)
+    for record in sorted(live, key=lambda r: (r.created_at, r.id)):
+        status = statuses[record.id]
+        if ((record.template_id, record.partitions) not in slot_keys and goes_on_serving(status)
+                and status.state in (ReplicaState.PENDING, ReplicaState.STARTING)):
+            in_flight[record.model].append(record)
     for slot in slots:
         candidates = [r for r in by_key.get(slot.key, []) if goes_on_serving(statuses[r.id])]
         candidates.sort(key=lambda r: (_KEEP_ORDER[statuses[r.id].state], -_time_left(statuses[r.id]),
@@ -252,6 +265,9 @@ def decide(
         keep = candidates[: slot.count]
         kept.update(r.id for r in keep)
         missing = slot.count - len(keep)
+        while missing > 0 and in_flight[slot.model]:
+            kept.add(in_flight[slot.model].pop(0).id)
+            missing -= 1
         if missing <= 0:
             continue
         if (TemplateExclusion(slot.template_id) in excluded

@@ -78,3 +78,35 @@ def test_walltime_rotation_with_no_capacity_for_a_successor_keeps_serving_to_the
         world.tick(2.0)
         readiness.append(world.ready())
     assert all(n == 1 for n in readiness[:100]), readiness
+
+
+def test_alternating_plans_never_cancel_their_own_pending_replacements():
+    """After one node drain the plan alternated every 30 s between two layouts and cancelled its
+    own pending replacements (10 submissions for 2 replacements). Rule: a replica still pending
+    or starting fills a missing slot of its model in place of a new submission."""
+    world = World(time_limit_s=1e6, startup_s=200.0)  # slow start: plans change meanwhile
+    layouts = [plan(slot("t1", 2)), plan(slot("t2", 2, partitions=("v100",)))]
+    for _ in range(5):
+        world.step(layouts[0])
+        world.tick(2.0)
+    world.tick(200.0)
+    world.step(layouts[0])
+    assert world.ready() == 2
+    world.unavailable = {r for r, rr in world.records.items() if rr.ended_at is None}
+    drained = set(world.unavailable)
+    cancelled, readiness = [], []
+    # 180 s while the successors start (200 s): the plan flips every 30 s (15 steps). Once READY,
+    # replicas follow the plan make-before-break (the planner's start-up penalty keeps them).
+    for step in range(90):
+        desired = layouts[(step // 15) % 2]
+        decision = decide(desired, facts(*world.records.values(),
+                                         unavailable=frozenset(world.unavailable)), world.now, S)
+        cancelled += [a.replica_id for a in decision.actions
+                      if type(a).__name__ == "Cancel" and a.replica_id not in drained]
+        world.apply(decision)
+        world.tick(2.0)
+        readiness.append(world.ready())
+    assert cancelled == [], f"cancelled its own replacements: {cancelled}"
+    submitted = [r for r in world.records if r not in drained]
+    assert len(submitted) == 2, submitted  # one successor per drained replica, no more
+    assert min(readiness) >= 2  # the drained ones served until their successors were READY
