@@ -11,11 +11,12 @@ second of the model's own request mix; token-based demand is converted on load
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import unicodedata
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -73,10 +74,10 @@ def _check_text(value: Any) -> None:
             _check_text(item)
 
 
-def _admits_bool(annotation: Any) -> bool:
-    if annotation is bool:
+def _admits(annotation: Any, kinds: tuple[type, ...]) -> bool:
+    if annotation in kinds:
         return True
-    return any(_admits_bool(arg) for arg in getattr(annotation, "__args__", ()) or ())
+    return any(_admits(arg, kinds) for arg in getattr(annotation, "__args__", ()) or ())
 
 
 def _against_file(value: str | None, info: ValidationInfo) -> str | None:
@@ -102,8 +103,9 @@ class _Frozen(BaseModel):
         if isinstance(data, dict):
             for name, value in data.items():
                 field = cls.model_fields.get(name) if isinstance(name, str) else None
-                if isinstance(value, bool) and field and not _admits_bool(field.annotation):
-                    raise _FieldError((name,), f"expected a number or text, got yes/no ({value})")
+                if (isinstance(value, bool) and field and _admits(field.annotation, (int, float))
+                        and not _admits(field.annotation, (bool,))):
+                    raise _FieldError((name,), f"expected a number, got yes/no ({value})")
         return data
 
     @field_validator("*")
@@ -117,7 +119,7 @@ def parse_slurm_time(value: str | int) -> int:
     """Convert a Slurm time spec (``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH[:MM[:SS]]``) or a
     number of minutes to seconds."""
     if isinstance(value, bool):
-        raise ValueError("expected a Slurm time such as '04:00:00' or '1-00:00:00'")
+        raise ValueError("expected a Slurm time such as '04:00:00' or '1-00:00:00'")  # noqa: TRY004 - pydantic reports ValueError
     if isinstance(value, int):
         if value <= 0:
             raise ValueError("must be a positive number of minutes")
@@ -152,7 +154,41 @@ def parse_slurm_time(value: str | int) -> int:
 # --------------------------------------------------------------------------- cluster section
 
 
-class VenvEnvironment(_Frozen):
+_ENV_VAR_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: reach the engine only from their files (gateway.api_keys / hf_token_file), never from config
+_SECRET_VARS = frozenset({"VLLM_API_KEY", "HF_TOKEN"})
+
+
+class _EnvironmentBase(_Frozen):
+    """What every engine environment kind shares: extra environment variables for the engine."""
+
+    #: written as a mapping in models.yaml; kept as sorted (name, value) pairs so the frozen
+    #: config (and every spec holding it) stays hashable
+    env: tuple[tuple[str, str], ...] = Field(
+        default=(),
+        description="extra environment variables for the engine (a mapping NAME: value), "
+        "e.g. VLLM_CPU_KVCACHE_SPACE for vLLM's CPU build",
+    )
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_pairs(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return tuple(sorted((str(k), str(v)) for k, v in value.items()))
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+        for name, _ in value:
+            if not _ENV_VAR_RE.match(name):
+                raise ValueError(f"{name!r} is not an environment variable name (A-Z, 0-9, _)")
+            if name in _SECRET_VARS:
+                raise ValueError(f"{name} is a secret: it reaches the engine from its file only")
+        return value
+
+
+class VenvEnvironment(_EnvironmentBase):
     """vLLM installed in a virtual environment on the shared filesystem."""
 
     kind: Literal["venv"] = "venv"
@@ -162,14 +198,14 @@ class VenvEnvironment(_Frozen):
     _resolve = field_validator("path")(_against_file)
 
 
-class ModuleEnvironment(_Frozen):
+class ModuleEnvironment(_EnvironmentBase):
     """vLLM provided by environment modules."""
 
     kind: Literal["module"] = "module"
     modules: tuple[str, ...] = Field(min_length=1, description="`module load` lines, in order")
 
 
-class ApptainerEnvironment(_Frozen):
+class ApptainerEnvironment(_EnvironmentBase):
     """vLLM inside an Apptainer/Singularity image (`apptainer exec --nv`)."""
 
     kind: Literal["apptainer"] = "apptainer"
@@ -181,7 +217,7 @@ class ApptainerEnvironment(_Frozen):
 
 
 EngineEnvironment = Annotated[
-    Union[VenvEnvironment, ModuleEnvironment, ApptainerEnvironment],
+    VenvEnvironment | ModuleEnvironment | ApptainerEnvironment,
     Field(discriminator="kind"),
 ]
 
@@ -236,7 +272,7 @@ class PartitionConfig(_Frozen):
         return value
 
     @model_validator(mode="after")
-    def _prices_name_used_types(self) -> "PartitionConfig":
+    def _prices_name_used_types(self) -> PartitionConfig:
         if isinstance(self.price, dict) and self.gpu_types:
             missing = [g for g in self.gpu_types if g not in self.price]
             if missing:
@@ -320,7 +356,7 @@ class ClusterConfig(_Frozen):
         return "billing" if self.partitions[0].price == "billing" else "gpu_hour"
 
     @model_validator(mode="after")
-    def _one_price_unit(self) -> "ClusterConfig":
+    def _one_price_unit(self) -> ClusterConfig:
         names = [p.name for p in self.partitions]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
@@ -340,12 +376,52 @@ class ClusterConfig(_Frozen):
 # --------------------------------------------------------------------------- engine, gateway, policy
 
 
+#: vLLM's KV connectors (``--kv-transfer-config``'s ``kv_connector``) coral-hpc can configure:
+#: ExampleConnector moves the KV cache through a shared directory (the local cluster, measured
+#: in ../shared/VLLM-CPU.md); the others are vLLM's network connectors for GPU sites.
+KV_CONNECTORS = ("ExampleConnector", "NixlConnector", "LMCacheConnectorV1", "MooncakeConnector",
+                 "P2pNcclConnector")
+
+
+class KvConnectorConfig(_Frozen):
+    """How a disaggregated model's prefill replicas hand the KV cache to its decode replicas."""
+
+    name: Literal[KV_CONNECTORS] = Field(description="vLLM kv_connector: " + ", ".join(KV_CONNECTORS))
+    shared_path: str | None = Field(
+        default=None,
+        description="ExampleConnector's directory on the shared filesystem; "
+                    "default <state_dir>/<deployment>/kv",
+    )
+    extra_config: dict[str, Any] = Field(
+        default_factory=dict, description="kv_connector_extra_config passed to vLLM as is"
+    )
+
+    @model_validator(mode="after")
+    def _path_for_example_only(self) -> KvConnectorConfig:
+        if self.shared_path is not None and self.name != "ExampleConnector":
+            raise ValueError(f"shared_path applies to ExampleConnector only, not {self.name}")
+        return self
+
+
 class EngineConfig(_Frozen):
     """Which engine replicas run."""
 
     kind: Literal["vllm", "sim"] = Field(default="vllm", description="sim = no GPU needed")
     args: tuple[str, ...] = Field(default=(), description="extra engine args for every model")
     version: str | None = Field(default=None, description="vLLM version the environments hold")
+    kv_connector: KvConnectorConfig | None = Field(
+        default=None, description="KV connector of disaggregated models (policy.disaggregation)"
+    )
+
+
+def is_loopback_host(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses; a host name may resolve anywhere."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class GatewayConfig(_Frozen):
@@ -356,8 +432,36 @@ class GatewayConfig(_Frozen):
         default=None, description="file of hashed API keys; required beyond loopback"
     )
     max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0, le=1 << 30)
+    tls_cert: str | None = Field(
+        default=None, description="PEM certificate (chain) the gateway serves HTTPS with"
+    )
+    tls_key: str | None = Field(default=None, description="PEM private key of tls_cert; mode 0600")
+    behind_tls_proxy: bool = Field(
+        default=False,
+        description="a TLS-terminating proxy of the site is in front: plain HTTP beyond loopback",
+    )
 
-    _resolve = field_validator("api_keys_file")(_against_file)
+    _resolve = field_validator("api_keys_file", "tls_cert", "tls_key")(_against_file)
+
+    @model_validator(mode="after")
+    def _exposure(self) -> GatewayConfig:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("set tls_cert and tls_key together (or neither)")
+        if is_loopback_host(self.host):
+            return self
+        # beyond loopback, API keys travel over the network: keys, and TLS to carry them
+        if self.api_keys_file is None:
+            raise ValueError(
+                f"listen {self.listen!r} is reachable from other machines: set api_keys_file "
+                "(`coral-hpc keys add FILE NAME`) or listen on 127.0.0.1"
+            )
+        if self.tls_cert is None and not self.behind_tls_proxy:
+            raise ValueError(
+                f"listen {self.listen!r} is reachable from other machines and API keys would "
+                "cross the network in clear: set tls_cert and tls_key, or behind_tls_proxy: true "
+                "when the site's TLS-terminating proxy is in front"
+            )
+        return self
 
     @field_validator("listen")
     @classmethod
@@ -410,8 +514,31 @@ class PolicyConfig(_Frozen):
     n_max: int = Field(default=6, ge=1, le=16, description="Stage 1: nodes per template at most")
     rho: float = Field(default=12.0, gt=1, description="Stage 1: GPU memory ≤ ρ × model size")
     heterogeneous: bool = Field(default=True, description="allow stages on different GPU types")
+    max_tp: int = Field(default=8, ge=1, le=64,
+                        description="Stage 1: largest tensor-parallel degree (1: pipelines only)")
     solver_time_limit_s: float = Field(default=10.0, gt=0, le=3600)
     solver_mip_gap: float = Field(default=1e-4, ge=0, lt=1)
+    # Off by default: prefill and decode replicas need a KV connector the site has set up
+    # (engine.kv_connector: a network connector on GPU nodes, or a shared directory) and each
+    # request makes two hops; a site opts in. "auto" then lets Stage 2 pick per model whatever
+    # is cheaper (aggregated, disaggregated or both); "on" plans prefill + decode replicas only.
+    disaggregation: Literal["auto", "on", "off"] = Field(
+        default="off", description="split prefill and decode onto separate replicas"
+    )
+    kv_fabric_gbs: float | None = Field(
+        default=None, gt=0,
+        description="GB/s the site's fabric carries for KV transfers in total; unset = no limit",
+    )
+
+    @field_validator("disaggregation", mode="before")
+    @classmethod
+    def _yaml_on_off(cls, value: Any) -> Any:
+        # YAML 1.1 (PyYAML) reads a bare on/off as a boolean: take it as the word it was
+        if value is True:
+            return "on"
+        if value is False:
+            return "off"
+        return value
 
 
 # --------------------------------------------------------------------------- models
@@ -433,7 +560,7 @@ class Demand(_Frozen):
     output_tokens_per_s: float | None = Field(default=None, ge=0, le=1e9)
 
     @model_validator(mode="after")
-    def _exactly_one(self) -> "Demand":
+    def _exactly_one(self) -> Demand:
         given = [v is not None for v in (self.requests_per_s, self.output_tokens_per_s)]
         if sum(given) != 1:
             raise ValueError(
@@ -491,7 +618,7 @@ class ModelConfig(_Frozen):
         return value
 
     @model_validator(mode="after")
-    def _replica_bounds(self) -> "ModelConfig":
+    def _replica_bounds(self) -> ModelConfig:
         if self.max_replicas is not None and self.max_replicas < self.min_replicas:
             raise ValueError(
                 f"max_replicas ({self.max_replicas}) is below min_replicas ({self.min_replicas})"
@@ -517,6 +644,11 @@ class Deployment(_Frozen):
     deployment: str = Field(description="name used to tag this deployment's Slurm jobs")
     state_dir: str = Field(description="shared filesystem: endpoint files, logs, scripts")
     db_path: str = Field(description="daemon host's local disk: the SQLite database")
+    profiles_dir: str | None = Field(
+        default=None,
+        description="where `coral-hpc profile` writes measured profiles and plan/serve read "
+        "them; default <state_dir>/<deployment>/profiles",
+    )
     cluster: ClusterConfig
     engine: EngineConfig = EngineConfig()
     gateway: GatewayConfig = GatewayConfig()
@@ -536,7 +668,7 @@ class Deployment(_Frozen):
         return value
 
     @model_validator(mode="after")
-    def _cross_checks(self) -> "Deployment":
+    def _cross_checks(self) -> Deployment:
         names = [m.name for m in self.models]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
@@ -549,6 +681,13 @@ class Deployment(_Frozen):
                     ("models", index, "partitions"),
                     f"partition(s) {unknown} not in cluster.partitions; valid: {sorted(known)}",
                 )
+        if (self.policy.disaggregation != "off" and self.engine.kind == "vllm"
+                and self.engine.kv_connector is None):
+            raise _FieldError(
+                ("engine", "kv_connector"),
+                f"policy.disaggregation {self.policy.disaggregation!r} with engine 'vllm' needs "
+                f"engine.kv_connector (name: one of {', '.join(KV_CONNECTORS)})",
+            )
         if self.engine.kind == "vllm":
             for index, part in enumerate(self.cluster.partitions):
                 if part.environment is None:
@@ -572,6 +711,13 @@ class Deployment(_Frozen):
     def state_path(self) -> Path:
         """This deployment's folder on the shared filesystem."""
         return Path(self.state_dir).expanduser() / self.deployment
+
+    @property
+    def measured_profiles_path(self) -> Path:
+        """The site's measured profiles (``profiles_dir``, default under the state folder)."""
+        if self.profiles_dir:
+            return Path(self.profiles_dir).expanduser()
+        return self.state_path / "profiles"
 
     def model(self, name: str) -> ModelConfig:
         """The configured model called ``name``; KeyError if none."""

@@ -72,16 +72,20 @@ def _print_table(outcome) -> None:
     plan = result.plan
     unit = "billing/h" if result.unit == "billing" else "per h"
     table = Table(title=f"Plan: {plan.status}, {plan.cost_per_hour:.2f} {unit}")
-    for column in ("model", "partition", "layout", "TP×PP", "count", "req/s each", f"cost {unit} each"):
+    for column in ("model", "role", "partition", "layout", "TP×PP", "count", "req/s each",
+                   f"cost {unit} each", "figures"):
         table.add_column(column)
+    from coral_hpc.plan.figures import figures_used
+
+    arch = {m.name: m.arch for m in result.models}
     for row in plan.rows:
         t = row.template
         layout = " + ".join(f"{s.gpu_type}[{s.layers}]" for s in t.stages)
         if not t.calibrated:
             layout += " (uncalibrated)"
-        table.add_row(row.model, ",".join(dict.fromkeys(row.partitions)), layout,
+        table.add_row(row.model, row.role, ",".join(dict.fromkeys(row.partitions)), layout,
                       f"{t.tp}×{t.pp}", str(row.count), f"{row.throughput:.3g}",
-                      f"{row.cost_per_hour:.3g}")
+                      f"{row.cost_per_hour:.3g}", figures_used(t, arch[row.model]))
     console.print(table)
     served = Table(title="Demand (requests/s of each model's mix, headroom included)")
     for column in ("model", "demand", "served", "capacity"):

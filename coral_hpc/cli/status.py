@@ -83,11 +83,12 @@ def _print_tables(data: dict) -> None:
         models.add_row(m["name"], f"{m['demand']:.3g}", f"{m['served']:.3g}",
                        str(m["ready_replicas"]), str(m["planned_replicas"]))
     console.print(models)
-    replicas = Table("replica", "model", "job", "state", "partition", "tp×pp", "age",
+    replicas = Table("replica", "model", "role", "job", "state", "partition", "tp×pp", "age",
                      "time left", "endpoint")
     for r in data["replicas"]:
         left = "" if r["time_left_s"] is None else f"{r['time_left_s'] / 60:.0f} min"
-        replicas.add_row(r["id"], r["model"], r["job_id"] or "", r["state"], r["partition"],
+        replicas.add_row(r["id"], r["model"], r["role"] or "?", r["job_id"] or "", r["state"],
+                         r["partition"],
                          f"{r['tp']}×{r['pp']}", f"{r['age_s'] / 60:.0f} min", left,
                          r["endpoint"] or "")
     console.print(replicas)

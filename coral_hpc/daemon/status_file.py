@@ -49,7 +49,11 @@ def status_data(deployment, store, now: float) -> dict:
     for m in deployment.models:
         ready = [r for r in records if r.model == m.name
                  and statuses[r.id].state is ReplicaState.READY]
-        capacity = sum(r.throughput for r in ready)
+        # a disaggregated request needs a prefill and a decode replica: the lesser side counts
+        by_role = {"both": 0.0, "prefill": 0.0, "decode": 0.0}
+        for r in ready:
+            by_role[r.layout.role if r.layout else "both"] += r.throughput
+        capacity = by_role["both"] + min(by_role["prefill"], by_role["decode"])
         demand = planned_demand.get(m.name, m.demand_rps or 0.0)
         models.append({
             "name": m.name,

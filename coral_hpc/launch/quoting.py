@@ -7,6 +7,7 @@ Three contexts, one filter each (registered in :mod:`coral_hpc.launch.render`):
 - ``c`` — text inside a ``#`` comment: control characters are shown escaped (``\\n``), so the
   comment stays one line whatever the value (a newline in ``environment.path`` escaped a comment
   of the engine script and the next line ran: issue 16).
+- ``ident`` — a shell variable name (``export NAME=``): ``[A-Za-z_][A-Za-z0-9_]*`` only.
 - ``w`` — a bare Slurm word (partition, GRES, memory, account, QOS) where no quoting is possible
   (submitit writes its ``#SBATCH`` lines unquoted): only ``[A-Za-z0-9._:-]`` is accepted.
 
@@ -29,6 +30,7 @@ from coral_hpc.errors import PermanentError
 #: option parser reads as anything but the word itself
 _SLURM_WORD_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 _UNSAFE_CATEGORIES = {"Cc", "Zl", "Zp"}
+_SHELL_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 
 
 class UnsafeValue(PermanentError):
@@ -81,6 +83,14 @@ def slurm_word(value: Any) -> Rendered:
     return Rendered(text)
 
 
+def shell_name(value: Any) -> Rendered:
+    """``value`` as a shell variable name (``export NAME=...``); anything else is refused."""
+    text = str(value)
+    if not _SHELL_NAME_RE.match(text):
+        raise UnsafeValue(f"{text!r} is not a shell variable name ([A-Za-z_][A-Za-z0-9_]*)")
+    return Rendered(text)
+
+
 def finalize(value: Any) -> str:
     """Jinja's ``finalize``: quoted text and plain numbers render; anything else is refused."""
     if isinstance(value, Rendered):
@@ -91,5 +101,5 @@ def finalize(value: Any) -> str:
         return repr(value)
     raise UnsafeValue(
         f"template value {value!r} is not quoted for its context: pass it through q (shell word), "
-        "c (comment) or w (Slurm name)"
+        "c (comment), w (Slurm name) or ident (variable name)"
     )

@@ -252,12 +252,12 @@ def decide(
     # first) instead of being cancelled, until it is READY, pends past pending_timeout_s or the
     # model's slots are full — so plans that alternate never cancel their own replacements.
     slot_keys = {s.key for s in slots}
-    in_flight: dict[str, list[ReplicaRecord]] = defaultdict(list)
+    in_flight: dict[tuple[str, str], list[ReplicaRecord]] = defaultdict(list)
     for record in sorted(live, key=lambda r: (r.created_at, r.id)):
         status = statuses[record.id]
         if ((record.template_id, record.partitions) not in slot_keys and goes_on_serving(status)
                 and status.state in (ReplicaState.PENDING, ReplicaState.STARTING)):
-            in_flight[record.model].append(record)
+            in_flight[_role_key(record)].append(record)
     for slot in slots:
         candidates = [r for r in by_key.get(slot.key, []) if goes_on_serving(statuses[r.id])]
         candidates.sort(key=lambda r: (_KEEP_ORDER[statuses[r.id].state], -_time_left(statuses[r.id]),
@@ -265,8 +265,9 @@ def decide(
         keep = candidates[: slot.count]
         kept.update(r.id for r in keep)
         missing = slot.count - len(keep)
-        while missing > 0 and in_flight[slot.model]:
-            kept.add(in_flight[slot.model].pop(0).id)
+        flight = in_flight[(slot.model, slot.layout.role)]
+        while missing > 0 and flight:
+            kept.add(flight.pop(0).id)
             missing -= 1
         if missing <= 0:
             continue
@@ -284,17 +285,18 @@ def decide(
 
     # 5. surplus, make-before-break
     surplus = [r for r in live if r.id not in kept and statuses[r.id].state in _KEEP_ORDER]
-    ready_capacity: dict[str, float] = defaultdict(float)
+    # per model and role: a surplus prefill replica cannot stand in for a missing decode one
+    ready_capacity: dict[tuple[str, str], float] = defaultdict(float)
     # READY replicas that will go on serving (not themselves draining-node or walltime bound):
     # only these count as a successor that lets another replica drain
-    ready_count: dict[str, int] = defaultdict(int)
+    ready_count: dict[tuple[str, str], int] = defaultdict(int)
     for record in live:
         if statuses[record.id].state is ReplicaState.READY:
-            ready_capacity[record.model] += record.throughput
+            ready_capacity[_role_key(record)] += record.throughput
             if not statuses[record.id].needs_successor:
-                ready_count[record.model] += 1
+                ready_count[_role_key(record)] += 1
     kept_last: list[str] = []
-    planned = {m: plan.capacity(m) for m in {r.model for r in live}}
+    planned = {key: plan.capacity(*key) for key in {_role_key(r) for r in live}}
     # serving surplus: the ones that will stop anyway first, then the dearest per request/s
     surplus.sort(key=lambda r: (not statuses[r.id].needs_successor,
                                 -(r.cost_per_hour / max(r.throughput, 1e-9)), r.created_at, r.id))
@@ -306,19 +308,21 @@ def decide(
         if status.state is not ReplicaState.READY:
             if record.id not in already_cancelled:
                 cancels.append(Cancel(record.id, _surplus_reason(record, status,
-                                                                 ready_count[record.model])))
+                                                                 ready_count[_role_key(record)])))
             continue
-        remaining = ready_capacity[record.model] - record.throughput
+        key = _role_key(record)
+        remaining = ready_capacity[key] - record.throughput
         stable = not status.needs_successor
-        others = ready_count[record.model] - (1 if stable else 0)
+        others = ready_count[key] - (1 if stable else 0)
         if others < 1 and (configured is None or record.model in configured):
+            role = "" if key[1] == "both" else f"{key[1]} "
             kept_last.append(f"{record.id} ({_surplus_reason(record, status, 0)}) kept: the last "
-                             f"READY replica of {record.model}, no successor READY")
+                             f"READY {role}replica of {record.model}, no successor READY")
             continue
-        if remaining + 1e-9 >= planned.get(record.model, 0.0):
+        if remaining + 1e-9 >= planned.get(key, 0.0):
             drains.append(Drain(record.id, _surplus_reason(record, status, others)))
-            ready_capacity[record.model] = remaining
-            ready_count[record.model] = others
+            ready_capacity[key] = remaining
+            ready_count[key] = others
 
     # 6. draining replicas: cancel after the grace, retry a cancel Slurm did not carry out
     for record in live:
@@ -405,3 +409,8 @@ def _crash_cooldowns(
             )
         )
     return out
+
+
+def _role_key(record) -> tuple[str, str]:
+    """(model, role) of a replica record; a replica adopted without its layout counts as both."""
+    return record.model, record.layout.role if record.layout else "both"

@@ -14,12 +14,12 @@ from click.testing import CliRunner
 from coral_hpc.cli.plan import plan as plan_command
 from coral_hpc.config import load_deployment
 from coral_hpc.daemon.core import Daemon
+from coral_hpc.launch.spec import replica_spec
 from coral_hpc.plan.planner import Planner
 from coral_hpc.reconcile.act import Actor
 from coral_hpc.reconcile.settings import ReconcileSettings
 from coral_hpc.slurm.snapshot import ClusterSnapshot
 from coral_hpc.store import open_store
-from coral_hpc.launch.spec import replica_spec
 from coral_hpc.types import JobTag, ReplicaLayout, StageLayout
 from tests.conftest import REPO
 from tests.fakes.slurm import FakeSlurm, recorded_snapshot

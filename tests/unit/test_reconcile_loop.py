@@ -15,6 +15,7 @@ from coral_hpc.config import load_deployment
 from coral_hpc.daemon.core import Daemon
 from coral_hpc.gateway.table import read_routing_table
 from coral_hpc.launch.endpoint import Endpoint, write_endpoint
+from coral_hpc.launch.stop import DRAIN_SIGNAL
 from coral_hpc.plan.desired import DesiredPlan, Slot
 from coral_hpc.plan.planner import PlanningError, PlanOutcome, PlanRequest
 from coral_hpc.reconcile.act import Actor
@@ -339,7 +340,7 @@ def test_a_cancel_slurm_did_not_carry_out_is_sent_again(make):
     assert loop.store.replica(record.id).cancelled_at is None  # not recorded as cancelled
     assert not loop.slurm.cancelled
     loop.cycle(loop.settings.poll_interval_s + 1)  # after the backoff: sent again
-    assert loop.slurm.cancelled == [(record.job_id, "TERM", False)]  # grace: SIGTERM first
+    assert loop.slurm.cancelled == [(record.job_id, DRAIN_SIGNAL, False)]  # grace: the drain signal first
     assert loop.store.replica(record.id).cancelled_at is not None
 
 

@@ -46,7 +46,7 @@ def _hostile_spec(layout: str, env_kind: str, root: Path, value: str = HOSTILE):
     (venv / "bin").mkdir(parents=True, exist_ok=True)
     (venv / "bin" / "activate").write_text("export ACTIVATED=1\n")
     environment = {
-        "venv": VenvEnvironment(path=str(venv), modules=(value,)),
+        "venv": VenvEnvironment(path=str(venv), modules=(value,), env={"CORAL_X": value}),
         "module": ModuleEnvironment(modules=(value, "vllm/0.33.0")),
         "apptainer": ApptainerEnvironment(image=f"/img/{value}.sif", binds=(value,),
                                           modules=(value,)),
@@ -196,3 +196,12 @@ def test_a_string_where_a_number_belongs_is_refused():
     spec = replace(case_spec("single", "sim"), max_model_len="8192 $(touch CANARY)")
     with pytest.raises(UnsafeValue, match="not quoted"):
         render_engine_script(spec, rank=0, port=1)
+
+
+def test_an_environment_variable_name_must_be_an_identifier():
+    env = VenvEnvironment.model_construct(kind="venv", path="/v", modules=(),
+                                          env=(("X;touch CANARY;Y", "1"),))
+    spec = case_spec("single", "venv")
+    spec = replace(spec, stages=tuple(replace(s, environment=env) for s in spec.stages))
+    with pytest.raises(UnsafeValue, match="variable name"):
+        check_renderable(spec)
