@@ -142,6 +142,9 @@ class Lease:
     def ours(self) -> bool:
         """Whether the file holds this daemon's token now."""
         record = read_lease(self.path)
+        if record is None:  # caught between truncate and write (ours, in place): look again
+            time.sleep(0.05)
+            record = read_lease(self.path)
         return record is not None and record.get("token") == self.token
 
     # ------------------------------------------------------------------ life cycle
