@@ -12,20 +12,24 @@ second of the model's own request mix; token-based demand is converted on load
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
+import unicodedata
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 
+from coral_hpc.config_source import SourceError, YamlSource, load_yaml, parse_yaml
 from coral_hpc.errors import ConfigError
 from coral_hpc.types import slurm_duration_s
 
@@ -33,22 +37,94 @@ from coral_hpc.types import slurm_duration_s
 SAFE_NAME = r"^[a-z0-9][a-z0-9._-]{0,62}$"
 _SAFE_NAME_RE = re.compile(SAFE_NAME)
 _GPU_TYPE_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
+#: Slurm partition, account and QOS names: what sacctmgr and slurm.conf accept, and nothing a
+#: shell, an #SBATCH line or a comma-separated Slurm list would read differently.
+_SLURM_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+#: The longest replica job coral-hpc asks for. Slurm's own limit is INFINITE; a year is beyond
+#: every site's MaxTime and keeps the number far from Slurm's 32-bit minute counters.
+MAX_TIME_LIMIT_S = 365 * 86400
+#: Unicode categories refused inside any value: control characters (newline, tab, ESC, NUL...)
+#: and line/paragraph separators. A newline in a path escaped a comment line of a rendered
+#: engine script (issue 16); values are single lines of printable text.
+_FORBIDDEN_CATEGORIES = {"Cc", "Zl", "Zp"}
+
+
+def _control_character(text: str) -> str | None:
+    for char in text:
+        if unicodedata.category(char) in _FORBIDDEN_CATEGORIES:
+            return f"U+{ord(char):04X} {unicodedata.name(char, 'control character')}".strip()
+    return None
+
+
+def _check_text(value: Any) -> None:
+    """Refuse control characters in every string, list item and mapping key of a field."""
+    if isinstance(value, str):
+        found = _control_character(value)
+        if found:
+            raise ValueError(
+                f"contains a control character ({found}, e.g. a newline or tab); "
+                "write the value on one line of printable text"
+            )
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_text(key)
+            _check_text(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _check_text(item)
+
+
+def _admits(annotation: Any, kinds: tuple[type, ...]) -> bool:
+    if annotation in kinds:
+        return True
+    return any(_admits(arg, kinds) for arg in getattr(annotation, "__args__", ()) or ())
+
+
+def _against_file(value: str | None, info: ValidationInfo) -> str | None:
+    """A relative path (``~`` expanded) made absolute against the folder of the models.yaml it
+    was read from, so the same file means the same paths whatever the working directory."""
+    base = (info.context or {}).get("base_dir")
+    if value is None or base is None:
+        return value  # parsed from text (or from a spec.json): kept as written
+    path = Path(value).expanduser()
+    return os.path.normpath(path if path.is_absolute() else Path(base) / path)
 
 
 class _Frozen(BaseModel):
-    """Every config section: immutable, unknown keys rejected."""
+    """Every config section: immutable, unknown keys rejected, numbers finite (no .inf/.nan),
+    no yes/no where a number is expected, no control characters in any text."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_yes_no_numbers(cls, data: Any) -> Any:
+        # pydantic reads `priority: yes` as 1; a yes/no where a number belongs is a mistake
+        if isinstance(data, dict):
+            for name, value in data.items():
+                field = cls.model_fields.get(name) if isinstance(name, str) else None
+                if (isinstance(value, bool) and field and _admits(field.annotation, (int, float))
+                        and not _admits(field.annotation, (bool,))):
+                    raise _FieldError((name,), f"expected a number, got yes/no ({value})")
+        return data
+
+    @field_validator("*")
+    @classmethod
+    def _printable_text(cls, value: Any) -> Any:
+        _check_text(value)
+        return value
 
 
 def parse_slurm_time(value: str | int) -> int:
     """Convert a Slurm time spec (``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH[:MM[:SS]]``) or a
     number of minutes to seconds."""
     if isinstance(value, bool):
-        raise ValueError("expected a Slurm time such as '04:00:00' or '1-00:00:00'")
+        raise ValueError("expected a Slurm time such as '04:00:00' or '1-00:00:00'")  # noqa: TRY004 - pydantic reports ValueError
     if isinstance(value, int):
         if value <= 0:
             raise ValueError("must be a positive number of minutes")
+        if value * 60 > MAX_TIME_LIMIT_S:
+            raise ValueError(f"must be at most {MAX_TIME_LIMIT_S // 60} minutes (365 days)")
         return value * 60
     text = str(value).strip()
     try:
@@ -59,6 +135,8 @@ def parse_slurm_time(value: str | int) -> int:
         ) from None
     if total <= 0:
         raise ValueError("must be longer than zero")
+    if total > MAX_TIME_LIMIT_S:
+        raise ValueError(f"{text!r} is longer than 365 days; give a Slurm time within a year")
     return total
 
 
@@ -106,6 +184,8 @@ class VenvEnvironment(_EnvironmentBase):
     path: str = Field(description="venv directory; its bin/ holds `vllm`")
     modules: tuple[str, ...] = Field(default=(), description="`module load` these first (CUDA)")
 
+    _resolve = field_validator("path")(_against_file)
+
 
 class ModuleEnvironment(_EnvironmentBase):
     """vLLM provided by environment modules."""
@@ -122,9 +202,11 @@ class ApptainerEnvironment(_EnvironmentBase):
     binds: tuple[str, ...] = Field(default=(), description="extra --bind specs (model cache)")
     modules: tuple[str, ...] = Field(default=(), description="`module load apptainer` etc.")
 
+    _resolve = field_validator("image")(_against_file)
+
 
 EngineEnvironment = Annotated[
-    Union[VenvEnvironment, ModuleEnvironment, ApptainerEnvironment],
+    VenvEnvironment | ModuleEnvironment | ApptainerEnvironment,
     Field(discriminator="kind"),
 ]
 
@@ -143,14 +225,14 @@ class PartitionConfig(_Frozen):
     environment: EngineEnvironment | None = Field(
         default=None, description="how to run vLLM on this partition (engine: vllm needs it)"
     )
-    max_gpus: int | None = Field(default=None, ge=0, description="quota: GPUs held here at most")
+    max_gpus: int | None = Field(
+        default=None, ge=0, le=1_000_000, description="quota: GPUs held here at most"
+    )
 
     @field_validator("name")
     @classmethod
     def _safe_partition(cls, value: str) -> str:
-        if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$", value):
-            raise ValueError("must be a Slurm partition name (letters, digits, '.', '_', '-')")
-        return value
+        return _slurm_name(value, "partition")
 
     @field_validator("gpu_types")
     @classmethod
@@ -171,10 +253,15 @@ class PartitionConfig(_Frozen):
                     raise ValueError(f"{gpu!r} is not a GPU type such as 'a100'")
                 if price < 0:
                     raise ValueError(f"price for {gpu!r} must be ≥ 0 per GPU-hour, got {price}")
+                if price > MAX_PRICE:
+                    raise ValueError(
+                        f"price for {gpu!r} is {price:g}; a price per GPU-hour is at most "
+                        f"{MAX_PRICE:g}"
+                    )
         return value
 
     @model_validator(mode="after")
-    def _prices_name_used_types(self) -> "PartitionConfig":
+    def _prices_name_used_types(self) -> PartitionConfig:
         if isinstance(self.price, dict) and self.gpu_types:
             missing = [g for g in self.gpu_types if g not in self.price]
             if missing:
@@ -184,13 +271,30 @@ class PartitionConfig(_Frozen):
         return self
 
 
+#: Highest price per GPU-hour accepted: four orders of magnitude above any list price (an H100
+#: rents for a few units an hour); beyond it the Stage-2 objective's coefficients span more than
+#: HiGHS's tolerances can tell apart.
+MAX_PRICE = 10_000.0
+
+
+def _slurm_name(value: str, what: str) -> str:
+    if not _SLURM_NAME_RE.match(value):
+        raise ValueError(
+            f"{value!r} is not a Slurm {what} name: 1–64 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return value
+
+
 class SlurmSettings(_Frozen):
     """How coral-hpc talks to Slurm."""
 
     backend: Literal["auto", "cli", "pyslurm"] = Field(
         default="auto", description="auto = pyslurm when importable and version-matched, else CLI"
     )
-    command_timeout_s: float = Field(default=30.0, gt=0, description="per Slurm command")
+    command_timeout_s: float = Field(
+        default=30.0, gt=0, le=3600, description="per Slurm command (at most an hour)"
+    )
 
 
 #: CPUs and memory (GB) a replica job asks per GPU unless models.yaml says otherwise: a modest
@@ -214,10 +318,15 @@ class ClusterConfig(_Frozen):
     )
     # A replica job asks for CPUs and memory in proportion to its GPUs; the same shape prices a
     # job under `price: billing`, so plans and accounting agree.
-    cpus_per_gpu: int = Field(default=DEFAULT_CPUS_PER_GPU, ge=1,
+    cpus_per_gpu: int = Field(default=DEFAULT_CPUS_PER_GPU, ge=1, le=1024,
                               description="CPUs requested per GPU")
-    mem_per_gpu_gb: int = Field(default=DEFAULT_MEM_PER_GPU_GB, ge=1,
+    mem_per_gpu_gb: int = Field(default=DEFAULT_MEM_PER_GPU_GB, ge=1, le=65536,
                                 description="memory (GB) requested per GPU")
+
+    @field_validator("account", "qos")
+    @classmethod
+    def _slurm_names(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return None if value is None else _slurm_name(value, info.field_name or "")
 
     @field_validator("time_limit")
     @classmethod
@@ -236,7 +345,7 @@ class ClusterConfig(_Frozen):
         return "billing" if self.partitions[0].price == "billing" else "gpu_hour"
 
     @model_validator(mode="after")
-    def _one_price_unit(self) -> "ClusterConfig":
+    def _one_price_unit(self) -> ClusterConfig:
         names = [p.name for p in self.partitions]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
@@ -248,8 +357,8 @@ class ClusterConfig(_Frozen):
                 "deployment: give every partition a per-GPU-hour price, or 'billing' to all"
             )
         for gpu, quota in self.gpu_quotas.items():
-            if quota < 0:
-                raise ValueError(f"gpu_quotas[{gpu!r}] must be ≥ 0, got {quota}")
+            if not 0 <= quota <= 1_000_000:
+                raise ValueError(f"gpu_quotas[{gpu!r}] must be within 0..1,000,000, got {quota}")
         return self
 
 
@@ -277,7 +386,7 @@ class KvConnectorConfig(_Frozen):
     )
 
     @model_validator(mode="after")
-    def _path_for_example_only(self) -> "KvConnectorConfig":
+    def _path_for_example_only(self) -> KvConnectorConfig:
         if self.shared_path is not None and self.name != "ExampleConnector":
             raise ValueError(f"shared_path applies to ExampleConnector only, not {self.name}")
         return self
@@ -330,7 +439,7 @@ class GatewayConfig(_Frozen):
     api_keys_file: str | None = Field(
         default=None, description="file of hashed API keys; required beyond loopback"
     )
-    max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0, le=1 << 30)
     tls_cert: str | None = Field(
         default=None, description="PEM certificate (chain) the gateway serves HTTPS with"
     )
@@ -340,8 +449,10 @@ class GatewayConfig(_Frozen):
         description="a TLS-terminating proxy of the site is in front: plain HTTP beyond loopback",
     )
 
+    _resolve = field_validator("api_keys_file", "tls_cert", "tls_key")(_against_file)
+
     @model_validator(mode="after")
-    def _exposure(self) -> "GatewayConfig":
+    def _exposure(self) -> GatewayConfig:
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("set tls_cert and tls_key together (or neither)")
         if is_loopback_host(self.host):
@@ -380,26 +491,40 @@ class GatewayConfig(_Frozen):
 class PolicyConfig(_Frozen):
     """How the daemon plans and reacts. Every field has a default that suits a real cluster."""
 
-    replan_interval_s: float = Field(default=60.0, gt=0, description="plan at least this often")
+    replan_interval_s: float = Field(
+        default=60.0, ge=1, le=86400, description="plan at least this often (1 s .. 1 day)"
+    )
     # One observe cycle costs three Slurm calls (nodes, partitions, own jobs): every 6 s that is
     # 30 calls a minute, a load a shared slurmctld tolerates, and still a resubmission within
-    # ~10 s of a drain or a failed job (bench/results/reaction.md).
-    poll_interval_s: float = Field(default=6.0, gt=0, description="observe Slurm this often")
+    # ~10 s of a drain or a failed job (bench/results/reaction.md). At least 1 s: at 0.3 s the
+    # daemon sent ~19x the normal calls and submitted nothing, each cycle outrun by the next
+    # (issue 16).
+    poll_interval_s: float = Field(
+        default=6.0, ge=1, le=3600, description="observe Slurm this often (1 s .. 1 h)"
+    )
     demand_headroom: float = Field(default=0.2, ge=0, le=5, description="plan for demand × (1+h)")
     demand_change_threshold: float = Field(
-        default=0.25, gt=0, description="re-plan early when demand moves by this fraction"
+        default=0.25, gt=0, le=100, description="re-plan early when demand moves by this fraction"
     )
-    pending_timeout_s: float = Field(default=600.0, gt=0, description="re-plan a pending replica")
-    walltime_lead_s: float = Field(default=900.0, ge=0, description="start successors this early")
-    startup_time_s: float = Field(default=180.0, gt=0, description="submit→READY until learnt")
-    crash_limit: int = Field(default=3, ge=1, description="crashes before a template cools down")
-    crash_cooldown_s: float = Field(default=1800.0, gt=0)
+    pending_timeout_s: float = Field(
+        default=600.0, gt=0, le=7 * 86400, description="re-plan a pending replica"
+    )
+    walltime_lead_s: float = Field(
+        default=900.0, ge=0, le=7 * 86400, description="start successors this early"
+    )
+    startup_time_s: float = Field(
+        default=180.0, gt=0, le=86400, description="submit→READY until learnt"
+    )
+    crash_limit: int = Field(
+        default=3, ge=1, le=1000, description="crashes before a template cools down"
+    )
+    crash_cooldown_s: float = Field(default=1800.0, gt=0, le=7 * 86400)
     n_max: int = Field(default=6, ge=1, le=16, description="Stage 1: nodes per template at most")
     rho: float = Field(default=12.0, gt=1, description="Stage 1: GPU memory ≤ ρ × model size")
     heterogeneous: bool = Field(default=True, description="allow stages on different GPU types")
     max_tp: int = Field(default=8, ge=1, le=64,
                         description="Stage 1: largest tensor-parallel degree (1: pipelines only)")
-    solver_time_limit_s: float = Field(default=10.0, gt=0)
+    solver_time_limit_s: float = Field(default=10.0, gt=0, le=3600)
     solver_mip_gap: float = Field(default=1e-4, ge=0, lt=1)
     # Off by default: prefill and decode replicas need a KV connector the site has set up
     # (engine.kv_connector: a network connector on GPU nodes, or a shared directory) and each
@@ -437,11 +562,13 @@ class RequestMix(_Frozen):
 class Demand(_Frozen):
     """Declared demand: requests/s, or output tokens/s (converted on load)."""
 
-    requests_per_s: float | None = Field(default=None, ge=0)
-    output_tokens_per_s: float | None = Field(default=None, ge=0)
+    # Upper bounds far above any deployment (a million requests/s is ~thousands of GPUs per
+    # model) that keep the Stage-2 coefficients within what HiGHS's tolerances resolve.
+    requests_per_s: float | None = Field(default=None, ge=0, le=1e6)
+    output_tokens_per_s: float | None = Field(default=None, ge=0, le=1e9)
 
     @model_validator(mode="after")
-    def _exactly_one(self) -> "Demand":
+    def _exactly_one(self) -> Demand:
         given = [v is not None for v in (self.requests_per_s, self.output_tokens_per_s)]
         if sum(given) != 1:
             raise ValueError(
@@ -466,12 +593,16 @@ class ModelConfig(_Frozen):
     mix: RequestMix
     demand: Demand | Literal["auto"]
     slo: SLO
-    priority: float = Field(default=1.0, gt=0, description="weight when GPUs are scarce")
-    min_replicas: int = Field(default=0, ge=0)
-    max_replicas: int | None = Field(default=None, ge=0)
+    # priorities weight served demand in the scarce objective: a ratio beyond 10^6 between two
+    # models is below the solver's relative tolerance, so it could not be honoured anyway
+    priority: float = Field(
+        default=1.0, ge=1e-3, le=1000, description="weight when GPUs are scarce (0.001 .. 1000)"
+    )
+    min_replicas: int = Field(default=0, ge=0, le=10_000)
+    max_replicas: int | None = Field(default=None, ge=0, le=10_000)
     partitions: tuple[str, ...] = Field(default=(), description="allowed partitions; empty = all")
     gpu_types: tuple[str, ...] = Field(default=(), description="allowed GPU types; empty = all")
-    max_model_len: int | None = Field(default=None, gt=0)
+    max_model_len: int | None = Field(default=None, gt=0, le=1 << 24)
     vllm_args: tuple[str, ...] = Field(default=())
 
     @field_validator("demand", mode="before")
@@ -495,7 +626,7 @@ class ModelConfig(_Frozen):
         return value
 
     @model_validator(mode="after")
-    def _replica_bounds(self) -> "ModelConfig":
+    def _replica_bounds(self) -> ModelConfig:
         if self.max_replicas is not None and self.max_replicas < self.min_replicas:
             raise ValueError(
                 f"max_replicas ({self.max_replicas}) is below min_replicas ({self.min_replicas})"
@@ -569,6 +700,9 @@ class Deployment(_Frozen):
     retention: RetentionConfig = RetentionConfig()
     models: tuple[ModelConfig, ...] = Field(min_length=1)
 
+    # relative paths mean "beside this models.yaml", not "below wherever serve was started"
+    _resolve = field_validator("state_dir", "db_path")(_against_file)
+
     @field_validator("deployment")
     @classmethod
     def _safe_deployment(cls, value: str) -> str:
@@ -579,7 +713,7 @@ class Deployment(_Frozen):
         return value
 
     @model_validator(mode="after")
-    def _cross_checks(self) -> "Deployment":
+    def _cross_checks(self) -> Deployment:
         names = [m.name for m in self.models]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
@@ -608,6 +742,15 @@ class Deployment(_Frozen):
                         "(kind: venv | module | apptainer)",
                     )
         return self
+
+    #: where the deployment was read from, and the line of every field (for later checks' errors)
+    _source: str = PrivateAttr(default="<string>")
+    _lines: dict = PrivateAttr(default_factory=dict)
+
+    def problem(self, loc: tuple[str | int, ...], message: str) -> str:
+        """A problem line in the format of every config error: ``file:line: field: message``;
+        ``loc`` is the field path, e.g. ``("models", 0, "slo")``."""
+        return f"{self._source}:{_nearest_line(self._lines, loc)}: {_dotted(loc)}: {message}"
 
     @property
     def state_path(self) -> Path:
@@ -640,46 +783,6 @@ class _FieldError(ValueError):
 # --------------------------------------------------------------------------- loading with line numbers
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys (PyYAML keeps the last one silently)."""
-
-
-def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False):
-    seen: dict[Any, int] = {}
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None,
-                None,
-                f"duplicate key {key!r} (first on line {seen[key]})",
-                key_node.start_mark,
-            )
-        seen[key] = key_node.start_mark.line + 1
-    return loader.construct_mapping(node, deep=deep)
-
-
-_UniqueKeyLoader.add_constructor(
-    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping
-)
-
-
-def _line_index(node: yaml.Node, path: tuple = (), out: dict | None = None) -> dict[tuple, int]:
-    """Map every field path (``('models', 1, 'slo')``) to its 1-based line in the file."""
-    out = {} if out is None else out
-    out.setdefault(path, node.start_mark.line + 1)
-    if isinstance(node, yaml.MappingNode):
-        for key_node, value_node in node.value:
-            key = key_node.value
-            out[path + (key,)] = key_node.start_mark.line + 1
-            _line_index(value_node, path + (key,), out)
-    elif isinstance(node, yaml.SequenceNode):
-        for index, item in enumerate(node.value):
-            out[path + (index,)] = item.start_mark.line + 1
-            _line_index(item, path + (index,), out)
-    return out
-
-
 def _dotted(loc: tuple) -> str:
     text = ""
     for part in loc:
@@ -702,9 +805,12 @@ def _clean_loc(loc: tuple) -> tuple:
 
 
 def _nearest_line(lines: dict[tuple, int], loc: tuple) -> int:
+    # a mapping key written as a number (`1: x`) is indexed by its text
+    as_text = tuple(str(part) for part in loc)
     for cut in range(len(loc), -1, -1):
-        if loc[:cut] in lines:
-            return lines[loc[:cut]]
+        for key in (loc[:cut], as_text[:cut]):
+            if key in lines:
+                return lines[key]
     return 1
 
 
@@ -766,32 +872,44 @@ def _problems_from(error: ValidationError, lines: dict[tuple, int], path: str) -
     return list(dict.fromkeys(problems))
 
 
-def parse_deployment(text: str, path: str = "<string>") -> Deployment:
-    """Validate the YAML ``text`` of a models.yaml. Raises :class:`ConfigError`."""
-    try:
-        root = yaml.compose(text, Loader=_UniqueKeyLoader)
-        data = yaml.load(text, Loader=_UniqueKeyLoader)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark else 1
-        raise ConfigError(path, [f"{path}:{line}: not valid YAML: {exc.problem or exc}"]) from None
+def _validated(source: YamlSource, path: str, base_dir: Path | None) -> Deployment:
+    data = source.data
     if not isinstance(data, dict):
         raise ConfigError(path, [f"{path}:1: (top level): expected a mapping of settings"])
-    lines = _line_index(root) if root is not None else {}
+    context = {"base_dir": base_dir} if base_dir is not None else None
     try:
-        return Deployment.model_validate(data)
+        deployment = Deployment.model_validate(data, context=context)
     except ValidationError as exc:
-        raise ConfigError(path, _problems_from(exc, lines, path)) from None
+        raise ConfigError(path, _problems_from(exc, source.lines, path)) from None
+    deployment._source = path
+    deployment._lines = source.lines
+    return deployment
+
+
+def parse_deployment(text: str, path: str = "<string>", base_dir: Path | None = None) -> Deployment:
+    """Validate the YAML ``text`` of a models.yaml. Raises :class:`ConfigError`.
+
+    With ``base_dir``, relative paths (state_dir, db_path, api_keys_file, environment paths) are
+    made absolute against it; without, they are kept as written."""
+    try:
+        source = parse_yaml(text, path)
+    except SourceError as exc:
+        raise ConfigError(path, [exc.problem]) from None
+    return _validated(source, path, base_dir)
 
 
 def load_deployment(path: str | Path) -> Deployment:
-    """Read and validate ``models.yaml`` at ``path``. Raises :class:`ConfigError`."""
-    file = Path(path)
+    """Read and validate ``models.yaml`` at ``path``. Raises :class:`ConfigError`.
+
+    The file must be a regular file of at most ``config_source.MAX_CONFIG_BYTES`` of UTF-8 YAML;
+    anything else is refused before it is read whole (see :mod:`coral_hpc.config_source`).
+    Relative paths in it resolve against the file's own folder (absolute, ``~`` expanded).
+    """
     try:
-        text = file.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(str(file), [f"{file}: cannot read: {exc.strerror}"]) from None
-    return parse_deployment(text, str(file))
+        source = load_yaml(path)
+    except SourceError as exc:
+        raise ConfigError(str(path), [exc.problem]) from None
+    return _validated(source, str(path), Path(os.path.abspath(path)).parent)
 
 
 # --------------------------------------------------------------------------- field lines (ops)
@@ -802,10 +920,10 @@ def field_line(path: str | Path, loc: tuple[str | int, ...]) -> int:
     ``path``, or of its nearest parent present there; 1 when the file cannot be read. For errors
     found after loading (a plan that cannot meet ``min_replicas``) that must still name a line."""
     try:
-        root = yaml.compose(Path(path).read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
-    except (OSError, yaml.YAMLError):
+        source = load_yaml(path)  # the same bounded reader as load_deployment
+    except SourceError:
         return 1
-    return _nearest_line(_line_index(root), tuple(loc)) if root is not None else 1
+    return _nearest_line(source.lines, tuple(loc))
 
 
 # --------------------------------------------------------------------------- model weights (ops)
@@ -814,7 +932,6 @@ def field_line(path: str | Path, loc: tuple[str | int, ...]) -> int:
 def check_private_file(path: str, what: str) -> None:
     """Refuse a secret file that is missing, empty, not this user's, or that group or others
     could read (as ssh refuses a loose private key). ValueError says how to fix it."""
-    import os
     import stat
 
     file = Path(path).expanduser()
@@ -839,3 +956,48 @@ def hf_home_of(deployment: Deployment) -> str:
     configured = deployment.engine.hf_home
     base = Path(configured) if configured else Path(deployment.state_dir) / "huggingface"
     return str(base.expanduser().resolve())
+
+
+# --------------------------------------------------------------------------- the host's paths
+
+
+def _nearest_existing(path: Path) -> Path:
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    return probe
+
+
+def _writable_problem(path: Path, want_dir: bool) -> str | None:
+    """Why ``path`` cannot be (created and) written as a file or directory; None if it can."""
+    what = "directory" if want_dir else "file"
+    if path.exists():
+        if path.is_dir() != want_dir:
+            actual = "a directory" if path.is_dir() else "not a directory"
+            hint = f" such as {path / 'coral.db'}" if path.is_dir() else ""
+            return f"{path} is {actual}; give the path of a {what}{hint}"
+        if not want_dir and not path.is_file():
+            return f"{path} is not a regular file; give the path of a {what}"
+        if not os.access(path, os.W_OK | (os.X_OK if want_dir else 0)):
+            return f"{path} is not writable by this user"
+        return None
+    parent = _nearest_existing(path.parent)
+    if not parent.is_dir():
+        return f"cannot create {path}: {parent} is not a directory"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"cannot create {path}: {parent} is not writable by this user"
+    return None
+
+
+def host_path_problems(deployment: Deployment) -> list[str]:
+    """Problems with the paths ``serve`` writes on this host: ``db_path`` must be (or be
+    creatable as) a writable regular file, ``state_dir`` a writable directory.
+
+    Read-only commands (status, cost, logs) do not need this; ``validate`` and ``serve`` do."""
+    problems = []
+    for field, want_dir in (("db_path", False), ("state_dir", True)):
+        path = Path(getattr(deployment, field)).expanduser()
+        problem = _writable_problem(path, want_dir)
+        if problem:
+            problems.append(deployment.problem((field,), problem))
+    return problems

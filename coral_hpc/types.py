@@ -28,12 +28,15 @@ _FIELD_RE = re.compile(r"^[A-Za-z0-9._-]+$")
 
 @dataclass(frozen=True)
 class JobTag:
-    """Identity of a replica job: deployment, model, replica id and template id."""
+    """Identity of a replica job: deployment, model, replica id, template id, and the instance
+    (``coral_hpc.instance``: which state folder's daemon owns it; "" on jobs from before
+    instances existed). Two deployments of one name differ by instance."""
 
     deployment: str
     model: str
     replica_id: str
     template_id: str = ""
+    instance: str = ""
 
     def __post_init__(self) -> None:
         for field in ("deployment", "model", "replica_id"):
@@ -42,6 +45,8 @@ class JobTag:
                 raise ValueError(f"JobTag.{field} {value!r} has characters outside [A-Za-z0-9._-]")
         if self.template_id and not _FIELD_RE.match(self.template_id):
             raise ValueError(f"JobTag.template_id {self.template_id!r} is not a safe identifier")
+        if self.instance and not _FIELD_RE.match(self.instance):
+            raise ValueError(f"JobTag.instance {self.instance!r} is not a safe identifier")
 
     def job_name(self) -> str:
         """The Slurm job name: ``coral.<deployment>.<model>.<replica_id>`` (shows in squeue)."""
@@ -49,9 +54,10 @@ class JobTag:
 
     def comment(self) -> str:
         """The Slurm job comment, kept by sacct (AccountingStoreFlags=job_comment)."""
+        instance = f";instance={self.instance}" if self.instance else ""
         return (
             f"{_TAG_PREFIX}deployment={self.deployment};model={self.model};"
-            f"replica={self.replica_id};template={self.template_id}"
+            f"replica={self.replica_id};template={self.template_id}{instance}"
         )
 
     @classmethod
@@ -71,6 +77,7 @@ class JobTag:
                 model=fields["model"],
                 replica_id=fields["replica"],
                 template_id=fields.get("template", ""),
+                instance=fields.get("instance", ""),
             )
         except (KeyError, ValueError):
             return None

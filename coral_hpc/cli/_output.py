@@ -35,20 +35,19 @@ EXIT_OK = 0
 #: plan (a solver bug), Slurm answered something unreadable, or an unexpected error. Report it.
 EXIT_INTERNAL = 1
 #: Invalid input (bad config, bad arguments, a deployment that cannot be satisfied as written —
-#: the message names the file and field): nothing was submitted, cancelled or changed.
+#: the message names the file and field), or a second daemon for a deployment another daemon
+#: serves (its lease, named by host and pid): nothing was submitted, cancelled or changed.
 EXIT_INVALID = 2
 #: Slurm, accounting or a port could not be reached or taken: try again later.
 EXIT_UNAVAILABLE = 3
-#: Another coral-hpc daemon already serves this deployment (its lock is held).
-EXIT_CONFLICT = 4
 
 #: The exit statuses, as README's CLI table and every command's ``--help`` state them.
 EXIT_STATUSES: tuple[tuple[int, str], ...] = (
     (EXIT_OK, "done"),
     (EXIT_INTERNAL, "a bug to report (checker rejected a plan, unreadable Slurm output)"),
-    (EXIT_INVALID, "invalid input, named by file and field; nothing was changed"),
+    (EXIT_INVALID, "invalid input, named by file and field, or another daemon (host, pid) "
+                   "already serves this deployment; nothing was changed"),
     (EXIT_UNAVAILABLE, "Slurm, accounting or a port unavailable: try again"),
-    (EXIT_CONFLICT, "another daemon already serves this deployment"),
 )
 
 

@@ -1,11 +1,15 @@
 """``coral-hpc down FILE``: stop the daemon and its gateway, then drain and cancel every replica
-of the deployment (tagged jobs the database does not know included)."""
+of the deployment instance (tagged jobs the database does not know included; never another
+instance's jobs of the same deployment name). Works from any login node: the daemon is found by
+its lease in the shared state folder and asked to stop by SIGTERM on its own host, or by a stop
+request file from any other."""
 
 from __future__ import annotations
 
 import os
 import signal
 import time
+from pathlib import Path
 
 import click
 
@@ -22,6 +26,7 @@ from coral_hpc.errors import ConfigError, PermanentError, TransientError
 def down(file: str, grace: float, as_json: bool) -> None:
     """Stop serving FILE: stop the daemon, drain and cancel its replicas."""
     from coral_hpc.daemon.process import info_path, lock_is_held, lock_path, read_info
+    from coral_hpc.instance import read_instance
     from coral_hpc.launch.stop import stop_replicas
     from coral_hpc.slurm import client_for_deployment
     from coral_hpc.store import open_store
@@ -30,16 +35,9 @@ def down(file: str, grace: float, as_json: bool) -> None:
         deployment = load_deployment(file)
     except ConfigError as exc:
         fail(exc.problems + [f"{file}: {len(exc.problems)} problem(s); nothing was stopped"])
-    # 0. from the wrong login node, cancelling would only make that host's daemon resubmit
-    from coral_hpc.cli._output import EXIT_CONFLICT
-    from coral_hpc.daemon.claim import served_elsewhere
-
-    other = served_elsewhere(deployment.state_path)
-    if other is not None:
-        fail(f"{file}: the daemon serving {deployment.deployment} runs on {other['host']} "
-             f"(pid {other['pid']}, heartbeat {other['age_s']:.0f} s ago); run `coral-hpc down` "
-             "there; nothing was stopped", status=EXIT_CONFLICT)
-    # 1. the daemon first, or it would replace what we cancel
+    # 1. the daemon first, wherever it runs (its lease names it), or it would replace what we
+    # cancel
+    _stop_leaseholder(deployment)
     if lock_is_held(lock_path(deployment)):
         info = read_info(info_path(deployment)) or {}
         pid = info.get("pid")
@@ -51,6 +49,12 @@ def down(file: str, grace: float, as_json: bool) -> None:
             time.sleep(0.2)
         if lock_is_held(lock_path(deployment)):
             fail(f"the daemon (pid {pid}) did not stop within 60 s; nothing was cancelled")
+    # a gateway left running by a daemon killed with -9 goes too
+    from coral_hpc.daemon.process import stop_recorded_gateway
+
+    stopped_gateway = stop_recorded_gateway(deployment)
+    if stopped_gateway is not None and not as_json:
+        console.print(f"{deployment.deployment}: stopped the gateway (pid {stopped_gateway})")
     # 2. every job carrying this deployment's tag, known to the database or not
     client = client_for_deployment(deployment)
     try:
@@ -59,7 +63,17 @@ def down(file: str, grace: float, as_json: bool) -> None:
         fail(f"Slurm cannot be reached: {exc}; nothing was cancelled", status=EXIT_UNAVAILABLE)
     except PermanentError as exc:
         fail(f"Slurm: {exc}; nothing was cancelled")
-    job_ids = [j.job_id for j in snapshot.jobs if j.end_kind is None]
+    try:
+        instance = read_instance(deployment.state_path) or ""
+    except PermanentError as exc:
+        fail(f"{exc}; nothing was cancelled")
+    job_ids = [j.job_id for j in snapshot.jobs
+               if j.end_kind is None and j.tag is not None and j.tag.instance == instance]
+    if not Path(deployment.db_path).exists():
+        # the daemon's database is on another host: Slurm is the record here
+        outcome = stop_replicas(client, job_ids, grace) if job_ids else {}
+        _report(deployment, job_ids, outcome, as_json)
+        return
     store = open_store(deployment.db_path)
     try:
         now = time.time()
@@ -74,6 +88,10 @@ def down(file: str, grace: float, as_json: bool) -> None:
         store.add_event(ended, "down", f"coral-hpc down: {len(job_ids)} job(s) stopped")
     finally:
         store.close()
+    _report(deployment, job_ids, outcome, as_json)
+
+
+def _report(deployment, job_ids: list[str], outcome: dict, as_json: bool) -> None:
     if as_json:
         print_json({"deployment": deployment.deployment, "jobs": outcome})
         return
@@ -81,3 +99,28 @@ def down(file: str, grace: float, as_json: bool) -> None:
         console.print(f"{deployment.deployment}: no replica jobs to stop")
     for job_id, how in outcome.items():
         console.print(f"job {job_id}: {how}")
+
+
+def _stop_leaseholder(deployment, timeout_s: float = 60.0) -> None:
+    """Stop the daemon holding the lease, wherever it runs; wait until it let go."""
+    import socket
+
+    from coral_hpc.daemon.lease import holder
+    from coral_hpc.daemon.stop_request import request_stop
+
+    live = holder(deployment.state_path)
+    if live is None:
+        return
+    if live.get("host") == socket.gethostname():
+        try:
+            os.kill(int(live["pid"]), signal.SIGTERM)
+        except ProcessLookupError:
+            return
+    else:
+        request_stop(deployment.state_path, "coral-hpc down")
+    deadline = time.monotonic() + timeout_s
+    while holder(deployment.state_path) is not None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if holder(deployment.state_path) is not None:
+        fail(f"the daemon on {live.get('host')} (pid {live.get('pid')}) did not stop within "
+             f"{timeout_s:.0f} s; nothing was cancelled")

@@ -15,8 +15,11 @@ def replica_logs(logs_dir: Path, replica_id: str, job_id: str | None) -> list[Pa
     """Log files of a replica: ``<id>.<job>.rank*.log`` (entrypoint, engine) and Slurm's own
     output of its job (submitit's ``<job>_0_log.out``, the hetjob's ``<job>_hetjob.out``)."""
     found = set(logs_dir.glob(f"{replica_id}.*.log"))
-    if job_id:
-        found |= set(logs_dir.glob(f"{job_id}_*.out")) | set(logs_dir.glob(f"{job_id}_*.err"))
+    if job_id is None:
+        # no database here (the daemon runs on another login node): REPLICA may be a job id
+        job_id = replica_id
+        found |= set(logs_dir.glob(f"*.{job_id}.rank*.log"))
+    found |= set(logs_dir.glob(f"{job_id}_*.out")) | set(logs_dir.glob(f"{job_id}_*.err"))
     return sorted(found)
 
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import click
 
 from coral_hpc.cli._logging import configure_logging
-from coral_hpc.cli._output import EXIT_CONFLICT, EXIT_UNAVAILABLE, Stage1Progress, fail
-from coral_hpc.config import load_deployment
-from coral_hpc.errors import ConfigError, PermanentError
+from coral_hpc.cli._output import EXIT_UNAVAILABLE, Stage1Progress, fail
+from coral_hpc.cli.validate import checked_deployment
+from coral_hpc.errors import PermanentError
 
 
 def _listen(option: str, value: str) -> str:
@@ -26,7 +26,7 @@ def _listen(option: str, value: str) -> str:
 
 
 @click.command()
-@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("file")
 @click.option("--listen", help="Gateway host:port, overriding gateway.listen (port 0 = any free "
                                "port; the bound one is in `coral-hpc status`).")
 @click.option("--metrics", "metrics_listen", default="127.0.0.1:0", show_default=True,
@@ -42,13 +42,12 @@ def serve(file: str, listen: str | None, metrics_listen: str, cache_dir: str | N
           log_level: str, log_file: str | None = None) -> None:
     """Serve every model of FILE at least cost until SIGTERM (replicas keep running)."""
     from coral_hpc.daemon import serve as run_daemon
+    from coral_hpc.daemon.lease import LeaseHeld
     from coral_hpc.daemon.process import AlreadyRunning
     from coral_hpc.plan.planner import Planner
 
-    try:
-        deployment = load_deployment(file)  # fail fast, before a lock, a gateway or Slurm
-    except ConfigError as exc:
-        fail(exc.problems + [f"{file}: {len(exc.problems)} problem(s); nothing was started"])
+    # fail fast, before a lock, a gateway or a Slurm call: the same checks as `validate`
+    deployment = checked_deployment(file, "nothing was started")
     if listen is not None:
         _listen("--listen", listen)
     metrics = None if metrics_listen.lower() == "off" else _listen("--metrics", metrics_listen)
@@ -58,8 +57,8 @@ def serve(file: str, listen: str | None, metrics_listen: str, cache_dir: str | N
                       progress=Stage1Progress())
     try:
         run_daemon(file, planner, gateway_listen=listen, metrics_listen=metrics)
-    except AlreadyRunning as exc:
-        fail(f"{file}: {exc}", status=EXIT_CONFLICT)
+    except (AlreadyRunning, LeaseHeld) as exc:  # a second daemon: exit 2, naming the first
+        fail(f"{file}: {exc}")
     except PermanentError as exc:  # the gateway cannot start, Slurm refuses the backend
         fail(f"{file}: {exc}")
     except OSError as exc:  # the metrics port is taken

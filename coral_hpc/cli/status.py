@@ -1,7 +1,9 @@
 """``coral-hpc status FILE [--json]``: models, replicas, plan vs actual, recent events.
 
 Reads the daemon's database read-only (it never changes what a running daemon owns) and derives
-every replica's state with the same function the daemon uses.
+every replica's state with the same function the daemon uses. From a login node other than the
+daemon's (its database is on that host's local disk) it prints what the daemon last published in
+the shared state folder, and says when.
 """
 
 from __future__ import annotations
@@ -13,83 +15,8 @@ import click
 from coral_hpc.cli._output import Column, console, fail, print_json, print_table, wide_option
 from coral_hpc.cli.timefmt import duration, local_time
 from coral_hpc.config import load_deployment
+from coral_hpc.daemon.status_file import status_data
 from coral_hpc.errors import ConfigError, PermanentError
-
-
-def status_data(deployment, store, now: float) -> dict:
-    """The JSON ``status`` prints (plain data)."""
-    from coral_hpc.daemon.process import info_path, lock_is_held, lock_path, read_info
-    from coral_hpc.reconcile import ReconcileSettings, ReplicaFacts, ReplicaState, replica_status
-
-    settings = ReconcileSettings.from_policy(deployment.policy)
-    records = store.replicas(live_only=True)
-    statuses = {r.id: replica_status(ReplicaFacts(r), now, settings) for r in records}
-    plan = store.latest_plan()
-    planned_demand = plan.demand if plan else {}
-    replicas = []
-    for r in records:
-        s = statuses[r.id]
-        replicas.append({
-            "id": r.id,
-            "model": r.model,
-            "job_id": r.job_id,
-            "state": s.state.value,
-            "partition": ",".join(r.partitions),
-            "endpoint": r.endpoint if s.state is ReplicaState.READY else None,
-            "tp": r.layout.tp if r.layout else None,
-            "pp": r.layout.pp if r.layout else None,
-            "role": r.layout.role if r.layout else None,
-            "template": r.template_id,
-            "nodes": r.nodes,
-            "age_s": round(now - r.created_at, 1),
-            "time_left_s": None if s.time_left_s is None else round(s.time_left_s, 1),
-            "throughput": r.throughput,
-        })
-    models = []
-    for m in deployment.models:
-        ready = [r for r in records if r.model == m.name
-                 and statuses[r.id].state is ReplicaState.READY]
-        # a disaggregated request needs a prefill and a decode replica: the lesser side counts
-        by_role = {"both": 0.0, "prefill": 0.0, "decode": 0.0}
-        for r in ready:
-            by_role[r.layout.role if r.layout else "both"] += r.throughput
-        capacity = by_role["both"] + min(by_role["prefill"], by_role["decode"])
-        demand = planned_demand.get(m.name, m.demand_rps or 0.0)
-        models.append({
-            "name": m.name,
-            "demand": demand,
-            "served": min(demand, capacity),
-            "capacity": capacity,
-            "ready_replicas": len(ready),
-            "planned_replicas": sum(row["count"] for row in (plan.rows if plan else [])
-                                    if row.get("model") == m.name),
-        })
-    rows = []
-    for row in plan.rows if plan else []:
-        actual = [r for r in records if r.template_id == row["template_id"]
-                  and list(r.partitions) == list(row["partitions"])]
-        rows.append({
-            "model": row["model"], "template": row["template_id"],
-            "partitions": row["partitions"], "planned": row["count"],
-            "ready": sum(1 for r in actual if statuses[r.id].state is ReplicaState.READY),
-            "live": len(actual), "cost_per_hour": row["cost_per_hour"],
-        })
-    info = read_info(info_path(deployment)) if lock_is_held(lock_path(deployment)) else None
-    return {
-        "deployment": deployment.deployment,
-        "daemon": info,
-        "models": models,
-        "replicas": replicas,
-        "plan": None if plan is None else {
-            "time": plan.time, "cost_per_hour": plan.cost_per_hour, "status": plan.status,
-            "solve_s": plan.solve_s, "rows": rows,
-        },
-        "events": [
-            {"time": e.time, "kind": e.kind, "model": e.model, "replica": e.replica_id,
-             "message": e.message}
-            for e in store.events(limit=20)
-        ],
-    }
 
 
 @click.command()
@@ -104,25 +31,43 @@ def status(file: str, as_json: bool, wide: bool) -> None:
         deployment = load_deployment(file)
     except ConfigError as exc:
         fail(exc.problems + [f"{file}: {len(exc.problems)} problem(s)"])
-    try:
-        store = open_store(deployment.db_path, readonly=True)
-    except PermanentError as exc:
-        from coral_hpc.daemon.claim import served_elsewhere
-
-        other = served_elsewhere(deployment.state_path)
-        if other is not None:  # its database is on that host's local disk
-            fail(f"{file}: the daemon serving {deployment.deployment} runs on {other['host']} "
-                 f"(heartbeat {other['age_s']:.0f} s ago) and keeps its database there; run "
-                 f"`coral-hpc status` on {other['host']}")
-        fail(str(exc))
-    try:
-        data = status_data(deployment, store, time.time())
-    finally:
-        store.close()
+    data = _remote_status(deployment)
+    if data is None:
+        try:
+            store = open_store(deployment.db_path, readonly=True)
+        except PermanentError as exc:
+            fail(str(exc))
+        try:
+            data = status_data(deployment, store, time.time())
+        finally:
+            store.close()
     if as_json:
         print_json(data)
         return
     _print_tables(data, wide)
+
+
+def _remote_status(deployment) -> dict | None:
+    """The published status when the daemon runs on another host (or its database is not
+    here); None when the local database is the one to read."""
+    import socket
+    from pathlib import Path
+
+    from coral_hpc.daemon.lease import holder
+    from coral_hpc.daemon.status_file import read_status, status_file
+
+    live = holder(deployment.state_path)
+    elsewhere = live is not None and live.get("host") != socket.gethostname()
+    if not elsewhere and Path(deployment.db_path).exists():
+        return None
+    published = read_status(status_file(deployment.state_path))
+    if published is None:
+        where = f"on {live.get('host')}" if live else "anywhere"
+        fail(f"{deployment.deployment}: no database here ({deployment.db_path}) and no status "
+             f"published in {deployment.state_path}; no daemon serves it {where}")
+    published["daemon"] = live
+    published["published_by"] = (live or {}).get("host")
+    return published
 
 
 def _print_tables(data: dict, wide: bool = False, now: float | None = None) -> None:
@@ -130,9 +75,13 @@ def _print_tables(data: dict, wide: bool = False, now: float | None = None) -> N
     daemon = data["daemon"]
     console.print(
         f"[bold]{data['deployment']}[/]: "
-        + (f"daemon pid {daemon['pid']}, gateway http://{daemon['gateway']}" if daemon
+        + (f"daemon on {daemon.get('host', 'this host')} pid {daemon['pid']}, gateway "
+           f"http://{daemon.get('gateway')}" if daemon
            else "[yellow]no daemon running[/]")
     )
+    if "published_by" in data:  # read from the state folder, not from a database here
+        console.print(f"as published in the state folder at "
+                      f"{local_time(data.get('generated_at') or now, now)}")
     print_table(
         [Column("model", "id"), Column("demand req/s", "num"), Column("served req/s", "num"),
          Column("ready", "num"), Column("planned", "num")],

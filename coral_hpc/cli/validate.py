@@ -5,8 +5,26 @@ from __future__ import annotations
 import click
 
 from coral_hpc.cli._output import Column, console, fail, print_json, print_table, wide_option
-from coral_hpc.config import Deployment, load_deployment
+from coral_hpc.config import Deployment, host_path_problems, load_deployment
 from coral_hpc.errors import ConfigError
+
+
+def checked_deployment(file: str, outcome: str = "nothing was changed") -> Deployment:
+    """Load FILE and run every check that needs no Slurm: the schema, the paths ``serve`` writes
+    on this host, and the performance model's catalogue (architectures, GPU types, SLOs some
+    layout can meet). On any problem print each (file, line, field, what is valid) and exit 2;
+    ``outcome`` ends the message (what the refused command did not do)."""
+    from coral_hpc.catalog_checks import catalog_problems
+
+    try:
+        deployment = load_deployment(file)
+    except ConfigError as exc:
+        problems = exc.problems
+    else:
+        problems = host_path_problems(deployment) + catalog_problems(deployment)
+    if problems:
+        fail(problems + [f"{file}: {len(problems)} problem(s); {outcome}"])
+    return deployment
 
 
 def deployment_summary(deployment: Deployment) -> dict:
@@ -32,15 +50,12 @@ def deployment_summary(deployment: Deployment) -> dict:
 
 
 @click.command()
-@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("file")  # its type is checked by config_source: FIFOs etc. never opened
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @wide_option
 def validate(file: str, as_json: bool, wide: bool) -> None:
     """Check FILE; print a summary, or every error with file, line and field (exit 2)."""
-    try:
-        deployment = load_deployment(file)
-    except ConfigError as exc:
-        fail(exc.problems + [f"{file}: {len(exc.problems)} problem(s); nothing was changed"])
+    deployment = checked_deployment(file)
     summary = deployment_summary(deployment)
     if as_json:
         print_json(summary)

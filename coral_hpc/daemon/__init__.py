@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from coral_hpc.config import load_deployment
+from coral_hpc.daemon.lease import read_lease
 from coral_hpc.errors import ConfigError, PermanentError
 
 log = logging.getLogger("coral_hpc.daemon")
@@ -50,7 +51,8 @@ def serve(
     :class:`~coral_hpc.plan.planner.PlanOutcome` (:class:`coral_hpc.plan.planner.Planner`)."""
     from prometheus_client import start_http_server
 
-    from coral_hpc.daemon.core import Daemon, Loop
+    from coral_hpc.daemon.core import Daemon
+    from coral_hpc.daemon.lease import Lease
     from coral_hpc.daemon.metrics import DaemonMetrics
     from coral_hpc.daemon.process import (
         DaemonLock,
@@ -60,28 +62,43 @@ def serve(
         write_info,
     )
     from coral_hpc.daemon.scrape import fetch_demand
+    from coral_hpc.daemon.status_file import status_data, status_file, write_status
+    from coral_hpc.daemon.stop_request import StopRequests
     from coral_hpc.gateway.table import default_replica_key_path, default_table_path
+    from coral_hpc.instance import ensure_instance
     from coral_hpc.slurm.client import client_for_deployment
     from coral_hpc.store import open_store
 
     config_path = Path(config_path).resolve()
     deployment = load_deployment(config_path)
     stop = stop or threading.Event()
+    # the lease on the shared state folder first: a daemon on any host names itself there
+    lease = Lease(deployment.state_path, deployment.deployment)
+    taken = lease.acquire()
     lock = DaemonLock(lock_path(deployment))
-    lock.acquire()
-    claim = _host_claim(deployment)
     try:
-        claim.acquire()  # another login node's daemon serving this deployment: refuse
+        lock.acquire()
     except BaseException:
-        lock.release()
+        lease.release()
         raise
     store = gateway = metrics_server = None
     try:
+        instance = ensure_instance(deployment.state_path, deployment.deployment)
+        stop_requests = StopRequests(deployment.state_path, since=time.time())
         store = open_store(deployment.db_path)
+        if taken:
+            store.add_event(time.time(), "lease", "took over the stale lease of the daemon on "
+                            f"{taken.get('host')} (pid {taken.get('pid')})")
         key_file = ensure_replica_key(default_replica_key_path(deployment))
         client = client_for_deployment(deployment)
         gateway = GatewayProcess(config_path, deployment, listen=gateway_listen)
-        address = gateway.start()
+        # a gateway left by a daemon killed with -9 is still routing: keep it (no gap, no leak)
+        address = gateway.adopt()
+        if address is not None:
+            store.add_event(time.time(), "gateway", f"adopted the running gateway (pid "
+                            f"{gateway.pid}) on {address}")
+        else:
+            address = gateway.start()
         metrics = DaemonMetrics()
         metrics_address = None
         if metrics_listen:
@@ -93,6 +110,9 @@ def serve(
             deployment, store, client, planner,
             api_key_file=key_file, table_path=default_table_path(deployment),
             metrics=metrics, demand_source=lambda: fetch_demand(gateway.url),
+            instance=instance, may_act=lease.ours,
+            on_cycle=lambda now: write_status(status_file(deployment.state_path),
+                                              status_data(deployment, store, now)),
         )
         daemon.resume_plan()
         info = {
@@ -101,23 +121,36 @@ def serve(
             "started_at": time.time(),
         }
         write_info(info_path(deployment), info)
+        lease.publish(config=str(config_path), instance=instance, gateway=address,
+                      metrics=metrics_address, started_at=info["started_at"])
         store.add_event(time.time(), "start", f"daemon started (pid {os.getpid()}), gateway on "
                         f"{address}, metrics on {metrics_address}")
         log.info("serving %s: gateway http://%s, metrics %s", deployment.deployment, address,
                  metrics_address)
         reload_requested = threading.Event()
         _install_signals(stop, reload_requested)
-        extra = [_retention_loop(daemon, stop),
-                 Loop("claim", deployment.policy.poll_interval_s, lambda: claim.refresh() and None,
-                      stop)]
-        threads = [loop.start() for loop in daemon.loops(stop) + extra]
+        threads = [loop.start() for loop in daemon.loops(stop) + [_retention_loop(daemon, stop)]]
         retry_gateway_at = 0.0
         while not stop.wait(0.5):
+            if not lease.renew():
+                holder = read_lease(lease.path) or {}
+                store.add_event(time.time(), "lease_lost", "the lease was taken over by the "
+                                f"daemon on {holder.get('host')} (pid {holder.get('pid')}); "
+                                "stopping without touching its replicas")
+                log.error("lease lost to %s pid %s; stopping", holder.get("host"),
+                          holder.get("pid"))
+                stop.set()
+                break
+            request = stop_requests.pending()
+            if request is not None:
+                store.add_event(time.time(), "stop", f"stop requested by {request}")
+                stop.set()
+                break
             if reload_requested.is_set():
                 reload_requested.clear()
                 deployment = _reload(config_path, daemon, deployment, gateway)
             if not gateway.alive() and time.monotonic() >= retry_gateway_at:
-                code = gateway.proc.returncode if gateway.proc is not None else None
+                code = gateway.exit_code
                 store.add_event(time.time(), "gateway",
                                 f"gateway not running (exit code {code}); starting it")
                 try:
@@ -129,6 +162,7 @@ def serve(
                 # a restart on port 0 (or a reload) binds a new port: clients read it here
                 info["gateway"] = gateway.address
                 write_info(info_path(deployment), info)
+                lease.publish(gateway=gateway.address)
         for thread in threads:
             thread.join(timeout=30)
         store.add_event(time.time(), "stop", "daemon stopped; replicas left running")
@@ -140,16 +174,8 @@ def serve(
         if store is not None:
             store.close()
         info_path(deployment).unlink(missing_ok=True)
-        claim.release()
         lock.release()
-
-
-def _host_claim(deployment):
-    """This daemon's claim on the shared state folder (see coral_hpc.daemon.claim)."""
-    from coral_hpc.daemon.claim import MIN_STALE_S, STALE_POLLS, HostClaim, claim_path
-
-    stale = max(MIN_STALE_S, STALE_POLLS * deployment.policy.poll_interval_s)
-    return HostClaim(claim_path(deployment.state_path), stale)
+        lease.release()
 
 
 def _retention_loop(daemon, stop: threading.Event):

@@ -101,11 +101,16 @@ class Daemon:
         demand_source: Callable[[], dict] | None = None,
         observer: Observer | None = None,
         actor: Actor | None = None,
+        instance: str = "",
+        may_act: Callable[[], bool] = lambda: True,
+        on_cycle: Callable[[float], None] | None = None,
     ):
         self.deployment = deployment
         self.store = store
         self.client = client
         self.planner = planner
+        self.may_act = may_act  # the lease still ours (coral_hpc.daemon.lease): checked each act
+        self.on_cycle = on_cycle  # after each cycle (serve publishes status for other hosts)
         self.clock = clock
         self.metrics = metrics or DaemonMetrics()
         self.settings = ReconcileSettings.from_policy(deployment.policy)
@@ -113,9 +118,12 @@ class Daemon:
         self.publisher = TablePublisher(table_path)
         self.demand_source = demand_source
         self.scraper = DemandScraper()
+        # the instance (coral_hpc.instance) tags every job; only jobs carrying it are ours
         self.observer = observer or Observer(
-            deployment, store, client, self.settings, clock, throughput_of=self._throughput_of)
-        self.actor = actor or Actor(deployment, store, client, self.settings, clock, api_key_file)
+            deployment, store, client, self.settings, clock, throughput_of=self._throughput_of,
+            instance=instance)
+        self.actor = actor or Actor(deployment, store, client, self.settings, clock, api_key_file,
+                                    instance=instance)
         self.plan: DesiredPlan | None = None
         self.plan_time: float | None = None
         self.planned_demand: dict[str, ModelDemand] = {}
@@ -156,11 +164,17 @@ class Daemon:
             self._maybe_plan(observed, now)
             decision = decide(self.plan, observed.facts, now, self.settings,
                               exclusions=self.store.exclusions(now),
-                              observation=observed.observation)
+                              observation=observed.observation,
+                              configured=frozenset(m.name for m in self.deployment.models))
             self.last_decision = decision
             if decision.held_back and any(isinstance(a, (Submit, Drain, Cancel))
                                           for a in decision.actions) is False:
                 log.debug("%s", decision.held_back)
+            if not self.may_act():
+                # another daemon took the lease over: it acts now, we must not
+                log.error("lease no longer ours: not acting on %d action(s)",
+                          len(decision.actions))
+                return False
             result = self.actor.apply(decision)
             for kind, items in (("submit", result.submitted), ("drain", result.drained),
                                 ("cancel", result.cancelled), ("exclude", result.excluded)):
@@ -169,6 +183,11 @@ class Daemon:
             if result.transient:
                 self.metrics.slurm_errors.labels("act").inc()
             self.publish(now)
+            if self.on_cycle is not None:
+                try:
+                    self.on_cycle(now)
+                except Exception:  # a status file must never stop the reconcile loop
+                    log.exception("publishing status failed")
             return bool(result.excluded)
 
     def _maybe_plan(self, observed: Observed, now: float) -> None:

@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -50,11 +51,15 @@ class DaemonLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
             os.close(fd)
             raise AlreadyRunning(
-                f"another coral-hpc serve holds {self.path}; stop it first (SIGTERM) or use "
+                f"another coral-hpc serve (host {socket.gethostname()}, pid {holder}) holds "
+                f"{self.path}; stop it first (`coral-hpc down`, or SIGTERM) or see "
                 "`coral-hpc status`"
             ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())  # who holds it, for the message above
         self._fd = fd
 
     def release(self) -> None:
@@ -101,8 +106,74 @@ def _rotate_at_start(path: Path, max_mb: float) -> None:
         pass
 
 
+def gateway_record_path(deployment: Deployment) -> Path:
+    """Beside the database: the running gateway's pid, address and how it was started."""
+    return runtime_dir(deployment) / f"{deployment.deployment}.gateway.json"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
+def recorded_gateway(deployment: Deployment) -> dict | None:
+    """The gateway a daemon of this deployment started and that still runs (its pid alive and
+    its command line ``coral-hpc gateway <this config>``); None otherwise."""
+    record = read_info(gateway_record_path(deployment))
+    if not record or not isinstance(record.get("pid"), int):
+        return None
+    pid = record["pid"]
+    argv = _cmdline(pid)
+    if not _pid_alive(pid) or "gateway" not in argv or record.get("config") not in argv:
+        return None  # gone, or the pid now belongs to another process
+    return record
+
+
+def _terminate(pid: int, timeout_s: float) -> None:
+    """SIGTERM ``pid`` (not our child), then SIGKILL after ``timeout_s``."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not _pid_alive(pid):
+            return
+        time.sleep(0.1)
+    log.warning("gateway pid %d did not stop within %.0fs; killing it", pid, timeout_s)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def stop_recorded_gateway(deployment: Deployment, timeout_s: float = 10.0) -> int | None:
+    """Stop a gateway left running by a daemon that died (kill -9); returns its pid."""
+    record = recorded_gateway(deployment)
+    if record is None:
+        return None
+    _terminate(record["pid"], timeout_s)
+    gateway_record_path(deployment).unlink(missing_ok=True)
+    return record["pid"]
+
+
 class GatewayProcess:
-    """``coral-hpc gateway CONFIG`` as a child process; the constructor starts nothing."""
+    """``coral-hpc gateway CONFIG`` as a process of its own session; the constructor starts
+    nothing. The gateway outlives a daemon killed with -9 (it keeps routing by the last table);
+    the next daemon :meth:`adopt` s it, so no process leaks and no request sees a gap."""
 
     def __init__(self, config_path: Path, deployment: Deployment, listen: str | None = None):
         self.config_path = config_path
@@ -113,8 +184,37 @@ class GatewayProcess:
         self.log_file = base / f"{deployment.deployment}.gateway.log"  # rotated by the gateway
         #: what the gateway prints outside logging (a crash at start): small, rotated at start
         self.output_file = base / f"{deployment.deployment}.gateway.out"
+        self.record_file = gateway_record_path(deployment)
         self.proc: subprocess.Popen | None = None
+        self.adopted_pid: int | None = None  # a gateway an earlier daemon started
         self.address: str | None = None
+
+    def adopt(self) -> str | None:
+        """Take over the gateway an earlier daemon of this deployment left running, when it was
+        started the same way (config, --listen); stop it when it was not. Returns its address,
+        or None when there is none to adopt (then :meth:`start` one)."""
+        record = recorded_gateway(self.deployment)
+        if record is None:
+            return None
+        same = record.get("config") == str(self.config_path) and record.get("listen") == self.listen
+        if not same or not record.get("address"):
+            log.info("stopping gateway pid %s of an earlier daemon (started differently)",
+                     record["pid"])
+            _terminate(record["pid"], 10.0)
+            self.record_file.unlink(missing_ok=True)
+            return None
+        self.adopted_pid = record["pid"]
+        self.address = record["address"]
+        return self.address
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else self.adopted_pid
+
+    def _write_record(self) -> None:
+        write_info(self.record_file, {"pid": self.pid, "address": self.address,
+                                      "config": str(self.config_path), "listen": self.listen,
+                                      "started_at": time.time()})
 
     def start(self, timeout_s: float = 30.0) -> str:
         """Start the gateway and wait until it listens; returns ``host:port``."""
@@ -128,6 +228,8 @@ class GatewayProcess:
         with open(self.output_file, "ab") as out:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
                                          stderr=subprocess.STDOUT, start_new_session=True)
+        self.adopted_pid, self.address = None, None
+        self._write_record()  # known at once: a daemon killed before it listens leaks nothing
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -139,6 +241,7 @@ class GatewayProcess:
                 text = self.ready_file.read_text().strip()
                 if text:
                     self.address = text
+                    self._write_record()
                     return text
             time.sleep(0.1)
         self.stop()
@@ -149,12 +252,24 @@ class GatewayProcess:
         return f"http://{self.address}" if self.address else None
 
     def alive(self) -> bool:
+        if self.adopted_pid is not None:
+            return _pid_alive(self.adopted_pid)
         return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def exit_code(self) -> int | None:
+        return self.proc.returncode if self.proc is not None else None
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """SIGTERM, then SIGKILL after ``timeout_s``."""
+        if self.adopted_pid is not None:
+            _terminate(self.adopted_pid, timeout_s)
+            self.adopted_pid = None
+            self.record_file.unlink(missing_ok=True)
+            return
         if self.proc is None or self.proc.poll() is not None:
             return
+        self.record_file.unlink(missing_ok=True)
         self.proc.send_signal(signal.SIGTERM)
         try:
             self.proc.wait(timeout_s)

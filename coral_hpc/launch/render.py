@@ -1,19 +1,27 @@
 """Render the shipped templates in ``sbatch_templates/`` for one replica.
 
-Scripts are Jinja2 templates, never assembled from Python string lists. Every value that reaches a
-shell word goes through the ``q`` filter (:func:`shlex.quote`), and undefined names are errors.
+Scripts are Jinja2 templates, never assembled from Python string lists. Every value is quoted for
+where it lands — ``q`` a shell word, ``c`` comment text, ``w`` a bare Slurm name — and a value that
+went through none of them (other than a number) refuses to render (:mod:`coral_hpc.launch.quoting`);
+undefined names are errors too.
 """
 
 from __future__ import annotations
 
 import json
-import shlex
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import jinja2
 
+from coral_hpc.launch.quoting import (
+    comment_text,
+    finalize,
+    shell_name,
+    shell_word,
+    slurm_word,
+)
 from coral_hpc.launch.spec import SIGNAL_LEAD_S, ReplicaSpec
 from coral_hpc.resources import templates_dir
 
@@ -35,9 +43,13 @@ def _environment(folder: str) -> jinja2.Environment:
         keep_trailing_newline=True,
         trim_blocks=True,
         lstrip_blocks=True,
-        autoescape=False,  # shell, not HTML: quoting is explicit with |q
+        autoescape=False,  # shell, not HTML: quoting is explicit, per context
+        finalize=finalize,  # an unquoted string never reaches a script
     )
-    env.filters["q"] = lambda value: shlex.quote(str(value))
+    env.filters["q"] = shell_word
+    env.filters["c"] = comment_text
+    env.filters["w"] = slurm_word
+    env.filters["ident"] = shell_name
     return env
 
 

@@ -104,6 +104,7 @@ class ReplicaSpec:
     sim_arch: str | None = None  # architecture name for the sim engine's performance model
     health_timeout_s: float = 1800.0  # loading a large model from a network FS takes minutes
     drain_timeout_s: float = 60.0  # after SIGTERM, how long the engine may finish requests
+    instance: str = ""  # coral_hpc.instance: the state folder's id, written into the job's tag
 
     def __post_init__(self) -> None:
         if not self.stages:
@@ -179,7 +180,8 @@ class ReplicaSpec:
     @property
     def tag(self) -> JobTag:
         """The job name and comment that mark this job as ours."""
-        return JobTag(self.deployment, self.model, self.replica_id, self.template_id)
+        return JobTag(self.deployment, self.model, self.replica_id, self.template_id,
+                      self.instance)
 
     @property
     def total_gpus(self) -> int:
@@ -265,6 +267,7 @@ def replica_spec(
     *,
     api_key_file: str | Path | None,
     hf_token_file: str | Path | None = None,
+    instance: str = "",
     python: str | None = None,
 ) -> ReplicaSpec:
     """Build the spec of one replica from the deployment and a plan row's ``layout`` (whose
@@ -313,6 +316,7 @@ def replica_spec(
         hf_home=hf_home_of(deployment),
         python=python or sys.executable,
         sim_arch=config.architecture,
+        instance=instance,
     )
 
 

@@ -23,7 +23,8 @@ from typing import Any, Protocol
 import submitit
 
 from coral_hpc.launch.entrypoint import run_replica
-from coral_hpc.launch.render import render_hetjob
+from coral_hpc.launch.quoting import shell_word, slurm_word
+from coral_hpc.launch.render import render_engine_script, render_hetjob
 from coral_hpc.launch.spec import SIGNAL_LEAD_S, ReplicaSpec
 from coral_hpc.slurm.errors import classify
 
@@ -57,13 +58,14 @@ def submitit_parameters(spec: ReplicaSpec) -> dict[str, Any]:
         raise ValueError(f"replica {spec.replica_id} is heterogeneous: submit it as a hetjob")
     request = spec.stage_request(spec.stages[0])
     tag = spec.tag
+    # submitit writes `#SBATCH --key=value` unquoted: only bare Slurm names may reach those lines
     params: dict[str, Any] = {
         "job_name": tag.job_name(),
         "comment": tag.comment(),
-        "partition": request.partition,
+        "partition": str(slurm_word(request.partition)),
         "nodes": spec.pp,
         "ntasks_per_node": 1,  # one entrypoint per node: the node rank is SLURM_PROCID
-        "gres": request.gres,
+        "gres": str(slurm_word(request.gres)),
         "cpus_per_task": request.cpus,
         "mem": request.mem,
         "time": spec.time_limit_min,
@@ -72,10 +74,15 @@ def submitit_parameters(spec: ReplicaSpec) -> dict[str, Any]:
         "wckey": None,  # submitit would tag every job with the wckey "submitit"
         "additional_parameters": {"no_requeue": True},
     }
+    # a daemon killed between sbatch and submitit's pickle rename must not leave a job that
+    # fails at start: the job writes the (known) call itself (coral_hpc.launch.pickle_guard)
+    params["setup"] = [" ".join(shell_word(word) for word in (
+        spec.python, "-m", "coral_hpc.launch.pickle_guard", str(spec.logs_dir),
+        str(spec.spec_file)))]
     if spec.account:
-        params["account"] = spec.account
+        params["account"] = str(slurm_word(spec.account))
     if spec.qos:
-        params["qos"] = spec.qos
+        params["qos"] = str(slurm_word(spec.qos))
     return params
 
 
@@ -92,6 +99,18 @@ def submit_with_submitit(spec: ReplicaSpec, spec_file: Path) -> str:
     return str(job.job_id)
 
 
+def check_renderable(spec: ReplicaSpec) -> None:
+    """Render every engine script the job will run (with placeholder ports), so a value that
+    cannot be written safely raises :class:`~coral_hpc.launch.quoting.UnsafeValue` (a
+    PermanentError) before anything is submitted. submitit writes the state path (its log folder)
+    and python onto its own script lines too."""
+    shell_word(spec.state_path)
+    shell_word(spec.python)
+    for rank in range(spec.pp):
+        render_engine_script(spec, rank=rank, port=1 if rank == 0 else None,
+                             master_addr="head", master_port=2)
+
+
 def write_hetjob(spec: ReplicaSpec, spec_file: Path) -> Path:
     """Render the hetjob batch script into the replica folder and return its path."""
     script = spec.replica_dir / "hetjob.sbatch"
@@ -106,6 +125,7 @@ def submit_replica(spec: ReplicaSpec, client: ScriptSubmitter) -> str:
     Raises a ``coral_hpc.slurm.errors`` error: ``SlurmUnavailable`` (a TransientError: retry
     later) or ``SlurmRejected``/``SlurmCommandError`` (PermanentErrors: surface them).
     """
+    check_renderable(spec)  # refuse an unsafe value here, not as a job that fails at start
     spec_file = spec.write()
     # Slurm cannot start a job whose --output folder is missing (JobLaunchFailure)
     spec.logs_dir.mkdir(parents=True, exist_ok=True)

@@ -74,6 +74,7 @@ class Actor:
         api_key_file: Path | None,
         submit: Callable = submit_replica,
         backoff: Backoff | None = None,
+        instance: str = "",
     ):
         self.deployment = deployment
         self.store = store
@@ -82,6 +83,7 @@ class Actor:
         self.clock = clock
         self.api_key_file = api_key_file
         self.submit = submit
+        self.instance = instance  # written into every job's tag (coral_hpc.instance)
         self.backoff = backoff or Backoff(base_s=settings.poll_interval_s, max_s=120.0)
 
     def apply(self, decision: Decision) -> ActResult:
@@ -154,7 +156,8 @@ class Actor:
         replica_id = new_replica_id()
         try:
             spec = replica_spec(self.deployment, slot.model, replica_id, slot.template_id,
-                                slot.layout, api_key_file=self.api_key_file)
+                                slot.layout, api_key_file=self.api_key_file,
+                                instance=self.instance)
         except (CoralError, KeyError) as exc:
             self._refuse(action, f"cannot build a job for {slot.template_id}: {exc}", now, result)
             return

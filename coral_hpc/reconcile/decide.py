@@ -16,13 +16,18 @@ Rules, in the order they are applied:
    ``pending_exclusion_s``, so the next plan places that capacity elsewhere.
 4. **Match the plan.** For every plan slot (template on partitions, count), keep up to ``count``
    live replicas of that slot that will go on serving — READY first, then STARTING, then
-   PENDING — and submit the rest. Replicas that need a successor (walltime near, node or
+   PENDING — then, for what is still missing, replicas of the same model still pending or
+   starting in a slot the plan no longer names (hysteresis: a changed plan never cancels work in
+   flight), and submit the rest. Replicas that need a successor (walltime near, node or
    partition draining or down, unhealthy too long) do not count as matching: their successors are
    submitted now, ahead of time.
 5. **Make-before-break.** Every other live replica is surplus. Surplus that serves nothing
    (pending, starting, unhealthy) is cancelled at once. A READY surplus replica is drained
    only while the model's READY capacity without it still reaches the plan's capacity for the
-   model — so a replacement is READY before the replica it replaces drains.
+   model — so a replacement is READY before the replica it replaces drains — and never when it
+   is its (configured) model's last READY replica: a re-plan that drops a model for want of
+   GPUs, a drained node or walltime near leaves it serving until a successor is READY, or until
+   its job ends when none can start (issue 16: a maintenance drain failed 87 of 87 requests).
 6. **Drain, then cancel.** A DRAINING replica is cancelled ``drain_grace_s`` after it left the
    routing table (re-sent after ``cancel_retry_s`` if Slurm has not ended it).
 7. **Bounded calls.** At most ``max_submits_per_cycle`` submissions and
@@ -163,9 +168,12 @@ def decide(
     settings: ReconcileSettings | None = None,
     exclusions: Sequence[Exclusion] = (),
     observation: Observation | None = None,
+    configured: frozenset[str] | None = None,
 ) -> Decision:
     """Compare ``plan`` with ``replicas`` (live ones, plus recently ended ones for crash counting)
-    and return the actions to take at ``now``. See the module docstring for the rules."""
+    and return the actions to take at ``now``. See the module docstring for the rules.
+    ``configured``: the models of models.yaml (None: every model with replicas); a model no
+    longer configured may lose its last READY replica."""
     settings = settings or ReconcileSettings()
     observation = observation or Observation(jobs_at=now, cluster_at=now)
     statuses = {f.record.id: replica_status(f, now, settings) for f in replicas}
@@ -240,6 +248,17 @@ def decide(
             successors_needed[record.model].append(record.id)
 
     kept: set[str] = set()
+    # Hysteresis: a replica still pending or starting whose slot a newer plan no longer names is
+    # work in flight. It fills a missing slot of its model in place of a new submission (oldest
+    # first) instead of being cancelled, until it is READY, pends past pending_timeout_s or the
+    # model's slots are full — so plans that alternate never cancel their own replacements.
+    slot_keys = {s.key for s in slots}
+    in_flight: dict[tuple[str, str], list[ReplicaRecord]] = defaultdict(list)
+    for record in sorted(live, key=lambda r: (r.created_at, r.id)):
+        status = statuses[record.id]
+        if ((record.template_id, record.partitions) not in slot_keys and goes_on_serving(status)
+                and status.state in (ReplicaState.PENDING, ReplicaState.STARTING)):
+            in_flight[_role_key(record)].append(record)
     for slot in slots:
         candidates = [r for r in by_key.get(slot.key, []) if goes_on_serving(statuses[r.id])]
         candidates.sort(key=lambda r: (_KEEP_ORDER[statuses[r.id].state],
@@ -248,6 +267,10 @@ def decide(
         keep = candidates[: slot.count]
         kept.update(r.id for r in keep)
         missing = slot.count - len(keep)
+        flight = in_flight[(slot.model, slot.layout.role)]
+        while missing > 0 and flight:
+            kept.add(flight.pop(0).id)
+            missing -= 1
         if missing <= 0:
             continue
         if (TemplateExclusion(slot.template_id) in excluded
@@ -266,9 +289,15 @@ def decide(
     surplus = [r for r in live if r.id not in kept and statuses[r.id].state in _KEEP_ORDER]
     # per model and role: a surplus prefill replica cannot stand in for a missing decode one
     ready_capacity: dict[tuple[str, str], float] = defaultdict(float)
+    # READY replicas that will go on serving (not themselves draining-node or walltime bound):
+    # only these count as a successor that lets another replica drain
+    ready_count: dict[tuple[str, str], int] = defaultdict(int)
     for record in live:
         if statuses[record.id].state is ReplicaState.READY:
             ready_capacity[_role_key(record)] += record.throughput
+            if not statuses[record.id].needs_successor:
+                ready_count[_role_key(record)] += 1
+    kept_last: list[str] = []
     planned = {key: plan.capacity(*key) for key in {_role_key(r) for r in live}}
     # serving surplus: the ones that will stop anyway first, then the dearest per request/s
     surplus.sort(key=lambda r: (not statuses[r.id].needs_successor,
@@ -280,13 +309,22 @@ def decide(
             continue  # nothing to cancel yet: adopted or forgotten on a later cycle
         if status.state is not ReplicaState.READY:
             if record.id not in already_cancelled:
-                cancels.append(Cancel(record.id, _surplus_reason(record, status)))
+                cancels.append(Cancel(record.id, _surplus_reason(record, status,
+                                                                 ready_count[_role_key(record)])))
             continue
         key = _role_key(record)
         remaining = ready_capacity[key] - record.throughput
+        stable = not status.needs_successor
+        others = ready_count[key] - (1 if stable else 0)
+        if others < 1 and (configured is None or record.model in configured):
+            role = "" if key[1] == "both" else f"{key[1]} "
+            kept_last.append(f"{record.id} ({_surplus_reason(record, status, 0)}) kept: the last "
+                             f"READY {role}replica of {record.model}, no successor READY")
+            continue
         if remaining + 1e-9 >= planned.get(key, 0.0):
-            drains.append(Drain(record.id, _surplus_reason(record, status)))
+            drains.append(Drain(record.id, _surplus_reason(record, status, others)))
             ready_capacity[key] = remaining
+            ready_count[key] = others
 
     # 6. draining replicas: cancel after the grace, retry a cancel Slurm did not carry out
     for record in live:
@@ -305,6 +343,8 @@ def decide(
         actions.extend(cancels[: settings.max_cancels_per_cycle])
     submits.sort(key=lambda s: s.replaces is None)  # replacements first (stable otherwise)
     actions.extend(submits[: settings.max_submits_per_cycle])
+    if kept_last:
+        held_back = "; ".join(filter(None, [held_back, *kept_last]))
     return Decision(tuple(actions), tuple(dict.fromkeys(replan)), held_back, statuses)
 
 
@@ -327,14 +367,17 @@ def _take_predecessor(
     return candidates.pop(0)
 
 
-def _surplus_reason(record: ReplicaRecord, status: ReplicaStatus) -> str:
+def _surplus_reason(record: ReplicaRecord, status: ReplicaStatus, others_ready: int) -> str:
+    """Why a replica is drained, saying what actually serves its model afterwards."""
+    serving = (f"{others_ready} other READY replica(s) of {record.model} serving"
+               if others_ready else f"no other READY replica of {record.model}")
     if status.near_walltime:
-        return f"walltime in {status.time_left_s:.0f}s; successor serving"
+        return f"walltime in {status.time_left_s:.0f}s; {serving}"
     if status.must_move:
-        return "node or partition draining or down; successor serving"
+        return f"node or partition draining or down; {serving}"
     if status.unhealthy_too_long:
-        return "unhealthy; replaced"
-    return f"not in the plan ({record.template_id} on {','.join(record.partitions)})"
+        return f"unhealthy; {serving}"
+    return f"not in the plan ({record.template_id} on {','.join(record.partitions)}); {serving}"
 
 
 def _crash_cooldowns(

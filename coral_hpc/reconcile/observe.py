@@ -5,10 +5,13 @@ One snapshot call per cycle (nodes, partitions, own jobs in one batched observat
 replica, in parallel with a short timeout. Nothing here decides anything: it writes facts
 (``coral_hpc.store``) and returns them with how fresh and complete they are.
 
-Adoption: every job carrying this deployment's tag is matched to its replica row by the tag's
-replica id — a row recorded just before the daemon died mid-submission gets its job id; a job with
-no row at all (a lost database) gets a row rebuilt from its tag and its ``spec.json``. So a
-restarted daemon never submits a duplicate of a job that already runs.
+Adoption: every job carrying this deployment's tag *and instance* (``coral_hpc.instance``: the
+state folder it belongs to) is matched to its replica row by the tag's replica id — a row recorded
+just before the daemon died mid-submission gets its job id; a job with no row at all (a lost
+database) gets a row rebuilt from its tag and its ``spec.json``. So a restarted daemon never
+submits a duplicate of a job that already runs. Jobs of the same deployment name but another
+instance (a second copy of the file elsewhere), and jobs whose ``spec.json`` cannot be read, are
+left alone: never adopted, counted or cancelled; each is reported once as an event.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from coral_hpc.config import Deployment
@@ -65,6 +68,15 @@ def unavailable_places(snapshot: ClusterSnapshot, partitions: Iterable[str]) -> 
     return frozenset(out)
 
 
+def split_instance(snapshot: ClusterSnapshot, instance: str
+                   ) -> tuple[ClusterSnapshot, tuple[JobInfo, ...]]:
+    """(the snapshot holding only jobs of ``instance``, the deployment's other jobs). The planner
+    and the reconciler see only their own instance's jobs; others' GPUs are simply not free."""
+    own = tuple(j for j in snapshot.jobs if j.tag is not None and j.tag.instance == instance)
+    foreign = tuple(j for j in snapshot.jobs if j not in own)
+    return replace(snapshot, jobs=own), foreign
+
+
 def on_unavailable(record: ReplicaRecord, unavailable: frozenset[str]) -> bool:
     """Whether one of the replica's nodes or partitions is draining or down."""
     nodes = {n for n in (record.nodes or "").split(",") if n}
@@ -85,6 +97,7 @@ class Observer:
         clock: Callable[[], float],
         probe: Callable[[str], bool] = http_health,
         throughput_of: Callable[[str], float | None] = lambda template_id: None,
+        instance: str = "",
     ):
         self.deployment = deployment
         self.store = store
@@ -93,7 +106,9 @@ class Observer:
         self.clock = clock
         self.probe = probe
         self.throughput_of = throughput_of
+        self.instance = instance
         self._pool: ThreadPoolExecutor | None = None
+        self._reported: set[str] = set()  # job ids already reported as left alone
 
     # ------------------------------------------------------------------ the step
 
@@ -110,6 +125,12 @@ class Observer:
                 frozenset(), self._facts(now, frozenset()), error=f"Slurm snapshot failed: {exc}",
             )
         events: list[str] = []
+        snapshot, foreign = split_instance(snapshot, self.instance)
+        for other in foreign:
+            theirs = other.tag.instance if other.tag is not None else None
+            self._leave_alone(other, now, "belongs to another instance of this deployment name "
+                              f"(instance {theirs or 'none'}, not {self.instance or 'none'}; "
+                              "another state_dir)", events)
         complete = True
         error = None
         jobs = {j.job_id: j for j in snapshot.jobs}
@@ -144,6 +165,9 @@ class Observer:
                 continue
             self._adopt(job, now, events)
         self._check_health(now, events)
+        # jobs left alone are not ours to plan around either (their GPUs are simply taken)
+        snapshot = replace(snapshot, jobs=tuple(j for j in snapshot.jobs
+                                                if j.job_id not in self._reported))
         unavailable = unavailable_places(snapshot, partitions)
         return Observed(
             Observation(jobs_at=snapshot.observed_at, cluster_at=snapshot.observed_at,
@@ -214,17 +238,34 @@ class Observer:
         self.store.add_event(now, kind, f"job {record.job_id} ended {state}",
                              model=record.model, replica_id=record.id)
 
+    def _leave_alone(self, job: JobInfo, now: float, why: str, events: list) -> None:
+        """Report once that ``job`` is not ours to adopt or cancel."""
+        if job.job_id in self._reported:
+            return
+        self._reported.add(job.job_id)
+        message = f"job {job.job_id} left alone (never adopted or cancelled): {why}"
+        events.append(message)
+        log.warning("%s", message)
+        self.store.add_event(now, "foreign_job", message,
+                             model=job.tag.model if job.tag else None)
+
     def _adopt(self, job: JobInfo, now: float, events: list) -> None:
         tag = job.tag
         assert tag is not None
         spec_file = self.deployment.state_path / "replicas" / tag.replica_id / "spec.json"
-        layout: ReplicaLayout | None = None
-        partitions: tuple[str, ...] = tuple(c.partition for c in job.components) or (job.partition,)
         try:
-            layout = ReplicaSpec.from_json(spec_file.read_text()).layout
-            partitions = layout.partitions
-        except (OSError, ValueError, TypeError, KeyError, CoralError):
-            log.warning("adopting job %s: no readable %s; layout unknown", job.job_id, spec_file)
+            spec = ReplicaSpec.from_json(spec_file.read_text())
+        except (OSError, ValueError, TypeError, KeyError, CoralError) as exc:
+            # without its spec the layout is unknown: adopting it stalled the daemon, and a job
+            # we cannot read is not one we may cancel either
+            self._leave_alone(job, now, f"its {spec_file} cannot be read ({exc})", events)
+            return
+        if spec.instance != self.instance or spec.replica_id != tag.replica_id:
+            self._leave_alone(job, now, f"its {spec_file} names another replica or instance",
+                              events)
+            return
+        layout: ReplicaLayout = spec.layout  # a readable spec always carries its layout
+        partitions = layout.partitions
         throughput = self.throughput_of(tag.template_id) or 1.0
         record = ReplicaRecord(
             id=tag.replica_id, model=tag.model, template_id=tag.template_id, layout=layout,

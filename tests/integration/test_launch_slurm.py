@@ -15,7 +15,7 @@ import pytest
 
 from coral_hpc.launch.endpoint import read_endpoint
 from coral_hpc.launch.spec import ReplicaSpec, StageSpec
-from coral_hpc.launch.stop import stop_replicas
+from coral_hpc.launch.stop import DRAIN_SIGNAL, stop_replicas
 from coral_hpc.launch.submit import submit_replica
 from coral_hpc.slurm import make_client
 from tests.conftest import wait_until
@@ -110,7 +110,7 @@ def test_submitit_replica_serves_then_drains_without_requeue(slurm, client, tmp_
         if path.is_file() and path.suffix != ".pkl":
             assert API_KEY not in path.read_text(errors="replace"), path
 
-    # a request in flight when SIGTERM arrives still completes: the engine drains
+    # a request in flight when the drain signal arrives still completes: the engine drains
     result: dict = {}
 
     def long_request() -> None:
@@ -139,7 +139,9 @@ def test_submitit_replica_serves_then_drains_without_requeue(slurm, client, tmp_
     assert final["Restarts"] == "0" and final["Requeue"] == "0"
     assert not spec.endpoint_file.exists(), "a drained replica takes its endpoint down"
     log = (spec.logs_dir / f"sub-1.{job_id}.rank0.log").read_text()
-    assert "SIGTERM received: draining" in log and "not requeueing" in log
+    # stop_replicas sends DRAIN_SIGNAL (SIGUSR2: Slurm's SIGTERM would reach every vLLM process);
+    # the entrypoint logs the signal it received and SIGTERMs the engine itself
+    assert f"SIG{DRAIN_SIGNAL} received: draining" in log and "not requeueing" in log
 
 
 def _finished(slurm, job_id: str) -> dict[str, str] | None:

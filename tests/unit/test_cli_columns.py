@@ -235,8 +235,10 @@ def test_every_help_lists_the_exit_statuses():
         out = run_cli(name, "--help")
         assert out.returncode == 0, out.stderr
         text = " ".join(out.stdout.split())
-        for code in ("0 done", "1 a bug", "2 invalid input", "3 Slurm", "4 another daemon"):
+        for code in ("0 done", "1 a bug", "2 invalid input", "another daemon (host, pid)",
+                     "3 Slurm"):
             assert code in text, (name, code)
+        assert " 4 " not in text, (name, "exit 4 is gone: a second daemon exits 2")
     cost = " ".join(run_cli("cost", "--help").stdout.split())
     assert "ISO 8601" in cost and "@EPOCH" in cost and "now-6h" in cost
 

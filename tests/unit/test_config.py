@@ -89,7 +89,7 @@ BAD_CASES = [
     ("duplicate-model", lambda t: t + "  - name: small\n    source: x\n    architecture: qwen3-8b\n    mix: {input_tokens: 1, output_tokens: 1}\n    demand: auto\n    slo: {ttft_s: 1, tpot_s: 0.1}\n", "(top level)", 1, "used twice"),
     ("unknown-model-partition", lambda t: _edit(t, "    slo:", "    partitions: [h100]\n    slo:"), "models[0].partitions", 20, "not in cluster.partitions"),
     ("replica-bounds", lambda t: _edit(t, "    slo:", "    min_replicas: 3\n    max_replicas: 1\n    slo:"), "models[0]", 15, "below min_replicas"),
-    ("negative-priority", lambda t: _edit(t, "    slo:", "    priority: -1\n    slo:"), "models[0].priority", 20, "greater than 0"),
+    ("negative-priority", lambda t: _edit(t, "    slo:", "    priority: -1\n    slo:"), "models[0].priority", 20, "greater than or equal to 0.001"),
     ("bad-time-limit", lambda t: _edit(t, "cluster:\n", "cluster:\n  time_limit: 'four hours'\n"), "cluster.time_limit", 5, "Slurm time"),
     ("bad-listen", lambda t: t + "gateway: {listen: 'localhost'}\n", "gateway.listen", 21, "host:port"),
     ("vllm-without-env", lambda t: _edit(t, "kind: sim", "kind: vllm"), "cluster.partitions[0].environment", 6, "environment"),

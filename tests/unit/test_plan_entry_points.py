@@ -14,12 +14,13 @@ from click.testing import CliRunner
 from coral_hpc.cli.plan import plan as plan_command
 from coral_hpc.config import load_deployment
 from coral_hpc.daemon.core import Daemon
+from coral_hpc.launch.spec import replica_spec
 from coral_hpc.plan.planner import Planner
 from coral_hpc.reconcile.act import Actor
 from coral_hpc.reconcile.settings import ReconcileSettings
 from coral_hpc.slurm.snapshot import ClusterSnapshot
 from coral_hpc.store import open_store
-from coral_hpc.types import JobTag
+from coral_hpc.types import JobTag, ReplicaLayout, StageLayout
 from tests.conftest import REPO
 from tests.fakes.slurm import FakeSlurm, recorded_snapshot
 
@@ -72,6 +73,10 @@ def test_serve_and_plan_make_the_same_plan(tmp_path, cache):
 
     # `serve`: the daemon adopts the running job, then plans
     deployment = load_deployment(MODELS).model_copy(update={"state_dir": tmp_path / "shared"})
+    # the running job's spec.json, as its submission wrote it: a job without one is left alone
+    replica_spec(deployment, "qwen3-8b", "r0adopt", RUNNING_TEMPLATE,
+                 ReplicaLayout(2, (StageLayout("v100", "v100", 36),), "half"),
+                 api_key_file=None).write()
     store = open_store(tmp_path / "daemon.db")
     slurm = FakeSlurm(snapshot, clock=lambda: NOW)
     planner = Recording(cache_dir=cache)

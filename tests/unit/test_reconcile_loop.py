@@ -327,15 +327,17 @@ def test_a_crash_cooldown_reaches_the_planner_as_an_excluded_template(make):
 
 
 def test_a_cancel_slurm_did_not_carry_out_is_sent_again(make):
-    planner = ScriptedPlanner(slot())
+    planner = ScriptedPlanner(slot(count=2))
     loop = make(planner)
     loop.cycle()
-    (record,) = loop.live()
-    loop.serve(record.id)
+    first, second = loop.live()
+    loop.serve(first.id)
+    loop.serve(second.id, node="a100-02")
     loop.cycle(2)
-    planner.slots = []  # scale to zero: drain, then cancel after the grace
+    # scale to one: drain one (the other stays READY: never the last one), cancel after the grace
+    planner.slots = [slot(count=1)]
     loop.cycle(loop.deployment.policy.replan_interval_s)
-    assert loop.store.replica(record.id).drain_requested_at is not None
+    (record,) = [r for r in loop.live() if r.drain_requested_at is not None]
     loop.slurm.fail_next("cancel", SlurmUnavailable("scancel: slurmctld not responding"))
     loop.cycle(loop.settings.drain_grace_s + 1)
     assert loop.store.replica(record.id).cancelled_at is None  # not recorded as cancelled

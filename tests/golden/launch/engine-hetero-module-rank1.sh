@@ -3,7 +3,7 @@
 # node rank 1 of 2 (headless worker), with vLLM's own multi-node flags.
 # replica hetero-1 of llama-70b (template t-hetero), rendered by coral_hpc.launch.
 # The API key (VLLM_API_KEY) and the Hugging Face token (HF_TOKEN) arrive in the environment only.
-# environment: modules 'cuda/12.8 vllm/0.33.0'
+# environment: modules cuda/12.8 vllm/0.33.0
 set -eo pipefail
 # `module` is a shell function that batch shells may lack: load the site's init script first.
 if ! type module >/dev/null 2>&1; then

@@ -3,7 +3,7 @@
 # node rank 0 of 2 (head: serves the API), with vLLM's own multi-node flags.
 # replica multinode-1 of llama-70b (template t-multinode), rendered by coral_hpc.launch.
 # The API key (VLLM_API_KEY) and the Hugging Face token (HF_TOKEN) arrive in the environment only.
-# environment: modules 'cuda/12.8 vllm/0.33.0'
+# environment: modules cuda/12.8 vllm/0.33.0
 set -eo pipefail
 # `module` is a shell function that batch shells may lack: load the site's init script first.
 if ! type module >/dev/null 2>&1; then

@@ -2,7 +2,7 @@
 # coral-hpc engine launch: single node, tensor parallel over 2 × a100
 # replica single-1 of qwen3-8b (template t-single), rendered by coral_hpc.launch.
 # The API key (VLLM_API_KEY) and the Hugging Face token (HF_TOKEN) arrive in the environment only.
-# environment: modules 'cuda/12.8 vllm/0.33.0'
+# environment: modules cuda/12.8 vllm/0.33.0
 set -eo pipefail
 # `module` is a shell function that batch shells may lack: load the site's init script first.
 if ! type module >/dev/null 2>&1; then

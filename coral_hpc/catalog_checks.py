@@ -1,0 +1,112 @@
+"""Checks of a deployment against the performance model's catalogue (read-only solver data).
+
+A ``models.yaml`` can be well-formed and still name an architecture or GPU type the performance
+model does not know, or ask for an SLO no layout can meet; ``plan`` and ``serve`` would then fail
+(or serve nothing) later. These checks need no Slurm: only ``profiles/`` through
+:mod:`solver.catalog` and :mod:`solver.perf`. Checks that need Slurm (a partition Slurm lacks,
+capacity for ``min_replicas``) live with the cluster snapshot.
+"""
+
+from __future__ import annotations
+
+from coral_hpc.config import Deployment
+
+#: Largest TP degree considered, as Stage 1 does (solver.types.Policy.max_tp).
+MAX_TP = 8
+
+
+def _gpu_problems(deployment: Deployment, known: dict[str, object]) -> list[str]:
+    from solver.catalog import canonical_gpu_name
+
+    names = ", ".join(sorted(known))
+    problems = []
+
+    def check(loc: tuple, gpu: str) -> None:
+        if canonical_gpu_name(gpu) is None:
+            problems.append(deployment.problem(
+                loc, f"GPU type {gpu!r} is not in the performance model's catalogue "
+                     f"(profiles/gpus.yaml); known: {names}"))
+
+    for index, part in enumerate(deployment.cluster.partitions):
+        for gpu in part.gpu_types:
+            check(("cluster", "partitions", index, "gpu_types"), gpu)
+        if isinstance(part.price, dict):
+            for gpu in part.price:
+                if gpu not in part.gpu_types:
+                    check(("cluster", "partitions", index, "price"), gpu)
+    for gpu in deployment.cluster.gpu_quotas:
+        check(("cluster", "gpu_quotas"), gpu)
+    for index, model in enumerate(deployment.models):
+        for gpu in model.gpu_types:
+            check(("models", index, "gpu_types"), gpu)
+    return problems
+
+
+def candidate_gpus(deployment: Deployment, model_index: int) -> list[str]:
+    """Canonical GPU types a model's replicas could use, as far as the file says: the types its
+    allowed partitions list (every catalogued type when one of them leaves it to Slurm), within
+    the model's own ``gpu_types``."""
+    from solver.catalog import canonical_gpu_name, load_gpus
+
+    model = deployment.models[model_index]
+    parts = [p for p in deployment.cluster.partitions
+             if not model.partitions or p.name in model.partitions]
+    if any(not p.gpu_types for p in parts):
+        types = set(load_gpus())
+    else:
+        types = {canonical_gpu_name(g) for p in parts for g in p.gpu_types} - {None}
+    if model.gpu_types:
+        types &= {canonical_gpu_name(g) for g in model.gpu_types} - {None}
+    return sorted(types)
+
+
+def slo_feasible(arch, gpus: list[str], slo, mix, n_max: int) -> bool:
+    """Whether any layout on ``gpus`` could meet ``slo`` for ``mix``: some GPU type, TP degree
+    and stage count S whose stage holding ceil(L/S) layers sustains a positive rate.
+
+    Exact as a refusal: every layout of S stages has a stage holding at least ceil(L/S) layers,
+    its rate is at most that of the best GPU type holding ceil(L/S) (a stage's rate never grows
+    with more layers), and a pipeline's rate is that of its slowest stage. So when this is False,
+    Stage 1 finds no template either."""
+    from solver import catalog, perf
+
+    for gpu_name in gpus:
+        gpu = catalog.gpu_spec(gpu_name)
+        for tp in perf.valid_tp_degrees(arch, MAX_TP):
+            for stages in range(1, min(n_max, arch.layers) + 1):
+                layers = -(-arch.layers // stages)
+                if perf.stage_throughput(arch, gpu, tp, layers, stages, slo, mix) > 0:
+                    return True
+    return False
+
+
+def catalog_problems(deployment: Deployment) -> list[str]:
+    """Every catalogue problem of ``deployment``, one line each (file, line, field, what's valid):
+    unknown GPU types, unknown architectures, and SLOs no layout on the allowed GPUs can meet."""
+    from solver import catalog, perf
+
+    known_gpus = catalog.load_gpus()
+    problems = _gpu_problems(deployment, known_gpus)
+    known_archs = ", ".join(sorted(catalog.load_models()))
+    for index, model in enumerate(deployment.models):
+        try:
+            arch = catalog.model_arch(model.architecture)
+        except KeyError:
+            problems.append(deployment.problem(
+                ("models", index, "architecture"),
+                f"{model.architecture!r} is not in the performance model's catalogue "
+                f"(profiles/models.yaml); known: {known_archs}"))
+            continue
+        gpus = candidate_gpus(deployment, index)
+        if not gpus:
+            continue  # every allowed type is unknown: reported above
+        slo = perf.Slo(ttft_s=model.slo.ttft_s, tpot_s=model.slo.tpot_s)
+        mix = perf.Mix(input_tokens=model.mix.input_tokens, output_tokens=model.mix.output_tokens)
+        if not slo_feasible(arch, gpus, slo, mix, deployment.policy.n_max):
+            problems.append(deployment.problem(
+                ("models", index, "slo"),
+                f"no layout meets TTFT {model.slo.ttft_s:g} s and TPOT {model.slo.tpot_s:g} s "
+                f"for {arch.name} at {model.mix.input_tokens}/{model.mix.output_tokens} tokens "
+                f"in/out on {', '.join(gpus)} (performance model: TP ≤ {MAX_TP}, ≤ "
+                f"{deployment.policy.n_max} pipeline stages); loosen the SLO or allow other GPUs"))
+    return problems
