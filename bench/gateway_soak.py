@@ -35,8 +35,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from coral_hpc.gateway.auth import add_key  # noqa: E402
-from coral_hpc.gateway.table import ReplicaRoute, RoutingTable, write_routing_table  # noqa: E402
+from coral_hpc.gateway.auth import add_key
+from coral_hpc.gateway.table import ReplicaRoute, RoutingTable, write_routing_table
 
 RESULTS = REPO / "bench" / "results"
 STUB = REPO / "tests" / "support" / "openai_stub_server.py"
@@ -306,24 +306,24 @@ def write_results(args, samples: list[dict], load: Load, alive: bool, uptime_sta
     }
     args.results.mkdir(parents=True, exist_ok=True)
     (args.results / "gateway_soak.json").write_text(json.dumps(doc, indent=1) + "\n")
-    fmt = lambda v: "–" if v is None else f"{v:+.4f}"  # noqa: E731
+    fmt = lambda v: "–" if v is None else f"{v:+.4f}"
     lines = [
         "# Gateway soak: RSS over an hour of traffic with bursts",
         "",
-        f"Generated {doc['generated_at']} by `bench/gateway_soak.py` ({os.cpu_count()} shared "
-        f"CPUs; /proc/loadavg at start `{uptime_start}`, at end `{doc['loadavg_end']}`).",
-        f"{args.duration:.0f} s of {args.rate:g} req/s (Poisson; 70 % plain, 30 % streamed chat "
+        (f"Generated {doc['generated_at']} by `bench/gateway_soak.py` ({os.cpu_count()} shared "
+        f"CPUs; /proc/loadavg at start `{uptime_start}`, at end `{doc['loadavg_end']}`)."),
+        (f"{args.duration:.0f} s of {args.rate:g} req/s (Poisson; 70 % plain, 30 % streamed chat "
         f"completions, client connections renewed every minute), a burst of {args.burst} "
         f"concurrent requests plus 200 slowloris connections every {args.burst_every:.0f} s, "
-        "through `coral-hpc gateway` (API keys on) to two stub replicas; loopback only.",
+        "through `coral-hpc gateway` (API keys on) to two stub replicas; loopback only."),
         "",
-        f"Requests: {sent} sent, {answered} answered 200, {load.failed} failed "
+        (f"Requests: {sent} sent, {answered} answered 200, {load.failed} failed "
         f"{load.failures or ''}, {doc['requests']['lost']} lost (no answer at all). Slowloris: "
-        f"{load.slowloris_closed} of {load.slowloris_opened} connections closed by the gateway.",
-        f"RSS: first {doc['rss_mb']['first']} MB, max {doc['rss_mb']['max']} MB, last "
+        f"{load.slowloris_closed} of {load.slowloris_opened} connections closed by the gateway."),
+        (f"RSS: first {doc['rss_mb']['first']} MB, max {doc['rss_mb']['max']} MB, last "
         f"{doc['rss_mb']['last']} MB; least-squares slope {fmt(whole_slope)} MB/min over the "
         f"whole run, {fmt(half_slope)} MB/min over the second half "
-        "(the old gateway: ~+0.4 MB/min, 54 → 124 MB after 3,000-connection bursts).",
+        "(the old gateway: ~+0.4 MB/min, 54 → 124 MB after 3,000-connection bursts)."),
         "",
         "| minute | RSS MB | fds | upstream conns | sent | answered | failed | load 1m |",
         "|---|---|---|---|---|---|---|---|",

@@ -84,7 +84,7 @@ class _Scheduler:
         self.pumping = False
         self.tick_ms: int | None = None
 
-    def add(self, conn: "_UpstreamConn") -> None:
+    def add(self, conn: _UpstreamConn) -> None:
         if conn.interval_ms == 0:
             self.busy.append(conn)
             if not self.pumping:
@@ -198,7 +198,7 @@ async def upstream_main(port: int) -> None:
 class _StreamClient(asyncio.Protocol):
     """One client connection: sends a streaming request, counts events, records delays."""
 
-    def __init__(self, gen: "_Generator") -> None:
+    def __init__(self, gen: _Generator) -> None:
         self.gen = gen
         self.transport: asyncio.Transport | None = None
         self.tail = b""
@@ -310,7 +310,7 @@ async def gen_main(port: int, streams: int, interval_ms: int, events: int, durat
               "error_answers": gen.errors}
     if gen.delays:
         ordered = sorted(gen.delays)
-        pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))] / 1e6  # noqa: E731
+        pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))] / 1e6
         result.update({"delay_p50_ms": round(pick(0.50), 3), "delay_p90_ms": round(pick(0.90), 3),
                        "delay_p99_ms": round(pick(0.99), 3), "delay_samples": len(ordered)})
     return result
@@ -331,7 +331,7 @@ def run_gen(args, port: int, streams: int, interval_ms: int, events: int) -> dic
     argv = ["taskset", "-c", args.load_cores, sys.executable, __file__, "gen", "--port", str(port),
             "--streams", str(streams), "--interval-ms", str(interval_ms), "--events", str(events),
             "--duration", str(args.duration)]
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=args.duration + 120)
+    out = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=args.duration + 120)
     line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if line is None:
         raise RuntimeError(f"generator printed no result: {out.stdout[-500:]} {out.stderr[-2000:]}")
@@ -515,21 +515,21 @@ def write_results(args, results: dict, notes: dict, router_version: str | None,
     lines = [
         "# Gateway streaming (SSE) vs peers",
         "",
-        f"Generated {doc['generated_at']} by `bench/gateway_stream.py` ({os.cpu_count()} shared "
+        (f"Generated {doc['generated_at']} by `bench/gateway_stream.py` ({os.cpu_count()} shared "
         f"CPUs; /proc/loadavg at start `{load_start}`, at end `{doc['machine']['loadavg_end']}`: "
-        "other engineers' work shares the machine).",
-        f"Each proxy pinned to core {args.proxy_core}; upstream (canned vLLM-shaped SSE, one HTTP "
+        "other engineers' work shares the machine)."),
+        (f"Each proxy pinned to core {args.proxy_core}; upstream (canned vLLM-shaped SSE, one HTTP "
         f"chunk per event) and load generator (asyncio/uvloop) on core(s) {args.load_cores}; "
         f"{args.duration:g} s per measurement after 1 s of warm-up. Saturation: 200 events per "
         "stream back to back, each finished stream replaced at once. Paced: an event every "
         "40 ms per stream at 100 streams (25 tokens/s), every 100 ms at 1,000 (10 tokens/s), "
         "phases spread at random; delay = generator read time − upstream write time of each "
         "event (one monotonic clock); \"added\" subtracts a direct run made just before the "
-        "proxy's.",
+        "proxy's."),
         "",
-        "| system | streams | chunks/s (saturation) | proxy core busy | chunks per CPU-second "
+        ("| system | streams | chunks/s (saturation) | proxy core busy | chunks per CPU-second "
         "(one-core capacity) | paced delay p50 | paced delay p99 | added p50 | added p99 | "
-        "proxy CPU per paced chunk | broken streams |",
+        "proxy CPU per paced chunk | broken streams |"),
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, per in summary.items():

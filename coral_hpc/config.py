@@ -27,12 +27,12 @@ from pydantic import (
 )
 
 from coral_hpc.errors import ConfigError
+from coral_hpc.types import slurm_duration_s
 
 #: Names end up in Slurm job names, URLs and file names: keep them to a safe alphabet.
 SAFE_NAME = r"^[a-z0-9][a-z0-9._-]{0,62}$"
 _SAFE_NAME_RE = re.compile(SAFE_NAME)
 _GPU_TYPE_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
-_SLURM_TIME_RE = re.compile(r"^(?:(\d+)-)?(?:(\d+):)?(\d+)(?::(\d+))?$")
 
 
 class _Frozen(BaseModel):
@@ -51,23 +51,12 @@ def parse_slurm_time(value: str | int) -> int:
             raise ValueError("must be a positive number of minutes")
         return value * 60
     text = str(value).strip()
-    match = _SLURM_TIME_RE.match(text)
-    if not match:
+    try:
+        total = slurm_duration_s(text)
+    except ValueError:
         raise ValueError(
             f"{text!r} is not a Slurm time; use MM, HH:MM:SS or D-HH:MM:SS such as '04:00:00'"
-        )
-    days, first, second, third = match.groups()
-    parts = [int(p) for p in (first, second, third) if p is not None]
-    if days is not None:
-        # D-HH, D-HH:MM, D-HH:MM:SS
-        hours, minutes, seconds = (parts + [0, 0, 0])[:3]
-        total = int(days) * 86400 + hours * 3600 + minutes * 60 + seconds
-    elif len(parts) == 1:
-        total = parts[0] * 60
-    elif len(parts) == 2:
-        total = parts[0] * 60 + parts[1]
-    else:
-        total = parts[0] * 3600 + parts[1] * 60 + parts[2]
+        ) from None
     if total <= 0:
         raise ValueError("must be longer than zero")
     return total

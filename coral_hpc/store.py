@@ -24,13 +24,26 @@ import json
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, fields
 from pathlib import Path
 from time import time as _wall_clock
 from typing import Any
 
 from coral_hpc.errors import PermanentError
-from coral_hpc.types import Excluded, ExclusionKind, ReplicaLayout, excluded_from_key
+from coral_hpc.records import (
+    DemandInterval,
+    Event,
+    Exclusion,
+    PlanRecord,
+    ReplicaRecord,
+    StartupObservation,
+)
+from coral_hpc.types import ExclusionKind, ReplicaLayout, excluded_from_key
+
+__all__ = [
+    "DemandInterval", "Event", "Exclusion", "PlanRecord", "ReplicaRecord", "StartupObservation",
+    "Store", "migrate", "open_store",
+]  # fmt: skip
 
 # --------------------------------------------------------------------------- schema
 
@@ -130,47 +143,6 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
 
-# --------------------------------------------------------------------------- records
-
-
-@dataclass(frozen=True)
-class ReplicaRecord:
-    """One replica: what was asked for, and the facts observed about its job since."""
-
-    id: str
-    model: str
-    template_id: str
-    #: None only for a job adopted without a readable spec.json (its layout is unknown)
-    layout: ReplicaLayout | None
-    partitions: tuple[str, ...]
-    throughput: float
-    cost_per_hour: float
-    created_at: float
-    replaces: str | None = None
-    reason: str = ""
-    job_id: str | None = None
-    time_limit_s: float | None = None
-    submitted_at: float | None = None
-    started_at: float | None = None
-    ready_at: float | None = None
-    endpoint: str | None = None
-    slurm_state: str | None = None
-    slurm_reason: str | None = None
-    nodes: str | None = None
-    last_seen_at: float | None = None
-    health_ok_at: float | None = None
-    health_failures: int = 0
-    drain_requested_at: float | None = None
-    cancelled_at: float | None = None
-    ended_at: float | None = None
-    end_state: str | None = None
-
-    @property
-    def live(self) -> bool:
-        """True until the replica's end is recorded."""
-        return self.ended_at is None
-
-
 #: Fields :meth:`Store.update_replica` may change; identity and what was asked for stay fixed.
 _MUTABLE_REPLICA_FIELDS = frozenset(
     {
@@ -183,75 +155,6 @@ _MUTABLE_REPLICA_FIELDS = frozenset(
 _REPLICA_COLUMNS = tuple(
     "layout_json" if f.name == "layout" else f.name for f in fields(ReplicaRecord)
 )
-
-
-@dataclass(frozen=True)
-class PlanRecord:
-    """A plan as stored: its rows are plain dicts (template, partitions, count, …)."""
-
-    id: int
-    time: float
-    cost_per_hour: float
-    solve_s: float
-    status: str
-    rows: list[dict[str, Any]]
-    demand: dict[str, float]
-
-
-@dataclass(frozen=True)
-class Event:
-    """Something that happened, for people: a submission, a drain, a cool-down, an error."""
-
-    id: int
-    time: float
-    kind: str
-    message: str
-    model: str | None = None
-    replica_id: str | None = None
-
-
-@dataclass(frozen=True)
-class DemandInterval:
-    """Gateway counters for one model (and API key) over ``[start, end)``: deltas, not totals.
-
-    ``requests`` counts every arrival, ``rejected`` those of them turned away for lack of a READY
-    replica (the gateway's own convention); tokens are those of the answered requests.
-    """
-
-    start: float
-    end: float
-    model: str
-    requests: int
-    prompt_tokens: int
-    generated_tokens: int
-    rejected: int
-    api_key: str = ""
-
-
-@dataclass(frozen=True)
-class StartupObservation:
-    """Seconds from submission to READY of one replica."""
-
-    time: float
-    replica_id: str
-    template_id: str
-    gpu_type: str
-    seconds: float
-
-
-@dataclass(frozen=True)
-class Exclusion:
-    """A template or shape kept out of plans until ``until`` (crash cool-down, pending timeout)."""
-
-    target: Excluded
-    kind: ExclusionKind
-    since: float
-    until: float
-    reason: str
-
-    @property
-    def key(self) -> str:
-        return self.target.key
 
 
 # --------------------------------------------------------------------------- store
@@ -369,7 +272,7 @@ class Store:
             "VALUES (?, ?, ?, ?, ?, ?)",
             (time, cost_per_hour, solve_s, status, _dumps(rows), _dumps(demand)),
         )
-        return int(cursor.lastrowid)
+        return _row_id(cursor)
 
     def latest_plan(self) -> PlanRecord | None:
         """The most recent plan, or None before the first."""
@@ -401,13 +304,14 @@ class Store:
             "INSERT INTO events (time, kind, model, replica_id, message) VALUES (?, ?, ?, ?, ?)",
             (time, kind, model, replica_id, message),
         )
-        return int(cursor.lastrowid)
+        return _row_id(cursor)
 
     def events(
         self, limit: int = 50, since: float | None = None, kind: str | None = None
     ) -> list[Event]:
         """The newest events first, at most ``limit``."""
-        where, params = [], []
+        where: list[str] = []
+        params: list[Any] = []
         if since is not None:
             where.append("time >= ?")
             params.append(since)
@@ -613,6 +517,12 @@ def _too_new(name: str, version: int) -> str:
         f"{name}: database schema version {version} is newer than this coral-hpc understands "
         f"(≤ {SCHEMA_VERSION}); upgrade coral-hpc or point db_path at another file"
     )
+
+
+def _row_id(cursor: sqlite3.Cursor) -> int:
+    """The id SQLite gave the row an INSERT just wrote."""
+    assert cursor.lastrowid is not None
+    return int(cursor.lastrowid)
 
 
 def _dumps(data: Any) -> str:

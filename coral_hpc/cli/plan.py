@@ -19,7 +19,8 @@ EXIT_REJECTED = 1
 @click.command()
 @click.argument("models_yaml", type=click.Path(dir_okay=False))
 @click.option("--snapshot", "snapshot_file", type=click.Path(dir_okay=False),
-              help="Plan on a snapshot saved by `coral-hpc cluster --json` instead of asking Slurm.")
+              help="Plan on a snapshot saved by `coral-hpc cluster --json` instead of asking "
+                   "Slurm.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 @click.option("--export-templates", "export_file", type=click.Path(dir_okay=False),
               help="Write the Stage-1 template library (usage, throughput, price) as JSON here.")
@@ -42,7 +43,8 @@ def plan(models_yaml: str, snapshot_file: str | None, as_json: bool, export_file
     unknown = sorted({m.architecture for m in deployment.models} - _known_architectures())
     if unknown:
         known = ", ".join(sorted(_known_architectures()))
-        fail([f"{models_yaml}: architecture(s) {unknown} not in profiles/models.yaml; known: {known}"])
+        fail([f"{models_yaml}: architecture(s) {unknown} not in profiles/models.yaml; "
+              f"known: {known}"])
     progress = None
     if not as_json:
         def progress(name: str, done: int, total: int) -> None:

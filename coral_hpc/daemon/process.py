@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from coral_hpc.atomic import write_atomic
 from coral_hpc.config import Deployment
 from coral_hpc.errors import PermanentError
 
@@ -81,9 +82,7 @@ def lock_is_held(path: Path) -> bool:
 
 def write_info(path: Path, data: dict) -> None:
     """Write the daemon's pid/address file atomically."""
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    tmp.replace(path)
+    write_atomic(path, json.dumps(data, indent=2) + "\n")
 
 
 def read_info(path: Path) -> dict | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+
 #: The event the gateway appends when a replica fails after the stream has started.
 def error_event(message: str, code: int = 502) -> bytes:
     """An OpenAI-style SSE error event (the ``openai`` client raises ``APIError`` on it)."""
@@ -49,7 +50,7 @@ class StreamUsage:
     """Token counts of one stream: from a ``usage`` object when the stream carries one, else
     counted as content chunks (vLLM sends one token per chunk)."""
 
-    __slots__ = ("usage", "chunks", "count_chunks")
+    __slots__ = ("chunks", "count_chunks", "usage")
 
     def __init__(self, count_chunks: bool) -> None:
         self.usage: dict | None = None

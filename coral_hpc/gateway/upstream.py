@@ -152,13 +152,19 @@ class _Connection(asyncio.Protocol):
             await self._wait(timeout)
 
     async def read_chunk(self, timeout: float) -> bytes:
-        """The next piece of the body, ``b""`` at its end."""
+        """Every piece of the body that has arrived (waiting for one), ``b""`` at its end.
+        Pieces that queued up while the caller was busy come back as one: a gateway that falls
+        behind then forwards them in one write instead of paying per piece."""
         self._may_pause = True
         while not self._chunks:
             if self.complete:
                 return b""
             await self._wait(timeout)
-        chunk = self._chunks.popleft()
+        if len(self._chunks) == 1:
+            chunk = self._chunks.popleft()
+        else:
+            chunk = b"".join(self._chunks)
+            self._chunks.clear()
         self._buffered -= len(chunk)
         if self._paused and not self._chunks and self.transport is not None:
             self._paused = False

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from pydantic import TypeAdapter
 
+from coral_hpc.atomic import write_atomic
 from coral_hpc.config import (
     DEFAULT_CPUS_PER_GPU,
     DEFAULT_MEM_PER_GPU_GB,
@@ -28,13 +29,13 @@ from coral_hpc.config import (
     VenvEnvironment,
 )
 from coral_hpc.errors import PermanentError
-from coral_hpc.types import JobTag, ReplicaLayout, StageLayout
+from coral_hpc.types import SIGNAL_LEAD_S, JobTag, ReplicaLayout, StageLayout
+
+__all__ = ["SIGNAL_LEAD_S", "ReplicaSpec", "SpecError", "StageRequest", "StageSpec", "replica_spec"]
 
 Environment = VenvEnvironment | ModuleEnvironment | ApptainerEnvironment
 _ENV_ADAPTER: TypeAdapter = TypeAdapter(EngineEnvironment)
 
-#: Seconds between Slurm's SIGUSR2 warning and the end of the walltime (``--signal=USR2@N``).
-SIGNAL_LEAD_S = 90
 
 
 class SpecError(PermanentError):
@@ -72,7 +73,8 @@ class StageRequest:
 
 @dataclass(frozen=True)
 class ReplicaSpec:
-    """Everything a replica job needs; JSON round-trips through :meth:`to_json`/:meth:`from_json`."""
+    """Everything a replica job needs; JSON round-trips through :meth:`to_json` and
+    :meth:`from_json`."""
 
     deployment: str
     model: str  # served model name (``--served-model-name``)
@@ -244,10 +246,7 @@ class ReplicaSpec:
 
     def write(self) -> Path:
         """Write ``spec.json`` into the replica folder (atomically) and return its path."""
-        self.replica_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.spec_file.with_suffix(".json.tmp")
-        tmp.write_text(self.to_json())
-        tmp.replace(self.spec_file)
+        write_atomic(self.spec_file, self.to_json())
         return self.spec_file
 
 

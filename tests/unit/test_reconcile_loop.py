@@ -338,7 +338,8 @@ def test_a_cancel_slurm_did_not_carry_out_is_sent_again(make):
     assert loop.store.replica(record.id).cancelled_at is None  # not recorded as cancelled
     assert not loop.slurm.cancelled
     loop.cycle(loop.settings.poll_interval_s + 1)  # after the backoff: sent again
-    assert loop.slurm.cancelled == [(record.job_id, DRAIN_SIGNAL, False)]  # grace: the drain signal first
+    # grace: the drain signal first
+    assert loop.slurm.cancelled == [(record.job_id, DRAIN_SIGNAL, False)]
     assert loop.store.replica(record.id).cancelled_at is not None
 
 
