@@ -52,9 +52,12 @@ unit: venv
 integration: venv cluster
 	$(BIN)/python -m pytest tests/integration -q -m slurm
 
+# The layer contract (pyproject's [tool.importlinter]), ruff (line length included) and mypy on
+# solver/ and the seams between packages ([tool.mypy]). CI runs it before the tests.
 lint: venv
 	$(BIN)/lint-imports
 	$(BIN)/ruff check coral_hpc solver tests bench
+	$(BIN)/mypy
 
 wheel-check: venv
 	scripts/wheel-check

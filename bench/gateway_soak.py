@@ -306,7 +306,9 @@ def write_results(args, samples: list[dict], load: Load, alive: bool, uptime_sta
     }
     args.results.mkdir(parents=True, exist_ok=True)
     (args.results / "gateway_soak.json").write_text(json.dumps(doc, indent=1) + "\n")
-    fmt = lambda v: "–" if v is None else f"{v:+.4f}"
+    def fmt(v):
+        return "–" if v is None else f"{v:+.4f}"
+
     lines = [
         "# Gateway soak: RSS over an hour of traffic with bursts",
         "",

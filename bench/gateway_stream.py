@@ -310,7 +310,9 @@ async def gen_main(port: int, streams: int, interval_ms: int, events: int, durat
               "error_answers": gen.errors}
     if gen.delays:
         ordered = sorted(gen.delays)
-        pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))] / 1e6
+        def pick(q):
+            return ordered[min(len(ordered) - 1, int(q * len(ordered)))] / 1e6
+
         result.update({"delay_p50_ms": round(pick(0.50), 3), "delay_p90_ms": round(pick(0.90), 3),
                        "delay_p99_ms": round(pick(0.99), 3), "delay_samples": len(ordered)})
     return result
@@ -331,7 +333,8 @@ def run_gen(args, port: int, streams: int, interval_ms: int, events: int) -> dic
     argv = ["taskset", "-c", args.load_cores, sys.executable, __file__, "gen", "--port", str(port),
             "--streams", str(streams), "--interval-ms", str(interval_ms), "--events", str(events),
             "--duration", str(args.duration)]
-    out = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=args.duration + 120)
+    out = subprocess.run(argv, check=False, capture_output=True, text=True,
+                         timeout=args.duration + 120)
     line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if line is None:
         raise RuntimeError(f"generator printed no result: {out.stdout[-500:]} {out.stderr[-2000:]}")

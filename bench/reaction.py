@@ -44,8 +44,8 @@ sys.path.insert(0, str(REPO))
 from coral_hpc.config import load_deployment
 from coral_hpc.daemon import ensure_replica_key
 from coral_hpc.daemon.core import Daemon
-from coral_hpc.plan.planner import Planner
 from coral_hpc.gateway.table import default_replica_key_path, default_table_path
+from coral_hpc.plan.planner import Planner
 from coral_hpc.reconcile.settings import ReconcileSettings
 from coral_hpc.slurm import make_client
 from coral_hpc.store import open_store

@@ -27,12 +27,12 @@ from pydantic import (
 )
 
 from coral_hpc.errors import ConfigError
+from coral_hpc.types import slurm_duration_s
 
 #: Names end up in Slurm job names, URLs and file names: keep them to a safe alphabet.
 SAFE_NAME = r"^[a-z0-9][a-z0-9._-]{0,62}$"
 _SAFE_NAME_RE = re.compile(SAFE_NAME)
 _GPU_TYPE_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
-_SLURM_TIME_RE = re.compile(r"^(?:(\d+)-)?(?:(\d+):)?(\d+)(?::(\d+))?$")
 
 
 class _Frozen(BaseModel):
@@ -51,23 +51,12 @@ def parse_slurm_time(value: str | int) -> int:
             raise ValueError("must be a positive number of minutes")
         return value * 60
     text = str(value).strip()
-    match = _SLURM_TIME_RE.match(text)
-    if not match:
+    try:
+        total = slurm_duration_s(text)
+    except ValueError:
         raise ValueError(
             f"{text!r} is not a Slurm time; use MM, HH:MM:SS or D-HH:MM:SS such as '04:00:00'"
-        )
-    days, first, second, third = match.groups()
-    parts = [int(p) for p in (first, second, third) if p is not None]
-    if days is not None:
-        # D-HH, D-HH:MM, D-HH:MM:SS
-        hours, minutes, seconds = (parts + [0, 0, 0])[:3]
-        total = int(days) * 86400 + hours * 3600 + minutes * 60 + seconds
-    elif len(parts) == 1:
-        total = parts[0] * 60
-    elif len(parts) == 2:
-        total = parts[0] * 60 + parts[1]
-    else:
-        total = parts[0] * 3600 + parts[1] * 60 + parts[2]
+        ) from None
     if total <= 0:
         raise ValueError("must be longer than zero")
     return total
@@ -303,6 +292,25 @@ class EngineConfig(_Frozen):
     kv_connector: KvConnectorConfig | None = Field(
         default=None, description="KV connector of disaggregated models (policy.disaggregation)"
     )
+    # model weights (ops): see the "model weights" section below
+    hf_token_file: str | None = Field(
+        default=None,
+        description="file (mode 600, yours) holding a Hugging Face token; it reaches the engine "
+                    "and `coral-hpc stage` as HF_TOKEN in their environment only",
+    )
+    hf_home: str | None = Field(
+        default=None,
+        description="the site's shared Hugging Face cache (HF_HOME) on the shared filesystem, "
+                    "set in every environment kind and bound into Apptainer images "
+                    "[default: <state_dir>/huggingface]",
+    )
+
+    @field_validator("hf_token_file")
+    @classmethod
+    def _private_token_file(cls, value: str | None) -> str | None:
+        if value is not None:
+            check_private_file(value, "Hugging Face token")
+        return value
 
 
 def is_loopback_host(host: str) -> bool:
@@ -504,6 +512,42 @@ class ModelConfig(_Frozen):
         return self.demand.output_tokens_per_s / self.mix.output_tokens
 
 
+# --------------------------------------------------------------------------- retention (ops)
+
+
+class RetentionConfig(_Frozen):
+    """What the daemon keeps, and for how long. A daemon runs for months: without limits its
+    logs, the replica folders on the shared filesystem and its database only grow."""
+
+    log_max_mb: float = Field(
+        default=20.0, gt=0,
+        description="rotate the daemon's (serve --log-file) and the gateway's log at this size",
+    )
+    log_backups: int = Field(
+        default=5, ge=1, description="rotated logs kept per log: at most (1 + this) × log_max_mb"
+    )
+    replica_files_days: float = Field(
+        default=14.0, gt=0,
+        description="remove an ended replica's folder, logs and rendezvous files after this "
+                    "long (two weeks of post-mortems)",
+    )
+    events_days: float = Field(
+        default=90.0, gt=0, description="keep `coral-hpc status` events this long"
+    )
+    history_days: float = Field(
+        default=400.0, gt=0,
+        description="keep plans, ended replicas, metered demand and token counts this long: a "
+                    "year of `coral-hpc cost` and `report` (booked vs predicted, cost per token)",
+    )
+    demand_compact_after_days: float = Field(
+        default=2.0, gt=0,
+        description="merge per-scrape demand intervals older than this into hourly rows",
+    )
+    prune_interval_s: float = Field(
+        default=3600.0, gt=0, description="apply these limits this often"
+    )
+
+
 # --------------------------------------------------------------------------- deployment
 
 
@@ -522,6 +566,7 @@ class Deployment(_Frozen):
     engine: EngineConfig = EngineConfig()
     gateway: GatewayConfig = GatewayConfig()
     policy: PolicyConfig = PolicyConfig()
+    retention: RetentionConfig = RetentionConfig()
     models: tuple[ModelConfig, ...] = Field(min_length=1)
 
     @field_validator("deployment")
@@ -747,3 +792,50 @@ def load_deployment(path: str | Path) -> Deployment:
     except OSError as exc:
         raise ConfigError(str(file), [f"{file}: cannot read: {exc.strerror}"]) from None
     return parse_deployment(text, str(file))
+
+
+# --------------------------------------------------------------------------- field lines (ops)
+
+
+def field_line(path: str | Path, loc: tuple[str | int, ...]) -> int:
+    """The 1-based line of field ``loc`` (``("models", 2, "min_replicas")``) in the YAML file at
+    ``path``, or of its nearest parent present there; 1 when the file cannot be read. For errors
+    found after loading (a plan that cannot meet ``min_replicas``) that must still name a line."""
+    try:
+        root = yaml.compose(Path(path).read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
+    except (OSError, yaml.YAMLError):
+        return 1
+    return _nearest_line(_line_index(root), tuple(loc)) if root is not None else 1
+
+
+# --------------------------------------------------------------------------- model weights (ops)
+
+
+def check_private_file(path: str, what: str) -> None:
+    """Refuse a secret file that is missing, empty, not this user's, or that group or others
+    could read (as ssh refuses a loose private key). ValueError says how to fix it."""
+    import os
+    import stat
+
+    file = Path(path).expanduser()
+    try:
+        info = file.stat()
+    except OSError as exc:
+        raise ValueError(f"{what} file {file}: cannot read: {exc.strerror}") from None
+    if info.st_uid != os.getuid():
+        raise ValueError(f"{what} file {file} is owned by uid {info.st_uid}, not by this user")
+    if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ValueError(
+            f"{what} file {file} has mode {stat.S_IMODE(info.st_mode):o}: group or others may "
+            f"read it; run `chmod 600 {file}`"
+        )
+    if info.st_size == 0:
+        raise ValueError(f"{what} file {file} is empty")
+
+
+def hf_home_of(deployment: Deployment) -> str:
+    """The Hugging Face cache replicas and `coral-hpc stage` use: ``engine.hf_home``, or
+    ``<state_dir>/huggingface`` (shared by every deployment of that state_dir), absolute."""
+    configured = deployment.engine.hf_home
+    base = Path(configured) if configured else Path(deployment.state_dir) / "huggingface"
+    return str(base.expanduser().resolve())

@@ -21,16 +21,30 @@ Design rules (../shared/ARCHITECTURE.md, "State"):
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, fields
 from pathlib import Path
 from time import time as _wall_clock
 from typing import Any
 
 from coral_hpc.errors import PermanentError
-from coral_hpc.types import Excluded, ExclusionKind, ReplicaLayout, excluded_from_key
+from coral_hpc.records import (
+    DemandInterval,
+    Event,
+    Exclusion,
+    PlanRecord,
+    ReplicaRecord,
+    StartupObservation,
+)
+from coral_hpc.types import ExclusionKind, ReplicaLayout, excluded_from_key
+
+__all__ = [
+    "DemandInterval", "Event", "Exclusion", "PlanRecord", "ReplicaRecord", "StartupObservation",
+    "Store", "migrate", "open_store",
+]  # fmt: skip
 
 # --------------------------------------------------------------------------- schema
 
@@ -125,50 +139,21 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
         );
         """,
     ),
+    (
+        2,
+        # Retention (coral_hpc.daemon.retention) deletes by time, and the daemon reads recent
+        # demand of every model each cycle (``demand_since`` without a model): both need an
+        # index on time, or each cycle and each pruning scans the whole table.
+        """
+        CREATE INDEX demand_end ON demand_intervals (end);
+        CREATE INDEX plans_time ON plans (time);
+        CREATE INDEX startup_time ON startup_observations (time);
+        CREATE INDEX exclusions_until ON exclusions (until);
+        """,
+    ),
 )
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
-
-
-# --------------------------------------------------------------------------- records
-
-
-@dataclass(frozen=True)
-class ReplicaRecord:
-    """One replica: what was asked for, and the facts observed about its job since."""
-
-    id: str
-    model: str
-    template_id: str
-    #: None only for a job adopted without a readable spec.json (its layout is unknown)
-    layout: ReplicaLayout | None
-    partitions: tuple[str, ...]
-    throughput: float
-    cost_per_hour: float
-    created_at: float
-    replaces: str | None = None
-    reason: str = ""
-    job_id: str | None = None
-    time_limit_s: float | None = None
-    submitted_at: float | None = None
-    started_at: float | None = None
-    ready_at: float | None = None
-    endpoint: str | None = None
-    slurm_state: str | None = None
-    slurm_reason: str | None = None
-    nodes: str | None = None
-    last_seen_at: float | None = None
-    health_ok_at: float | None = None
-    health_failures: int = 0
-    drain_requested_at: float | None = None
-    cancelled_at: float | None = None
-    ended_at: float | None = None
-    end_state: str | None = None
-
-    @property
-    def live(self) -> bool:
-        """True until the replica's end is recorded."""
-        return self.ended_at is None
 
 
 #: Fields :meth:`Store.update_replica` may change; identity and what was asked for stay fixed.
@@ -183,75 +168,6 @@ _MUTABLE_REPLICA_FIELDS = frozenset(
 _REPLICA_COLUMNS = tuple(
     "layout_json" if f.name == "layout" else f.name for f in fields(ReplicaRecord)
 )
-
-
-@dataclass(frozen=True)
-class PlanRecord:
-    """A plan as stored: its rows are plain dicts (template, partitions, count, …)."""
-
-    id: int
-    time: float
-    cost_per_hour: float
-    solve_s: float
-    status: str
-    rows: list[dict[str, Any]]
-    demand: dict[str, float]
-
-
-@dataclass(frozen=True)
-class Event:
-    """Something that happened, for people: a submission, a drain, a cool-down, an error."""
-
-    id: int
-    time: float
-    kind: str
-    message: str
-    model: str | None = None
-    replica_id: str | None = None
-
-
-@dataclass(frozen=True)
-class DemandInterval:
-    """Gateway counters for one model (and API key) over ``[start, end)``: deltas, not totals.
-
-    ``requests`` counts every arrival, ``rejected`` those of them turned away for lack of a READY
-    replica (the gateway's own convention); tokens are those of the answered requests.
-    """
-
-    start: float
-    end: float
-    model: str
-    requests: int
-    prompt_tokens: int
-    generated_tokens: int
-    rejected: int
-    api_key: str = ""
-
-
-@dataclass(frozen=True)
-class StartupObservation:
-    """Seconds from submission to READY of one replica."""
-
-    time: float
-    replica_id: str
-    template_id: str
-    gpu_type: str
-    seconds: float
-
-
-@dataclass(frozen=True)
-class Exclusion:
-    """A template or shape kept out of plans until ``until`` (crash cool-down, pending timeout)."""
-
-    target: Excluded
-    kind: ExclusionKind
-    since: float
-    until: float
-    reason: str
-
-    @property
-    def key(self) -> str:
-        return self.target.key
 
 
 # --------------------------------------------------------------------------- store
@@ -369,7 +285,7 @@ class Store:
             "VALUES (?, ?, ?, ?, ?, ?)",
             (time, cost_per_hour, solve_s, status, _dumps(rows), _dumps(demand)),
         )
-        return int(cursor.lastrowid)
+        return _row_id(cursor)
 
     def latest_plan(self) -> PlanRecord | None:
         """The most recent plan, or None before the first."""
@@ -401,13 +317,14 @@ class Store:
             "INSERT INTO events (time, kind, model, replica_id, message) VALUES (?, ?, ?, ?, ?)",
             (time, kind, model, replica_id, message),
         )
-        return int(cursor.lastrowid)
+        return _row_id(cursor)
 
     def events(
         self, limit: int = 50, since: float | None = None, kind: str | None = None
     ) -> list[Event]:
         """The newest events first, at most ``limit``."""
-        where, params = [], []
+        where: list[str] = []
+        params: list[Any] = []
         if since is not None:
             where.append("time >= ?")
             params.append(since)
@@ -502,6 +419,70 @@ class Store:
 
     # ----------------------------------------------------------------- misc
 
+    # ----------------------------------------------------------------- retention
+
+    def prune(self, *, events_before: float, history_before: float) -> dict[str, int]:
+        """Delete what retention no longer keeps, in one transaction; rows deleted per table.
+
+        ``events_before``: events older than that. ``history_before``: plans (but never the
+        plan still in force at that time, which cost reports start from), replicas that ended
+        before it, metered demand intervals that ended before it, start-up observations, and
+        exclusions that expired before it. Live replicas are never touched."""
+        statements = {
+            "events": ("DELETE FROM events WHERE time < ?", (events_before,)),
+            "plans": (
+                ("DELETE FROM plans WHERE time < ? AND id < (SELECT COALESCE(MAX(id), 0) FROM "
+                 "plans WHERE time <= ?)"), (history_before, history_before)),
+            "replicas": ("DELETE FROM replicas WHERE ended_at IS NOT NULL AND ended_at < ?",
+                         (history_before,)),
+            "demand_intervals": ("DELETE FROM demand_intervals WHERE end < ?",
+                                 (history_before,)),
+            "startup_observations": ("DELETE FROM startup_observations WHERE time < ?",
+                                     (history_before,)),
+            "exclusions": ("DELETE FROM exclusions WHERE until < ?", (history_before,)),
+        }
+        deleted = {}
+        with self._lock, self._db:
+            for table, (sql, params) in statements.items():
+                deleted[table] = self._db.execute(sql, params).rowcount
+        return deleted
+
+    def compact_demand(self, before: float, bucket_s: float = 3600.0) -> int:
+        """Merge metered intervals that ended before ``before`` into one row per model, API key
+        and ``bucket_s`` bucket (sums of requests and tokens; start and end of the bucket's
+        first and last interval), so years of per-scrape rows stay small while cost per token
+        keeps an hourly resolution. Returns how many rows were removed."""
+        with self._lock, self._db:
+            groups = self._db.execute(
+                "SELECT model, api_key, CAST(start / ? AS INTEGER) AS bucket, COUNT(*) AS n, "
+                "MIN(start) AS start, MAX(end) AS end, SUM(requests) AS requests, "
+                "SUM(prompt_tokens) AS prompt_tokens, SUM(generated_tokens) AS generated_tokens, "
+                "SUM(rejected) AS rejected FROM demand_intervals WHERE end < ? "
+                "GROUP BY model, api_key, bucket HAVING COUNT(*) > 1",
+                (bucket_s, before),
+            ).fetchall()
+            removed = 0
+            for g in groups:
+                low, high = g["bucket"] * bucket_s, (g["bucket"] + 1) * bucket_s
+                removed += self._db.execute(
+                    "DELETE FROM demand_intervals WHERE model = ? AND api_key = ? AND end < ? "
+                    "AND start >= ? AND start < ?",
+                    (g["model"], g["api_key"], before, low, high),
+                ).rowcount - 1
+                self._db.execute(
+                    "INSERT INTO demand_intervals (start, end, model, api_key, requests, "
+                    "prompt_tokens, generated_tokens, rejected) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (g["start"], g["end"], g["model"], g["api_key"], g["requests"],
+                     g["prompt_tokens"], g["generated_tokens"], g["rejected"]),
+                )
+        return removed
+
+    def query_plan(self, sql: str, params: Sequence[Any] = ()) -> list[str]:
+        """SQLite's ``EXPLAIN QUERY PLAN`` of ``sql`` (the index a query uses), for tests and
+        for an operator wondering why a query is slow."""
+        rows = self._read(f"EXPLAIN QUERY PLAN {sql}", params)
+        return [str(r["detail"]) for r in rows]
+
     def counts(self) -> dict[str, int]:
         """Rows per table."""
         out = {}
@@ -530,6 +511,8 @@ def open_store(path: str | Path, readonly: bool = False) -> Store:
         )
     else:
         file.parent.mkdir(parents=True, exist_ok=True)
+        if not file.exists():
+            _create(file)
         connection = sqlite3.connect(str(file), check_same_thread=False, timeout=10)
     connection.row_factory = sqlite3.Row
     try:
@@ -550,6 +533,18 @@ def open_store(path: str | Path, readonly: bool = False) -> Store:
         connection.close()
         raise
     return Store(connection, str(file))
+
+
+def _create(file: Path) -> None:
+    """Make a new database beside ``file`` and move it into place once migrated, so a reader
+    (``coral-hpc status`` while the daemon starts) never opens one without its tables."""
+    tmp = file.with_name(f".{file.name}.{os.getpid()}.new")
+    connection = sqlite3.connect(str(tmp))
+    try:
+        migrate(connection, str(file))
+    finally:
+        connection.close()
+    os.replace(tmp, file)
 
 
 def migrate(connection: sqlite3.Connection, name: str = "<db>") -> list[int]:
@@ -613,6 +608,12 @@ def _too_new(name: str, version: int) -> str:
         f"{name}: database schema version {version} is newer than this coral-hpc understands "
         f"(≤ {SCHEMA_VERSION}); upgrade coral-hpc or point db_path at another file"
     )
+
+
+def _row_id(cursor: sqlite3.Cursor) -> int:
+    """The id SQLite gave the row an INSERT just wrote."""
+    assert cursor.lastrowid is not None
+    return int(cursor.lastrowid)
 
 
 def _dumps(data: Any) -> str:

@@ -15,6 +15,12 @@ import enum
 import re
 from dataclasses import dataclass
 
+#: Seconds between Slurm's SIGUSR2 warning and the end of the walltime (``--signal=USR2@N``):
+#: time for the engine to drain its requests; the reconcile loop counts it off a replica's life.
+SIGNAL_LEAD_S = 90
+
+_DURATION_RE = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+
 _TAG_PREFIX = "coral:"
 _NAME_PREFIX = "coral."
 _FIELD_RE = re.compile(r"^[A-Za-z0-9._-]+$")
@@ -68,6 +74,28 @@ class JobTag:
             )
         except (KeyError, ValueError):
             return None
+
+
+# --------------------------------------------------------------------------- Slurm durations
+
+
+def slurm_duration_s(text: str) -> int:
+    """Seconds in a Slurm duration: ``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH``, ``D-HH:MM``,
+    ``D-HH:MM:SS`` (the one parser: ``models.yaml``'s ``time_limit`` and Slurm's own output).
+    Raises ValueError for anything else."""
+    match = _DURATION_RE.match(text.strip())
+    if not match:
+        raise ValueError(f"{text!r} is not a Slurm duration")
+    days, first, second, third = match.groups()
+    parts = [int(p) for p in (first, second, third) if p is not None]
+    if days is not None:
+        hours, minutes, seconds = (parts + [0, 0, 0])[:3]
+        return int(days) * 86400 + hours * 3600 + minutes * 60 + seconds
+    if len(parts) == 1:
+        return parts[0] * 60
+    if len(parts) == 2:
+        return parts[0] * 60 + parts[1]
+    return parts[0] * 3600 + parts[1] * 60 + parts[2]
 
 
 # --------------------------------------------------------------------------- replica layout

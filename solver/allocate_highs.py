@@ -41,19 +41,22 @@ _BANNER_SHOWN = False
 
 def _new_highs() -> highspy.Highs:
     """A Highs instance. HiGHS prints its banner on stdout from C++ at the first construction in
-    a process, which would corrupt ``--json`` output: that one construction writes to stderr."""
+    a process (``output_flag`` can only be set after it): that would corrupt ``--json`` output
+    and clutter every ``plan``, so that one construction writes to /dev/null."""
     global _BANNER_SHOWN
     if _BANNER_SHOWN:
         return highspy.Highs()
     _BANNER_SHOWN = True
     sys.stdout.flush()
     saved = os.dup(1)
+    devnull = os.open(os.devnull, os.O_WRONLY)
     try:
-        os.dup2(2, 1)
+        os.dup2(devnull, 1)
         return highspy.Highs()
     finally:
         os.dup2(saved, 1)
         os.close(saved)
+        os.close(devnull)
 
 
 class HighsSolver:

@@ -161,6 +161,15 @@ def kv_capacity_tokens(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int,
     return _kv_capacity(arch, gpu, tp, layers, gpu_memory_utilization)
 
 
+def kv_transfer_s(arch: ModelArch, layers: int, prompt_tokens: int) -> float:
+    """Seconds to move the KV cache of ``prompt_tokens`` prompt tokens, ``layers`` layers of it,
+    from a prefill replica's node to a decode replica's: over the inter-node link the pipeline
+    hand-off is priced on (calibration ``pipeline``: alpha + bytes / bandwidth, measured)."""
+    cal = _calibration()
+    share = float(prompt_tokens) * arch.kv_bytes_per_token * layers / arch.layers
+    return cal.pp_alpha_s + share / cal.pp_bw
+
+
 # --- step latency ---------------------------------------------------------------------------
 
 @functools.lru_cache(maxsize=65536)

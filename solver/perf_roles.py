@@ -52,10 +52,9 @@ def kv_bytes_per_request(arch: ModelArch, mix: perf.Mix) -> float:
 
 
 def kv_transfer_s(arch: ModelArch, layers: int, mix: perf.Mix) -> float:
-    """Seconds to move one prompt's KV of ``layers`` layers off (or onto) one stage's node."""
-    cal = perf._calibration()
-    share = kv_bytes_per_request(arch, mix) * layers / arch.layers
-    return cal.pp_alpha_s + share / cal.pp_bw
+    """Seconds to move one mean prompt's KV of ``layers`` layers off (or onto) one stage's node
+    (:func:`solver.perf.kv_transfer_s`)."""
+    return perf.kv_transfer_s(arch, layers, mix.input_tokens)
 
 
 def _link_cap(arch: ModelArch, layers: int, mix: perf.Mix) -> float:

@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "plan": ("coral_hpc.cli.plan", "plan", "What Coral would run now: replicas, layouts, cost, served vs demand (submits nothing)."),
     "profile": ("coral_hpc.cli.profile", "profile", "Measure the real engine in Slurm jobs per partition; write measured profiles."),
     "keys": ("coral_hpc.cli.gateway", "keys", "Add, list or remove gateway API keys (hashed file)."),
+    "stage": ("coral_hpc.cli.stage", "stage", "Download every model into the shared Hugging Face cache with one Slurm job."),
 }
 
 
@@ -40,7 +41,9 @@ class LazyGroup(click.Group):
         if name not in COMMANDS:
             return None
         module_name, attribute, _ = COMMANDS[name]
-        return getattr(importlib.import_module(module_name), attribute)
+        command = getattr(importlib.import_module(module_name), attribute)
+        _add_exit_statuses(command)
+        return command
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, COMMANDS[name][2]) for name in sorted(COMMANDS)]
@@ -48,7 +51,22 @@ class LazyGroup(click.Group):
             formatter.write_dl(rows)
 
 
-@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+def _add_exit_statuses(command: click.Command) -> None:
+    """Every command's ``--help`` ends with the exit statuses (one list for all commands)."""
+    from coral_hpc.cli._output import exit_status_epilog
+
+    if not command.epilog:
+        command.epilog = exit_status_epilog()
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            _add_exit_statuses(sub)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]},
+             epilog="Exit status: 0 done, 1 a bug to report, 2 invalid input (nothing changed), "
+                    "3 Slurm/accounting/port unavailable (try again), 4 another daemon already "
+                    "serves the deployment. Tables fold to the terminal's width; --wide keeps "
+                    "one line per row.")
 @click.version_option(__version__, prog_name="coral-hpc")
 def cli() -> None:
     """Serve many LLMs on a shared Slurm GPU cluster at least cost."""

@@ -19,12 +19,25 @@ from datetime import datetime
 from pathlib import Path
 
 import click
-from rich.table import Table
+from rich.text import Text
 
-from coral_hpc.cli._output import EXIT_UNAVAILABLE, console, fail, print_json
+from coral_hpc.cli._output import (
+    EXIT_UNAVAILABLE,
+    Column,
+    console,
+    fail,
+    print_json,
+    print_table,
+    wide_option,
+)
 from coral_hpc.config import Deployment, load_deployment
 from coral_hpc.errors import ConfigError, PermanentError, TransientError
 from coral_hpc.store import PlanRecord, ReplicaRecord, Store, open_store
+
+#: what --since/--until accept, for their --help and their errors
+TIME_FORMATS = ("ISO 8601 date or time (2026-11-29, 2026-11-29T10:00, local time unless a zone "
+                "such as +01:00 is given), @EPOCH seconds, now, or now-N with s/m/h/d "
+                "(now-90m, now-6h, now-2d)")
 
 _RELATIVE_RE = re.compile(r"^now(?:-(\d+(?:\.\d+)?)([smhd]))?$")
 _UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -42,10 +55,7 @@ def parse_when(text: str, now: float) -> float:
     try:
         parsed = datetime.fromisoformat(value)
     except ValueError:
-        raise ValueError(
-            f"{text!r} is not a time: use ISO 8601 (2026-11-29 or 2026-11-29T10:00), "
-            "@EPOCH, now, or now-90m / now-6h / now-2d"
-        ) from None
+        raise ValueError(f"{text!r} is not a time: use {TIME_FORMATS}") from None
     return parsed.timestamp()  # naive = local time, as Slurm prints it
 
 
@@ -146,13 +156,16 @@ def build(inputs: Inputs):  # type: ignore[no-untyped-def]
 
 @click.command()
 @click.argument("file", type=click.Path(dir_okay=False))
-@click.option("--since", help="Range start (default: when the deployment started).")
-@click.option("--until", help="Range end, exclusive (default: now).")
+@click.option("--since", metavar="TIME",
+              help=f"Range start (default: when the deployment started). TIME: {TIME_FORMATS}.")
+@click.option("--until", metavar="TIME", help="Range end, exclusive (default: now); as --since.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--csv", "as_csv", is_flag=True, help="Print rows (model, partition, GPU type, day) as CSV.")
 @click.option("--plot", "plot", type=click.Path(dir_okay=False), help="Write cost plots to this PNG.")
+@wide_option
 def cost(
-    file: str, since: str | None, until: str | None, as_json: bool, as_csv: bool, plot: str | None
+    file: str, since: str | None, until: str | None, as_json: bool, as_csv: bool, plot: str | None,
+    wide: bool,
 ) -> None:
     """What FILE's deployment cost according to sacct: GPU-hours and cost per model, partition,
     GPU type and day; cost per million tokens; booked against the plans' prediction."""
@@ -173,7 +186,7 @@ def cost(
     elif as_csv:
         _write_csv(data)
     else:
-        _print_table(data)
+        _print_table(data, wide)
         if plot:
             console.print(f"plots written to {plot}")
 
@@ -192,26 +205,28 @@ def _write_csv(data: dict) -> None:
         writer.writerow({k: ("" if v is None else v) for k, v in row.items()})
 
 
-def _print_table(data: dict) -> None:
+def _print_table(data: dict, wide: bool = False) -> None:
     console.print(
         f"[bold]{data['deployment']}[/] from {data['since']} to {data['until']} "
         f"(unit: {data['price_unit']})"
     )
-    table = Table("model", "partition", "GPU type", "day", "GPU-hours", "cost")
-    for row in data["rows"]:
-        table.add_row(row["model"], row["partition"], row["gpu_type"], row["day"],
-                      f"{row['gpu_hours']:.4f}", _money(row["cost"]))
     total = data["total"]
-    table.add_row("[bold]total[/]", "", "", "", f"{total['gpu_hours']:.4f}", _money(total["cost"]))
-    console.print(table)
-    models = Table("model", "GPU-hours", "cost", "tokens", "cost / M tokens", "cost / M generated")
-    for m in data["models"]:
-        models.add_row(
-            m["model"], f"{m['gpu_hours']:.4f}", _money(m["cost"]),
-            str(m["prompt_tokens"] + m["generated_tokens"]),
-            _money(m["cost_per_million_tokens"]), _money(m["cost_per_million_generated_tokens"]),
-        )
-    console.print(models)
+    rows = [(row["model"], row["partition"], row["gpu_type"], row["day"],
+             f"{row['gpu_hours']:.4f}", _money(row["cost"])) for row in data["rows"]]
+    rows.append((Text("total", style="bold"), "", "", "", f"{total['gpu_hours']:.4f}",
+                 _money(total["cost"])))
+    print_table([Column("model", "id"), Column("partition", "id"), Column("GPU type", "id"),
+                 Column("day", "id"), Column("GPU-hours", "num"), Column("cost", "num")],
+                rows, wide=wide)
+    print_table(
+        [Column("model", "id"), Column("GPU-hours", "num"), Column("cost", "num"),
+         Column("tokens", "num"), Column("cost / M tokens", "num"),
+         Column("cost / M generated", "num")],
+        [(m["model"], f"{m['gpu_hours']:.4f}", _money(m["cost"]),
+          m["prompt_tokens"] + m["generated_tokens"], _money(m["cost_per_million_tokens"]),
+          _money(m["cost_per_million_generated_tokens"])) for m in data["models"]],
+        wide=wide,
+    )
     comparison = data["plan_comparison"]
     if comparison:
         parts = comparison["parts"]

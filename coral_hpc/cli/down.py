@@ -30,6 +30,15 @@ def down(file: str, grace: float, as_json: bool) -> None:
         deployment = load_deployment(file)
     except ConfigError as exc:
         fail(exc.problems + [f"{file}: {len(exc.problems)} problem(s); nothing was stopped"])
+    # 0. from the wrong login node, cancelling would only make that host's daemon resubmit
+    from coral_hpc.cli._output import EXIT_CONFLICT
+    from coral_hpc.daemon.claim import served_elsewhere
+
+    other = served_elsewhere(deployment.state_path)
+    if other is not None:
+        fail(f"{file}: the daemon serving {deployment.deployment} runs on {other['host']} "
+             f"(pid {other['pid']}, heartbeat {other['age_s']:.0f} s ago); run `coral-hpc down` "
+             "there; nothing was stopped", status=EXIT_CONFLICT)
     # 1. the daemon first, or it would replace what we cancel
     if lock_is_held(lock_path(deployment)):
         info = read_info(info_path(deployment)) or {}

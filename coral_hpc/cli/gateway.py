@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import click
 
-from coral_hpc.cli._output import console, fail, print_json
+from coral_hpc.cli._logging import configure_logging
+from coral_hpc.cli._output import fail, print_json
 from coral_hpc.config import load_deployment
 from coral_hpc.errors import ConfigError, PermanentError
 
@@ -33,9 +33,12 @@ from coral_hpc.errors import ConfigError, PermanentError
               help="Answer 408 when a request body is not complete this long after its head.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
+@click.option("--log-file", type=click.Path(dir_okay=False),
+              help="Log here, rotated at retention.log_max_mb [default: stderr].")
 def gateway(file: str, table: str | None, replica_key_file: str | None, listen: str | None,
             ready_file: str | None, read_timeout: float, probe_interval: float,
-            idle_timeout: float, body_timeout: float, log_level: str) -> None:
+            idle_timeout: float, body_timeout: float, log_level: str,
+            log_file: str | None = None) -> None:
     """Serve every model of FILE behind one OpenAI-compatible endpoint."""
     from coral_hpc.gateway.proxy import GatewaySettings
     from coral_hpc.gateway.server import run_gateway
@@ -75,8 +78,7 @@ def gateway(file: str, table: str | None, replica_key_file: str | None, listen: 
         tls_key=Path(config.tls_key).expanduser() if config.tls_key else None,
         behind_tls_proxy=config.behind_tls_proxy,
     )
-    logging.basicConfig(level=log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(log_level, log_file, deployment.retention)
     try:
         run_gateway(settings, host, port, Path(ready_file) if ready_file else None)
     except PermanentError as exc:
@@ -121,12 +123,10 @@ def keys_list(keys_file: str, as_json: bool) -> None:
     if as_json:
         print_json(rows)
         return
-    from rich.table import Table
+    from coral_hpc.cli._output import Column, print_table
 
-    table = Table("name", "created", "sha256 prefix")
-    for row in rows:
-        table.add_row(row["name"], row["created"], row["sha256_prefix"])
-    console.print(table)
+    print_table([Column("name", "id"), Column("created", "id"), Column("sha256 prefix", "id")],
+                [(row["name"], row["created"], row["sha256_prefix"]) for row in rows])
 
 
 @keys.command("remove")

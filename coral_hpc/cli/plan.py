@@ -8,25 +8,35 @@ import json
 from pathlib import Path
 
 import click
-from rich.table import Table
 
-from coral_hpc.cli._output import console, err_console, fail, print_json
+from coral_hpc.cli._output import (
+    EXIT_INTERNAL,
+    Column,
+    console,
+    fail,
+    print_json,
+    print_table,
+    stage1_progress,
+    wide_option,
+)
 
 #: exit status when the independent checker rejects the plan (a solver bug: report it)
-EXIT_REJECTED = 1
+EXIT_REJECTED = EXIT_INTERNAL
 
 
 @click.command()
 @click.argument("models_yaml", type=click.Path(dir_okay=False))
 @click.option("--snapshot", "snapshot_file", type=click.Path(dir_okay=False),
-              help="Plan on a snapshot saved by `coral-hpc cluster --json` instead of asking Slurm.")
+              help="Plan on a snapshot saved by `coral-hpc cluster --json` instead of asking "
+                   "Slurm.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 @click.option("--export-templates", "export_file", type=click.Path(dir_okay=False),
               help="Write the Stage-1 template library (usage, throughput, price) as JSON here.")
 @click.option("--cache-dir", type=click.Path(file_okay=False),
               help="Stage-1 cache folder (default ~/.cache/coral-hpc/templates).")
+@wide_option
 def plan(models_yaml: str, snapshot_file: str | None, as_json: bool, export_file: str | None,
-         cache_dir: str | None) -> None:
+         cache_dir: str | None, wide: bool) -> None:
     """Plan replicas for MODELS_YAML at least cost; print the plan (nothing is submitted)."""
     from coral_hpc.cli.cluster import load_snapshot_file, observe
     from coral_hpc.config import load_deployment
@@ -42,23 +52,41 @@ def plan(models_yaml: str, snapshot_file: str | None, as_json: bool, export_file
     unknown = sorted({m.architecture for m in deployment.models} - _known_architectures())
     if unknown:
         known = ", ".join(sorted(_known_architectures()))
-        fail([f"{models_yaml}: architecture(s) {unknown} not in profiles/models.yaml; known: {known}"])
-    progress = None
-    if not as_json:
-        def progress(name: str, done: int, total: int) -> None:
-            if name:
-                err_console.print(f"Stage 1: {name} ({done + 1}/{total})", highlight=False)
+        fail([f"{models_yaml}: architecture(s) {unknown} not in profiles/models.yaml; "
+              f"known: {known}"])
     # the same planner and request `serve` plans with at start on this snapshot
-    planner = Planner(cache_dir=Path(cache_dir) if cache_dir else None, progress=progress)
-    outcome = planner.solve(PlanRequest.from_snapshot(deployment, snapshot))
+    with stage1_progress() as progress:
+        planner = Planner(cache_dir=Path(cache_dir) if cache_dir else None, progress=progress)
+        outcome = planner.solve(PlanRequest.from_snapshot(deployment, snapshot))
     if export_file:
         Path(export_file).write_text(json.dumps(templates_json(outcome), indent=1))
     if as_json:
         print_json(plan_json(outcome))
     else:
-        _print_table(outcome)
+        _print_table(outcome, wide)
+    if outcome.status == "infeasible":
+        fail(infeasible_problems(models_yaml, deployment))
     if outcome.problems:
         fail([f"checker: {p}" for p in outcome.problems], status=EXIT_REJECTED)
+
+
+def infeasible_problems(path: str, deployment) -> list[str]:
+    """Why no plan exists, as invalid input: only ``min_replicas`` is a hard demand on the
+    cluster, so each model that sets it is named with its file, line and field."""
+    from coral_hpc.config import field_line
+
+    lines = []
+    for index, model in enumerate(deployment.models):
+        if model.min_replicas:
+            loc = ("models", index, "min_replicas")
+            lines.append(
+                f"{path}:{field_line(path, loc)}: models[{index}].min_replicas: "
+                f"{model.min_replicas} replica(s) of {model.name} cannot all be placed on the "
+                "GPUs available now; lower min_replicas or widen its partitions / gpu_types"
+            )
+    if not lines:
+        lines.append(f"{path}: no plan satisfies the deployment's quotas and limits")
+    return lines + [f"{path}: no feasible plan; nothing was submitted"]
 
 
 def _known_architectures() -> set[str]:
@@ -67,33 +95,42 @@ def _known_architectures() -> set[str]:
     return set(load_models())
 
 
-def _print_table(outcome) -> None:
+def _print_table(outcome, wide: bool = False) -> None:
+    from coral_hpc.plan.figures import figures_used
+
     result = outcome.solved
     plan = result.plan
     unit = "billing/h" if result.unit == "billing" else "per h"
-    table = Table(title=f"Plan: {plan.status}, {plan.cost_per_hour:.2f} {unit}")
-    for column in ("model", "role", "partition", "layout", "TP×PP", "count", "req/s each",
-                   f"cost {unit} each", "figures"):
-        table.add_column(column)
-    from coral_hpc.plan.figures import figures_used
-
+    priced = "Slurm billing units" if result.unit == "billing" else "the partitions' prices"
     arch = {m.name: m.arch for m in result.models}
+    rows = []
     for row in plan.rows:
         t = row.template
         layout = " + ".join(f"{s.gpu_type}[{s.layers}]" for s in t.stages)
         if not t.calibrated:
             layout += " (uncalibrated)"
-        table.add_row(row.model, row.role, ",".join(dict.fromkeys(row.partitions)), layout,
-                      f"{t.tp}×{t.pp}", str(row.count), f"{row.throughput:.3g}",
-                      f"{row.cost_per_hour:.3g}", figures_used(t, arch[row.model]))
-    console.print(table)
-    served = Table(title="Demand (requests/s of each model's mix, headroom included)")
-    for column in ("model", "demand", "served", "capacity"):
-        served.add_column(column)
-    for m in result.models:
-        served.add_row(m.name, f"{m.demand_rps:.3g}", f"{plan.served[m.name]:.3g}",
-                       f"{plan.capacity[m.name]:.3g}")
-    console.print(served)
+        rows.append([row.model, row.role, ", ".join(dict.fromkeys(row.partitions)), layout,
+                     f"{t.tp}×{t.pp}", row.count, f"{row.throughput:.3g}",
+                     f"{row.cost_per_hour:.3g}", figures_used(t, arch[row.model])])
+    columns = [Column("model", "id"), Column("role", "id"), Column("partition"),
+               Column("layout [layers]"), Column("TP×PP", "id"), Column("count", "num"),
+               Column("req/s each", "num"), Column("cost/h each", "num"), Column("figures")]
+    # a column whose every row says the same is a sentence under the table, not a column:
+    # what an 80-character terminal has room for
+    same = {i: rows[0][i] for i in (1, 8) if rows and len({r[i] for r in rows}) == 1}
+    keep = [i for i in range(len(columns)) if i not in same]
+    print_table([columns[i] for i in keep], [[r[i] for i in keep] for r in rows],
+                title=f"Plan: {plan.status}, {plan.cost_per_hour:.2f} {unit} ({priced})",
+                wide=wide)
+    if 1 in same:
+        console.print(f"role of every replica: {same[1]}", highlight=False)
+    if 8 in same:
+        console.print(f"throughput figures of every template: {same[8]}", highlight=False)
+    served = [(m.name, f"{m.demand_rps:.3g}", f"{plan.served[m.name]:.3g}",
+               f"{plan.capacity[m.name]:.3g}") for m in result.models]
+    print_table([Column("model", "id"), Column("demand", "num"), Column("served", "num"),
+                 Column("capacity", "num")], served,
+                title="Demand (requests/s of each model's mix, headroom included)", wide=wide)
     gap = "unknown" if plan.gap == float("inf") else f"{plan.gap:.1e}"
     console.print(f"Stage 1 {result.stage1_s:.2f} s, Stage 2 {result.stage2_s:.2f} s, gap {gap}",
                   highlight=False)

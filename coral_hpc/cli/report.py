@@ -7,14 +7,15 @@ from __future__ import annotations
 import click
 
 from coral_hpc.cli._output import console, fail
-from coral_hpc.cli.cost import build, read_inputs
+from coral_hpc.cli.cost import TIME_FORMATS, build, read_inputs
 from coral_hpc.errors import PermanentError
 
 
 @click.command()
 @click.argument("file", type=click.Path(dir_okay=False))
-@click.option("--since", help="Range start (default: when the deployment started).")
-@click.option("--until", help="Range end, exclusive (default: now).")
+@click.option("--since", metavar="TIME",
+              help=f"Range start (default: when the deployment started). TIME: {TIME_FORMATS}.")
+@click.option("--until", metavar="TIME", help="Range end, exclusive (default: now); as --since.")
 @click.option("-o", "--output", default="coral-report.html", show_default=True,
               type=click.Path(dir_okay=False), help="Where to write the HTML page.")
 def report(file: str, since: str | None, until: str | None, output: str) -> None:

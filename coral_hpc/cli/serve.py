@@ -8,12 +8,12 @@ them).
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import click
 
-from coral_hpc.cli._output import fail
+from coral_hpc.cli._logging import configure_logging
+from coral_hpc.cli._output import EXIT_CONFLICT, EXIT_UNAVAILABLE, Stage1Progress, fail
 from coral_hpc.config import load_deployment
 from coral_hpc.errors import ConfigError, PermanentError
 
@@ -35,28 +35,32 @@ def _listen(option: str, value: str) -> str:
               help="Stage-1 template cache [default: ~/.cache/coral-hpc/templates].")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
+@click.option("--log-file", type=click.Path(dir_okay=False),
+              help="Log here, rotated at retention.log_max_mb [default: stderr, e.g. the "
+                   "systemd journal].")
 def serve(file: str, listen: str | None, metrics_listen: str, cache_dir: str | None,
-          log_level: str) -> None:
+          log_level: str, log_file: str | None = None) -> None:
     """Serve every model of FILE at least cost until SIGTERM (replicas keep running)."""
     from coral_hpc.daemon import serve as run_daemon
     from coral_hpc.daemon.process import AlreadyRunning
     from coral_hpc.plan.planner import Planner
 
     try:
-        load_deployment(file)  # fail fast, before a lock, a gateway or a Slurm call
+        deployment = load_deployment(file)  # fail fast, before a lock, a gateway or Slurm
     except ConfigError as exc:
         fail(exc.problems + [f"{file}: {len(exc.problems)} problem(s); nothing was started"])
     if listen is not None:
         _listen("--listen", listen)
     metrics = None if metrics_listen.lower() == "off" else _listen("--metrics", metrics_listen)
-    logging.basicConfig(level=log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    planner = Planner(cache_dir=Path(cache_dir) if cache_dir else None)
+    configure_logging(log_level, log_file, deployment.retention)
+    # Stage 1 at start-up can take minutes: a bar on a terminal, a log line per model otherwise
+    planner = Planner(cache_dir=Path(cache_dir) if cache_dir else None,
+                      progress=Stage1Progress())
     try:
         run_daemon(file, planner, gateway_listen=listen, metrics_listen=metrics)
     except AlreadyRunning as exc:
-        fail(f"{file}: {exc}", status=1)
+        fail(f"{file}: {exc}", status=EXIT_CONFLICT)
     except PermanentError as exc:  # the gateway cannot start, Slurm refuses the backend
         fail(f"{file}: {exc}")
     except OSError as exc:  # the metrics port is taken
-        fail(f"{file}: {exc}", status=3)
+        fail(f"{file}: {exc}", status=EXIT_UNAVAILABLE)

@@ -10,7 +10,8 @@ import time
 
 import click
 
-from coral_hpc.cli._output import console, fail, print_json
+from coral_hpc.cli._output import Column, console, fail, print_json, print_table, wide_option
+from coral_hpc.cli.timefmt import duration, local_time
 from coral_hpc.config import load_deployment
 from coral_hpc.errors import ConfigError, PermanentError
 
@@ -94,7 +95,8 @@ def status_data(deployment, store, now: float) -> dict:
 @click.command()
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print as JSON.")
-def status(file: str, as_json: bool) -> None:
+@wide_option
+def status(file: str, as_json: bool, wide: bool) -> None:
     """Show what FILE's daemon serves: models, replicas, plan vs actual, recent events."""
     from coral_hpc.store import open_store
 
@@ -105,6 +107,13 @@ def status(file: str, as_json: bool) -> None:
     try:
         store = open_store(deployment.db_path, readonly=True)
     except PermanentError as exc:
+        from coral_hpc.daemon.claim import served_elsewhere
+
+        other = served_elsewhere(deployment.state_path)
+        if other is not None:  # its database is on that host's local disk
+            fail(f"{file}: the daemon serving {deployment.deployment} runs on {other['host']} "
+                 f"(heartbeat {other['age_s']:.0f} s ago) and keeps its database there; run "
+                 f"`coral-hpc status` on {other['host']}")
         fail(str(exc))
     try:
         data = status_data(deployment, store, time.time())
@@ -113,42 +122,49 @@ def status(file: str, as_json: bool) -> None:
     if as_json:
         print_json(data)
         return
-    _print_tables(data)
+    _print_tables(data, wide)
 
 
-def _print_tables(data: dict) -> None:
-    from rich.table import Table
-
+def _print_tables(data: dict, wide: bool = False, now: float | None = None) -> None:
+    now = time.time() if now is None else now
     daemon = data["daemon"]
     console.print(
         f"[bold]{data['deployment']}[/]: "
         + (f"daemon pid {daemon['pid']}, gateway http://{daemon['gateway']}" if daemon
            else "[yellow]no daemon running[/]")
     )
-    models = Table("model", "demand req/s", "served req/s", "ready", "planned")
-    for m in data["models"]:
-        models.add_row(m["name"], f"{m['demand']:.3g}", f"{m['served']:.3g}",
-                       str(m["ready_replicas"]), str(m["planned_replicas"]))
-    console.print(models)
-    replicas = Table("replica", "model", "role", "job", "state", "partition", "tp×pp", "age",
-                     "time left", "endpoint")
-    for r in data["replicas"]:
-        left = "" if r["time_left_s"] is None else f"{r['time_left_s'] / 60:.0f} min"
-        replicas.add_row(r["id"], r["model"], r["role"] or "?", r["job_id"] or "", r["state"],
-                         r["partition"],
-                         f"{r['tp']}×{r['pp']}", f"{r['age_s'] / 60:.0f} min", left,
-                         r["endpoint"] or "")
-    console.print(replicas)
+    print_table(
+        [Column("model", "id"), Column("demand req/s", "num"), Column("served req/s", "num"),
+         Column("ready", "num"), Column("planned", "num")],
+        [(m["name"], f"{m['demand']:.3g}", f"{m['served']:.3g}", m["ready_replicas"],
+          m["planned_replicas"]) for m in data["models"]],
+        wide=wide,
+    )
+    print_table(
+        [Column("replica", "id"), Column("model", "id"), Column("role", "id"),
+         Column("job", "id"), Column("state", "id"), Column("partition"),
+         Column("TP×PP", "id"), Column("age", "num"), Column("time left", "num"),
+         Column("endpoint", "id")],
+        [(r["id"], r["model"], r["role"] or "?", r["job_id"] or "", r["state"],
+          r["partition"].replace(",", ", "), f"{r['tp']}×{r['pp']}", duration(r["age_s"]),
+          duration(r["time_left_s"]), r["endpoint"] or "") for r in data["replicas"]],
+        wide=wide,
+    )
     plan = data["plan"]
     if plan:
-        table = Table("template", "partitions", "planned", "live", "ready", "cost/h",
-                      title=f"plan: {plan['status']}, {plan['cost_per_hour']:.3g}/h")
-        for row in plan["rows"]:
-            table.add_row(row["template"], ",".join(row["partitions"]), str(row["planned"]),
-                          str(row["live"]), str(row["ready"]), f"{row['cost_per_hour']:.3g}")
-        console.print(table)
-    events = Table("time", "kind", "replica", "message", title="recent events")
-    for e in data["events"][:10]:
-        events.add_row(time.strftime("%H:%M:%S", time.localtime(e["time"])), e["kind"],
-                       e["replica"] or "", e["message"])
-    console.print(events)
+        print_table(
+            [Column("template", "id"), Column("partitions"), Column("planned", "num"),
+             Column("live", "num"), Column("ready", "num"), Column("cost/h", "num")],
+            [(row["template"], ", ".join(row["partitions"]), row["planned"], row["live"],
+              row["ready"], f"{row['cost_per_hour']:.3g}") for row in plan["rows"]],
+            title=f"plan of {local_time(plan['time'], now)}: {plan['status']}, "
+                  f"{plan['cost_per_hour']:.3g}/h",
+            wide=wide,
+        )
+    print_table(
+        [Column("time", "id"), Column("kind", "id"), Column("replica", "id"),
+         Column("message")],
+        [(local_time(e["time"], now), e["kind"], e["replica"] or "", e["message"])
+         for e in data["events"][:10]],
+        title="recent events", wide=wide,
+    )

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import click
-from rich.table import Table
 
-from coral_hpc.cli._output import console, fail, print_json
+from coral_hpc.cli._output import Column, console, fail, print_json, print_table, wide_option
 from coral_hpc.config import Deployment, load_deployment
 from coral_hpc.errors import ConfigError
 
@@ -35,7 +34,8 @@ def deployment_summary(deployment: Deployment) -> dict:
 @click.command()
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-def validate(file: str, as_json: bool) -> None:
+@wide_option
+def validate(file: str, as_json: bool, wide: bool) -> None:
     """Check FILE; print a summary, or every error with file, line and field (exit 2)."""
     try:
         deployment = load_deployment(file)
@@ -50,16 +50,18 @@ def validate(file: str, as_json: bool) -> None:
         f"{deployment.engine.kind}, cost unit {deployment.cluster.price_unit}, partitions "
         f"{', '.join(summary['partitions'])}, gateway {deployment.gateway.listen}"
     )
-    table = Table("model", "architecture", "demand (req/s)", "TTFT SLO", "TPOT SLO", "priority")
-    for model in summary["models"]:
-        demand = model["demand_rps"]
-        table.add_row(
+    rows = [
+        (
             model["name"],
             model["architecture"],
-            demand if demand == "auto" else f"{demand:.3g}",
+            model["demand_rps"] if model["demand_rps"] == "auto" else f"{model['demand_rps']:.3g}",
             f"{model['ttft_s']:g} s",
             f"{model['tpot_s'] * 1000:g} ms",
             f"{model['priority']:g}",
         )
-    console.print(table)
+        for model in summary["models"]
+    ]
+    print_table([Column("model", "id"), Column("architecture", "id"),
+                 Column("demand (req/s)", "num"), Column("TTFT SLO", "num"),
+                 Column("TPOT SLO", "num"), Column("priority", "num")], rows, wide=wide)
     console.print("[green]valid[/]")

@@ -50,7 +50,7 @@ def serve(
     :class:`~coral_hpc.plan.planner.PlanOutcome` (:class:`coral_hpc.plan.planner.Planner`)."""
     from prometheus_client import start_http_server
 
-    from coral_hpc.daemon.core import Daemon
+    from coral_hpc.daemon.core import Daemon, Loop
     from coral_hpc.daemon.metrics import DaemonMetrics
     from coral_hpc.daemon.process import (
         DaemonLock,
@@ -69,6 +69,12 @@ def serve(
     stop = stop or threading.Event()
     lock = DaemonLock(lock_path(deployment))
     lock.acquire()
+    claim = _host_claim(deployment)
+    try:
+        claim.acquire()  # another login node's daemon serving this deployment: refuse
+    except BaseException:
+        lock.release()
+        raise
     store = gateway = metrics_server = None
     try:
         store = open_store(deployment.db_path)
@@ -101,7 +107,10 @@ def serve(
                  metrics_address)
         reload_requested = threading.Event()
         _install_signals(stop, reload_requested)
-        threads = [loop.start() for loop in daemon.loops(stop)]
+        extra = [_retention_loop(daemon, stop),
+                 Loop("claim", deployment.policy.poll_interval_s, lambda: claim.refresh() and None,
+                      stop)]
+        threads = [loop.start() for loop in daemon.loops(stop) + extra]
         retry_gateway_at = 0.0
         while not stop.wait(0.5):
             if reload_requested.is_set():
@@ -131,7 +140,27 @@ def serve(
         if store is not None:
             store.close()
         info_path(deployment).unlink(missing_ok=True)
+        claim.release()
         lock.release()
+
+
+def _host_claim(deployment):
+    """This daemon's claim on the shared state folder (see coral_hpc.daemon.claim)."""
+    from coral_hpc.daemon.claim import MIN_STALE_S, STALE_POLLS, HostClaim, claim_path
+
+    stale = max(MIN_STALE_S, STALE_POLLS * deployment.policy.poll_interval_s)
+    return HostClaim(claim_path(deployment.state_path), stale)
+
+
+def _retention_loop(daemon, stop: threading.Event):
+    """Prune the database and old replica files every ``retention.prune_interval_s``."""
+    from coral_hpc.daemon.core import Loop
+    from coral_hpc.daemon.retention import RetentionStep
+
+    step = RetentionStep(lambda: daemon.deployment, daemon.store, daemon.clock)
+    # the step returns a summary: a Loop step returning something true would run again at once
+    return Loop("retention", daemon.deployment.retention.prune_interval_s,
+                lambda: step() and None, stop)
 
 
 def _install_signals(stop: threading.Event, reload_requested: threading.Event) -> None:

@@ -1,7 +1,8 @@
 """The daemon: wires observe → (plan) → decide → act → publish, and the demand scrape.
 
 It owns no logic of its own: every rule lives in ``coral_hpc.reconcile`` (status, triggers,
-decide), ``coral_hpc.demand`` and ``coral_hpc.plan`` (the planner, injected). Each loop is one step function with its own interval;
+decide), ``coral_hpc.demand`` and ``coral_hpc.plan`` (the planner, injected). Each loop is one
+step function with its own interval;
 errors are caught and logged only at the loop boundary; sleeps wait on an Event so SIGTERM stops
 the daemon at once. Collaborators (Slurm client, store, planner, clock, gateway) are injected and
 the constructor starts nothing.
@@ -206,7 +207,8 @@ class Daemon:
         except Exception as exc:
             delay = self.plan_backoff.failed(now)
             self.metrics.loop_errors.labels("plan").inc()
-            self.store.add_event(now, "plan_error", f"planning failed: {exc}; retry in {delay:.0f}s")
+            self.store.add_event(now, "plan_error",
+                                 f"planning failed: {exc}; retry in {delay:.0f}s")
             log.exception("planning failed")
             return
         self.plan_backoff.succeeded()
@@ -279,7 +281,9 @@ class Daemon:
 
     def loops(self, stop: threading.Event) -> list[Loop]:
         """The daemon's loops: reconcile (poll interval) and demand scrape (poll interval)."""
-        on_error = lambda name: self.metrics.loop_errors.labels(name).inc()
+        def on_error(name: str) -> None:
+            self.metrics.loop_errors.labels(name).inc()
+
         loops = [Loop("reconcile", self.settings.poll_interval_s, self.reconcile_once, stop,
                       on_error)]
         if self.demand_source is not None:

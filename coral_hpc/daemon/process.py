@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from coral_hpc.atomic import write_atomic
 from coral_hpc.config import Deployment
 from coral_hpc.errors import PermanentError
 
@@ -81,9 +82,7 @@ def lock_is_held(path: Path) -> bool:
 
 def write_info(path: Path, data: dict) -> None:
     """Write the daemon's pid/address file atomically."""
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    tmp.replace(path)
+    write_atomic(path, json.dumps(data, indent=2) + "\n")
 
 
 def read_info(path: Path) -> dict | None:
@@ -91,6 +90,15 @@ def read_info(path: Path) -> dict | None:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+
+
+def _rotate_at_start(path: Path, max_mb: float) -> None:
+    """Keep one previous copy of a file that outgrew ``max_mb`` (``path.1``)."""
+    try:
+        if path.stat().st_size > max_mb * 1024 * 1024:
+            path.replace(path.with_name(path.name + ".1"))
+    except FileNotFoundError:
+        pass
 
 
 class GatewayProcess:
@@ -102,7 +110,9 @@ class GatewayProcess:
         self.listen = listen
         base = runtime_dir(deployment)
         self.ready_file = base / f"{deployment.deployment}.gateway.addr"
-        self.log_file = base / f"{deployment.deployment}.gateway.log"
+        self.log_file = base / f"{deployment.deployment}.gateway.log"  # rotated by the gateway
+        #: what the gateway prints outside logging (a crash at start): small, rotated at start
+        self.output_file = base / f"{deployment.deployment}.gateway.out"
         self.proc: subprocess.Popen | None = None
         self.address: str | None = None
 
@@ -110,10 +120,12 @@ class GatewayProcess:
         """Start the gateway and wait until it listens; returns ``host:port``."""
         self.ready_file.unlink(missing_ok=True)
         argv = [sys.executable, "-c", "from coral_hpc.cli import main; main()", "gateway",
-                str(self.config_path), "--ready-file", str(self.ready_file)]
+                str(self.config_path), "--ready-file", str(self.ready_file),
+                "--log-file", str(self.log_file)]
         if self.listen:
             argv += ["--listen", self.listen]
-        with open(self.log_file, "ab") as out:
+        _rotate_at_start(self.output_file, self.deployment.retention.log_max_mb)
+        with open(self.output_file, "ab") as out:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
                                          stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout_s
@@ -121,7 +133,7 @@ class GatewayProcess:
             if self.proc.poll() is not None:
                 raise PermanentError(
                     f"the gateway exited with code {self.proc.returncode} at start; see "
-                    f"{self.log_file}"
+                    f"{self.log_file} and {self.output_file}"
                 )
             if self.ready_file.exists():
                 text = self.ready_file.read_text().strip()

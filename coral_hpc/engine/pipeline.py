@@ -93,11 +93,8 @@ class StepModel:
 
     def kv_transfer_s(self, prompt_tokens: int) -> float:
         """Seconds to move one prompt's KV (all layers) from a prefill replica to this one, over
-        the inter-node link the planner prices (:func:`solver.perf_roles.kv_transfer_s`)."""
-        from solver import perf_roles
-
-        mix = perf.Mix(input_tokens=prompt_tokens, output_tokens=1)
-        return perf_roles.kv_transfer_s(self._arch, self._arch.layers, mix)
+        the inter-node link the planner prices (:func:`solver.perf.kv_transfer_s`)."""
+        return perf.kv_transfer_s(self._arch, self._arch.layers, prompt_tokens)
 
     def kv_capacity_tokens(self) -> int:
         """Tokens of KV cache the replica holds: the tightest stage's capacity."""

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from coral_hpc.atomic import write_atomic
 from coral_hpc.config import is_loopback_host
 from coral_hpc.errors import PermanentError
 
@@ -78,13 +79,8 @@ def _write_keys_file(path: Path, entries: list[KeyEntry]) -> None:
     for entry in entries:
         created = f" created={entry.created}" if entry.created else ""
         lines.append(f"{entry.name} sha256:{entry.digest}{created}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
     # 0600 from the first byte: hashes are not keys, but nobody else needs to read them either.
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write("\n".join(lines) + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, "\n".join(lines) + "\n", mode=0o600)
 
 
 def add_key(path: str | os.PathLike[str], name: str) -> str:

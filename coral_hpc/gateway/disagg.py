@@ -10,8 +10,10 @@ For a model whose plan has prefill and decode replicas (routing-table ``role``),
    and the usual failure rules hold: a failure before a byte reached the client is retried —
    here both phases again, on other replicas, since the KV may have gone with a dead decode
    replica; with no decode replica left, the whole request goes to an aggregated or a prefill
-   replica (vLLM's ``kv_both`` engines serve whole requests too) — and once a stream has
-   started, a failure ends it with an SSE error event.
+   replica (vLLM's ``kv_both`` engines serve whole requests too). A 5xx answer from the decode
+   side counts as a failure too (the prefill replica accepted the request, so it is valid; vLLM
+   answers 500 once its engine has shut down). Once a stream has started, a failure ends it
+   with an SSE error event.
 
 A model with aggregated replicas as well (``policy.disaggregation: auto``) splits its traffic
 between the two paths in proportion to their capacity: the aggregated replicas' weights against
@@ -66,6 +68,15 @@ def decode_payload(payload: dict, kv_transfer_params: object) -> dict:
 
 def _capacity(router: Router, model: str, role: str) -> float:
     return sum(s.weight for s in router.replicas(model) if s.healthy and s.role == role)
+
+
+def _raise_if_server_error(gw: Gateway, response: web.StreamResponse) -> None:
+    """A whole (not yet sent) 5xx answer from a decode-side replica counts as that replica
+    failing: the prefill replica took the request, so it is valid, and a replica that is going
+    away (vLLM answers 500 once its engine has shut down) must not hand its error to the
+    client while another replica could answer."""
+    if isinstance(response, web.Response) and response.status >= 500:
+        raise gw.upstream_failed(f"answered {response.status}")
 
 
 class _PhaseFailed(Exception):
@@ -123,14 +134,15 @@ class Disaggregation:
         attempts = gw.settings.max_retries + 1
         last = "no replica"
         for _ in range(attempts):
+            # the decode replica first: with none left, a prefill would be wasted work
+            decode = gw.router.choose(model, exclude=failed_decode, role="decode")
+            if decode is None:
+                break
             try:
                 params = await self._prefill(request, model, prefill_body, request_id,
                                              failed_prefill)
             except _PhaseFailed as failed:
                 return failed.response
-            decode = gw.router.choose(model, exclude=failed_decode, role="decode")
-            if decode is None:
-                break
             body = json.dumps(decode_payload(payload, params)).encode()
             decode.outstanding += 1
             try:
@@ -139,6 +151,7 @@ class Disaggregation:
                                                         children, started)
                 else:
                     response = await gw._forward(request, decode, body, payload, key)
+                _raise_if_server_error(gw, response)
             except gw.upstream_failed as exc:  # nothing reached the client: both phases again
                 last = str(exc)
                 decode.failures += 1
@@ -174,6 +187,7 @@ class Disaggregation:
                                                             children, started)
                     else:
                         response = await gw._forward(request, replica, body, payload, key)
+                    _raise_if_server_error(gw, response)
                 except gw.upstream_failed as exc:
                     last = str(exc)
                     replica.failures += 1

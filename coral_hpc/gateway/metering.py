@@ -3,9 +3,11 @@
 Two outputs from one set of counts:
 
 * Prometheus counters and histograms (``/metrics``) for people and dashboards;
-* :meth:`DemandMeter.snapshot` (``/internal/demand``) for the daemon: per model, an EWMA of the
-  request rate over a short window, the peak rate over a longer one, and the measured request mix
-  (mean prompt and generated tokens), which ``demand: auto`` plans from.
+* :meth:`DemandMeter.snapshot` (``/internal/demand``) for the daemon: per model and per key,
+  cumulative requests, rejections and tokens (and the mean request mix, for people). The daemon
+  stores their deltas and ``coral_hpc.demand`` smooths them into the rates ``demand: auto`` plans
+  from, rebuilt from the stored intervals so a restart of either process loses nothing; the
+  gateway keeps no rates of its own.
 
 Requests turned away for lack of capacity (503, no READY replica) count as demand too: they are
 exactly the traffic the plan failed to serve. Tokens come from the responses' ``usage`` fields; when
@@ -16,9 +18,7 @@ chunk) and prompt tokens estimated at 4 characters per token, and the request is
 
 from __future__ import annotations
 
-import math
 import time
-from collections import deque
 from datetime import datetime, timezone
 from typing import Callable
 
@@ -31,16 +31,12 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2
 
 
 class _ModelWindow:
-    """Per-second arrival counts of one model, folded into an EWMA and kept for the peak."""
+    """Cumulative counts of one model."""
 
-    __slots__ = ("second", "count", "ewma", "history", "requests", "rejected", "prompt_tokens",
-                 "generated_tokens", "estimated", "completed")
+    __slots__ = ("requests", "rejected", "prompt_tokens", "generated_tokens", "estimated",
+                 "completed")
 
-    def __init__(self, second: int, history_s: int) -> None:
-        self.second = second          # the whole second `count` belongs to
-        self.count = 0                # arrivals in that second
-        self.ewma = 0.0               # requests/s
-        self.history: deque[int] = deque(maxlen=history_s)  # closed seconds, oldest first
+    def __init__(self) -> None:
         self.requests = 0
         self.rejected = 0
         self.prompt_tokens = 0
@@ -52,49 +48,21 @@ class _ModelWindow:
 class DemandMeter:
     """Counts arrivals and tokens per model and per key; cheap on the request path."""
 
-    def __init__(
-        self,
-        ewma_tau_s: float = 30.0,
-        peak_window_s: int = 300,
-        peak_bin_s: int = 10,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.ewma_tau_s = ewma_tau_s
-        self.peak_window_s = peak_window_s
-        self.peak_bin_s = peak_bin_s
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
-        self._decay = math.exp(-1.0 / ewma_tau_s)
         self._models: dict[str, _ModelWindow] = {}
         self._keys: dict[str, list[int]] = {}   # key -> [requests, rejected, prompt, generated]
         self._started = clock()
 
-    def _window(self, model: str, now: float) -> _ModelWindow:
-        second = int(now)
+    def _window(self, model: str) -> _ModelWindow:
         window = self._models.get(model)
         if window is None:
-            window = self._models[model] = _ModelWindow(second, self.peak_window_s)
-        elif second != window.second:
-            self._roll(window, second)
+            window = self._models[model] = _ModelWindow()
         return window
-
-    def _roll(self, window: _ModelWindow, second: int) -> None:
-        """Close the seconds between ``window.second`` and ``second``."""
-        gap = second - window.second
-        if gap <= 0:
-            return
-        window.ewma = window.ewma * self._decay + (1 - self._decay) * window.count
-        window.history.append(window.count)
-        empty = min(gap - 1, window.history.maxlen or 0)
-        if gap > 1:
-            window.ewma *= self._decay ** (gap - 1)
-            window.history.extend([0] * empty)
-        window.second = second
-        window.count = 0
 
     def record_arrival(self, model: str, key: str, rejected: bool = False) -> None:
         """One request for ``model`` from ``key``; ``rejected`` when no replica could take it."""
-        window = self._window(model, self._clock())
-        window.count += 1
+        window = self._window(model)
         window.requests += 1
         per_key = self._keys.get(key)
         if per_key is None:
@@ -107,9 +75,7 @@ class DemandMeter:
     def record_tokens(self, model: str, key: str, prompt: int, generated: int,
                       estimated: bool) -> None:
         """Tokens of one finished request."""
-        window = self._models.get(model)
-        if window is None:
-            window = self._window(model, self._clock())
+        window = self._window(model)
         window.prompt_tokens += prompt
         window.generated_tokens += generated
         window.completed += 1
@@ -125,27 +91,13 @@ class DemandMeter:
         now = self._clock()
         out_models: dict[str, dict] = {}
         for model in sorted(set(self._models) | set(models)):
-            window = self._models.get(model)
-            if window is None:
-                window = self._window(model, now)
-            self._roll(window, int(now))
-            bins = list(window.history)
-            peak = 0.0
-            width = max(1, min(self.peak_bin_s, len(bins) or 1))
-            running = sum(bins[:width])
-            if bins:
-                peak = running / width
-                for i in range(width, len(bins)):
-                    running += bins[i] - bins[i - width]
-                    peak = max(peak, running / width)
+            window = self._window(model)
             done = window.completed
             out_models[model] = {
                 "requests_total": window.requests,
                 "rejected_total": window.rejected,
                 "prompt_tokens_total": window.prompt_tokens,
                 "generated_tokens_total": window.generated_tokens,
-                "ewma_rps": round(window.ewma, 6),
-                "peak_rps": round(peak, 6),
                 "mean_prompt_tokens": round(window.prompt_tokens / done, 3) if done else None,
                 "mean_generated_tokens": round(window.generated_tokens / done, 3) if done else None,
                 "estimated_usage_total": window.estimated,
@@ -154,9 +106,6 @@ class DemandMeter:
         return {
             "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "uptime_s": round(now - self._started, 3),
-            "ewma_tau_s": self.ewma_tau_s,
-            "peak_window_s": self.peak_window_s,
-            "peak_bin_s": self.peak_bin_s,
             "models": out_models,
             "keys": {
                 key: {"requests_total": v[0], "rejected_total": v[1],

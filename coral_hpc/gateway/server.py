@@ -5,14 +5,13 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import os
 import signal
 import ssl
-import tempfile
 from pathlib import Path
 
 from aiohttp import web
 
+from coral_hpc.atomic import write_atomic
 from coral_hpc.errors import PermanentError
 from coral_hpc.gateway.auth import KeyChecker, is_loopback, read_keys_file
 from coral_hpc.gateway.proxy import Gateway, GatewaySettings
@@ -46,11 +45,7 @@ def check_exposure(host: str, api_keys_file: Path | None, tls: bool = False,
 
 
 def _write_ready_file(path: Path, address: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(address + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, address + "\n", mode=0o600)
 
 
 async def serve_gateway(settings: GatewaySettings, host: str, port: int,

@@ -18,13 +18,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping
 from urllib.parse import urlsplit
 
+from coral_hpc.atomic import write_atomic
 from coral_hpc.config import Deployment
 from coral_hpc.errors import PermanentError
 
@@ -182,20 +182,4 @@ def write_routing_table(path: str | os.PathLike[str], table: RoutingTable) -> No
     """
     # Round-trip through the validator so the daemon can never publish a table the gateway rejects.
     routing_table_from_dict(table.to_dict(), str(path))
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    payload = json.dumps(table.to_dict(), indent=1, sort_keys=True).encode("utf-8") + b"\n"
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(payload)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    write_atomic(path, json.dumps(table.to_dict(), indent=1, sort_keys=True) + "\n", mode=0o644)

@@ -7,10 +7,12 @@ folder + rename) so a reader never sees half a file. The daemon reads it with :f
 from __future__ import annotations
 
 import json
-import os
-import tempfile
+import urllib.error
+import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from coral_hpc.atomic import write_atomic
 
 
 @dataclass(frozen=True)
@@ -31,21 +33,20 @@ class Endpoint:
     draining_at: float | None = None  # epoch seconds: SIGTERM/SIGUSR2 received, engine draining
 
 
+def http_health(url: str, timeout: float = 2.0) -> bool:
+    """Whether the engine at ``url`` answers ``GET /health`` with 200: the one probe, used on
+    the job's node (the entrypoint waits for its engine) and by the daemon (observe step). The
+    default timeout: a replica on the cluster network answers in milliseconds."""
+    try:
+        with urllib.request.urlopen(f"{url.rstrip('/')}/health", timeout=timeout) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
 def write_json_atomic(path: Path, data: dict) -> None:
     """Write ``data`` as JSON to ``path`` through a temp file + rename (readers see old or new)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(data, handle, indent=2, sort_keys=True)
-            handle.write("\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def write_endpoint(path: Path, endpoint: Endpoint) -> None:

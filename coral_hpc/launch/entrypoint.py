@@ -32,14 +32,18 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from coral_hpc.errors import CoralError
-from coral_hpc.launch.endpoint import Endpoint, read_endpoint, write_endpoint, write_json_atomic
+from coral_hpc.launch.endpoint import (
+    Endpoint,
+    http_health,
+    read_endpoint,
+    write_endpoint,
+    write_json_atomic,
+)
 from coral_hpc.launch.render import render_engine_script
 from coral_hpc.launch.secrets import engine_secrets
 from coral_hpc.launch.spec import ReplicaSpec
@@ -118,12 +122,8 @@ def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
 
 
 def health_ok(port: int, timeout: float = 2.0) -> bool:
-    """Whether the engine answers ``GET /health`` with 200."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=timeout) as resp:
-            return resp.status == 200
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
+    """Whether the engine on this node answers ``GET /health`` with 200."""
+    return http_health(f"http://127.0.0.1:{port}", timeout=timeout)
 
 
 def _setup_logging(spec: ReplicaSpec, job_id: str, rank: int) -> Path:
@@ -138,8 +138,14 @@ def _setup_logging(spec: ReplicaSpec, job_id: str, rank: int) -> Path:
 
 
 def _engine_env(spec: ReplicaSpec) -> dict[str, str]:
+    """The engine's environment: the job's, without secrets it may have inherited from the
+    daemon's shell, plus the secrets read from their files (``VLLM_API_KEY``, and ``HF_TOKEN``
+    from ``engine.hf_token_file``) and ``HF_HOME``. This process never holds them in its own
+    environment, so nothing else it starts (or logs) sees them."""
     env = {k: v for k, v in os.environ.items() if k not in ("VLLM_API_KEY", "HF_TOKEN")}
     env.update(engine_secrets(spec.api_key_file, spec.hf_token_file))
+    if spec.hf_home:
+        env["HF_HOME"] = spec.hf_home
     env["PYTHONUNBUFFERED"] = "1"
     return env
 

@@ -6,6 +6,7 @@ shell word goes through the ``q`` filter (:func:`shlex.quote`), and undefined na
 
 from __future__ import annotations
 
+import json
 import shlex
 from functools import lru_cache
 from pathlib import Path
@@ -16,11 +17,12 @@ import jinja2
 from coral_hpc.launch.spec import SIGNAL_LEAD_S, ReplicaSpec
 from coral_hpc.resources import templates_dir
 
-#: Engine launch template per layout (the environment kind is included inside it).
+#: Engine launch template per layout kind (the environment kind is included inside it); both
+#: multi-node kinds run one pipeline template.
 LAYOUT_TEMPLATES = {
     "single": "engine/single.sh.j2",
-    "multinode": "engine/multinode.sh.j2",
-    "hetero": "engine/hetero.sh.j2",
+    "multinode": "engine/pipeline.sh.j2",
+    "hetero": "engine/pipeline.sh.j2",
 }
 HETJOB_TEMPLATE = "hetjob.sbatch.j2"
 
@@ -54,12 +56,17 @@ def _spec_context(spec: ReplicaSpec) -> dict[str, Any]:
         "stages": spec.stages,
         "tp": spec.tp,
         "pp": spec.pp,
+        "layout_kind": spec.layout.kind,
         "dtype": spec.dtype,
         "kv_transfer_config": spec.kv_transfer_config,
+        "kv_connector": (json.loads(spec.kv_transfer_config)["kv_connector"]
+                         if spec.kv_transfer_config else None),
         "max_model_len": spec.max_model_len,
         "engine_args": spec.engine_args,
         "env_kind": spec.env_kind,
         "env": environment,
+        # bound into Apptainer images at the same path, so HF_HOME means the same inside
+        "hf_home": spec.hf_home,
         "modules": tuple(environment.modules) if environment is not None else (),
         "env_vars": tuple(environment.env) if environment is not None else (),
         "python": spec.python,
@@ -115,3 +122,8 @@ def render_hetjob(spec: ReplicaSpec, spec_file: Path, folder: Path | None = None
         "spec_file": str(spec_file),
     }
     return _render(HETJOB_TEMPLATE, context, folder)
+
+
+def render_template(name: str, context: dict[str, Any], folder: Path | None = None) -> str:
+    """Render any shipped template (``stage.sbatch.j2``) with the same quoting rules."""
+    return _render(name, context, folder)

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from pydantic import TypeAdapter
 
+from coral_hpc.atomic import write_atomic
 from coral_hpc.config import (
     DEFAULT_CPUS_PER_GPU,
     DEFAULT_MEM_PER_GPU_GB,
@@ -26,15 +27,16 @@ from coral_hpc.config import (
     EngineEnvironment,
     ModuleEnvironment,
     VenvEnvironment,
+    hf_home_of,
 )
 from coral_hpc.errors import PermanentError
-from coral_hpc.types import JobTag, ReplicaLayout, StageLayout
+from coral_hpc.types import SIGNAL_LEAD_S, JobTag, ReplicaLayout, StageLayout
+
+__all__ = ["SIGNAL_LEAD_S", "ReplicaSpec", "SpecError", "StageRequest", "StageSpec", "replica_spec"]
 
 Environment = VenvEnvironment | ModuleEnvironment | ApptainerEnvironment
 _ENV_ADAPTER: TypeAdapter = TypeAdapter(EngineEnvironment)
 
-#: Seconds between Slurm's SIGUSR2 warning and the end of the walltime (``--signal=USR2@N``).
-SIGNAL_LEAD_S = 90
 
 
 class SpecError(PermanentError):
@@ -72,7 +74,8 @@ class StageRequest:
 
 @dataclass(frozen=True)
 class ReplicaSpec:
-    """Everything a replica job needs; JSON round-trips through :meth:`to_json`/:meth:`from_json`."""
+    """Everything a replica job needs; JSON round-trips through :meth:`to_json` and
+    :meth:`from_json`."""
 
     deployment: str
     model: str  # served model name (``--served-model-name``)
@@ -96,6 +99,7 @@ class ReplicaSpec:
     mem_per_gpu_gb: int = DEFAULT_MEM_PER_GPU_GB
     api_key_file: str | None = None  # file (mode 600) whose content becomes VLLM_API_KEY
     hf_token_file: str | None = None  # file (mode 600) whose content becomes HF_TOKEN
+    hf_home: str | None = None  # the site's shared Hugging Face cache: HF_HOME of the engine
     python: str = field(default_factory=lambda: sys.executable)  # runs the entrypoint (and sim)
     sim_arch: str | None = None  # architecture name for the sim engine's performance model
     health_timeout_s: float = 1800.0  # loading a large model from a network FS takes minutes
@@ -244,10 +248,7 @@ class ReplicaSpec:
 
     def write(self) -> Path:
         """Write ``spec.json`` into the replica folder (atomically) and return its path."""
-        self.replica_dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.spec_file.with_suffix(".json.tmp")
-        tmp.write_text(self.to_json())
-        tmp.replace(self.spec_file)
+        write_atomic(self.spec_file, self.to_json())
         return self.spec_file
 
 
@@ -269,9 +270,12 @@ def replica_spec(
     """Build the spec of one replica from the deployment and a plan row's ``layout`` (whose
     TP, stages, dtype and role the spec carries unchanged: ``spec.layout == layout``).
 
-    Engine kind, environments, extra args, time limit, account/QOS and per-GPU CPUs/memory come
-    from ``deployment``. Raises :class:`SpecError` for a stage that cannot run.
+    Engine kind, environments, extra args, time limit, account/QOS, per-GPU CPUs/memory, the
+    Hugging Face token file and cache (``engine.hf_token_file``, ``engine.hf_home``) come from
+    ``deployment``. Raises :class:`SpecError` for a stage that cannot run.
     """
+    if hf_token_file is None:
+        hf_token_file = deployment.engine.hf_token_file
     config = deployment.model(model)
     partitions = {p.name: p for p in deployment.cluster.partitions}
     built = []
@@ -305,7 +309,8 @@ def replica_spec(
         cpus_per_gpu=deployment.cluster.cpus_per_gpu,
         mem_per_gpu_gb=deployment.cluster.mem_per_gpu_gb,
         api_key_file=None if api_key_file is None else str(api_key_file),
-        hf_token_file=None if hf_token_file is None else str(hf_token_file),
+        hf_token_file=None if hf_token_file is None else str(Path(hf_token_file).expanduser()),
+        hf_home=hf_home_of(deployment),
         python=python or sys.executable,
         sim_arch=config.architecture,
     )

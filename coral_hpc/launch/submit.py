@@ -14,6 +14,9 @@ logs under ``<state_dir>/<deployment>/logs/``.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -26,6 +29,20 @@ from coral_hpc.slurm.errors import classify
 
 #: how a failed submission is named in errors (submitit runs the command itself)
 _SUBMIT_ARGV = ("submitit-sbatch",)
+#: secrets a job must never inherit from the daemon's shell: sbatch exports the submitting
+#: environment to the job by default, and the engine gets them from their files instead
+WITHHELD_ENV = ("HF_TOKEN", "VLLM_API_KEY", "HUGGING_FACE_HUB_TOKEN")
+
+
+@contextmanager
+def secrets_withheld() -> Iterator[None]:
+    """Leave the secrets out of this process's environment while sbatch runs (submitit and the
+    Slurm layer both hand sbatch ``os.environ``), so no job's environment holds them."""
+    saved = {name: os.environ.pop(name) for name in WITHHELD_ENV if name in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
 
 
 class ScriptSubmitter(Protocol):
@@ -92,6 +109,7 @@ def submit_replica(spec: ReplicaSpec, client: ScriptSubmitter) -> str:
     spec_file = spec.write()
     # Slurm cannot start a job whose --output folder is missing (JobLaunchFailure)
     spec.logs_dir.mkdir(parents=True, exist_ok=True)
-    if spec.layout.kind == "hetero":
-        return str(client.submit_script(write_hetjob(spec, spec_file)))
-    return submit_with_submitit(spec, spec_file)
+    with secrets_withheld():
+        if spec.layout.kind == "hetero":
+            return str(client.submit_script(write_hetjob(spec, spec_file)))
+        return submit_with_submitit(spec, spec_file)

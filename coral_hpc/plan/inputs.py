@@ -146,7 +146,8 @@ def cluster_from_snapshot(deployment: Deployment, snapshot: ClusterSnapshot,
         free = node.gpus_free + held.get(node.name, 0) if node.usable else 0
         key = (node.gpu_type, node.gpus_total, float(memory), parts)
         groups.setdefault(key, []).append((node.name, max(0, min(free, node.gpus_total))))
-    node_groups, members = [], {}
+    node_groups: list[NodeGroup] = []
+    members: dict[str, list[str]] = {}
     for i, ((gpu, size, memory, parts), nodes) in enumerate(sorted(groups.items())):
         name = f"{gpu}-{size}x{memory:g}g-{i}"
         node_groups.append(NodeGroup(name, gpu, size, memory, tuple(n for n, _ in nodes),
@@ -184,7 +185,8 @@ def cluster_from_snapshot(deployment: Deployment, snapshot: ClusterSnapshot,
 
 # --------------------------------------------------------------------------- what Slurm can start
 
-def fit_job_shape(cluster: Cluster, snapshot: ClusterSnapshot, held: dict[str, int], cpus_per_gpu: int,
+def fit_job_shape(cluster: Cluster, snapshot: ClusterSnapshot, held: dict[str, int],
+                  cpus_per_gpu: int,
                   mem_per_gpu_gb: float) -> Cluster:
     """Available GPUs per node capped by the CPUs and memory a replica asks per GPU.
 

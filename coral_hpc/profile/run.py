@@ -135,7 +135,7 @@ def run_profiles(deployment: Deployment, tasks: Sequence[ProfileTask], client: P
     profile exists is reused unless ``force``. Every job is drained and cancelled before the
     next starts, also when interrupted. Returns the profile files, measured or reused."""
     folder = deployment.measured_profiles_path
-    key_file = _key_file(folder)
+    key_file = _key_file(deployment.state_path)  # not beside the profiles: they may be shared
     api_key = key_file.read_text().strip()
     written = []
     for index, task in enumerate(tasks, 1):

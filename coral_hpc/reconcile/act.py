@@ -10,7 +10,8 @@ Order of writes makes every step safe to kill:
   while, with an event saying why.
 - **Drain**: recorded; the next routing table leaves the replica out.
 - **Cancel**: the first cancel sends SIGTERM to the job's steps (the engine drains and exits), a
-  repeated one cancels for good; a pending job is cancelled at once. Non-blocking: the decide step re-sends a cancel
+  repeated one cancels for good; a pending job is cancelled at once. Non-blocking: the decide
+  step re-sends a cancel
   Slurm has not carried out.
 """
 

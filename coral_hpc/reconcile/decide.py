@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from coral_hpc.plan.desired import DesiredPlan, Slot
 from coral_hpc.reconcile.settings import ReconcileSettings
 from coral_hpc.reconcile.status import ReplicaFacts, ReplicaState, ReplicaStatus, replica_status
-from coral_hpc.store import Exclusion, ReplicaRecord
+from coral_hpc.records import Exclusion, ReplicaRecord
 from coral_hpc.types import Excluded, ExclusionKind, ShapeExclusion, TemplateExclusion
 
 # --------------------------------------------------------------------------- inputs
@@ -216,15 +216,16 @@ def decide(
     for record in live:
         status = statuses[record.id]
         if status.state is ReplicaState.PENDING and status.pending_too_long:
-            key = ShapeExclusion(record.template_id, record.partitions)
+            shape = ShapeExclusion(record.template_id, record.partitions)
             reason = (
                 f"replica {record.id} of {record.model} pending {status.pending_for_s:.0f}s "
                 f"(> {settings.pending_timeout_s:.0f}s) on {','.join(record.partitions)}"
             )
-            if key not in excluded:
-                actions.append(Exclude(key, ExclusionKind.PENDING_TIMEOUT, now + settings.pending_exclusion_s,
+            if shape not in excluded:
+                actions.append(Exclude(shape, ExclusionKind.PENDING_TIMEOUT,
+                                       now + settings.pending_exclusion_s,
                                        reason, model=record.model))
-                excluded.add(key)
+                excluded.add(shape)
                 replan.append(reason)
             cancels.append(Cancel(record.id, reason))
 
@@ -241,7 +242,8 @@ def decide(
     kept: set[str] = set()
     for slot in slots:
         candidates = [r for r in by_key.get(slot.key, []) if goes_on_serving(statuses[r.id])]
-        candidates.sort(key=lambda r: (_KEEP_ORDER[statuses[r.id].state], -_time_left(statuses[r.id]),
+        candidates.sort(key=lambda r: (_KEEP_ORDER[statuses[r.id].state],
+                                       -_time_left(statuses[r.id]),
                                        r.created_at, r.id))
         keep = candidates[: slot.count]
         kept.update(r.id for r in keep)

@@ -14,8 +14,6 @@ restarted daemon never submits a duplicate of a job that already runs.
 from __future__ import annotations
 
 import logging
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -23,7 +21,7 @@ from pathlib import Path
 
 from coral_hpc.config import Deployment
 from coral_hpc.errors import CoralError
-from coral_hpc.launch.endpoint import read_endpoint
+from coral_hpc.launch.endpoint import http_health, read_endpoint
 from coral_hpc.launch.spec import ReplicaSpec
 from coral_hpc.reconcile.decide import Observation
 from coral_hpc.reconcile.settings import ReconcileSettings
@@ -33,19 +31,6 @@ from coral_hpc.store import ReplicaRecord, StartupObservation, Store
 from coral_hpc.types import ReplicaLayout
 
 log = logging.getLogger("coral_hpc.reconcile")
-
-#: Probe timeout: a replica on the cluster network answers /health in milliseconds.
-PROBE_TIMEOUT_S = 2.0
-
-
-def http_health(url: str, timeout: float = PROBE_TIMEOUT_S) -> bool:
-    """Whether ``url/health`` answers 200."""
-    try:
-        with urllib.request.urlopen(f"{url.rstrip('/')}/health", timeout=timeout) as resp:
-            return resp.status == 200
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
-
 
 @dataclass
 class Observed:
@@ -189,7 +174,8 @@ class Observer:
         if record.job_id is None:
             changes["job_id"] = job.job_id
             changes["submitted_at"] = job.submit_time or now
-            events.append(f"adopted job {job.job_id} of replica {record.id} (submitted before a restart)")
+            events.append(f"adopted job {job.job_id} of replica {record.id} "
+                          "(submitted before a restart)")
             self.store.add_event(now, "adopt", f"job {job.job_id} found for replica {record.id}",
                                  model=record.model, replica_id=record.id)
         nodes = list(job.nodes)
@@ -247,7 +233,8 @@ class Observer:
         )
         self.store.add_replica(record)
         self._record_job(record, job, now, events)
-        message = f"adopted running job {job.job_id} as replica {tag.replica_id} ({tag.template_id})"
+        message = (f"adopted running job {job.job_id} as replica {tag.replica_id} "
+                   f"({tag.template_id})")
         events.append(message)
         self.store.add_event(now, "adopt", message, model=tag.model, replica_id=tag.replica_id)
 

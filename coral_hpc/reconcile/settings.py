@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from coral_hpc.config import PolicyConfig
-from coral_hpc.launch.spec import SIGNAL_LEAD_S
+from coral_hpc.types import SIGNAL_LEAD_S
 
 #: ``policy:`` as a models.yaml without one gets it: the defaults of the policy-sourced knobs
 _POLICY = PolicyConfig()

@@ -15,7 +15,7 @@ import enum
 from dataclasses import dataclass
 
 from coral_hpc.reconcile.settings import ReconcileSettings
-from coral_hpc.store import ReplicaRecord
+from coral_hpc.records import ReplicaRecord
 
 #: Slurm job states in which the job waits for resources (nothing of it runs yet).
 PENDING_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESV_DEL_HOLD"})
@@ -158,13 +158,15 @@ def replica_status(
             pending_too_long=waited > settings.pending_timeout_s,
         )
 
-    common = {"time_left_s": time_left, "near_walltime": near_walltime, "must_move": must_move}
     if r.ready_at is None:
-        return ReplicaStatus(r.id, ReplicaState.STARTING, **common)
+        return ReplicaStatus(r.id, ReplicaState.STARTING, time_left_s=time_left,
+                             near_walltime=near_walltime, must_move=must_move)
     if r.health_failures >= settings.unhealthy_after or slurm in ("SUSPENDED", "STOPPED"):
         last_ok = r.health_ok_at if r.health_ok_at is not None else r.ready_at
         return ReplicaStatus(
             r.id, ReplicaState.UNHEALTHY,
-            unhealthy_too_long=now - last_ok > settings.unhealthy_grace_s, **common,
+            unhealthy_too_long=now - last_ok > settings.unhealthy_grace_s,
+            time_left_s=time_left, near_walltime=near_walltime, must_move=must_move,
         )
-    return ReplicaStatus(r.id, ReplicaState.READY, **common)
+    return ReplicaStatus(r.id, ReplicaState.READY, time_left_s=time_left,
+                         near_walltime=near_walltime, must_move=must_move)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from coral_hpc.reconcile.settings import ReconcileSettings
 from coral_hpc.reconcile.status import ReplicaFacts, ReplicaState, replica_status, successor_due
-from coral_hpc.store import Exclusion
+from coral_hpc.records import Exclusion
 
 
 class TriggerKind(str, enum.Enum):

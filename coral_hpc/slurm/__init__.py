@@ -40,7 +40,7 @@ from coral_hpc.slurm.snapshot import (
     JobShape,
     JobStatus,
     Limits,
-    NodeGroup,
+    NodeGroupInfo,
     NodeInfo,
     PartitionInfo,
     StartEstimate,
@@ -48,7 +48,7 @@ from coral_hpc.slurm.snapshot import (
 
 __all__ = [
     "AccountingRecord", "BackendUnavailable", "CliSlurmClient", "ClusterSnapshot", "CommandRunner",
-    "JobComponent", "JobInfo", "JobShape", "JobStatus", "Limits", "NodeGroup", "NodeInfo",
+    "JobComponent", "JobInfo", "JobShape", "JobStatus", "Limits", "NodeGroupInfo", "NodeInfo",
     "PartitionInfo", "SlurmClient", "SlurmCommandError", "SlurmError", "SlurmJobNotFound",
     "SlurmNotInstalled", "SlurmParseError", "SlurmRejected", "SlurmTimeout", "SlurmUnavailable",
     "StartEstimate", "client_for_deployment", "make_client",

@@ -18,7 +18,7 @@ from coral_hpc.slurm.snapshot import (
     ClusterSnapshot,
     JobInfo,
     Limits,
-    NodeGroup,
+    NodeGroupInfo,
     NodeInfo,
     PartitionInfo,
 )
@@ -121,7 +121,7 @@ def build_partitions(
 
 def build_node_groups(
     nodes: tuple[NodeInfo, ...], partitions: tuple[PartitionInfo, ...]
-) -> tuple[NodeGroup, ...]:
+) -> tuple[NodeGroupInfo, ...]:
     """Group GPU nodes by (GPU type, GPUs per node, GPU memory); each node once."""
     member_of: dict[str, set[str]] = defaultdict(set)
     for partition in partitions:
@@ -137,7 +137,7 @@ def build_node_groups(
     ):
         parts = set().union(*(member_of[n.name] | set(n.partitions) for n in members))
         result.append(
-            NodeGroup(
+            NodeGroupInfo(
                 gpu_type=gpu_type,
                 gpus_per_node=per_node,
                 gpu_memory_gb=memory,

@@ -104,7 +104,7 @@ class PartitionInfo:
 
 
 @dataclass(frozen=True)
-class NodeGroup:
+class NodeGroupInfo:
     """Identical nodes (GPU type, GPUs per node, GPU memory); each node appears in one group only,
     however many partitions contain it."""
 
@@ -199,7 +199,7 @@ class ClusterSnapshot:
     backend: str
     nodes: tuple[NodeInfo, ...]
     partitions: tuple[PartitionInfo, ...]
-    node_groups: tuple[NodeGroup, ...]
+    node_groups: tuple[NodeGroupInfo, ...]
     #: this deployment's jobs only (their comment parses to a JobTag of this deployment)
     jobs: tuple[JobInfo, ...]
     limits: Limits | None = None
@@ -242,7 +242,7 @@ class ClusterSnapshot:
                 backend=str(data.get("backend", "file")),
                 nodes=tuple(_build(NodeInfo, n) for n in data["nodes"]),
                 partitions=tuple(_build(PartitionInfo, p) for p in data["partitions"]),
-                node_groups=tuple(_build(NodeGroup, g) for g in data.get("node_groups", [])),
+                node_groups=tuple(_build(NodeGroupInfo, g) for g in data.get("node_groups", [])),
                 jobs=tuple(_build_job(j) for j in data.get("jobs", [])),
                 limits=_build(Limits, data["limits"]) if data.get("limits") else None,
             )

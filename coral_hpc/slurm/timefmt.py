@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 import functools
-import re
 from datetime import datetime
 
-_DURATION_RE = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+from coral_hpc.types import slurm_duration_s
+
 _NO_VALUE = {"", "N/A", "NONE", "None", "Unknown", "UNLIMITED", "INFINITE", "INVALID", "NOT_SET", "(null)"}
 
 
@@ -18,19 +18,7 @@ def parse_duration(text: str | None) -> int | None:
     the text is none of these."""
     if text is None or text.strip() in _NO_VALUE:
         return None
-    match = _DURATION_RE.match(text.strip())
-    if not match:
-        raise ValueError(f"{text!r} is not a Slurm duration")
-    days, first, second, third = match.groups()
-    parts = [int(p) for p in (first, second, third) if p is not None]
-    if days is not None:
-        hours, minutes, seconds = (parts + [0, 0, 0])[:3]
-        return int(days) * 86400 + hours * 3600 + minutes * 60 + seconds
-    if len(parts) == 1:
-        return parts[0] * 60
-    if len(parts) == 2:
-        return parts[0] * 60 + parts[1]
-    return parts[0] * 3600 + parts[1] * 60 + parts[2]
+    return slurm_duration_s(text)
 
 
 @functools.lru_cache(maxsize=65536)

@@ -81,8 +81,8 @@ def test_the_daemons_loopback_context_trusts_the_gateways_own_certificate(env):
 
 
 def _validate(path) -> subprocess.CompletedProcess:
-    return subprocess.run([CORAL_HPC, "validate", str(path)], check=False, capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run([CORAL_HPC, "validate", str(path)], check=False, capture_output=True,
+                          text=True, timeout=60)
 
 
 def test_validate_requires_keys_and_tls_beyond_loopback(env, tmp_path):

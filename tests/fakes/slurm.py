@@ -37,6 +37,14 @@ def recorded_snapshot(path: Path = DEVCLUSTER_SNAPSHOT) -> ClusterSnapshot:
     return ClusterSnapshot.from_json(path.read_text())
 
 
+def recorded_22_05_snapshot(deployment: str = "demo") -> ClusterSnapshot:
+    """A busier cluster: Slurm 22.05's own command output (``tests/data/slurm/22.05``: two
+    nodes drained, every GPU held by other jobs) parsed by the real CLI backend."""
+    from tests.unit.test_slurm_snapshot import client
+
+    return client()[0].snapshot(deployment)
+
+
 class FakeSlurm:
     """A Slurm whose nodes and partitions are a recorded snapshot and whose queue is in memory."""
 
@@ -49,7 +57,8 @@ class FakeSlurm:
         self.finished: dict[str, str] = {}  # job id -> end state, as sacct reports it
         self.submitted: list[ReplicaSpec] = []
         self.cancelled: list[tuple[str, str | None, bool]] = []  # (job id, signal, full)
-        self._ids = itertools.count(1 + max((int(j.job_id) for j in base.jobs), default=100))
+        self._ids = itertools.count(1 + max((int(j.job_id) for j in base.jobs
+                                             if j.job_id.isdigit()), default=100))
         self._failures: dict[str, list[Exception]] = {}
         #: how old each snapshot is when it arrives (a slow or cached answer)
         self.lag_s = 0.0

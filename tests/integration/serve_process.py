@@ -1,4 +1,5 @@
-"""``python -m tests.integration.serve_process CONFIG CANDIDATES_JSON``: :func:`coral_hpc.daemon.serve`
+"""``python -m tests.integration.serve_process CONFIG CANDIDATES_JSON``:
+:func:`coral_hpc.daemon.serve`
 — gateway child process, info file, SIGTERM/SIGHUP handlers — in a process of its own, with the
 rule-based planner of :mod:`tests.integration.serve_harness` limited to the models the current
 ``models.yaml`` configures (so a SIGHUP that adds a model is what lets its candidate be planned).

@@ -1,4 +1,4 @@
-"""Small builders of replica facts for the reconcile tests (a fake clock: times are plain floats)."""
+"""Small builders of replica facts for the reconcile tests (a fake clock: plain float times)."""
 
 from __future__ import annotations
 

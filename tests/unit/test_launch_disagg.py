@@ -75,6 +75,8 @@ def test_the_plan_rows_role_reaches_the_engine_command_line(tmp_path):
     for version in VERSIONS:  # the flag exists in every vLLM the project supports
         assert "--kv-transfer-config" in RECORDED["versions"][version]["flags"]
     assert "--kv-transfer-config" in _flags_passed(script)
+    assert 'export VLLM_NIXL_SIDE_CHANNEL_HOST="$(hostname -f)"' in script
+    assert "export VLLM_NIXL_SIDE_CHANNEL_PORT=24002" in script  # API port + 1
     aggregated = replica_spec(dep, "llama-70b", "r2", "t",
                               ReplicaLayout(2, PREFILL.stages, "auto"), api_key_file=None)
     assert "--kv-transfer-config" not in render_engine_script(aggregated, rank=0, port=24001)
@@ -94,3 +96,10 @@ def test_the_routing_table_carries_each_replicas_role():
     routes = ready_routes(["m"], items, statuses)["m"]
     assert [(r.id, r.role, r.url) for r in routes] == [("r1", "prefill", "http://h:1"),
                                                        ("r2", "both", "http://h:2")]
+
+
+def test_only_nixl_gets_a_side_channel(tmp_path):
+    dep = _deployment(tmp_path, "{name: ExampleConnector}")
+    spec = replica_spec(dep, "llama-70b", "r1", "t", PREFILL, api_key_file=None)
+    script = render_engine_script(spec, rank=0, port=24001)
+    assert "--kv-transfer-config" in script and "NIXL" not in script

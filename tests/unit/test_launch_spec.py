@@ -112,14 +112,16 @@ def test_replica_spec_from_the_deployment(tmp_path):
     assert spec.dtype == "half"  # the layout's
     assert spec.engine_args == ("--enable-prefix-caching", "--enforce-eager")
     assert spec.stages[1].environment == VenvEnvironment(path="/envs/vllm", modules=("cuda/12.8",))
-    assert (spec.account, spec.qos, spec.cpus_per_gpu, spec.mem_per_gpu_gb) == ("lab", "high", 6, 40)
+    assert (spec.account, spec.qos, spec.cpus_per_gpu, spec.mem_per_gpu_gb) == (
+        "lab", "high", 6, 40)
     assert spec.time_limit_s == 5400 and spec.max_model_len == 8192
     assert spec.state_path == str(tmp_path / "demo")
     assert spec.endpoint_file == tmp_path / "demo" / "endpoints" / "r7.json"
     assert spec.tag.comment() == "coral:deployment=demo;model=llama-70b;replica=r7;template=tpl-3"
     with pytest.raises(SpecError, match="partition 'h100', not in cluster.partitions"):
         replica_spec(deployment, "llama-70b", "r8", "t",
-                     ReplicaLayout(4, (StageLayout("h100", "h100", 80),), "auto"), api_key_file=None)
+                     ReplicaLayout(4, (StageLayout("h100", "h100", 80),), "auto"),
+                     api_key_file=None)
 
 
 def test_spec_file_is_written_atomically(tmp_path):

@@ -114,7 +114,8 @@ def test_cli_json_has_the_documented_keys_and_the_template_export(cache, tmp_pat
                 "stages"} <= set(replica)
         for stage in replica["stages"]:
             assert {"gpu_type", "gpus", "layers", "partition"} <= set(stage)
-        assert sum(s["layers"] for s in replica["stages"]) > 0 and len(replica["stages"]) == replica["pp"]
+        assert sum(s["layers"] for s in replica["stages"]) > 0
+        assert len(replica["stages"]) == replica["pp"]
     assert doc["cost_per_hour"] == pytest.approx(
         sum(r["count"] * r["cost_per_hour"] for r in doc["replicas"]))
     library = json.loads(export.read_text())
@@ -147,7 +148,8 @@ def test_bad_input_exits_2_naming_the_file_and_submits_nothing(tmp_path, cache):
     bad.write_text(MODELS.read_text().replace("ttft_s: 2.0", "ttft_s: -1"))
     run = CliRunner().invoke(plan_command, [str(bad), "--snapshot", str(SNAPSHOT)])
     assert run.exit_code == 2 and f"{bad}:" in run.stderr and "ttft_s" in run.stderr
-    missing = CliRunner().invoke(plan_command, [str(MODELS), "--snapshot", str(tmp_path / "no.json")])
+    missing = CliRunner().invoke(plan_command,
+                                 [str(MODELS), "--snapshot", str(tmp_path / "no.json")])
     assert missing.exit_code == 2 and "no.json" in missing.stderr
 
 

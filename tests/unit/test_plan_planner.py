@@ -221,3 +221,18 @@ def test_no_plan_at_all_raises_instead_of_an_empty_plan(planner):
                       frozenset(), frozenset(), 10.0)
     with pytest.raises(PlanningError, match="min_replicas"):
         planner(req)
+
+
+def test_the_policy_serve_plans_with_sets_every_solver_knob_it_configures():
+    """policy: in models.yaml is the one place these defaults live: policy_of passes each of them,
+    so solver.Policy's own defaults (for the solver used alone) never decide what serve does."""
+    from coral_hpc.config import PolicyConfig
+    from coral_hpc.plan.inputs import policy_of
+
+    deployment = load_deployment(EXAMPLE)
+    changed = deployment.model_copy(update={"policy": PolicyConfig(
+        n_max=3, rho=5.0, heterogeneous=False, solver_time_limit_s=2.0, solver_mip_gap=0.01,
+        startup_time_s=120.0, replan_interval_s=60.0)})
+    policy = policy_of(changed)
+    assert (policy.n_max, policy.rho, policy.heterogeneous, policy.time_limit_s,
+            policy.mip_gap, policy.startup_penalty) == (3, 5.0, False, 2.0, 0.01, 2.0)

@@ -62,14 +62,16 @@ CASES = [
     ("plan met: nothing to do",
      plan(slot("t1", 2)), [rec("a"), rec("b")], set(), []),
     ("plan met by replicas still starting or pending: no duplicates",
-     plan(slot("t1", 3)), [rec("a"), rec("b", "starting"), rec("c", "pending", submitted_at=90.0)], set(), []),
+     plan(slot("t1", 3)),
+     [rec("a"), rec("b", "starting"), rec("c", "pending", submitted_at=90.0)], set(), []),
     ("a replica recorded but not yet in Slurm counts: no duplicate",
      plan(slot("t1", 1)), [rec("a", "submitting", created_at=95.0)], set(), []),
     ("scale down: drain READY surplus while the plan's capacity stays READY",
      plan(slot("t1", 1)), [rec("a"), rec("b"), rec("c")], set(),
      [("drain", "b"), ("drain", "c")]),
     ("scale down: surplus serving nothing is cancelled at once",
-     plan(slot("t1", 1)), [rec("a"), rec("b", "pending", submitted_at=90.0), rec("c", "starting")], set(),
+     plan(slot("t1", 1)),
+     [rec("a"), rec("b", "pending", submitted_at=90.0), rec("c", "starting")], set(),
      [("cancel", "b"), ("cancel", "c")]),
     ("scale to zero: drain all",
      plan(), [rec("a"), rec("b")], set(), [("drain", "a"), ("drain", "b")]),
@@ -167,14 +169,16 @@ def test_pending_past_timeout_is_cancelled_its_shape_excluded_and_not_resubmitte
 
 
 def test_a_shape_already_excluded_is_not_submitted_and_asks_for_a_replan():
-    exclusion = Exclusion(ShapeExclusion("t1", ("a100",)), ExclusionKind.PENDING_TIMEOUT, 50.0, 500.0, "pending")
+    exclusion = Exclusion(ShapeExclusion("t1", ("a100",)), ExclusionKind.PENDING_TIMEOUT,
+                          50.0, 500.0, "pending")
     decision = run(plan(slot("t1", 1)), exclusions=[exclusion])
     assert decision.of(Submit) == []
     assert decision.replan
 
 
 def test_an_expired_exclusion_no_longer_blocks():
-    exclusion = Exclusion(ShapeExclusion("t1", ("a100",)), ExclusionKind.PENDING_TIMEOUT, 0.0, 90.0, "pending")
+    exclusion = Exclusion(ShapeExclusion("t1", ("a100",)), ExclusionKind.PENDING_TIMEOUT,
+                          0.0, 90.0, "pending")
     decision = run(plan(slot("t1", 1)), exclusions=[exclusion])
     assert len(decision.of(Submit)) == 1
 
@@ -214,7 +218,8 @@ def test_crashes_are_counted_per_template():
 
 
 def test_a_template_already_cooling_down_is_not_excluded_again():
-    exclusion = Exclusion(TemplateExclusion("t1"), ExclusionKind.CRASH_COOLDOWN, 95.0, 1095.0, "crashed")
+    exclusion = Exclusion(TemplateExclusion("t1"), ExclusionKind.CRASH_COOLDOWN, 95.0, 1095.0,
+                          "crashed")
     records = [_crashed("c1", 40.0), _crashed("c2", 60.0), _crashed("c3", 90.0)]
     decision = run(plan(slot("t1", 1)), *records, exclusions=[exclusion])
     assert decision.of(Exclude) == [] and decision.of(Submit) == []

@@ -31,7 +31,7 @@ from coral_hpc.types import (
     TemplateExclusion,
 )
 from tests.conftest import REPO
-from tests.fakes.slurm import FakeSlurm, recorded_snapshot
+from tests.fakes.slurm import FakeSlurm, recorded_22_05_snapshot, recorded_snapshot
 
 EXAMPLE = REPO / "examples" / "models.yaml"
 START = 50_000.0
@@ -152,8 +152,11 @@ def events(loop, kind):
 # --------------------------------------------------------------------------- the happy path
 
 
-def test_a_planned_replica_is_submitted_once_then_routed_when_ready(make):
-    loop = make(ScriptedPlanner(slot()))
+@pytest.mark.parametrize("recording", ["devcluster", "slurm-22.05"])
+def test_a_planned_replica_is_submitted_once_then_routed_when_ready(make, recording):
+    clock = Clock()
+    base = recorded_snapshot() if recording == "devcluster" else recorded_22_05_snapshot()
+    loop = make(ScriptedPlanner(slot()), slurm=FakeSlurm(base, clock), clock=clock)
     loop.cycle()
     (record,) = loop.live()
     assert (record.template_id, record.layout) == (slot().template_id, slot().layout)
@@ -338,7 +341,8 @@ def test_a_cancel_slurm_did_not_carry_out_is_sent_again(make):
     assert loop.store.replica(record.id).cancelled_at is None  # not recorded as cancelled
     assert not loop.slurm.cancelled
     loop.cycle(loop.settings.poll_interval_s + 1)  # after the backoff: sent again
-    assert loop.slurm.cancelled == [(record.job_id, DRAIN_SIGNAL, False)]  # grace: the drain signal first
+    # grace: the drain signal first
+    assert loop.slurm.cancelled == [(record.job_id, DRAIN_SIGNAL, False)]
     assert loop.store.replica(record.id).cancelled_at is not None
 
 

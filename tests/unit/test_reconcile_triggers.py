@@ -1,4 +1,5 @@
-"""replan_triggers (edge triggers, typed kinds), learnt start-up time, backoff, plan rows round trip."""
+"""replan_triggers (edge triggers, typed kinds), learnt start-up time, backoff, plan rows
+round trip."""
 
 from __future__ import annotations
 
@@ -90,8 +91,10 @@ def test_replica_triggers_fire_once_after_the_plan(record, plan_time, now, fires
 
 
 def test_new_exclusions_trigger_a_replan():
-    fresh = Exclusion(TemplateExclusion("t1"), ExclusionKind.CRASH_COOLDOWN, 105.0, 1000.0, "crashed 3 times")
-    old = Exclusion(TemplateExclusion("t2"), ExclusionKind.CRASH_COOLDOWN, 95.0, 1000.0, "crashed 3 times")
+    fresh = Exclusion(TemplateExclusion("t1"), ExclusionKind.CRASH_COOLDOWN, 105.0, 1000.0,
+                      "crashed 3 times")
+    old = Exclusion(TemplateExclusion("t2"), ExclusionKind.CRASH_COOLDOWN, 95.0, 1000.0,
+                    "crashed 3 times")
     assert reasons(100.0, 110.0, exclusions=[fresh, old]) == [
         "excluded template:t1: crashed 3 times"
     ]

@@ -27,7 +27,6 @@ from coral_hpc.config import VenvEnvironment
 from coral_hpc.launch import read_endpoint, stop_replicas, submit_replica
 from coral_hpc.launch.spec import ReplicaSpec, StageSpec
 from coral_hpc.slurm import make_client
-from coral_hpc.types import ReplicaLayout, StageLayout
 from tests.conftest import wait_until
 from tests.vllm.engine_client import chat, completion, streamed_completion, token_ids
 
@@ -46,44 +45,37 @@ READY_TIMEOUT_S = 420
 def _spec(tmp_path: Path, venv: Path, models: Path, layout: str) -> ReplicaSpec:
     environment = VenvEnvironment(path=str(venv), env={"VLLM_CPU_KVCACHE_SPACE": "1"})
     stages = LAYOUTS[layout]
-    replica_layout = ReplicaLayout(1, tuple(StageLayout(p, g, n) for p, g, n in stages), "auto")
-    fields = {
-        "deployment": f"vllmtest{secrets.token_hex(2)}", "model": "tiny", "model_source": str(models / MODEL),
-        "replica_id": f"{layout}-1", "template_id": f"t-{layout}",
-        "stages": tuple(StageSpec(p, g, 1, n, environment) for p, g, n in stages), "tp": 1,
-        "engine_kind": "vllm", "state_path": str(tmp_path / "state"), "time_limit_s": 900,
-        "max_model_len": 512, "cpus_per_gpu": 1, "mem_per_gpu_gb": 4, "health_timeout_s": READY_TIMEOUT_S,
-        "drain_timeout_s": 60.0,
-    }
-    try:
-        return ReplicaSpec(**fields)
-    except TypeError:  # the planner's ReplicaSpec carries a layout instead of stages
-        fields.pop("stages")
-        fields.pop("tp")
-        return ReplicaSpec(layout=replica_layout, environment=environment, **fields)
+    return ReplicaSpec(
+        deployment=f"vllmtest{secrets.token_hex(2)}", model="tiny", model_source=str(models / MODEL),
+        replica_id=f"{layout}-1", template_id=f"t-{layout}",
+        stages=tuple(StageSpec(p, g, 1, n, environment) for p, g, n in stages), tp=1,
+        engine_kind="vllm", state_path=str(tmp_path / "state"), time_limit_s=900,
+        max_model_len=512, cpus_per_gpu=1, mem_per_gpu_gb=4, health_timeout_s=READY_TIMEOUT_S,
+        drain_timeout_s=60.0,
+    )
 
 
 @pytest.fixture(scope="module")
-def reference_tokens() -> dict[str, list[int]]:
-    """Token ids the PP-1 replica gave for PROMPT (filled by the single-node case)."""
-    return {}
+def reference_tokens(request) -> dict[str, list[int]]:
+    """Token ids the PP-1 replica gave for PROMPT: filled by the single-node case, which runs
+    first; kept in pytest's cache too, so one pipelined case can be rerun on its own."""
+    cached = request.config.cache.get("coral-vllm/pp1-tokens", None)
+    return {"pp1": cached} if cached else {}
 
 
-def _sacct_run(env: dict, job_id: str) -> tuple[str, str]:
+def _sacct_runs(env: dict, job_id: str) -> list[str]:
+    """``JOBID|STATE`` of every run of the job (``-D``: a requeued job shows once per run; a
+    hetjob shows once per component, ``JOBID+N``)."""
     import subprocess
 
-    out = subprocess.run(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "State,Restarts",
+    out = subprocess.run(["sacct", "-X", "-n", "-P", "-D", "-j", job_id, "-o", "JobID,State",
                           "-S", "now-1day"], check=False, capture_output=True, text=True, env=env,
                          timeout=30)
-    lines = out.stdout.strip().splitlines()
-    if not lines:
-        return "", ""
-    first = lines[0].split("|")
-    return first[0], first[1]
+    return out.stdout.split()
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_layout_serves_same_tokens_and_drains(layout, tmp_path, vllm_env, vllm_venv,
+def test_layout_serves_same_tokens_and_drains(layout, request, tmp_path, vllm_env, vllm_venv,
                                               test_models, reference_tokens):
     spec = _spec(tmp_path, vllm_venv, test_models, layout)
     client = make_client("cli", env=vllm_env)
@@ -103,6 +95,7 @@ def test_layout_serves_same_tokens_and_drains(layout, tmp_path, vllm_env, vllm_v
         assert len(tokens) == 16
         if layout == "single":
             reference_tokens["pp1"] = tokens
+            request.config.cache.set("coral-vllm/pp1-tokens", tokens)
         else:
             assert "pp1" in reference_tokens, "the single-node case runs first"
             assert tokens == reference_tokens["pp1"], f"{layout} split changed the tokens"
@@ -124,7 +117,7 @@ def test_layout_serves_same_tokens_and_drains(layout, tmp_path, vllm_env, vllm_v
 
         def long_request() -> None:
             try:
-                result["answer"] = completion(url, "tiny", PROMPT, max_tokens=200,
+                result["answer"] = completion(url, "tiny", PROMPT, max_tokens=120,
                                               ignore_eos=True)
             except Exception as exc:  # noqa: BLE001 - asserted below
                 result["error"] = repr(exc)
@@ -135,15 +128,18 @@ def test_layout_serves_same_tokens_and_drains(layout, tmp_path, vllm_env, vllm_v
         outcome = stop_replicas(client, [job_id], grace_s=90)
         thread.join(120)
         assert "error" not in result, result
-        assert result["answer"]["usage"]["completion_tokens"] == 200
+        assert result["answer"]["usage"]["completion_tokens"] == 120
         assert result["answer"]["choices"][0]["finish_reason"] == "length"
         assert outcome == {job_id: "exited"}, "the job must end by itself after the drain"
-        def finished() -> tuple[str, str] | None:
-            run = _sacct_run(vllm_env, job_id)
-            return run if run[0] not in ("RUNNING", "PENDING", "") else None
+        def finished() -> list[str] | None:
+            runs = _sacct_runs(vllm_env, job_id)
+            done = runs and not any(r.endswith(("|RUNNING", "|PENDING")) for r in runs)
+            return runs if done else None
 
-        state, restarts = wait_until(finished, 60, f"job {job_id} finished in sacct")
-        assert state == "COMPLETED" and restarts == "0", (state, restarts)
+        runs = wait_until(finished, 60, f"job {job_id} finished in sacct")
+        expected = ([f"{job_id}+{i}|COMPLETED" for i in range(spec.pp)] if layout == "hetero"
+                    else [f"{job_id}|COMPLETED"])
+        assert sorted(runs) == expected, f"one run, ended by itself, never requeued: {runs}"
         assert not spec.endpoint_file.exists()
     finally:
         client.cancel([job_id])

@@ -1,0 +1,116 @@
+"""The configuration reference, generated from the pydantic models of :mod:`coral_hpc.config`
+(``scripts/config-reference`` writes it to docs/config-reference.md; a test keeps it in sync).
+
+One table per section, in the order a ``models.yaml`` reads: each key with its type, its default
+(or *required*) and the field's own description — the models are the single source."""
+
+from __future__ import annotations
+
+import types
+import typing
+from typing import Any
+
+from pydantic import BaseModel
+
+from coral_hpc.config import Deployment
+
+HEADER = """# models.yaml reference
+
+Generated from the pydantic models in `coral_hpc/config.py` by `scripts/config-reference`; do not
+edit by hand (a test fails when this page and the models disagree). `coral-hpc validate FILE`
+checks a file against exactly these rules: unknown keys are refused, every error names the file,
+line and field. Units: demand and throughput in requests per second of the model's own mix,
+times in seconds unless the key says otherwise.
+"""
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The config sections an annotation refers to (through Optional, tuples, unions)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    found: list[type[BaseModel]] = []
+    for arg in typing.get_args(annotation):
+        for model in _models_in(arg):
+            if model not in found:
+                found.append(model)
+    return found
+
+
+def _type_name(annotation: Any) -> str:
+    """A short, YAML-minded name of a field's type."""
+    if annotation is type(None):
+        return "null"
+    if isinstance(annotation, type):
+        if issubclass(annotation, BaseModel):
+            return f"[{annotation.__name__}](#{annotation.__name__.lower()})"
+        return {"str": "string", "int": "integer", "float": "number", "bool": "boolean"}.get(
+            annotation.__name__, annotation.__name__)
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin is typing.Literal:
+        return " \\| ".join(f"`{a}`" for a in args)
+    if origin is typing.Annotated:
+        return _type_name(args[0])
+    if origin in (typing.Union, types.UnionType):
+        return " \\| ".join(_type_name(a) for a in args)
+    if origin is tuple:
+        return f"list of {_type_name(args[0])}"
+    if origin is dict:
+        return f"map of {_type_name(args[0])} → {_type_name(args[1])}"
+    return str(annotation)
+
+
+def _default(field: Any) -> str:
+    if field.is_required():
+        return "*required*"
+    value = field.get_default(call_default_factory=True)
+    if isinstance(value, BaseModel):
+        return "(section defaults)"
+    if value is None:
+        return "null"
+    if value in ((), {}):
+        return "[]" if value == () else "{}"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, tuple):
+        return "[" + ", ".join(map(str, value)) + "]"
+    return f"`{value}`"
+
+
+def _sections() -> list[tuple[str, type[BaseModel]]]:
+    """(path, model) of every section, depth first from the top level."""
+    out: list[tuple[str, type[BaseModel]]] = []
+    seen: set[type[BaseModel]] = set()
+
+    def walk(path: str, model: type[BaseModel]) -> None:
+        if model in seen:
+            return
+        seen.add(model)
+        out.append((path, model))
+        for name, field in model.model_fields.items():
+            many = typing.get_origin(field.annotation) is tuple
+            for sub in _models_in(field.annotation):
+                walk(f"{path}.{name}{'[]' if many else ''}".lstrip("."), sub)
+
+    walk("", Deployment)
+    return out
+
+
+def render_reference() -> str:
+    """The whole reference page as Markdown."""
+    parts = [HEADER]
+    for path, model in _sections():
+        title = path or "top level"
+        parts.append(f"\n## {model.__name__}\n\n`{title}` — {_doc(model)}\n")
+        parts.append("| key | type | default | what it is |\n|---|---|---|---|")
+        for name, field in model.model_fields.items():
+            description = field.description or "; ".join(
+                _doc(sub) for sub in _models_in(field.annotation))
+            description = description.replace("|", "\\|").replace("\n", " ")
+            parts.append(f"| `{name}` | {_type_name(field.annotation)} | {_default(field)} | "
+                         f"{description} |")
+    return "\n".join(parts) + "\n"
+
+
+def _doc(model: type[BaseModel]) -> str:
+    return " ".join((model.__doc__ or "").split())
