@@ -19,10 +19,11 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from coral_hpc import availability
 from coral_hpc.config import Deployment
 from coral_hpc.demand import deployment_demand
 from coral_hpc.slurm.snapshot import ClusterSnapshot
@@ -234,7 +235,8 @@ def policy_of(deployment: Deployment, startup_s: float | None = None) -> Policy:
     startup = p.startup_time_s if startup_s is None else startup_s
     return Policy(n_max=p.n_max, rho=p.rho, heterogeneous=p.heterogeneous,
                   startup_penalty=startup / p.replan_interval_s,
-                  time_limit_s=p.solver_time_limit_s, mip_gap=p.solver_mip_gap)
+                  time_limit_s=p.solver_time_limit_s, mip_gap=p.solver_mip_gap,
+                  replan_interval_s=p.replan_interval_s, max_queue_wait_s=p.max_queue_wait_s)
 
 
 @dataclass(frozen=True)
@@ -250,19 +252,28 @@ class PlanResult:
     stage2_s: float
     problems: list[str]  #: the independent checker's findings (empty = accepted)
     unit: str  #: "gpu_hour" or "billing"
+    #: what the plan could not use or had to adjust, each naming the node, partition or field
+    warnings: list[str] = field(default_factory=list)
+    #: Slurm's start estimates the plan used (sbatch --test-only)
+    estimates: tuple = ()
 
 
 def plan_deployment(deployment: Deployment, snapshot: ClusterSnapshot,
                     demand_rps: Mapping[str, float] | None = None,
                     cache_dir: Path | None = None,
                     throughput: ThroughputModel | None = None,
-                    progress: Callable[[str, int, int], None] | None = None) -> PlanResult:
+                    progress: Callable[[str, int, int], None] | None = None,
+                    prober: Any = None) -> PlanResult:
     """Stage 1 (cached on disk) then Stage 2 for this deployment on this snapshot, checked.
 
     Without ``demand_rps`` it plans for what ``serve`` plans for at start: the declared demand
-    with the policy's headroom (``demand: auto`` models count 0 until measured)."""
+    with the policy's headroom (``demand: auto`` models count 0 until measured). ``prober``
+    (a :class:`coral_hpc.slurm.availability.StartProber`) asks Slurm when each job shape would
+    start; without one, the estimates saved in the snapshot are used."""
     if demand_rps is None:
         demand_rps = {name: d.planned_rps for name, d in deployment_demand(deployment, ()).items()}
+    snapshot, warnings = availability.type_untyped_nodes(deployment, snapshot)
+    warnings += availability.config_warnings(deployment, snapshot)
     models = model_specs(deployment, demand_rps)
     running, held = own_running(snapshot)
     cluster = cluster_from_snapshot(deployment, snapshot, running, held)
@@ -270,24 +281,50 @@ def plan_deployment(deployment: Deployment, snapshot: ClusterSnapshot,
     # it can also give, and every stage of a replica needs a node of its own
     cluster = fit_job_shape(cluster, snapshot, held, deployment.cluster.cpus_per_gpu,
                             deployment.cluster.mem_per_gpu_gb)
+    cluster = availability.with_site_rules(deployment, snapshot, cluster)
     policy = policy_of(deployment)
     tm = throughput if throughput is not None else PerfThroughput()
     began = time.perf_counter()
     library = build_library(models, cluster.gpu_types(), policy, tm, cache_dir=cache_dir,
                             progress=progress)
+    estimates = snapshot.estimates
+    if prober is not None:
+        estimates = prober.estimates(availability.probe_shapes(deployment, snapshot, library))
+    cluster = availability.with_estimates(cluster, estimates, policy.max_queue_wait_s)
     library = placeable(library, cluster)
     stage1 = time.perf_counter() - began
     plan = allocate(models, library, cluster, policy)
     stage2 = time.perf_counter() - began - stage1
     problems = check_plan(plan, models, cluster, library, tm)
     return PlanResult(models, cluster, policy, library, plan, stage1, stage2, problems,
-                      deployment.cluster.price_unit)
+                      deployment.cluster.price_unit, warnings, tuple(estimates))
 
 
 def plan_json(result: PlanResult) -> dict[str, Any]:
     """The ``coral-hpc plan --json`` document (demand and throughput in requests/s of each
     model's mix; cost per hour in the deployment's unit)."""
     plan = result.plan
+
+    def row_json(row: Any, queued: bool) -> dict[str, Any]:
+        return {
+            "model": row.model,
+            "template": row.template.id,
+            "partition": ",".join(dict.fromkeys(row.partitions)),
+            "count": row.count,
+            "throughput": row.throughput,
+            "cost_per_hour": row.cost_per_hour,
+            "tp": row.template.tp,
+            "pp": row.template.pp,
+            "layer_partition": row.template.layer_partition,
+            "calibrated": row.template.calibrated,
+            "stages": [{"gpu_type": s.gpu_type, "gpus": row.template.tp, "layers": s.layers,
+                        "partition": p} for s, p in zip(row.template.stages, row.partitions)],
+            "nodes": [list(n) for n in row.nodes],
+            "expected_wait_s": row.wait_s,
+            "start": availability.start_label(row.wait_s, queued),
+            "queued": queued,
+        }
+
     return {
         "mode": plan.status,
         "cost_per_hour": plan.cost_per_hour,
@@ -296,26 +333,11 @@ def plan_json(result: PlanResult) -> dict[str, Any]:
         "gap": plan.gap if plan.gap != float("inf") else None,
         "models": [{"name": m.name, "demand": m.demand_rps, "served": plan.served[m.name],
                     "capacity": plan.capacity[m.name]} for m in result.models],
-        "replicas": [
-            {
-                "model": row.model,
-                "template": row.template.id,
-                "partition": ",".join(dict.fromkeys(row.partitions)),
-                "count": row.count,
-                "throughput": row.throughput,
-                "cost_per_hour": row.cost_per_hour,
-                "tp": row.template.tp,
-                "pp": row.template.pp,
-                "layer_partition": row.template.layer_partition,
-                "calibrated": row.template.calibrated,
-                "stages": [{"gpu_type": s.gpu_type, "gpus": row.template.tp, "layers": s.layers,
-                            "partition": p} for s, p in zip(row.template.stages, row.partitions)],
-                "nodes": [list(n) for n in row.nodes],
-            }
-            for row in plan.rows
-        ],
+        "replicas": [row_json(row, False) for row in plan.rows]
+        + [row_json(row, True) for row in plan.queued],
         "binding": list(plan.binding),
         "checker_problems": result.problems,
+        "warnings": list(result.warnings),
     }
 
 

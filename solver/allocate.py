@@ -33,7 +33,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from solver.allocate_highs import HighsSolver, SolveResult
-from solver.allocate_model import Prepared, Stage2Model, build_model, prepare
+from solver.allocate_model import Prepared, Stage2Model, build_model, job_cap, prepare
+from solver.queue import queue_unplaced
 from solver.types import Cluster, ModelSpec, Plan, PlanRow, Policy, Template
 
 #: relative slack when a phase's optimum becomes the next phase's constraint: as loose as HiGHS's
@@ -165,7 +166,21 @@ def allocate(
 
     ``backend="highs"`` hands the matrix to HiGHS (with the exact column restriction when
     ``policy.prune``); ``backend="pyomo"`` builds the same model through Pyomo (full, slower).
+    GPUs Slurm gives only after a wait (node groups with ``wait_s``) pay for the wait; a model
+    left with no replica gets one queued where Slurm expects to start it first
+    (:func:`solver.queue.queue_unplaced`, ``Plan.queued``).
     """
+    plan = _allocate(models, library, cluster, policy, backend)
+    return queue_unplaced(plan, models, library, cluster)
+
+
+def _allocate(
+    models: list[ModelSpec],
+    library: dict[str, list[Template]],
+    cluster: Cluster,
+    policy: Policy | None = None,
+    backend: str = "highs",
+) -> Plan:
     began = time.perf_counter()
     policy = policy if policy is not None else Policy()
     data = prepare(models, library, cluster, policy)
@@ -253,7 +268,7 @@ def _decomposed(data: Prepared, sm: Stage2Model, runner: _Runner, library, clust
     bound = 0.0
     for model in data.models:
         sub_policy = replace(policy, time_limit_s=max(runner.left() / 2, 0.05))
-        sub = allocate([model], {model.name: library.get(model.name, [])}, cluster, sub_policy)
+        sub = _allocate([model], {model.name: library.get(model.name, [])}, cluster, sub_policy)
         if sub.status != "optimal":
             return None
         bound += sub.phases.get("bound", sub.phases.get("objective", 0.0))
@@ -320,11 +335,15 @@ def decode(sm: Stage2Model, x: np.ndarray) -> list[PlanRow]:
                 placed.append(_pop_slot(slots, stage.gpu_type, template.tp, p, avoid=placed))
             placed = tuple(placed)
             nodes.setdefault((j, parts), []).append(placed)
+    wait_of = {node: cls.wait_s for cls in data.classes for node in cls.nodes}
     out = []
     for (j, parts), count in sorted(rows.items(), key=lambda kv: (kv[0][0], kv[0][1])):
         template = data.templates[j]
         cost = sum(data.stage_cost[(p, s.gpu_type, template.tp)] for s, p in zip(template.stages, parts))
-        out.append(PlanRow(template, parts, count, cost, tuple(nodes[(j, parts)])))
+        placed = tuple(nodes[(j, parts)])
+        # a replica starts when its last stage's node is given to us
+        waits = tuple(max((wait_of.get(n, 0.0) for n in replica), default=0.0) for replica in placed)
+        out.append(PlanRow(template, parts, count, cost, placed, waits))
     return out
 
 
@@ -447,6 +466,15 @@ def binding_constraints(data: Prepared, rows: list[PlanRow], served: dict[str, f
     for quota in data.cluster.quotas:
         if used_quota[quota.name] >= quota.max_gpus:
             out.append(f"quota {quota.name}: {used_quota[quota.name]} of {quota.max_gpus} GPUs")
+    for why, count in sorted(data.limit_drops.items()):
+        out.append(f"site limit {why}: {count} template placement(s) kept out")
+    cap = job_cap(data.cluster.job_limits)
+    if cap is not None and sum(replicas.values()) >= cap:
+        limits = data.cluster.job_limits
+        names = [f"MaxJobs={limits.max_jobs}" if limits.max_jobs is not None else "",
+                 f"MaxSubmit={limits.max_submit}" if limits.max_submit is not None else ""]
+        out.append(f"site limit {' / '.join(n for n in names if n)}: {sum(replicas.values())} "
+                   f"replica jobs planned, {limits.other_jobs} other job(s) of this user")
     for model in data.models:
         if model.max_replicas is not None and replicas[model.name] >= model.max_replicas:
             out.append(f"model {model.name}: max_replicas {model.max_replicas} reached")

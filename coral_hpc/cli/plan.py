@@ -25,8 +25,10 @@ EXIT_REJECTED = 1
               help="Write the Stage-1 template library (usage, throughput, price) as JSON here.")
 @click.option("--cache-dir", type=click.Path(file_okay=False),
               help="Stage-1 cache folder (default ~/.cache/coral-hpc/templates).")
+@click.option("--save-snapshot", "save_file", type=click.Path(dir_okay=False),
+              help="Write the snapshot planned on, with Slurm's start estimates, as JSON here.")
 def plan(models_yaml: str, snapshot_file: str | None, as_json: bool, export_file: str | None,
-         cache_dir: str | None) -> None:
+         cache_dir: str | None, save_file: str | None) -> None:
     """Plan replicas for MODELS_YAML at least cost; print the plan (nothing is submitted)."""
     from coral_hpc.cli.cluster import load_snapshot_file, observe
     from coral_hpc.config import load_deployment
@@ -38,6 +40,7 @@ def plan(models_yaml: str, snapshot_file: str | None, as_json: bool, export_file
     except ConfigError as exc:
         fail(exc.problems + [f"{models_yaml}: {len(exc.problems)} problem(s)"])
     snapshot = load_snapshot_file(snapshot_file) if snapshot_file else observe(models_yaml, None)
+    prober = None if snapshot_file else _prober(deployment)
     unknown = sorted({m.architecture for m in deployment.models} - _known_architectures())
     if unknown:
         known = ", ".join(sorted(_known_architectures()))
@@ -48,7 +51,12 @@ def plan(models_yaml: str, snapshot_file: str | None, as_json: bool, export_file
             if name:
                 err_console.print(f"Stage 1: {name} ({done + 1}/{total})", highlight=False)
     result = plan_deployment(deployment, snapshot,
-                             cache_dir=Path(cache_dir) if cache_dir else None, progress=progress)
+                             cache_dir=Path(cache_dir) if cache_dir else None, progress=progress,
+                             prober=prober)
+    if save_file:
+        from dataclasses import replace
+
+        Path(save_file).write_text(replace(snapshot, estimates=result.estimates).to_json())
     if export_file:
         Path(export_file).write_text(json.dumps(templates_json(result), indent=1))
     if as_json:
@@ -57,6 +65,16 @@ def plan(models_yaml: str, snapshot_file: str | None, as_json: bool, export_file
         _print_table(result)
     if result.problems:
         fail([f"checker: {p}" for p in result.problems], status=EXIT_REJECTED)
+
+
+def _prober(deployment):  # type: ignore[no-untyped-def]
+    """Slurm's start estimates per job shape, within the deployment's probe budget."""
+    from coral_hpc.slurm import client_for_deployment
+    from coral_hpc.slurm.availability import StartProber
+
+    return StartProber(client_for_deployment(deployment),
+                       calls_per_min=deployment.cluster.slurm.probe_calls_per_min,
+                       ttl_s=deployment.policy.replan_interval_s)
 
 
 def _known_architectures() -> set[str]:
@@ -69,16 +87,19 @@ def _print_table(result) -> None:
     plan = result.plan
     unit = "billing/h" if result.unit == "billing" else "per h"
     table = Table(title=f"Plan: {plan.status}, {plan.cost_per_hour:.2f} {unit}")
-    for column in ("model", "partition", "layout", "TP×PP", "count", "req/s each", f"cost {unit} each"):
+    from coral_hpc.availability import start_label
+
+    for column in ("model", "partition", "layout", "TP×PP", "count", "req/s each",
+                   f"cost {unit} each", "start"):
         table.add_column(column)
-    for row in plan.rows:
+    for row, queued in [(r, False) for r in plan.rows] + [(r, True) for r in plan.queued]:
         t = row.template
         layout = " + ".join(f"{s.gpu_type}[{s.layers}]" for s in t.stages)
         if not t.calibrated:
             layout += " (uncalibrated)"
         table.add_row(row.model, ",".join(dict.fromkeys(row.partitions)), layout,
                       f"{t.tp}×{t.pp}", str(row.count), f"{row.throughput:.3g}",
-                      f"{row.cost_per_hour:.3g}")
+                      f"{row.cost_per_hour:.3g}", start_label(row.wait_s, queued))
     console.print(table)
     served = Table(title="Demand (requests/s of each model's mix, headroom included)")
     for column in ("model", "demand", "served", "capacity"):
@@ -92,3 +113,5 @@ def _print_table(result) -> None:
                   highlight=False)
     for line in plan.binding:
         console.print(f"binding: {line}", highlight=False)
+    for line in result.warnings:
+        err_console.print(f"warning: {line}", highlight=False)

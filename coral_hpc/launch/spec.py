@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -257,13 +257,15 @@ def replica_spec(
     api_key_file: str | Path | None,
     hf_token_file: str | Path | None = None,
     python: str | None = None,
+    time_limit_s: int | None = None,
 ) -> ReplicaSpec:
     """Build the spec of one replica from the deployment and a plan row.
 
     ``stages`` is ``[(partition, gpu_type, layers), ...]`` in pipeline order (the solver's
     template stages with the plan's partition per stage); every stage uses ``tp`` GPUs of one node.
     Engine kind, environments, extra args, time limit, account/QOS and per-GPU CPUs/memory come
-    from ``deployment``. Raises :class:`SpecError` for a stage that cannot run.
+    from ``deployment``; ``time_limit_s`` replaces the configured time limit when a
+    partition's MaxTime is shorter. Raises :class:`SpecError` for a stage that cannot run.
     """
     config = deployment.model(model)
     partitions = {p.name: p for p in deployment.cluster.partitions}
@@ -276,6 +278,10 @@ def replica_spec(
             )
         env = partitions[partition].environment if deployment.engine.kind == "vllm" else None
         built.append(StageSpec(partition, gpu_type, tp, int(layers), env))
+    names = {s.partition for s in built}
+    if len(names) > 1 and any(names <= set(g) for g in deployment.environment_groups()):
+        # declared interchangeable (compatible_with): every stage runs the first stage's vLLM
+        built = [replace(s, environment=built[0].environment) for s in built]
     return ReplicaSpec(
         deployment=deployment.deployment,
         model=config.name,
@@ -286,7 +292,7 @@ def replica_spec(
         tp=tp,
         engine_kind=deployment.engine.kind,
         state_path=str(deployment.state_path.resolve()),
-        time_limit_s=deployment.cluster.time_limit_s,
+        time_limit_s=int(time_limit_s) if time_limit_s else deployment.cluster.time_limit_s,
         engine_args=tuple(deployment.engine.args) + tuple(config.vllm_args),
         dtype=dtype_for([s[1] for s in stages]),
         max_model_len=config.max_model_len,

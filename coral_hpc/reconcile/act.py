@@ -155,6 +155,7 @@ class Actor:
             spec = replica_spec(
                 self.deployment, slot.model, replica_id, slot.template_id, stages,
                 int(layout["tp"]), api_key_file=self.api_key_file,
+                time_limit_s=layout.get("time_limit_s"),
             )
         except (CoralError, KeyError) as exc:
             self._refuse(action, f"cannot build a job for {slot.template_id}: {exc}", now, result)

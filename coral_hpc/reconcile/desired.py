@@ -8,6 +8,7 @@ classes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from coral_hpc.reconcile.decide import DesiredPlan, Slot
@@ -25,14 +26,20 @@ def layout_of(template: Any, partitions: tuple[str, ...]) -> dict[str, Any]:
     }
 
 
-def slots_from_plan(plan: Any, time: float) -> DesiredPlan:
+def slots_from_plan(plan: Any, time: float,
+                    time_limit_of: Callable[[tuple[str, ...]], int] | None = None) -> DesiredPlan:
     """A :class:`DesiredPlan` from a ``solver.types.Plan`` made at ``time``; rows with count 0
-    are dropped."""
+    are dropped. Queued rows (``plan.queued``: replicas Slurm starts beyond the horizon) are
+    slots too: they are submitted now and wait in Slurm's queue. ``time_limit_of(partitions)``
+    gives a row's job time limit when the partitions' MaxTime clips the configured one."""
     slots = []
-    for row in plan.rows:
+    for row in tuple(plan.rows) + tuple(getattr(plan, "queued", ())):
         if row.count <= 0:
             continue
         partitions = tuple(row.partitions)
+        layout = layout_of(row.template, partitions)
+        if time_limit_of is not None:
+            layout["time_limit_s"] = int(time_limit_of(partitions))
         slots.append(
             Slot(
                 model=row.template.model,
@@ -41,7 +48,7 @@ def slots_from_plan(plan: Any, time: float) -> DesiredPlan:
                 count=int(row.count),
                 throughput=float(row.template.throughput),
                 cost_per_hour=float(row.cost_per_hour),
-                layout=layout_of(row.template, partitions),
+                layout=layout,
             )
         )
     return DesiredPlan(time=time, slots=tuple(slots))

@@ -1,0 +1,107 @@
+"""Queue like a person would: a model that got no replica still gets its best one queued.
+
+On a busy cluster nothing may start within the horizon (``policy.max_queue_wait_s``), so Stage 2
+places nothing for some models. A person would still submit one job where the scheduler says it
+will start first; :func:`queue_unplaced` does the same from Slurm's start estimates per job
+shape (``Cluster.queue_options``): for each model with no replica in the plan and something to
+serve (demand or ``min_replicas``), the template and shape with the earliest expected start,
+then the least cost per request served. A queued replica is one Slurm job of one homogeneous
+shape (``pp`` nodes of ``tp`` GPUs of one type in one partition): exactly the shape Slurm
+estimated. Queued replicas hold nothing yet, so they count in neither capacity nor cost, but
+they do count against quotas and MaxSubmit, which bind pending jobs too.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+
+from solver.allocate_model import job_cap
+from solver.types import Cluster, ModelSpec, Plan, PlanRow, QueueOption, Template
+
+
+def _fits(option: QueueOption, template: Template, model: ModelSpec, cluster: Cluster) -> bool:
+    gpu = template.stages[0].gpu_type
+    if template.heterogeneous or option.gpu_type != gpu or option.gpus_per_node != template.tp:
+        return False
+    if option.nodes != template.pp:
+        return False
+    if not model.allows_partition(option.partition) or not model.allows_gpu(gpu):
+        return False
+    if (template.id, gpu, option.partition) in cluster.excluded_stages:
+        return False
+    cap = cluster.job_limits.max_nodes_by_partition.get(option.partition)
+    return cap is None or template.pp <= cap
+
+
+def _cost(cluster: Cluster, partition: str, template: Template) -> float | None:
+    for part in cluster.partitions:
+        if part.name == partition and part.usable:
+            costs = [part.stage_cost(s.gpu_type, template.tp) for s in template.stages]
+            return None if any(c is None for c in costs) else float(sum(costs))
+    return None
+
+
+def queue_unplaced(plan: Plan, models: list[ModelSpec], library: dict[str, list[Template]],
+                   cluster: Cluster) -> Plan:
+    """``plan`` with one queued replica per model that has none and needs one (see the module
+    docstring); unchanged when every model has a replica or Slurm gave no estimate."""
+    if not cluster.queue_options:
+        return plan
+    placed = Counter(row.model for row in plan.rows)
+    quota_use = Counter()
+    for row in plan.rows:
+        for stage, p in zip(row.template.stages, row.partitions):
+            for quota in cluster.quotas:
+                if quota.matches(p, stage.gpu_type):
+                    quota_use[quota.name] += row.count * row.template.tp
+    cap = job_cap(cluster.job_limits)
+    jobs = plan.replicas()
+    queued: list[PlanRow] = []
+    notes: list[str] = []
+    for model in sorted(models, key=lambda m: (-m.priority, m.name)):
+        if placed[model.name] or (model.demand_rps <= 0 and model.min_replicas <= 0):
+            continue
+        if model.max_replicas == 0:
+            continue
+        best = None
+        for template in library.get(model.name, []):
+            for option in cluster.queue_options:
+                if not _fits(option, template, model, cluster):
+                    continue
+                cost = _cost(cluster, option.partition, template)
+                if cost is None:
+                    continue
+                gpu = template.stages[0].gpu_type
+                over = [q for q in cluster.quotas if q.matches(option.partition, gpu)
+                        and quota_use[q.name] + template.gpus > q.max_gpus]
+                if over:
+                    continue
+                served = min(template.throughput, model.demand_rps) or template.throughput
+                # earliest start first (to the minute: estimates are not finer), then the
+                # cheapest per request served, then the larger replica
+                key = (round(option.wait_s / 60.0), cost / served, -template.throughput, template.id)
+                if best is None or key < best[0]:
+                    best = (key, template, option, cost)
+        if best is None:
+            notes.append(f"model {model.name}: nothing to queue (no Slurm estimate for a shape "
+                         "of its templates)")
+            continue
+        if cap is not None and jobs >= cap:
+            notes.append(f"model {model.name}: not queued, MaxJobs/MaxSubmit reached")
+            continue
+        _, template, option, cost = best
+        gpu = template.stages[0].gpu_type
+        for quota in cluster.quotas:
+            if quota.matches(option.partition, gpu):
+                quota_use[quota.name] += template.gpus
+        jobs += 1
+        nodes = tuple(option.node_names[:template.pp]) if len(option.node_names) >= template.pp \
+            else ("?",) * template.pp
+        queued.append(PlanRow(template, (option.partition,) * template.pp, 1, cost, (nodes,),
+                              (float(option.wait_s),)))
+        notes.append(f"model {model.name}: nothing starts within the horizon; 1 replica queued "
+                     f"on {option.partition}, expected in {option.wait_s / 60:.0f} min")
+    if not queued and not notes:
+        return plan
+    return replace(plan, queued=plan.queued + tuple(queued), binding=plan.binding + tuple(notes))
