@@ -244,9 +244,10 @@ def with_site_rules(deployment: Deployment, snapshot: ClusterSnapshot, cluster: 
 
 
 def start_label(wait_s: float, queued: bool = False) -> str:
-    """``now``, ``expected in N min`` or ``queued (expected in N min)`` for a plan row."""
+    """``now``, ``expected in N min`` (within the horizon) or ``queued`` (beyond it: submitted
+    where Slurm expects to start it first; ``binding`` says where and when) for a plan row."""
     if queued:
-        return f"queued (expected in {math.ceil(wait_s / 60)} min)"
+        return "queued"
     if wait_s <= 0:
         return "now"
     return f"expected in {math.ceil(wait_s / 60)} min"

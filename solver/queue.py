@@ -57,6 +57,8 @@ def queue_unplaced(plan: Plan, models: list[ModelSpec], library: dict[str, list[
                     quota_use[quota.name] += row.count * row.template.tp
     cap = job_cap(cluster.job_limits)
     jobs = plan.replicas()
+    # nodes this plan already gives to other replicas: an estimate for them no longer holds
+    planned_nodes = {n for row in plan.rows for placed in row.nodes for n in placed}
     queued: list[PlanRow] = []
     notes: list[str] = []
     for model in sorted(models, key=lambda m: (-m.priority, m.name)):
@@ -78,9 +80,12 @@ def queue_unplaced(plan: Plan, models: list[ModelSpec], library: dict[str, list[
                 if over:
                     continue
                 served = min(template.throughput, model.demand_rps) or template.throughput
-                # earliest start first (to the minute: estimates are not finer), then the
-                # cheapest per request served, then the larger replica
-                key = (round(option.wait_s / 60.0), cost / served, -template.throughput, template.id)
+                contended = bool(planned_nodes & set(option.node_names))
+                # an estimate on nodes the plan gives others last; then the earliest start (to
+                # the minute: estimates are not finer), the cheapest per request served, the
+                # larger replica
+                key = (contended, round(option.wait_s / 60.0), cost / served, -template.throughput,
+                       template.id)
                 if best is None or key < best[0]:
                     best = (key, template, option, cost)
         if best is None:
@@ -90,7 +95,7 @@ def queue_unplaced(plan: Plan, models: list[ModelSpec], library: dict[str, list[
         if cap is not None and jobs >= cap:
             notes.append(f"model {model.name}: not queued, MaxJobs/MaxSubmit reached")
             continue
-        _, template, option, cost = best
+        key, template, option, cost = best
         gpu = template.stages[0].gpu_type
         for quota in cluster.quotas:
             if quota.matches(option.partition, gpu):
@@ -100,8 +105,11 @@ def queue_unplaced(plan: Plan, models: list[ModelSpec], library: dict[str, list[
             else ("?",) * template.pp
         queued.append(PlanRow(template, (option.partition,) * template.pp, 1, cost, (nodes,),
                               (float(option.wait_s),)))
+        when = (f"after this plan's replicas on {', '.join(option.node_names)} (Slurm's estimate "
+                f"before them: {option.wait_s / 60:.0f} min)") if key[0] else \
+            f"expected in {option.wait_s / 60:.0f} min"
         notes.append(f"model {model.name}: nothing starts within the horizon; 1 replica queued "
-                     f"on {option.partition}, expected in {option.wait_s / 60:.0f} min")
+                     f"on {option.partition}, {when}")
     if not queued and not notes:
         return plan
     return replace(plan, queued=plan.queued + tuple(queued), binding=plan.binding + tuple(notes))

@@ -1,0 +1,206 @@
+"""Planning on a busy site: examples/university.yaml on a snapshot with every GPU held by other
+users (tests/data/plan/university-busy-snapshot.json, constructed by make_university_busy.py:
+no such site is at hand) plans only runnable replicas with their expected start; GPU types,
+partitions and limits the site has are turned into solver inputs and warnings."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from coral_hpc import availability
+from coral_hpc.cli.plan import plan as plan_command
+from coral_hpc.config import load_deployment
+from coral_hpc.launch.spec import replica_spec
+from coral_hpc.plan import cluster_from_snapshot, plan_deployment, plan_json
+from coral_hpc.reconcile.desired import slots_from_plan
+from coral_hpc.slurm.snapshot import ClusterSnapshot, ShapeEstimate
+
+REPO = Path(__file__).resolve().parents[2]
+UNIVERSITY = REPO / "examples" / "university.yaml"
+BUSY = REPO / "tests" / "data" / "plan" / "university-busy-snapshot.json"
+DEVCLUSTER = REPO / "tests" / "data" / "plan" / "devcluster-snapshot.json"
+MODELS = REPO / "examples" / "models.yaml"
+START = re.compile(r"^(now|expected in \d+ min|queued)$")
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("templates")
+
+
+@pytest.fixture(scope="module")
+def busy():
+    return ClusterSnapshot.from_json(BUSY.read_text())
+
+
+@pytest.fixture(scope="module")
+def university_result(busy, cache):
+    return plan_deployment(load_deployment(UNIVERSITY), busy, cache_dir=cache)
+
+
+def _runnable(deployment, row) -> None:
+    """replica_spec builds the job (raises SpecError for a replica that cannot run)."""
+    replica_spec(deployment, row.model, "r1", row.template.id,
+                 [(p, s.gpu_type, s.layers) for s, p in zip(row.template.stages, row.partitions)],
+                 row.template.tp, api_key_file=None)
+
+
+def test_university_on_a_full_site_plans_only_runnable_replicas_with_their_start(
+        university_result):
+    deployment = load_deployment(UNIVERSITY)
+    result = university_result
+    plan = result.plan
+    assert result.problems == []
+    rows = list(plan.rows) + list(plan.queued)
+    assert rows, "a full site still gets replicas queued"
+    for row in rows:
+        _runnable(deployment, row)
+        # the V100 and A100 partitions name different vLLM images: no pipeline spans them
+        assert not row.template.heterogeneous
+    # every model with demand or min_replicas has a replica planned or queued
+    for model in deployment.models:
+        wanted = model.min_replicas > 0 or (result.models and next(
+            m for m in result.models if m.name == model.name).demand_rps > 0)
+        if wanted:
+            assert any(r.model == model.name for r in rows), model.name
+    doc = plan_json(result)
+    starts = [r["start"] for r in doc["replicas"]]
+    assert all(START.match(s) for s in starts) and "now" not in starts  # every GPU is held
+    assert any(s.startswith("expected in") for s in starts) and "queued" in starts
+    # rows within the horizon start when Slurm said: 10 min for 2 a100 GPUs, 25 for 4
+    waits = {r.wait_s for r in plan.rows}
+    assert waits <= {600.0, 1500.0}
+    queued = [r for r in doc["replicas"] if r["queued"]]
+    assert all(r["count"] == 1 for r in queued)
+    assert any("queued on" in b for b in doc["binding"])
+
+
+def test_the_same_site_idle_plans_heterogeneous_pipelines_only_with_one_environment(busy, cache):
+    deployment = load_deployment(UNIVERSITY)
+    idle_nodes = tuple(replace(n, state="idle", gpus_alloc=0, gpus_free=n.gpus_total, cpus_alloc=0,
+                               mem_alloc_gb=0.0) for n in busy.nodes)
+    idle = replace(busy, nodes=idle_nodes, estimates=())
+    apart = plan_deployment(deployment, idle, cache_dir=cache)
+    assert apart.problems == []
+    assert deployment.environment_groups() == (("gpu-a100",), ("gpu-v100",))
+    assert all(len(set(r.partitions)) == 1 for r in apart.plan.rows)
+    for row in apart.plan.rows:
+        _runnable(deployment, row)
+    # one image both generations run: pipelines may span the partitions again
+    a100 = deployment.cluster.partitions[1]
+    shared = deployment.model_copy(update={"cluster": deployment.cluster.model_copy(update={
+        "partitions": (deployment.cluster.partitions[0].model_copy(
+            update={"environment": a100.environment}), a100)})})
+    assert shared.environment_groups() == (("gpu-a100", "gpu-v100"),)
+    together = plan_deployment(shared, idle, cache_dir=cache)
+    assert together.problems == []
+    assert any(t.heterogeneous for t in together.library["llama-70b"])
+    for row in together.plan.rows:
+        _runnable(shared, row)
+
+
+def test_declared_compatible_partitions_run_the_first_stages_environment():
+    deployment = load_deployment(UNIVERSITY)
+    parts = deployment.cluster.partitions
+    declared = deployment.model_copy(update={"cluster": deployment.cluster.model_copy(update={
+        "partitions": (parts[0].model_copy(update={"compatible_with": ("gpu-a100",)}), parts[1])})})
+    assert declared.environment_groups() == (("gpu-a100", "gpu-v100"),)
+    spec = replica_spec(declared, "llama-70b", "r1", "t", [("gpu-a100", "a100-80g", 40),
+                                                          ("gpu-v100", "v100-32g", 40)],
+                        4, api_key_file=None)
+    assert {s.environment for s in spec.stages} == {parts[1].environment}
+    from coral_hpc.launch.spec import SpecError
+
+    with pytest.raises(SpecError, match="different vLLM"):
+        replica_spec(deployment, "llama-70b", "r1", "t", [("gpu-a100", "a100-80g", 40),
+                                                         ("gpu-v100", "v100-32g", 40)],
+                     4, api_key_file=None)
+
+
+def test_queued_rows_become_slots_with_the_partitions_max_time(university_result, busy):
+    deployment = load_deployment(UNIVERSITY)
+    desired = slots_from_plan(university_result.plan, 1.0, lambda parts: availability.time_limit_for(
+        deployment, busy, parts))
+    queued = {r.template.id for r in university_result.plan.queued}
+    assert queued <= {s.template_id for s in desired.slots}
+    for slot in desired.slots:
+        # gpu-a100 has MaxTime 1 day, gpu-v100 2 days; time_limit is 1 day
+        assert slot.layout["time_limit_s"] == 86400
+    long = deployment.model_copy(update={"cluster": deployment.cluster.model_copy(
+        update={"time_limit": "3-00:00:00"})})
+    assert availability.time_limit_for(long, busy, ("gpu-v100",)) == 172800
+    assert availability.time_limit_for(long, busy, ("gpu-a100", "gpu-v100")) == 86400
+    warnings = availability.config_warnings(long, busy)
+    assert any("cluster.partitions[1] (gpu-a100): partition MaxTime 1440 min" in w for w in warnings)
+    spec = replica_spec(long, "phi-4", "r1", "t", [("gpu-v100", "v100-32g", 40)], 1,
+                        api_key_file=None, time_limit_s=172800)
+    assert spec.time_limit_s == 172800
+
+
+def test_configured_partitions_slurm_lacks_and_untyped_gres_are_warned():
+    deployment = load_deployment(MODELS)
+    snap = ClusterSnapshot.from_json(DEVCLUSTER.read_text())
+    assert availability.config_warnings(deployment, snap) == []
+    lacking = replace(snap, partitions=tuple(p for p in snap.partitions if p.name != "v100"))
+    (warning,) = [w for w in availability.config_warnings(deployment, lacking) if "no partition" in w]
+    assert "cluster.partitions[" in warning and "'v100'" in warning
+    # a node whose GRES is an untyped gpu:N: typed from its partition's configured gpu_types
+    nodes = tuple(replace(n, gpu_type=None) if n.name == "v100-01" else n for n in snap.nodes)
+    typed, warnings = availability.type_untyped_nodes(deployment, replace(snap, nodes=nodes))
+    assert typed.node("v100-01").gpu_type == "v100" and warnings == []
+    # with no gpu_types on its partition, nothing names the type: a warning names the node
+    parts = tuple(p.model_copy(update={"gpu_types": ()}) if p.name == "v100" else p
+                  for p in deployment.cluster.partitions)
+    vague = deployment.model_copy(update={"cluster": deployment.cluster.model_copy(
+        update={"partitions": parts})})
+    typed, warnings = availability.type_untyped_nodes(vague, replace(snap, nodes=nodes))
+    assert typed.node("v100-01").gpu_type is None
+    assert any("v100-01" in w and "untyped gpu:N" in w for w in warnings)
+
+
+def test_estimates_within_the_horizon_become_waiting_nodes_and_all_become_queue_options():
+    deployment = load_deployment(MODELS)
+    snap = ClusterSnapshot.from_json(DEVCLUSTER.read_text())
+    busy_nodes = tuple(replace(n, gpus_alloc=n.gpus_total, gpus_free=0) for n in snap.nodes)
+    snap = replace(snap, nodes=busy_nodes)
+    cluster = cluster_from_snapshot(deployment, snap)
+    assert all(f == 0 for g in cluster.node_groups for f in g.free)
+    t0 = snap.observed_at
+    estimates = [
+        ShapeEstimate("v100", "v100", 2, 1, t0 + 300, ("v100-01",), t0),
+        ShapeEstimate("v100", "v100", 4, 1, t0 + 4000, ("v100-02",), t0),
+        ShapeEstimate("a100", "a100", 1, 1, None, (), t0, error="QOS policy"),
+    ]
+    out = availability.with_estimates(cluster, estimates, horizon_s=1800)
+    waiting = [g for g in out.node_groups if g.wait_s > 0]
+    assert [(g.nodes, g.free, g.wait_s) for g in waiting] == [(("v100-01",), (2,), 300.0)]
+    names = {g.name for g in out.node_groups}
+    for part in out.partitions:
+        assert set(part.node_groups) <= names
+    assert any(waiting[0].name in p.node_groups for p in out.partitions if p.name == "v100")
+    assert [(q.partition, q.gpus_per_node, q.wait_s) for q in out.queue_options] == [
+        ("v100", 2, 300.0), ("v100", 4, 4000.0)]
+    # nodes stay listed once
+    listed = [n for g in out.node_groups for n in g.nodes]
+    assert len(listed) == len(set(listed))
+
+
+def test_site_limits_from_the_snapshot(busy):
+    deployment = load_deployment(UNIVERSITY)
+    limits = availability.job_limits(deployment, busy)
+    assert limits.max_jobs == 8 and limits.max_submit == 10
+    parts = tuple(replace(p, max_nodes=1) if p.name == "gpu-v100" else p for p in busy.partitions)
+    limits = availability.job_limits(deployment, replace(busy, partitions=parts))
+    assert dict(limits.max_nodes_by_partition) == {"gpu-v100": 1}
+
+
+def test_plan_cli_prints_the_start_column_on_the_busy_snapshot(cache):
+    out = CliRunner().invoke(plan_command, [str(UNIVERSITY), "--snapshot", str(BUSY),
+                                            "--cache-dir", str(cache)], env={"COLUMNS": "250"})
+    assert out.exit_code == 0, out.output
+    assert "start" in out.output and "expected in 10 min" in out.output and "queued" in out.output
