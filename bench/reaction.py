@@ -44,7 +44,7 @@ sys.path.insert(0, str(REPO))
 from coral_hpc.config import load_deployment
 from coral_hpc.daemon import ensure_replica_key
 from coral_hpc.daemon.core import Daemon
-from coral_hpc.daemon.planner import SolverPlanner
+from coral_hpc.plan.planner import Planner
 from coral_hpc.gateway.table import default_replica_key_path, default_table_path
 from coral_hpc.reconcile.settings import ReconcileSettings
 from coral_hpc.slurm import make_client
@@ -94,7 +94,7 @@ class Bench:
         self.client = make_client("cli", env=env)
         key = ensure_replica_key(default_replica_key_path(self.deployment))
         self.daemon = Daemon(self.deployment, self.store, self.client,
-                             SolverPlanner(cache_dir=Path(tempfile.gettempdir()) / "coral-bench-templates"),
+                             Planner(cache_dir=Path(tempfile.gettempdir()) / "coral-bench-templates"),
                              api_key_file=key, table_path=default_table_path(self.deployment))
         self.stop = threading.Event()
         self.threads: list[threading.Thread] = []

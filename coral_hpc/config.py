@@ -185,6 +185,14 @@ class SlurmSettings(_Frozen):
     )
 
 
+#: CPUs and memory (GB) a replica job asks per GPU unless models.yaml says otherwise: a modest
+#: share (one vLLM worker per GPU needs a few CPU threads and host memory to stage its shard)
+#: that common GPU nodes can give for every GPU. The one default: launch, the Slurm probes and
+#: pricing by Slurm billing all read these.
+DEFAULT_CPUS_PER_GPU = 4
+DEFAULT_MEM_PER_GPU_GB = 32
+
+
 class ClusterConfig(_Frozen):
     """Where and as whom replicas run."""
 
@@ -198,8 +206,10 @@ class ClusterConfig(_Frozen):
     )
     # A replica job asks for CPUs and memory in proportion to its GPUs; the same shape prices a
     # job under `price: billing`, so plans and accounting agree.
-    cpus_per_gpu: int = Field(default=4, ge=1, description="CPUs requested per GPU")
-    mem_per_gpu_gb: int = Field(default=32, ge=1, description="memory (GB) requested per GPU")
+    cpus_per_gpu: int = Field(default=DEFAULT_CPUS_PER_GPU, ge=1,
+                              description="CPUs requested per GPU")
+    mem_per_gpu_gb: int = Field(default=DEFAULT_MEM_PER_GPU_GB, ge=1,
+                                description="memory (GB) requested per GPU")
     gpu_type_map: dict[str, str] = Field(
         default_factory=dict,
         description="site GRES type name (or node feature) -> catalogue GPU type, e.g. "

@@ -9,7 +9,9 @@ Design rules (../shared/ARCHITECTURE.md, "State"):
 - An explicit schema, changed only by numbered migrations recorded in ``schema_migrations``;
   a database newer than this code is refused rather than misread.
 - No pickles. Columns hold plain values; the few JSON text columns hold small plain data
-  (a replica's layout, a plan's rows) that is written and read through :mod:`json` only.
+  (a replica's layout, a plan's rows) that is written and read through :mod:`json` only. A
+  replica's layout is a :class:`~coral_hpc.types.ReplicaLayout` in and out
+  (``layout_json`` holds its ``to_dict()``, ``{}`` when unknown).
 - A replica row stores *facts* (times something happened, the last Slurm state seen); its
   status is derived from them by ``coral_hpc.reconcile.replica_status``, never stored.
 - Constructing a :class:`Store` opens nothing: :func:`open_store` opens the file and migrates.
@@ -28,6 +30,7 @@ from time import time as _wall_clock
 from typing import Any
 
 from coral_hpc.errors import PermanentError
+from coral_hpc.types import Excluded, ExclusionKind, ReplicaLayout, excluded_from_key
 
 # --------------------------------------------------------------------------- schema
 
@@ -137,7 +140,8 @@ class ReplicaRecord:
     id: str
     model: str
     template_id: str
-    layout: dict[str, Any]
+    #: None only for a job adopted without a readable spec.json (its layout is unknown)
+    layout: ReplicaLayout | None
     partitions: tuple[str, ...]
     throughput: float
     cost_per_hour: float
@@ -239,11 +243,15 @@ class StartupObservation:
 class Exclusion:
     """A template or shape kept out of plans until ``until`` (crash cool-down, pending timeout)."""
 
-    key: str
-    kind: str
+    target: Excluded
+    kind: ExclusionKind
     since: float
     until: float
     reason: str
+
+    @property
+    def key(self) -> str:
+        return self.target.key
 
 
 # --------------------------------------------------------------------------- store
@@ -479,7 +487,8 @@ class Store:
             "VALUES (:key, :kind, :since, :until, :reason) "
             "ON CONFLICT(key) DO UPDATE SET kind = excluded.kind, since = excluded.since, "
             "until = excluded.until, reason = excluded.reason",
-            asdict(exclusion),
+            {"key": exclusion.key, "kind": ExclusionKind(exclusion.kind).value,
+             "since": exclusion.since, "until": exclusion.until, "reason": exclusion.reason},
         )
 
     def exclusions(self, now: float) -> list[Exclusion]:
@@ -488,7 +497,8 @@ class Store:
             "SELECT key, kind, since, until, reason FROM exclusions WHERE until > ? ORDER BY key",
             (now,),
         )
-        return [Exclusion(**dict(r)) for r in rows]
+        return [Exclusion(excluded_from_key(r["key"]), ExclusionKind(r["kind"]), r["since"],
+                          r["until"], r["reason"]) for r in rows]
 
     # ----------------------------------------------------------------- misc
 
@@ -624,13 +634,15 @@ def _row_to_plan(row: sqlite3.Row) -> PlanRecord:
 
 def _replica_to_row(replica: ReplicaRecord) -> dict[str, Any]:
     row = asdict(replica)
-    row["layout_json"] = _dumps(row.pop("layout"))
+    row.pop("layout")
+    row["layout_json"] = _dumps(replica.layout.to_dict() if replica.layout else {})
     row["partitions"] = ",".join(replica.partitions)
     return {name: row[name] for name in _REPLICA_COLUMNS}
 
 
 def _row_to_replica(row: sqlite3.Row) -> ReplicaRecord:
     data = dict(row)
-    data["layout"] = json.loads(data.pop("layout_json"))
+    layout = json.loads(data.pop("layout_json"))
+    data["layout"] = ReplicaLayout.from_dict(layout) if layout else None
     data["partitions"] = tuple(p for p in data["partitions"].split(",") if p)
     return ReplicaRecord(**data)

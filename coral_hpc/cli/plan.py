@@ -33,14 +33,14 @@ def plan(models_yaml: str, snapshot_file: str | None, as_json: bool, export_file
     from coral_hpc.cli.cluster import load_snapshot_file, observe
     from coral_hpc.config import load_deployment
     from coral_hpc.errors import ConfigError
-    from coral_hpc.plan import plan_deployment, plan_json, templates_json
+    from coral_hpc.plan.planner import Planner, PlanRequest
+    from coral_hpc.plan.report import plan_json, templates_json
 
     try:
         deployment = load_deployment(models_yaml)
     except ConfigError as exc:
         fail(exc.problems + [f"{models_yaml}: {len(exc.problems)} problem(s)"])
     snapshot = load_snapshot_file(snapshot_file) if snapshot_file else observe(models_yaml, None)
-    prober = None if snapshot_file else _prober(deployment)
     unknown = sorted({m.architecture for m in deployment.models} - _known_architectures())
     if unknown:
         known = ", ".join(sorted(_known_architectures()))
@@ -50,31 +50,23 @@ def plan(models_yaml: str, snapshot_file: str | None, as_json: bool, export_file
         def progress(name: str, done: int, total: int) -> None:
             if name:
                 err_console.print(f"Stage 1: {name} ({done + 1}/{total})", highlight=False)
-    result = plan_deployment(deployment, snapshot,
-                             cache_dir=Path(cache_dir) if cache_dir else None, progress=progress,
-                             prober=prober)
-    if save_file:
+    # the same planner and request `serve` plans with at start on this snapshot
+    # live: ask Slurm when each job shape would start; on a saved snapshot, its saved estimates
+    planner = Planner(cache_dir=Path(cache_dir) if cache_dir else None, progress=progress,
+                      probe=not snapshot_file)
+    outcome = planner.solve(PlanRequest.from_snapshot(deployment, snapshot))
+    if save_file and outcome.solved is not None:
         from dataclasses import replace
 
-        Path(save_file).write_text(replace(snapshot, estimates=result.estimates).to_json())
+        Path(save_file).write_text(replace(snapshot, estimates=outcome.solved.estimates).to_json())
     if export_file:
-        Path(export_file).write_text(json.dumps(templates_json(result), indent=1))
+        Path(export_file).write_text(json.dumps(templates_json(outcome), indent=1))
     if as_json:
-        print_json(plan_json(result))
+        print_json(plan_json(outcome))
     else:
-        _print_table(result)
-    if result.problems:
-        fail([f"checker: {p}" for p in result.problems], status=EXIT_REJECTED)
-
-
-def _prober(deployment):  # type: ignore[no-untyped-def]
-    """Slurm's start estimates per job shape, within the deployment's probe budget."""
-    from coral_hpc.slurm import client_for_deployment
-    from coral_hpc.slurm.availability import StartProber
-
-    return StartProber(client_for_deployment(deployment),
-                       calls_per_min=deployment.cluster.slurm.probe_calls_per_min,
-                       ttl_s=deployment.policy.replan_interval_s)
+        _print_table(outcome)
+    if outcome.problems:
+        fail([f"checker: {p}" for p in outcome.problems], status=EXIT_REJECTED)
 
 
 def _known_architectures() -> set[str]:
@@ -83,11 +75,12 @@ def _known_architectures() -> set[str]:
     return set(load_models())
 
 
-def _print_table(result) -> None:
+def _print_table(outcome) -> None:
+    result = outcome.solved
     plan = result.plan
     unit = "billing/h" if result.unit == "billing" else "per h"
     table = Table(title=f"Plan: {plan.status}, {plan.cost_per_hour:.2f} {unit}")
-    from coral_hpc.availability import start_label
+    from coral_hpc.plan.availability import start_label
 
     for column in ("model", "partition", "layout", "TP×PP", "count", "req/s each",
                    f"cost {unit} each", "start"):

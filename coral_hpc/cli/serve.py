@@ -39,8 +39,8 @@ def serve(file: str, listen: str | None, metrics_listen: str, cache_dir: str | N
           log_level: str) -> None:
     """Serve every model of FILE at least cost until SIGTERM (replicas keep running)."""
     from coral_hpc.daemon import serve as run_daemon
-    from coral_hpc.daemon.planner import SolverPlanner
     from coral_hpc.daemon.process import AlreadyRunning
+    from coral_hpc.plan.planner import Planner
 
     try:
         load_deployment(file)  # fail fast, before a lock, a gateway or a Slurm call
@@ -51,7 +51,8 @@ def serve(file: str, listen: str | None, metrics_listen: str, cache_dir: str | N
     metrics = None if metrics_listen.lower() == "off" else _listen("--metrics", metrics_listen)
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    planner = SolverPlanner(cache_dir=Path(cache_dir) if cache_dir else None)
+    # on a busy cluster the plan asks Slurm when each job shape would start (budgeted)
+    planner = Planner(cache_dir=Path(cache_dir) if cache_dir else None, probe=True)
     try:
         run_daemon(file, planner, gateway_listen=listen, metrics_listen=metrics)
     except AlreadyRunning as exc:

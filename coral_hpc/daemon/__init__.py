@@ -46,8 +46,8 @@ def serve(
 ) -> None:
     """Run the daemon for ``config_path`` until ``stop`` is set or SIGTERM/SIGINT arrives.
 
-    ``planner`` turns a :class:`~coral_hpc.daemon.core.PlanRequest` into a
-    :class:`~coral_hpc.daemon.core.PlanOutcome` (the solver through ``coral_hpc.plan``)."""
+    ``planner`` turns a :class:`~coral_hpc.plan.planner.PlanRequest` into a
+    :class:`~coral_hpc.plan.planner.PlanOutcome` (:class:`coral_hpc.plan.planner.Planner`)."""
     from prometheus_client import start_http_server
 
     from coral_hpc.daemon.core import Daemon

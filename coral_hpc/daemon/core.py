@@ -1,7 +1,7 @@
 """The daemon: wires observe → (plan) → decide → act → publish, and the demand scrape.
 
 It owns no logic of its own: every rule lives in ``coral_hpc.reconcile`` (status, triggers,
-decide), ``coral_hpc.demand`` and the solver. Each loop is one step function with its own interval;
+decide), ``coral_hpc.demand`` and ``coral_hpc.plan`` (the planner, injected). Each loop is one step function with its own interval;
 errors are caught and logged only at the loop boundary; sleeps wait on an Event so SIGTERM stops
 the daemon at once. Collaborators (Slurm client, store, planner, clock, gateway) are injected and
 the constructor starts nothing.
@@ -13,67 +13,35 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from coral_hpc.config import Deployment
 from coral_hpc.daemon.metrics import DaemonMetrics
 from coral_hpc.daemon.routing import TablePublisher, ready_routes
 from coral_hpc.daemon.scrape import DemandScraper
 from coral_hpc.demand import ModelDemand, changed_models, deployment_demand
+from coral_hpc.plan.desired import DesiredPlan, plan_from_rows, slot_rows
+from coral_hpc.plan.planner import PlanOutcome, PlanRequest
 from coral_hpc.reconcile import (
     Cancel,
     Decision,
-    DesiredPlan,
     Drain,
     ReconcileSettings,
-    ReplicaState,
     Submit,
     decide,
-    replan_reasons,
+    goes_on_serving,
+    replan_triggers,
     replica_status,
 )
 from coral_hpc.reconcile.act import Actor
 from coral_hpc.reconcile.backoff import Backoff
-from coral_hpc.reconcile.desired import plan_from_rows, slot_rows
 from coral_hpc.reconcile.observe import Observed, Observer
 from coral_hpc.reconcile.startup import learned_startup_s
 from coral_hpc.store import Store
+from coral_hpc.types import ShapeExclusion, TemplateExclusion
 
 log = logging.getLogger("coral_hpc.daemon")
-
-
-# --------------------------------------------------------------------------- planning seam
-
-
-@dataclass(frozen=True)
-class PlanRequest:
-    """What the planner gets each time the plan is out of date."""
-
-    deployment: Deployment
-    snapshot: Any  # coral_hpc.slurm.snapshot.ClusterSnapshot
-    demand: dict[str, ModelDemand]
-    #: live replicas that will go on serving: (template id, partitions) each
-    running: tuple[tuple[str, tuple[str, ...]], ...]
-    excluded_templates: frozenset[str]
-    excluded_shapes: frozenset[tuple[str, tuple[str, ...]]]
-    startup_s: float
-
-
-@dataclass(frozen=True)
-class PlanOutcome:
-    """A plan and what it promises."""
-
-    desired: DesiredPlan
-    cost_per_hour: float
-    solve_s: float
-    status: str
-    served: dict[str, float] = field(default_factory=dict)
-
-
-class Planner(Protocol):
-    def __call__(self, request: PlanRequest) -> PlanOutcome: ...
 
 
 # --------------------------------------------------------------------------- loops
@@ -123,7 +91,7 @@ class Daemon:
         deployment: Deployment,
         store: Store,
         client: Any,  # coral_hpc.slurm.client.SlurmClient
-        planner: Planner,
+        planner: Callable[[PlanRequest], PlanOutcome],
         *,
         api_key_file: Path | None,
         table_path: Path,
@@ -210,30 +178,26 @@ class Daemon:
         changed = (changed_models(self.planned_demand, demand,
                                   self.settings.demand_change_threshold)
                    if self.planned_demand else [])
-        reasons = replan_reasons(
+        triggers = replan_triggers(
             self.plan_time, now, self.settings, observed.facts, changed, observed.unavailable,
             self.unavailable_at_plan, self.store.exclusions(now),
         )
-        if not reasons or observed.snapshot is None or not self.plan_backoff.ready(now):
+        if not triggers or observed.snapshot is None or not self.plan_backoff.ready(now):
             return
         exclusions = self.store.exclusions(now)
         statuses = {f.record.id: replica_status(f, now, self.settings) for f in observed.facts}
-        running = tuple(
-            (f.record.template_id, f.record.partitions) for f in observed.facts
-            if statuses[f.record.id].state in (ReplicaState.READY, ReplicaState.STARTING,
-                                               ReplicaState.PENDING, ReplicaState.SUBMITTING)
-            and not statuses[f.record.id].needs_successor
-            and not statuses[f.record.id].pending_too_long
-        )
+        running = tuple((f.record.template_id, f.record.partitions) for f in observed.facts
+                        if goes_on_serving(statuses[f.record.id]))
         request = PlanRequest(
             deployment=self.deployment,
             snapshot=observed.snapshot,
             demand=demand,
             running=running,
-            excluded_templates=frozenset(
-                e.key.split(":", 1)[1] for e in exclusions if e.key.startswith("template:")),
-            excluded_shapes=frozenset(_shape(e.key) for e in exclusions
-                                      if e.key.startswith("shape:")),
+            excluded_templates=frozenset(e.target.template_id for e in exclusions
+                                         if isinstance(e.target, TemplateExclusion)),
+            excluded_shapes=frozenset((e.target.template_id, e.target.partitions)
+                                      for e in exclusions
+                                      if isinstance(e.target, ShapeExclusion)),
             startup_s=learned_startup_s(self.store.startups(limit=50),
                                         self.deployment.policy.startup_time_s),
         )
@@ -252,7 +216,7 @@ class Daemon:
         self.unavailable_at_plan = observed.unavailable
         self.metrics.plan_cost.set(outcome.cost_per_hour)
         self.metrics.solve_seconds.observe(outcome.solve_s)
-        self.metrics.plans.labels(_trigger_kind(reasons[0])).inc()
+        self.metrics.plans.labels(triggers[0].kind.value).inc()
         for model in self.deployment.models:
             self.metrics.plan_replicas.labels(model.name).set(
                 sum(s.count for s in outcome.desired.slots if s.model == model.name))
@@ -262,7 +226,7 @@ class Daemon:
         summary = ", ".join(f"{s.count}×{s.template_id}@{','.join(s.partitions)}"
                             for s in outcome.desired.slots) or "no replicas"
         self.store.add_event(now, "plan", f"{outcome.status}, {outcome.cost_per_hour:.3g}/h: "
-                             f"{summary} (because: {'; '.join(reasons)})")
+                             f"{summary} (because: {'; '.join(t.reason for t in triggers)})")
 
     # ------------------------------------------------------------------ publishing
 
@@ -322,21 +286,3 @@ class Daemon:
             loops.append(Loop("scrape", self.settings.poll_interval_s,
                               lambda: self.scrape_once() and None, stop, on_error))
         return loops
-
-
-def _shape(key: str) -> tuple[str, tuple[str, ...]]:
-    """``shape:<template>@<p1,p2>`` → (template, (p1, p2))."""
-    body = key.split(":", 1)[1]
-    template, _, parts = body.rpartition("@")
-    return template, tuple(p for p in parts.split(",") if p)
-
-
-def _trigger_kind(reason: str) -> str:
-    for word, kind in (("interval", "interval"), ("demand", "demand"), ("draining", "cluster"),
-                       ("back in service", "cluster"), ("ended", "replica_failed"),
-                       ("pending", "pending_timeout"), ("walltime", "walltime"),
-                       ("excluded", "exclusion"), ("no plan", "start"),
-                       ("unknown", "start"), ("unhealthy", "unhealthy")):
-        if word in reason:
-            return kind
-    return "other"

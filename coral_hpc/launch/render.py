@@ -62,7 +62,7 @@ def _spec_context(spec: ReplicaSpec) -> dict[str, Any]:
         "modules": tuple(environment.modules) if environment is not None else (),
         "python": spec.python,
         "sim_arch": spec.sim_arch or spec.model,
-        "gpu_types": [s.gpu_type for s in spec.stages],
+        "gpu_types": list(spec.layout.gpu_types),
         "layer_partition": spec.layer_partition,
         # the sim finishes its drain before the entrypoint's own deadline kills it
         "sim_drain_timeout": f"{max(1.0, spec.drain_timeout_s - 5.0):g}",
@@ -92,7 +92,7 @@ def render_engine_script(
         "master_addr": master_addr,
         "master_port": master_port,
     }
-    return _render(LAYOUT_TEMPLATES[spec.layout], context, folder)
+    return _render(LAYOUT_TEMPLATES[spec.layout.kind], context, folder)
 
 
 def render_hetjob(spec: ReplicaSpec, spec_file: Path, folder: Path | None = None) -> str:
@@ -104,8 +104,7 @@ def render_hetjob(spec: ReplicaSpec, spec_file: Path, folder: Path | None = None
         "comment": tag.comment(),
         "logs_dir": str(spec.logs_dir),
         "signal_lead_s": SIGNAL_LEAD_S,
-        "cpus_per_gpu": spec.cpus_per_gpu,
-        "mem_per_gpu_gb": spec.mem_per_gpu_gb,
+        "requests": [spec.stage_request(s) for s in spec.stages],
         "time_limit_min": spec.time_limit_min,
         "account": spec.account,
         "qos": spec.qos,

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -20,6 +19,8 @@ from typing import Any, Literal
 from pydantic import TypeAdapter
 
 from coral_hpc.config import (
+    DEFAULT_CPUS_PER_GPU,
+    DEFAULT_MEM_PER_GPU_GB,
     ApptainerEnvironment,
     Deployment,
     EngineEnvironment,
@@ -27,10 +28,9 @@ from coral_hpc.config import (
     VenvEnvironment,
 )
 from coral_hpc.errors import PermanentError
-from coral_hpc.types import JobTag
+from coral_hpc.types import JobTag, ReplicaLayout, StageLayout
 
 Environment = VenvEnvironment | ModuleEnvironment | ApptainerEnvironment
-Layout = Literal["single", "multinode", "hetero"]
 _ENV_ADAPTER: TypeAdapter = TypeAdapter(EngineEnvironment)
 
 #: Seconds between Slurm's SIGUSR2 warning and the end of the walltime (``--signal=USR2@N``).
@@ -60,6 +60,17 @@ class StageSpec:
 
 
 @dataclass(frozen=True)
+class StageRequest:
+    """What one stage asks Slurm for, in Slurm's own spelling: the one job shape both submitit
+    and the hetjob script use."""
+
+    partition: str
+    gres: str  #: ``gpu:TYPE:N``
+    cpus: int  #: ``--cpus-per-task``
+    mem: str  #: ``--mem``, whole GB (``32G``)
+
+
+@dataclass(frozen=True)
 class ReplicaSpec:
     """Everything a replica job needs; JSON round-trips through :meth:`to_json`/:meth:`from_json`."""
 
@@ -75,11 +86,12 @@ class ReplicaSpec:
     time_limit_s: int
     engine_args: tuple[str, ...] = ()
     dtype: str = "auto"
+    role: str = "both"  # both phases, or prefill / decode only (ReplicaLayout.role)
     max_model_len: int | None = None
     account: str | None = None
     qos: str | None = None
-    cpus_per_gpu: int = 4
-    mem_per_gpu_gb: int = 32
+    cpus_per_gpu: int = DEFAULT_CPUS_PER_GPU
+    mem_per_gpu_gb: int = DEFAULT_MEM_PER_GPU_GB
     api_key_file: str | None = None  # file (mode 600) whose content becomes VLLM_API_KEY
     hf_token_file: str | None = None  # file (mode 600) whose content becomes HF_TOKEN
     python: str = field(default_factory=lambda: sys.executable)  # runs the entrypoint (and sim)
@@ -113,6 +125,10 @@ class ReplicaSpec:
                 "environments; a pipeline needs the same vLLM on every node"
             )
         _ = self.tag  # JobTag validates the identifiers
+        try:
+            _ = self.layout  # ReplicaLayout validates the role
+        except ValueError as exc:
+            raise SpecError(f"replica {self.replica_id}: {exc}") from None
 
     # ------------------------------------------------------------------ derived facts
 
@@ -122,19 +138,24 @@ class ReplicaSpec:
         return len(self.stages)
 
     @property
-    def layout(self) -> Layout:
-        """``single`` (one node, TP), ``multinode`` (identical nodes in one partition) or
-        ``hetero`` (stages differ in partition or GPU type: a Slurm heterogeneous job)."""
-        if self.pp == 1:
-            return "single"
-        if len({s.shape for s in self.stages}) == 1:
-            return "multinode"
-        return "hetero"
+    def layout(self) -> ReplicaLayout:
+        """The replica's layout, equal to the one :func:`replica_spec` was built from (its
+        ``kind``: ``single``, ``multinode`` or ``hetero`` picks how the job is submitted)."""
+        return ReplicaLayout(
+            self.tp, tuple(StageLayout(s.partition, s.gpu_type, s.layers) for s in self.stages),
+            self.dtype, self.role)
 
     @property
     def layer_partition(self) -> str:
         """``VLLM_PP_LAYER_PARTITION``: layers per stage, comma separated, in pipeline order."""
-        return ",".join(str(s.layers) for s in self.stages)
+        return self.layout.layer_partition
+
+    def stage_request(self, stage: StageSpec) -> StageRequest:
+        """What ``stage`` asks Slurm for: its GPUs and ``cpus_per_gpu`` / ``mem_per_gpu_gb``
+        per GPU (the shape the planner prices and fits on nodes)."""
+        gpus = stage.gpus_per_node
+        return StageRequest(stage.partition, f"gpu:{stage.gpu_type}:{gpus}",
+                            self.cpus_per_gpu * gpus, f"{self.mem_per_gpu_gb * gpus}G")
 
     @property
     def environment(self) -> Environment | None:
@@ -232,52 +253,39 @@ def _env_dict(environment: Environment | None) -> dict[str, Any] | None:
     return None if environment is None else environment.model_dump(mode="json")
 
 
-def dtype_for(gpu_types: Sequence[str]) -> str:
-    """``half`` when any stage's GPU lacks bf16 (V100, T4: vLLM refuses bf16 there and every
-    stage must agree), else ``auto`` (the checkpoint's own dtype)."""
-    from solver.catalog import CatalogError, gpu_spec
-
-    for gpu in gpu_types:
-        try:
-            if not gpu_spec(gpu).bf16:
-                return "half"
-        except (CatalogError, KeyError):
-            continue  # an uncatalogued GPU: leave the choice to vLLM
-    return "auto"
-
-
 def replica_spec(
     deployment: Deployment,
     model: str,
     replica_id: str,
     template_id: str,
-    stages: Sequence[tuple[str, str, int]],
-    tp: int,
+    layout: ReplicaLayout,
     *,
     api_key_file: str | Path | None,
     hf_token_file: str | Path | None = None,
     python: str | None = None,
     time_limit_s: int | None = None,
 ) -> ReplicaSpec:
-    """Build the spec of one replica from the deployment and a plan row.
+    """Build the spec of one replica from the deployment and a plan row's ``layout`` (whose
+    TP, stages, dtype and role the spec carries unchanged: ``spec.layout == layout``).
 
-    ``stages`` is ``[(partition, gpu_type, layers), ...]`` in pipeline order (the solver's
-    template stages with the plan's partition per stage); every stage uses ``tp`` GPUs of one node.
     Engine kind, environments, extra args, time limit, account/QOS and per-GPU CPUs/memory come
-    from ``deployment``; ``time_limit_s`` replaces the configured time limit when a
-    partition's MaxTime is shorter. Raises :class:`SpecError` for a stage that cannot run.
+    from ``deployment``; ``time_limit_s`` replaces the configured time limit when a partition's
+    MaxTime is shorter (the plan's slot says). Stages on partitions declared interchangeable
+    (``compatible_with``) all run the first stage's environment. Raises :class:`SpecError` for a
+    stage that cannot run.
     """
     config = deployment.model(model)
     partitions = {p.name: p for p in deployment.cluster.partitions}
     built = []
-    for index, (partition, gpu_type, layers) in enumerate(stages):
-        if partition not in partitions:
+    for index, stage in enumerate(layout.stages):
+        if stage.partition not in partitions:
             raise SpecError(
-                f"replica {replica_id}: stage {index} names partition {partition!r}, not in "
-                f"cluster.partitions (valid: {sorted(partitions)})"
+                f"replica {replica_id}: stage {index} names partition {stage.partition!r}, not "
+                f"in cluster.partitions (valid: {sorted(partitions)})"
             )
-        env = partitions[partition].environment if deployment.engine.kind == "vllm" else None
-        built.append(StageSpec(partition, gpu_type, tp, int(layers), env))
+        env = (partitions[stage.partition].environment if deployment.engine.kind == "vllm"
+               else None)
+        built.append(StageSpec(stage.partition, stage.gpu_type, layout.tp, stage.layers, env))
     names = {s.partition for s in built}
     if len(names) > 1 and any(names <= set(g) for g in deployment.environment_groups()):
         # declared interchangeable (compatible_with): every stage runs the first stage's vLLM
@@ -289,12 +297,13 @@ def replica_spec(
         replica_id=replica_id,
         template_id=template_id,
         stages=tuple(built),
-        tp=tp,
+        tp=layout.tp,
         engine_kind=deployment.engine.kind,
         state_path=str(deployment.state_path.resolve()),
         time_limit_s=int(time_limit_s) if time_limit_s else deployment.cluster.time_limit_s,
         engine_args=tuple(deployment.engine.args) + tuple(config.vllm_args),
-        dtype=dtype_for([s[1] for s in stages]),
+        dtype=layout.dtype,
+        role=layout.role,
         max_model_len=config.max_model_len,
         account=deployment.cluster.account,
         qos=deployment.cluster.qos,

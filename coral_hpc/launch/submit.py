@@ -36,19 +36,19 @@ class ScriptSubmitter(Protocol):
 
 def submitit_parameters(spec: ReplicaSpec) -> dict[str, Any]:
     """submitit ``SlurmExecutor`` parameters of a single-node or homogeneous replica."""
-    if spec.layout == "hetero":
+    if spec.layout.kind == "hetero":
         raise ValueError(f"replica {spec.replica_id} is heterogeneous: submit it as a hetjob")
-    stage = spec.stages[0]
+    request = spec.stage_request(spec.stages[0])
     tag = spec.tag
     params: dict[str, Any] = {
         "job_name": tag.job_name(),
         "comment": tag.comment(),
-        "partition": stage.partition,
+        "partition": request.partition,
         "nodes": spec.pp,
         "ntasks_per_node": 1,  # one entrypoint per node: the node rank is SLURM_PROCID
-        "gres": f"gpu:{stage.gpu_type}:{stage.gpus_per_node}",
-        "cpus_per_task": spec.cpus_per_gpu * stage.gpus_per_node,
-        "mem": f"{spec.mem_per_gpu_gb * stage.gpus_per_node}GB",
+        "gres": request.gres,
+        "cpus_per_task": request.cpus,
+        "mem": request.mem,
         "time": spec.time_limit_min,
         "signal_delay_s": SIGNAL_LEAD_S,
         "stderr_to_stdout": True,
@@ -92,6 +92,6 @@ def submit_replica(spec: ReplicaSpec, client: ScriptSubmitter) -> str:
     spec_file = spec.write()
     # Slurm cannot start a job whose --output folder is missing (JobLaunchFailure)
     spec.logs_dir.mkdir(parents=True, exist_ok=True)
-    if spec.layout == "hetero":
+    if spec.layout.kind == "hetero":
         return str(client.submit_script(write_hetjob(spec, spec_file)))
     return submit_with_submitit(spec, spec_file)

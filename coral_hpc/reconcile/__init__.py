@@ -3,8 +3,7 @@
 - :mod:`.status` — ``replica_status(facts, now)``: the one function that derives a replica's state.
 - :mod:`.decide` — ``decide(plan, replicas, now, …)``: pure; returns Submit/Drain/Cancel/… actions
   (make-before-break, scale-down drains then cancels, nothing destructive on stale data).
-- :mod:`.triggers` — ``replan_reasons(…)``: when the plan is out of date.
-- :mod:`.desired` — the solver's plan as slots the decide step matches replicas against.
+- :mod:`.triggers` — ``replan_triggers(…)``: when the plan is out of date, and why (typed kinds).
 - :mod:`.startup`, :mod:`.backoff` — learnt start-up time (K) and backoff on transient errors.
 """
 
@@ -22,15 +21,33 @@ from coral_hpc.reconcile.decide import (
     Slot,
     Submit,
     decide,
-    shape_key,
-    template_key,
+    goes_on_serving,
 )
 from coral_hpc.reconcile.settings import ReconcileSettings
 from coral_hpc.reconcile.status import ReplicaFacts, ReplicaState, ReplicaStatus, replica_status
-from coral_hpc.reconcile.triggers import replan_reasons
+from coral_hpc.reconcile.triggers import Trigger, TriggerKind, replan_triggers
 
 __all__ = [
-    "Action", "Backoff", "Cancel", "Decision", "DesiredPlan", "Drain", "Exclude", "Forget", "Keep",
-    "Observation", "ReconcileSettings", "ReplicaFacts", "ReplicaState", "ReplicaStatus", "Slot",
-    "Submit", "decide", "replan_reasons", "replica_status", "shape_key", "template_key",
+    "Action",
+    "Backoff",
+    "Cancel",
+    "Decision",
+    "DesiredPlan",
+    "Drain",
+    "Exclude",
+    "Forget",
+    "Keep",
+    "Observation",
+    "ReconcileSettings",
+    "ReplicaFacts",
+    "ReplicaState",
+    "ReplicaStatus",
+    "Slot",
+    "Submit",
+    "Trigger",
+    "TriggerKind",
+    "decide",
+    "goes_on_serving",
+    "replan_triggers",
+    "replica_status",
 ]

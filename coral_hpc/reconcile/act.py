@@ -34,10 +34,10 @@ from coral_hpc.reconcile.decide import (
     Exclude,
     Forget,
     Submit,
-    shape_key,
 )
 from coral_hpc.reconcile.settings import ReconcileSettings
 from coral_hpc.store import Exclusion, ReplicaRecord, Store
+from coral_hpc.types import ExclusionKind, ShapeExclusion
 
 log = logging.getLogger("coral_hpc.reconcile")
 
@@ -115,10 +115,10 @@ class Actor:
     # ------------------------------------------------------------------ actions
 
     def _exclude(self, action: Exclude, now: float, result: ActResult) -> None:
-        self.store.set_exclusion(Exclusion(action.key, action.kind, now, action.until,
+        self.store.set_exclusion(Exclusion(action.target, action.kind, now, action.until,
                                            action.reason))
-        self.store.add_event(now, action.kind, action.reason, model=action.model)
-        result.excluded.append(action.key)
+        self.store.add_event(now, action.kind.value, action.reason, model=action.model)
+        result.excluded.append(action.target.key)
 
     def _drain(self, action: Drain, now: float, result: ActResult) -> None:
         record = self.store.update_replica(action.replica_id, drain_requested_at=now)
@@ -149,19 +149,15 @@ class Actor:
     def _submit(self, action: Submit, now: float, result: ActResult) -> None:
         slot = action.slot
         replica_id = new_replica_id()
-        layout = dict(slot.layout)
-        stages = [(s["partition"], s["gpu_type"], int(s["layers"])) for s in layout["stages"]]
         try:
-            spec = replica_spec(
-                self.deployment, slot.model, replica_id, slot.template_id, stages,
-                int(layout["tp"]), api_key_file=self.api_key_file,
-                time_limit_s=layout.get("time_limit_s"),
-            )
+            spec = replica_spec(self.deployment, slot.model, replica_id, slot.template_id,
+                                slot.layout, api_key_file=self.api_key_file,
+                                time_limit_s=slot.time_limit_s)
         except (CoralError, KeyError) as exc:
             self._refuse(action, f"cannot build a job for {slot.template_id}: {exc}", now, result)
             return
         self.store.add_replica(ReplicaRecord(
-            id=replica_id, model=slot.model, template_id=slot.template_id, layout=layout,
+            id=replica_id, model=slot.model, template_id=slot.template_id, layout=slot.layout,
             partitions=slot.partitions, throughput=slot.throughput,
             cost_per_hour=slot.cost_per_hour, created_at=now, replaces=action.replaces,
             reason=action.reason, time_limit_s=float(spec.time_limit_s),
@@ -186,10 +182,11 @@ class Actor:
 
     def _refuse(self, action: Submit, message: str, now: float, result: ActResult) -> None:
         """A submission that cannot succeed as planned: keep its shape out of plans a while."""
-        key = shape_key(action.slot.template_id, action.slot.partitions)
+        target = ShapeExclusion(action.slot.template_id, action.slot.partitions)
         until = now + self.settings.pending_exclusion_s
-        self.store.set_exclusion(Exclusion(key, "submit_refused", now, until, message))
-        self.store.add_event(now, "submit_refused", message, model=action.slot.model)
+        kind = ExclusionKind.SUBMIT_REFUSED
+        self.store.set_exclusion(Exclusion(target, kind, now, until, message))
+        self.store.add_event(now, kind.value, message, model=action.slot.model)
         result.errors.append(message)
-        result.excluded.append(key)
+        result.excluded.append(target.key)
         log.warning("%s", message)

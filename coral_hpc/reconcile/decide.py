@@ -32,45 +32,16 @@ Rules, in the order they are applied:
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
+from coral_hpc.plan.desired import DesiredPlan, Slot
 from coral_hpc.reconcile.settings import ReconcileSettings
 from coral_hpc.reconcile.status import ReplicaFacts, ReplicaState, ReplicaStatus, replica_status
 from coral_hpc.store import Exclusion, ReplicaRecord
+from coral_hpc.types import Excluded, ExclusionKind, ShapeExclusion, TemplateExclusion
 
 # --------------------------------------------------------------------------- inputs
-
-
-@dataclass(frozen=True)
-class Slot:
-    """One plan row as the decide step needs it: ``count`` replicas of a template on partitions."""
-
-    model: str
-    template_id: str
-    partitions: tuple[str, ...]  # one per pipeline stage
-    count: int
-    throughput: float  # per replica, requests/s: the routing weight
-    cost_per_hour: float  # per replica
-    #: plain data for the launcher: {"tp", "pp", "stages": [{"gpu_type", "layers", "partition"}]}
-    layout: Mapping[str, Any] = field(default_factory=dict)
-
-    @property
-    def key(self) -> tuple[str, tuple[str, ...]]:
-        return (self.template_id, self.partitions)
-
-
-@dataclass(frozen=True)
-class DesiredPlan:
-    """The plan the cluster should converge to."""
-
-    time: float
-    slots: tuple[Slot, ...]
-
-    def capacity(self, model: str) -> float:
-        """Requests/s the plan's replicas of ``model`` sustain."""
-        return sum(s.count * s.throughput for s in self.slots if s.model == model)
 
 
 @dataclass(frozen=True)
@@ -132,10 +103,10 @@ class Forget:
 
 @dataclass(frozen=True)
 class Exclude:
-    """Keep a template (``template:<id>``) or shape (``shape:<id>@<partitions>``) out of plans."""
+    """Keep a template or a shape (template on partitions) out of plans until ``until``."""
 
-    key: str
-    kind: str
+    target: Excluded
+    kind: ExclusionKind
     until: float
     reason: str
     model: str | None = None
@@ -166,16 +137,6 @@ class Decision:
         return [a for a in self.actions if isinstance(a, kind)]
 
 
-def template_key(template_id: str) -> str:
-    """Exclusion key of a template (crash cool-down)."""
-    return f"template:{template_id}"
-
-
-def shape_key(template_id: str, partitions: Iterable[str]) -> str:
-    """Exclusion key of a template on given partitions (pending timeout, refused submission)."""
-    return f"shape:{template_id}@{','.join(partitions)}"
-
-
 # --------------------------------------------------------------------------- decide
 
 _KEEP_ORDER = {
@@ -185,6 +146,14 @@ _KEEP_ORDER = {
     ReplicaState.SUBMITTING: 3,
     ReplicaState.UNHEALTHY: 4,
 }
+
+
+def goes_on_serving(status: ReplicaStatus) -> bool:
+    """Whether a live replica counts towards its plan slot: it serves or will, and needs no
+    successor. The one rule for the decide step (which replicas a slot keeps) and the planner
+    (which replicas go on serving, keep their GPUs and get the start-up credit)."""
+    return (status.state in _KEEP_ORDER and not status.needs_successor
+            and not status.pending_too_long and not status.submit_lost)
 
 
 def decide(
@@ -201,14 +170,14 @@ def decide(
     observation = observation or Observation(jobs_at=now, cluster_at=now)
     statuses = {f.record.id: replica_status(f, now, settings) for f in replicas}
     records = {f.record.id: f.record for f in replicas}
-    excluded = {e.key for e in exclusions if e.until > now}
+    excluded: set[Excluded] = {e.target for e in exclusions if e.until > now}
     actions: list[Action] = []
     replan: list[str] = []
 
     # 1. crash cool-down (a fact of the store: safe whatever the freshness)
     for exclude in _crash_cooldowns(replicas, statuses, now, settings, excluded):
         actions.append(exclude)
-        excluded.add(exclude.key)
+        excluded.add(exclude.target)
         replan.append(exclude.reason)
 
     # 2. freshness
@@ -247,13 +216,13 @@ def decide(
     for record in live:
         status = statuses[record.id]
         if status.state is ReplicaState.PENDING and status.pending_too_long:
-            key = shape_key(record.template_id, record.partitions)
+            key = ShapeExclusion(record.template_id, record.partitions)
             reason = (
                 f"replica {record.id} of {record.model} pending {status.pending_for_s:.0f}s "
                 f"(> {settings.pending_timeout_s:.0f}s) on {','.join(record.partitions)}"
             )
             if key not in excluded:
-                actions.append(Exclude(key, "pending_timeout", now + settings.pending_exclusion_s,
+                actions.append(Exclude(key, ExclusionKind.PENDING_TIMEOUT, now + settings.pending_exclusion_s,
                                        reason, model=record.model))
                 excluded.add(key)
                 replan.append(reason)
@@ -271,13 +240,7 @@ def decide(
 
     kept: set[str] = set()
     for slot in slots:
-        candidates = [
-            r for r in by_key.get(slot.key, [])
-            if statuses[r.id].state in _KEEP_ORDER
-            and not statuses[r.id].needs_successor
-            and not statuses[r.id].pending_too_long
-            and not statuses[r.id].submit_lost
-        ]
+        candidates = [r for r in by_key.get(slot.key, []) if goes_on_serving(statuses[r.id])]
         candidates.sort(key=lambda r: (_KEEP_ORDER[statuses[r.id].state], -_time_left(statuses[r.id]),
                                        r.created_at, r.id))
         keep = candidates[: slot.count]
@@ -285,7 +248,8 @@ def decide(
         missing = slot.count - len(keep)
         if missing <= 0:
             continue
-        if template_key(slot.template_id) in excluded or shape_key(*slot.key) in excluded:
+        if (TemplateExclusion(slot.template_id) in excluded
+                or ShapeExclusion(*slot.key) in excluded):
             replan.append(f"plan wants {missing} more of {slot.template_id} on "
                           f"{','.join(slot.partitions)}, which is excluded")
             continue
@@ -374,7 +338,7 @@ def _crash_cooldowns(
     statuses: Mapping[str, ReplicaStatus],
     now: float,
     settings: ReconcileSettings,
-    excluded: set[str],
+    excluded: set[Excluded],
 ) -> list[Exclude]:
     crashes: dict[str, list[ReplicaRecord]] = defaultdict(list)
     for facts in replicas:
@@ -386,12 +350,12 @@ def _crash_cooldowns(
     out = []
     for template_id, crashed in sorted(crashes.items()):
         crashed.sort(key=lambda r: (r.ended_at or now, r.id))
-        key = template_key(template_id)
+        key = TemplateExclusion(template_id)
         if len(crashed) < settings.crash_limit or key in excluded:
             continue
         out.append(
             Exclude(
-                key, "crash_cooldown", now + settings.crash_cooldown_s,
+                key, ExclusionKind.CRASH_COOLDOWN, now + settings.crash_cooldown_s,
                 f"template {template_id} crashed {len(crashed)} times within "
                 f"{settings.crash_cooldown_s:.0f}s (last: {crashed[-1].id}, "
                 f"{crashed[-1].end_state or 'FAILED'}); excluded for "

@@ -30,6 +30,7 @@ from coral_hpc.reconcile.settings import ReconcileSettings
 from coral_hpc.reconcile.status import TERMINAL_STATES, ReplicaFacts
 from coral_hpc.slurm.snapshot import ClusterSnapshot, JobInfo
 from coral_hpc.store import ReplicaRecord, StartupObservation, Store
+from coral_hpc.types import ReplicaLayout
 
 log = logging.getLogger("coral_hpc.reconcile")
 
@@ -231,16 +232,11 @@ class Observer:
         tag = job.tag
         assert tag is not None
         spec_file = self.deployment.state_path / "replicas" / tag.replica_id / "spec.json"
-        layout: dict = {}
+        layout: ReplicaLayout | None = None
         partitions: tuple[str, ...] = tuple(c.partition for c in job.components) or (job.partition,)
         try:
-            spec = ReplicaSpec.from_json(spec_file.read_text())
-            layout = {
-                "tp": spec.tp, "pp": spec.pp,
-                "stages": [{"gpu_type": s.gpu_type, "layers": s.layers, "partition": s.partition}
-                           for s in spec.stages],
-            }
-            partitions = tuple(s.partition for s in spec.stages)
+            layout = ReplicaSpec.from_json(spec_file.read_text()).layout
+            partitions = layout.partitions
         except (OSError, ValueError, TypeError, KeyError, CoralError):
             log.warning("adopting job %s: no readable %s; layout unknown", job.job_id, spec_file)
         throughput = self.throughput_of(tag.template_id) or 1.0
@@ -284,7 +280,7 @@ class Observer:
                 if record.ready_at is None:
                     changes.update(ready_at=now, endpoint=url)
                     started = record.submitted_at or record.created_at
-                    gpu = (record.layout.get("stages") or [{}])[0].get("gpu_type", "")
+                    gpu = record.layout.stages[0].gpu_type if record.layout else ""
                     self.store.add_startup(StartupObservation(
                         now, record.id, record.template_id, gpu, max(0.0, now - started)))
                     self.store.add_event(now, "ready", f"READY at {url} after "

@@ -1,7 +1,10 @@
 """Knobs of the reconcile loop: every field has a default and a line saying why.
 
-Most come from ``policy:`` in ``models.yaml`` (:meth:`ReconcileSettings.from_policy`); the rest are
-safety margins a site rarely needs to change.
+Most come from ``policy:`` in ``models.yaml`` (:meth:`ReconcileSettings.from_policy`): their
+defaults are :class:`~coral_hpc.config.PolicyConfig`'s, the one place those are set and
+explained, and the knobs derived from them follow the rules below. So ``ReconcileSettings()``
+is exactly what a ``models.yaml`` without ``policy:`` gets. The rest are safety margins of the
+loop itself, a site rarely needs to change, set and explained here.
 """
 
 from __future__ import annotations
@@ -11,37 +14,56 @@ from dataclasses import dataclass
 from coral_hpc.config import PolicyConfig
 from coral_hpc.launch.spec import SIGNAL_LEAD_S
 
+#: ``policy:`` as a models.yaml without one gets it: the defaults of the policy-sourced knobs
+_POLICY = PolicyConfig()
+
+
+def pending_exclusion_for(policy: PolicyConfig) -> float:
+    """How long a shape that timed out pending stays out of plans: long enough that the next
+    plans route around it, short enough that a queue that has cleared is used again."""
+    return max(3 * policy.pending_timeout_s, 2 * policy.replan_interval_s)
+
+
+def unhealthy_grace_for(policy: PolicyConfig) -> float:
+    """A replica needs a few polls to recover from a blip before it is replaced."""
+    return max(6 * policy.poll_interval_s, 30.0)
+
+
+def drain_grace_for(policy: PolicyConfig) -> float:
+    """Two polls: the gateway reloads the routing table and in-flight requests finish."""
+    return max(2 * policy.poll_interval_s, 5.0)
+
 
 @dataclass(frozen=True)
 class ReconcileSettings:
     """How the decide step judges replicas. Seconds unless named otherwise."""
 
     #: Observe Slurm this often; staleness is counted in polls.
-    poll_interval_s: float = 5.0
+    poll_interval_s: float = _POLICY.poll_interval_s
     #: Re-plan at least this often even when nothing moved (prices, free GPUs drift).
-    replan_interval_s: float = 60.0
+    replan_interval_s: float = _POLICY.replan_interval_s
     #: Re-plan early when a model's demand moves by more than this fraction.
-    demand_change_threshold: float = 0.25
+    demand_change_threshold: float = _POLICY.demand_change_threshold
     #: A replica PENDING longer than this is cancelled and its shape avoided for a while.
-    pending_timeout_s: float = 600.0
+    pending_timeout_s: float = _POLICY.pending_timeout_s
     #: How long a shape that timed out pending stays out of plans.
-    pending_exclusion_s: float = 1800.0
+    pending_exclusion_s: float = pending_exclusion_for(_POLICY)
     #: Start a successor this long before a replica must stop (at most half its usable time).
-    walltime_lead_s: float = 900.0
+    walltime_lead_s: float = _POLICY.walltime_lead_s
     #: Slurm warns a replica this long before its time limit (``--signal=USR2@N``) and the
     #: replica then drains: its usable life ends here, not at the limit itself.
     walltime_signal_s: float = float(SIGNAL_LEAD_S)
     #: Crashes of one template within ``crash_cooldown_s`` that put it on cool-down.
-    crash_limit: int = 3
+    crash_limit: int = _POLICY.crash_limit
     #: How long a crashing template stays out of plans.
-    crash_cooldown_s: float = 1800.0
+    crash_cooldown_s: float = _POLICY.crash_cooldown_s
     #: Consecutive failed health probes before a READY replica stops counting as serving.
     unhealthy_after: int = 3
     #: An unhealthy replica that has not recovered after this is cancelled and replaced.
-    unhealthy_grace_s: float = 60.0
+    unhealthy_grace_s: float = unhealthy_grace_for(_POLICY)
     #: Between taking a replica out of the routing table and cancelling it: the gateway reloads
     #: the table and in-flight requests finish (the engine also drains on SIGTERM).
-    drain_grace_s: float = 10.0
+    drain_grace_s: float = drain_grace_for(_POLICY)
     #: A cancel Slurm has not carried out after this is sent again.
     cancel_retry_s: float = 120.0
     #: A replica recorded as being submitted whose tagged job never showed up in the queue after
@@ -61,15 +83,12 @@ class ReconcileSettings:
             replan_interval_s=policy.replan_interval_s,
             demand_change_threshold=policy.demand_change_threshold,
             pending_timeout_s=policy.pending_timeout_s,
-            # long enough that the next plans route around the shape, short enough that a
-            # queue that has cleared is used again
-            pending_exclusion_s=max(3 * policy.pending_timeout_s, 2 * policy.replan_interval_s),
+            pending_exclusion_s=pending_exclusion_for(policy),
             walltime_lead_s=policy.walltime_lead_s,
             crash_limit=policy.crash_limit,
             crash_cooldown_s=policy.crash_cooldown_s,
-            # a replica needs a few polls to recover from a blip before it is replaced
-            unhealthy_grace_s=max(6 * policy.poll_interval_s, 30.0),
-            drain_grace_s=max(2 * policy.poll_interval_s, 5.0),
+            unhealthy_grace_s=unhealthy_grace_for(policy),
+            drain_grace_s=drain_grace_for(policy),
         )
 
     @property

@@ -14,6 +14,7 @@ import json
 from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any
 
+from coral_hpc.config import DEFAULT_CPUS_PER_GPU, DEFAULT_MEM_PER_GPU_GB
 from coral_hpc.slurm.billing import billing_sum
 from coral_hpc.types import JobTag
 
@@ -391,8 +392,8 @@ class JobShape:
     gpus_per_node: int
     gpu_type: str | None = None
     nodes: int = 1
-    cpus_per_gpu: int = 4
-    mem_per_gpu_gb: int = 32
+    cpus_per_gpu: int = DEFAULT_CPUS_PER_GPU
+    mem_per_gpu_gb: int = DEFAULT_MEM_PER_GPU_GB
     time_limit_s: int = 3600
     account: str | None = None
     qos: str | None = None

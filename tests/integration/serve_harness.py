@@ -20,10 +20,13 @@ from pathlib import Path
 
 from coral_hpc.config import Deployment, load_deployment
 from coral_hpc.daemon import ensure_replica_key
-from coral_hpc.daemon.core import Daemon, PlanOutcome, PlanRequest
-from coral_hpc.reconcile import DesiredPlan, Slot
+from coral_hpc.daemon.core import Daemon
+from coral_hpc.plan.desired import DesiredPlan, Slot
+from coral_hpc.plan.layout import layout_dtype
+from coral_hpc.plan.planner import PlanOutcome, PlanRequest
 from coral_hpc.slurm import make_client
 from coral_hpc.store import open_store
+from coral_hpc.types import ReplicaLayout, StageLayout
 from solver.catalog import model_arch
 
 
@@ -31,10 +34,9 @@ def slot(model: str, arch: str, partition: str, gpu: str, tp: int = 1, count: in
          throughput: float = 2.0) -> Slot:
     """A single-stage slot: ``count`` replicas of ``model`` on one ``gpu`` node of ``partition``."""
     layers = model_arch(arch).layers
-    return Slot(model=model, template_id=f"{model}.tp{tp}.{gpu}-{layers}", partitions=(partition,),
-                count=count, throughput=throughput, cost_per_hour=float(tp),
-                layout={"tp": tp, "pp": 1,
-                        "stages": [{"gpu_type": gpu, "layers": layers, "partition": partition}]})
+    layout = ReplicaLayout(tp, (StageLayout(partition, gpu, layers),), layout_dtype(arch, [gpu]))
+    return Slot(model=model, template_id=f"{model}.tp{tp}.{gpu}-{layers}", count=count,
+                throughput=throughput, cost_per_hour=float(tp), layout=layout)
 
 
 class PreferencePlanner:
@@ -73,17 +75,15 @@ def build_daemon(deployment: Deployment, planner, env: dict[str, str] | None = N
 
 
 def candidates_to_json(candidates: list[Slot]) -> str:
-    return json.dumps([{"model": c.model, "template_id": c.template_id,
-                        "partitions": list(c.partitions), "count": c.count,
+    return json.dumps([{"model": c.model, "template_id": c.template_id, "count": c.count,
                         "throughput": c.throughput, "cost_per_hour": c.cost_per_hour,
-                        "layout": c.layout} for c in candidates])
+                        "layout": c.layout.to_dict()} for c in candidates])
 
 
 def candidates_from_json(text: str) -> list[Slot]:
-    return [Slot(model=c["model"], template_id=c["template_id"],
-                 partitions=tuple(c["partitions"]), count=c["count"],
+    return [Slot(model=c["model"], template_id=c["template_id"], count=c["count"],
                  throughput=c["throughput"], cost_per_hour=c["cost_per_hour"],
-                 layout=c["layout"]) for c in json.loads(text)]
+                 layout=ReplicaLayout.from_dict(c["layout"])) for c in json.loads(text)]
 
 
 def main(argv: list[str]) -> int:

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from coral_hpc.daemon import serve
-from coral_hpc.daemon.core import PlanOutcome, PlanRequest
+from coral_hpc.plan.planner import PlanOutcome, PlanRequest
 from tests.integration.serve_harness import PreferencePlanner, candidates_from_json
 
 

@@ -155,7 +155,7 @@ def test_hetjob_replica_spans_a100_and_v100_and_writes_its_endpoint(
         [StageSpec("a100", "a100", 2, 20), StageSpec("v100", "v100", 2, 16)],
         dtype="half",
     )  # fmt: skip
-    assert spec.layout == "hetero"
+    assert spec.layout.kind == "hetero"
     job_id = submit_replica(spec, client)
     slurm.track(job_id)
 
@@ -188,7 +188,7 @@ def test_two_node_replica_runs_one_entrypoint_per_node(slurm, client, tmp_path, 
         tmp_path, key_file, "two-1",
         [StageSpec("a100", "a100", 1, 18), StageSpec("a100", "a100", 1, 18)], tp=1,
     )  # fmt: skip
-    assert spec.layout == "multinode"
+    assert spec.layout.kind == "multinode"
     job_id = submit_replica(spec, client)
     slurm.track(job_id)
     endpoint = wait_until(lambda: read_endpoint(spec.endpoint_file), 60, "the endpoint file")

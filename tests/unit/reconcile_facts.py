@@ -4,6 +4,12 @@ from __future__ import annotations
 
 from coral_hpc.reconcile import DesiredPlan, ReplicaFacts, Slot
 from coral_hpc.store import ReplicaRecord
+from coral_hpc.types import ReplicaLayout, StageLayout
+
+
+def layout(partitions: tuple[str, ...] = ("a100",), tp: int = 1) -> ReplicaLayout:
+    """A layout with one stage per partition, its GPU type named after the partition."""
+    return ReplicaLayout(tp, tuple(StageLayout(p, p, 10) for p in partitions), "auto")
 
 #: What each lifecycle point sets on a record, all times in seconds of a fake clock.
 PHASES = {
@@ -31,7 +37,7 @@ def rec(
         "id": rid,
         "model": model,
         "template_id": template,
-        "layout": {"tp": 1, "pp": 1},
+        "layout": layout(tuple(partitions)),
         "partitions": partitions,
         "throughput": throughput,
         "cost_per_hour": cost,
@@ -56,7 +62,7 @@ def facts(*records: ReplicaRecord, unavailable: frozenset[str] = frozenset()) ->
 
 
 def slot(template="t1", count=1, model="m", partitions=("a100",), throughput=2.0, cost=4.0):
-    return Slot(model, template, tuple(partitions), count, throughput, cost, {"tp": 1, "pp": 1})
+    return Slot(model, template, count, throughput, cost, layout(tuple(partitions)))
 
 
 def plan(*slots: Slot, time: float = 0.0) -> DesiredPlan:

@@ -282,7 +282,7 @@ def plan(pid, time, cost_per_hour):
 
 def replica(rid, cost_per_hour, submitted, started, ready, ended, replaces=None):
     return ReplicaRecord(
-        id=rid, model="done", template_id="tpl", layout={}, partitions=("a100",),
+        id=rid, model="done", template_id="tpl", layout=None, partitions=("a100",),
         throughput=1.0, cost_per_hour=cost_per_hour, created_at=submitted, replaces=replaces,
         submitted_at=submitted, started_at=started, ready_at=ready, ended_at=ended,
     )

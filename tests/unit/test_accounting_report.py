@@ -32,7 +32,7 @@ def test_html_page_embeds_both_plots_and_the_tables(recorded):  # noqa: F811
     records, now = recorded
     rep = report(records, t("22:04:00"), t("22:06:00"), now)
     replica = ReplicaRecord(
-        id="r1", model="done", template_id="tpl", layout={}, partitions=("v100",), throughput=1.0,
+        id="r1", model="done", template_id="tpl", layout=None, partitions=("v100",), throughput=1.0,
         cost_per_hour=2.0, created_at=t("22:04:49"), started_at=t("22:04:50"), ended_at=t("22:04:54"),
     )
     page = render_html(rep, [replica])

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from coral_hpc.daemon.core import Loop, _shape
+from coral_hpc.daemon.core import Loop
 from coral_hpc.daemon.process import AlreadyRunning, DaemonLock, lock_is_held
 from coral_hpc.daemon.routing import TablePublisher, ready_routes
 from coral_hpc.daemon.scrape import ALL_MODELS, DemandScraper
@@ -116,6 +116,13 @@ def test_one_daemon_per_deployment(tmp_path):
     DaemonLock(path).acquire()
 
 
-def test_shape_keys_parse_back():
-    assert _shape("shape:m.tp2.a100-32@a100") == ("m.tp2.a100-32", ("a100",))
-    assert _shape("shape:t@a100,v100") == ("t", ("a100", "v100"))
+def test_exclusion_keys_parse_back():
+    from coral_hpc.types import ShapeExclusion, TemplateExclusion, excluded_from_key
+
+    for target in (ShapeExclusion("m.tp2.a100-32", ("a100",)),
+                   ShapeExclusion("t", ("a100", "v100")), TemplateExclusion("m.tp1.v100-36")):
+        assert excluded_from_key(target.key) == target
+    assert excluded_from_key("shape:t@a100,v100") == ShapeExclusion("t", ("a100", "v100"))
+    for bad in ("t1", "template:", "shape:no-partitions", "node:a100-01"):
+        with pytest.raises(ValueError, match="not an exclusion key"):
+            excluded_from_key(bad)

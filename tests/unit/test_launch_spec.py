@@ -12,7 +12,9 @@ import pytest
 from coral_hpc.config import ModuleEnvironment, VenvEnvironment, parse_deployment
 from coral_hpc.launch.endpoint import Endpoint, read_endpoint, write_endpoint
 from coral_hpc.launch.secrets import SecretFileError, engine_secrets, read_secret
-from coral_hpc.launch.spec import ReplicaSpec, SpecError, StageSpec, dtype_for, replica_spec
+from coral_hpc.launch.spec import ReplicaSpec, SpecError, StageSpec, replica_spec
+from coral_hpc.plan.layout import layout_dtype
+from coral_hpc.types import ReplicaLayout, StageLayout
 from tests.unit.launch_cases import ENVIRONMENTS, LAYOUTS, case_spec
 
 
@@ -22,19 +24,19 @@ def test_json_round_trip_keeps_every_field(layout, env_kind):
     spec = case_spec(layout, env_kind)
     again = ReplicaSpec.from_json(spec.to_json())
     assert again == spec
-    assert again.layout == layout
+    assert again.layout == spec.layout and again.layout.kind == layout
     assert again.env_kind == env_kind
 
 
 def test_layout_follows_the_stages():
-    assert case_spec("single", "venv").layout == "single"
+    assert case_spec("single", "venv").layout.kind == "single"
     multinode = case_spec("multinode", "venv")
-    assert (multinode.layout, multinode.pp, multinode.total_gpus) == ("multinode", 2, 4)
+    assert (multinode.layout.kind, multinode.pp, multinode.total_gpus) == ("multinode", 2, 4)
     hetero = case_spec("hetero", "venv")
-    assert hetero.layout == "hetero" and hetero.layer_partition == "48,32"
+    assert hetero.layout.kind == "hetero" and hetero.layer_partition == "48,32"
     # same GPU type, different partitions: Slurm needs a hetjob
     stages = (StageSpec("a100", "a100", 2, 40), StageSpec("gpu", "a100", 2, 40))
-    assert replace(case_spec("multinode", "sim"), stages=stages).layout == "hetero"
+    assert replace(case_spec("multinode", "sim"), stages=stages).layout.kind == "hetero"
 
 
 def test_invalid_specs_name_the_problem():
@@ -59,10 +61,11 @@ def test_time_limit_rounds_up_to_whole_minutes():
 
 
 def test_dtype_is_half_when_any_stage_lacks_bf16():
-    assert dtype_for(["a100"]) == "auto"
-    assert dtype_for(["a100", "v100"]) == "half"
-    assert dtype_for(["t4"]) == "half"
-    assert dtype_for(["no-such-gpu"]) == "auto"
+    assert layout_dtype("llama-3.1-70b", ["a100"]) == "auto"
+    assert layout_dtype("llama-3.1-70b", ["a100", "v100"]) == "half"
+    assert layout_dtype("qwen3-8b", ["t4"]) == "half"
+    with pytest.raises(KeyError):
+        layout_dtype("qwen3-8b", ["no-such-gpu"])  # the planner never plans an unknown GPU
 
 
 YAML = """
@@ -97,12 +100,16 @@ models:
 
 def test_replica_spec_from_the_deployment(tmp_path):
     deployment = parse_deployment(YAML.format(state=tmp_path))
+    layout = ReplicaLayout(2, (StageLayout("a100", "a100", 48), StageLayout("v100", "v100", 32)),
+                           "half")
     spec = replica_spec(
-        deployment, "llama-70b", "r7", "tpl-3", [("a100", "a100", 48), ("v100", "v100", 32)], 2,
+        deployment, "llama-70b", "r7", "tpl-3", layout,
         api_key_file=tmp_path / "key", python="/venv/bin/python",
     )  # fmt: skip
-    assert spec.layout == "hetero" and spec.pp == 2 and spec.tp == 2
-    assert spec.dtype == "half"  # a V100 stage
+    assert spec.layout == layout  # carried unchanged
+    assert ReplicaSpec.from_json(spec.to_json()).layout == layout  # and back from spec.json
+    assert spec.layout.kind == "hetero" and spec.pp == 2 and spec.tp == 2
+    assert spec.dtype == "half"  # the layout's
     assert spec.engine_args == ("--enable-prefix-caching", "--enforce-eager")
     assert spec.stages[1].environment == VenvEnvironment(path="/envs/vllm", modules=("cuda/12.8",))
     assert (spec.account, spec.qos, spec.cpus_per_gpu, spec.mem_per_gpu_gb) == ("lab", "high", 6, 40)
@@ -111,7 +118,8 @@ def test_replica_spec_from_the_deployment(tmp_path):
     assert spec.endpoint_file == tmp_path / "demo" / "endpoints" / "r7.json"
     assert spec.tag.comment() == "coral:deployment=demo;model=llama-70b;replica=r7;template=tpl-3"
     with pytest.raises(SpecError, match="partition 'h100', not in cluster.partitions"):
-        replica_spec(deployment, "llama-70b", "r8", "t", [("h100", "h100", 80)], 4, api_key_file=None)
+        replica_spec(deployment, "llama-70b", "r8", "t",
+                     ReplicaLayout(4, (StageLayout("h100", "h100", 80),), "auto"), api_key_file=None)
 
 
 def test_spec_file_is_written_atomically(tmp_path):

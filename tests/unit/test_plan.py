@@ -15,7 +15,8 @@ from click.testing import CliRunner
 
 from coral_hpc.cli.plan import plan as plan_command
 from coral_hpc.config import load_deployment
-from coral_hpc.plan import cluster_from_snapshot, plan_deployment
+from coral_hpc.plan.inputs import cluster_from_snapshot
+from coral_hpc.plan.planner import Planner, PlanRequest
 from coral_hpc.slurm.snapshot import ClusterSnapshot
 from coral_hpc.types import JobTag
 
@@ -35,12 +36,18 @@ def snapshot():
 
 
 @pytest.fixture(scope="module")
-def result(snapshot, cache):
-    return plan_deployment(load_deployment(MODELS), snapshot, cache_dir=cache)
+def outcome(snapshot, cache):
+    return Planner(cache_dir=cache).solve(
+        PlanRequest.from_snapshot(load_deployment(MODELS), snapshot))
 
 
-def test_plan_on_the_recorded_snapshot_meets_demand_and_the_checker_accepts_it(result):
-    assert result.problems == []
+@pytest.fixture(scope="module")
+def result(outcome):
+    return outcome.solved
+
+
+def test_plan_on_the_recorded_snapshot_meets_demand_and_the_checker_accepts_it(outcome, result):
+    assert outcome.problems == ()
     assert result.plan.status == "optimal"
     for model in result.models:
         assert result.plan.served[model.name] == pytest.approx(model.demand_rps)

@@ -12,12 +12,14 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from coral_hpc import availability
 from coral_hpc.cli.plan import plan as plan_command
 from coral_hpc.config import load_deployment
 from coral_hpc.launch.spec import replica_spec
-from coral_hpc.plan import cluster_from_snapshot, plan_deployment, plan_json
-from coral_hpc.reconcile.desired import slots_from_plan
+from coral_hpc.plan import availability
+from coral_hpc.plan.inputs import cluster_from_snapshot
+from coral_hpc.plan.layout import layout_of
+from coral_hpc.plan.planner import Planner, PlanRequest
+from coral_hpc.plan.report import plan_json
 from coral_hpc.slurm.snapshot import ClusterSnapshot, ShapeEstimate
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,24 +40,39 @@ def busy():
     return ClusterSnapshot.from_json(BUSY.read_text())
 
 
+def plan_on(deployment, snapshot, cache):
+    return Planner(cache_dir=cache).solve(PlanRequest.from_snapshot(deployment, snapshot))
+
+
 @pytest.fixture(scope="module")
-def university_result(busy, cache):
-    return plan_deployment(load_deployment(UNIVERSITY), busy, cache_dir=cache)
+def university_outcome(busy, cache):
+    return plan_on(load_deployment(UNIVERSITY), busy, cache)
+
+
+@pytest.fixture(scope="module")
+def university_result(university_outcome):
+    return university_outcome.solved
 
 
 def _runnable(deployment, row) -> None:
     """replica_spec builds the job (raises SpecError for a replica that cannot run)."""
+    arch = deployment.model(row.model).architecture
     replica_spec(deployment, row.model, "r1", row.template.id,
-                 [(p, s.gpu_type, s.layers) for s, p in zip(row.template.stages, row.partitions)],
-                 row.template.tp, api_key_file=None)
+                 layout_of(row.template, row.partitions, arch), api_key_file=None)
+
+
+def _layout(deployment, model, stages, tp):
+    from coral_hpc.types import ReplicaLayout, StageLayout
+
+    return ReplicaLayout(tp, tuple(StageLayout(p, g, n) for p, g, n in stages), "half")
 
 
 def test_university_on_a_full_site_plans_only_runnable_replicas_with_their_start(
-        university_result):
+        university_outcome, university_result):
     deployment = load_deployment(UNIVERSITY)
     result = university_result
     plan = result.plan
-    assert result.problems == []
+    assert university_outcome.problems == ()
     rows = list(plan.rows) + list(plan.queued)
     assert rows, "a full site still gets replicas queued"
     for row in rows:
@@ -68,7 +85,7 @@ def test_university_on_a_full_site_plans_only_runnable_replicas_with_their_start
             m for m in result.models if m.name == model.name).demand_rps > 0)
         if wanted:
             assert any(r.model == model.name for r in rows), model.name
-    doc = plan_json(result)
+    doc = plan_json(university_outcome)
     starts = [r["start"] for r in doc["replicas"]]
     assert all(START.match(s) for s in starts) and "now" not in starts  # every GPU is held
     assert any(s.startswith("expected in") for s in starts) and "queued" in starts
@@ -85,8 +102,9 @@ def test_the_same_site_idle_plans_heterogeneous_pipelines_only_with_one_environm
     idle_nodes = tuple(replace(n, state="idle", gpus_alloc=0, gpus_free=n.gpus_total, cpus_alloc=0,
                                mem_alloc_gb=0.0) for n in busy.nodes)
     idle = replace(busy, nodes=idle_nodes, estimates=())
-    apart = plan_deployment(deployment, idle, cache_dir=cache)
-    assert apart.problems == []
+    apart_outcome = plan_on(deployment, idle, cache)
+    apart = apart_outcome.solved
+    assert apart_outcome.problems == ()
     assert deployment.environment_groups() == (("gpu-a100",), ("gpu-v100",))
     assert all(len(set(r.partitions)) == 1 for r in apart.plan.rows)
     for row in apart.plan.rows:
@@ -97,8 +115,9 @@ def test_the_same_site_idle_plans_heterogeneous_pipelines_only_with_one_environm
         "partitions": (deployment.cluster.partitions[0].model_copy(
             update={"environment": a100.environment}), a100)})})
     assert shared.environment_groups() == (("gpu-a100", "gpu-v100"),)
-    together = plan_deployment(shared, idle, cache_dir=cache)
-    assert together.problems == []
+    together_outcome = plan_on(shared, idle, cache)
+    together = together_outcome.solved
+    assert together_outcome.problems == ()
     assert any(t.heterogeneous for t in together.library["llama-70b"])
     for row in together.plan.rows:
         _runnable(shared, row)
@@ -110,36 +129,41 @@ def test_declared_compatible_partitions_run_the_first_stages_environment():
     declared = deployment.model_copy(update={"cluster": deployment.cluster.model_copy(update={
         "partitions": (parts[0].model_copy(update={"compatible_with": ("gpu-a100",)}), parts[1])})})
     assert declared.environment_groups() == (("gpu-a100", "gpu-v100"),)
-    spec = replica_spec(declared, "llama-70b", "r1", "t", [("gpu-a100", "a100-80g", 40),
-                                                          ("gpu-v100", "v100-32g", 40)],
-                        4, api_key_file=None)
+    hetero = _layout(declared, "llama-70b", [("gpu-a100", "a100-80g", 40),
+                                             ("gpu-v100", "v100-32g", 40)], 4)
+    spec = replica_spec(declared, "llama-70b", "r1", "t", hetero, api_key_file=None)
     assert {s.environment for s in spec.stages} == {parts[1].environment}
     from coral_hpc.launch.spec import SpecError
 
     with pytest.raises(SpecError, match="different vLLM"):
-        replica_spec(deployment, "llama-70b", "r1", "t", [("gpu-a100", "a100-80g", 40),
-                                                         ("gpu-v100", "v100-32g", 40)],
-                     4, api_key_file=None)
+        replica_spec(deployment, "llama-70b", "r1", "t", hetero, api_key_file=None)
 
 
-def test_queued_rows_become_slots_with_the_partitions_max_time(university_result, busy):
+def test_queued_rows_become_slots_with_the_partitions_max_time(university_outcome,
+                                                               university_result, busy):
     deployment = load_deployment(UNIVERSITY)
-    desired = slots_from_plan(university_result.plan, 1.0, lambda parts: availability.time_limit_for(
-        deployment, busy, parts))
+    desired = university_outcome.desired
     queued = {r.template.id for r in university_result.plan.queued}
-    assert queued <= {s.template_id for s in desired.slots}
+    assert queued and queued == {s.template_id for s in desired.slots if s.queued}
+    waits = {s.template_id: s.expected_wait_s for s in desired.slots if not s.queued}
+    assert set(waits.values()) <= {600.0, 1500.0}
     for slot in desired.slots:
         # gpu-a100 has MaxTime 1 day, gpu-v100 2 days; time_limit is 1 day
-        assert slot.layout["time_limit_s"] == 86400
+        assert slot.time_limit_s == 86400
     long = deployment.model_copy(update={"cluster": deployment.cluster.model_copy(
         update={"time_limit": "3-00:00:00"})})
     assert availability.time_limit_for(long, busy, ("gpu-v100",)) == 172800
     assert availability.time_limit_for(long, busy, ("gpu-a100", "gpu-v100")) == 86400
     warnings = availability.config_warnings(long, busy)
     assert any("cluster.partitions[1] (gpu-a100): partition MaxTime 1440 min" in w for w in warnings)
-    spec = replica_spec(long, "phi-4", "r1", "t", [("gpu-v100", "v100-32g", 40)], 1,
-                        api_key_file=None, time_limit_s=172800)
+    single = _layout(long, "phi-4", [("gpu-v100", "v100-32g", 40)], 1)
+    spec = replica_spec(long, "phi-4", "r1", "t", single, api_key_file=None, time_limit_s=172800)
     assert spec.time_limit_s == 172800
+    assert replica_spec(long, "phi-4", "r1", "t", single, api_key_file=None).time_limit_s == 259200
+    # a long-lived plan is stored and read back with its slots' waits and time limits
+    from coral_hpc.plan.desired import plan_from_rows, slot_rows
+
+    assert plan_from_rows(slot_rows(desired), desired.time) == desired
 
 
 def test_configured_partitions_slurm_lacks_and_untyped_gres_are_warned():

@@ -16,10 +16,9 @@ from coral_hpc.reconcile import (
     ReconcileSettings,
     Submit,
     decide,
-    shape_key,
-    template_key,
 )
 from coral_hpc.store import Exclusion
+from coral_hpc.types import ExclusionKind, ShapeExclusion, TemplateExclusion
 from tests.unit.reconcile_facts import facts, plan, rec, slot
 
 S = ReconcileSettings(
@@ -49,7 +48,7 @@ def summary(decision):
         elif isinstance(a, Forget):
             out.append(("forget", a.replica_id))
         elif isinstance(a, Exclude):
-            out.append(("exclude", a.key))
+            out.append(("exclude", a.target))
     return sorted(out, key=repr)
 
 
@@ -159,7 +158,7 @@ def test_keep_prefers_ready_then_most_time_left():
 
 def test_pending_past_timeout_is_cancelled_its_shape_excluded_and_not_resubmitted():
     decision = run(plan(slot("t1", 1)), rec("a", "pending", submitted_at=30.0))
-    assert summary(decision) == [("cancel", "a"), ("exclude", shape_key("t1", ("a100",)))]
+    assert summary(decision) == [("cancel", "a"), ("exclude", ShapeExclusion("t1", ("a100",)))]
     (exclude,) = decision.of(Exclude)
     assert exclude.until == NOW + S.pending_exclusion_s
     assert exclude.kind == "pending_timeout"
@@ -168,14 +167,14 @@ def test_pending_past_timeout_is_cancelled_its_shape_excluded_and_not_resubmitte
 
 
 def test_a_shape_already_excluded_is_not_submitted_and_asks_for_a_replan():
-    exclusion = Exclusion(shape_key("t1", ("a100",)), "pending_timeout", 50.0, 500.0, "pending")
+    exclusion = Exclusion(ShapeExclusion("t1", ("a100",)), ExclusionKind.PENDING_TIMEOUT, 50.0, 500.0, "pending")
     decision = run(plan(slot("t1", 1)), exclusions=[exclusion])
     assert decision.of(Submit) == []
     assert decision.replan
 
 
 def test_an_expired_exclusion_no_longer_blocks():
-    exclusion = Exclusion(shape_key("t1", ("a100",)), "pending_timeout", 0.0, 90.0, "pending")
+    exclusion = Exclusion(ShapeExclusion("t1", ("a100",)), ExclusionKind.PENDING_TIMEOUT, 0.0, 90.0, "pending")
     decision = run(plan(slot("t1", 1)), exclusions=[exclusion])
     assert len(decision.of(Submit)) == 1
 
@@ -188,7 +187,7 @@ def test_a_template_that_keeps_crashing_cools_down_with_a_clear_event():
     decision = run(plan(slot("t1", 1)), _crashed("c1", 40.0), _crashed("c2", 60.0),
                    _crashed("c3", 90.0))
     (exclude,) = decision.of(Exclude)
-    assert exclude.key == template_key("t1")
+    assert exclude.target == TemplateExclusion("t1")
     assert exclude.kind == "crash_cooldown"
     assert exclude.until == NOW + S.crash_cooldown_s
     assert "crashed 3 times" in exclude.reason and "c3" in exclude.reason
@@ -215,7 +214,7 @@ def test_crashes_are_counted_per_template():
 
 
 def test_a_template_already_cooling_down_is_not_excluded_again():
-    exclusion = Exclusion(template_key("t1"), "crash_cooldown", 95.0, 1095.0, "crashed")
+    exclusion = Exclusion(TemplateExclusion("t1"), ExclusionKind.CRASH_COOLDOWN, 95.0, 1095.0, "crashed")
     records = [_crashed("c1", 40.0), _crashed("c2", 60.0), _crashed("c3", 90.0)]
     decision = run(plan(slot("t1", 1)), *records, exclusions=[exclusion])
     assert decision.of(Exclude) == [] and decision.of(Submit) == []
@@ -248,7 +247,7 @@ def test_crash_cooldown_is_recorded_even_on_stale_observations():
     stale = Observation(jobs_at=None, cluster_at=None)
     records = [_crashed("c1", 40.0), _crashed("c2", 60.0), _crashed("c3", 90.0)]
     decision = run(plan(slot("t1", 1)), *records, observation=stale)
-    assert [a.key for a in decision.of(Exclude)] == [template_key("t1")]
+    assert [a.target for a in decision.of(Exclude)] == [TemplateExclusion("t1")]
     assert decision.of(Submit) == []
 
 

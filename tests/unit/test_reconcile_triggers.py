@@ -1,27 +1,37 @@
-"""replan_reasons (edge triggers), learnt start-up time, backoff, plan rows round trip."""
+"""replan_triggers (edge triggers, typed kinds), learnt start-up time, backoff, plan rows round trip."""
 
 from __future__ import annotations
 
 import pytest
 
 from coral_hpc.config import PolicyConfig
-from coral_hpc.reconcile import Backoff, ReconcileSettings, replan_reasons
-from coral_hpc.reconcile.desired import plan_from_rows, slot_rows
+from coral_hpc.plan.desired import plan_from_rows, slot_rows
+from coral_hpc.reconcile import Backoff, ReconcileSettings, TriggerKind, replan_triggers
 from coral_hpc.reconcile.startup import learned_startup_s, startup_penalty
 from coral_hpc.store import Exclusion, StartupObservation
+from coral_hpc.types import ExclusionKind, TemplateExclusion
 from tests.unit.reconcile_facts import facts, plan, rec, slot
 
 S = ReconcileSettings(replan_interval_s=60, pending_timeout_s=60, walltime_lead_s=300,
                       walltime_signal_s=100, unhealthy_after=3, unhealthy_grace_s=30)
 
 
-def reasons(plan_time, now, *records, **kw):
+def triggers(plan_time, now, *records, **kw):
     kw.setdefault("unavailable_at_plan", frozenset())
-    return replan_reasons(plan_time, now, S, facts(*records), **kw)
+    return replan_triggers(plan_time, now, S, facts(*records), **kw)
+
+
+def reasons(plan_time, now, *records, **kw):
+    return [t.reason for t in triggers(plan_time, now, *records, **kw)]
+
+
+def kinds(plan_time, now, *records, **kw):
+    return [t.kind for t in triggers(plan_time, now, *records, **kw)]
 
 
 def test_no_plan_yet():
-    assert replan_reasons(None, 5.0, S) == ["no plan yet"]
+    assert [(t.kind, t.reason) for t in replan_triggers(None, 5.0, S)] == [
+        (TriggerKind.START, "no plan yet")]
 
 
 def test_quiet_cluster_within_the_interval_needs_no_plan():
@@ -30,11 +40,13 @@ def test_quiet_cluster_within_the_interval_needs_no_plan():
 
 def test_interval_elapsed():
     assert reasons(100.0, 160.0) == ["re-plan interval (60s) elapsed"]
+    assert kinds(100.0, 160.0) == [TriggerKind.INTERVAL]
 
 
 def test_demand_moved():
     (reason,) = reasons(100.0, 110.0, demand_changed=["phi-4", "llama"])
     assert reason.startswith("demand of llama, phi-4 moved")
+    assert kinds(100.0, 110.0, demand_changed=["phi-4"]) == [TriggerKind.DEMAND]
 
 
 def test_node_or_partition_draining_triggers_once():
@@ -47,12 +59,13 @@ def test_node_or_partition_draining_triggers_once():
     assert reasons(110.0, 112.0, unavailable_at_plan=now_down) == [
         "back in service: node:a100-01, partition:v100"
     ]
+    assert kinds(100.0, 110.0, unavailable=now_down) == [TriggerKind.CLUSTER]
 
 
 def test_unknown_cluster_state_at_plan_time_replans():
-    assert replan_reasons(100.0, 101.0, S, unavailable_at_plan=None) == [
-        "cluster state at the last plan unknown"
-    ]
+    assert [(t.kind, t.reason) for t in replan_triggers(100.0, 101.0, S,
+                                                         unavailable_at_plan=None)] == [
+        (TriggerKind.START, "cluster state at the last plan unknown")]
 
 
 @pytest.mark.parametrize(
@@ -77,8 +90,8 @@ def test_replica_triggers_fire_once_after_the_plan(record, plan_time, now, fires
 
 
 def test_new_exclusions_trigger_a_replan():
-    fresh = Exclusion("template:t1", "crash_cooldown", 105.0, 1000.0, "crashed 3 times")
-    old = Exclusion("template:t2", "crash_cooldown", 95.0, 1000.0, "crashed 3 times")
+    fresh = Exclusion(TemplateExclusion("t1"), ExclusionKind.CRASH_COOLDOWN, 105.0, 1000.0, "crashed 3 times")
+    old = Exclusion(TemplateExclusion("t2"), ExclusionKind.CRASH_COOLDOWN, 95.0, 1000.0, "crashed 3 times")
     assert reasons(100.0, 110.0, exclusions=[fresh, old]) == [
         "excluded template:t1: crashed 3 times"
     ]
@@ -119,6 +132,13 @@ def test_settings_from_policy_carry_the_configured_values():
     assert settings.pending_exclusion_s >= settings.pending_timeout_s
 
 
+def test_default_settings_are_those_of_a_models_yaml_without_policy():
+    """One place for each default: ReconcileSettings() is what `policy:` left out gives (the
+    documented 6 s poll interval, not a second default of its own)."""
+    assert ReconcileSettings() == ReconcileSettings.from_policy(PolicyConfig())
+    assert ReconcileSettings().poll_interval_s == 6.0
+
+
 def test_plan_rows_round_trip_through_plain_data():
     desired = plan(slot("t1", 2), slot("t2", 1, model="n", partitions=("a100", "v100")),
                    time=42.0)
@@ -126,8 +146,9 @@ def test_plan_rows_round_trip_through_plain_data():
 
 
 def test_slots_from_a_solver_plan_keep_layout_throughput_and_cost():
-    from coral_hpc.reconcile.desired import slots_from_plan
-    from solver.types import Plan, PlanRow, Stage, Template
+    from coral_hpc.plan.planner import desired_plan
+    from coral_hpc.types import ReplicaLayout, StageLayout
+    from solver.types import ModelSpec, Plan, PlanRow, Stage, Template
 
     hetero = Template("m", tp=2, stages=(Stage("a100", 20), Stage("v100", 12)), throughput=3.5)
     single = Template("n", tp=1, stages=(Stage("a100", 36),), throughput=2.0)
@@ -136,11 +157,13 @@ def test_slots_from_a_solver_plan_keep_layout_throughput_and_cost():
         demand={"m": 7.0}, served={"m": 7.0}, capacity={"m": 7.0}, cost_per_hour=18.0,
         status="optimal", gap=0.0, solve_seconds=0.1,
     )
-    desired = slots_from_plan(plan, time=5.0)
+    models = [ModelSpec("m", "qwen3-32b", 512, 128, 2.0, 0.1),
+              ModelSpec("n", "qwen3-8b", 512, 128, 2.0, 0.1)]
+    desired = desired_plan(plan, models, now=5.0)
     (only,) = desired.slots  # count 0 rows dropped
     assert (only.template_id, only.partitions, only.count) == (hetero.id, ("a100", "v100"), 2)
     assert (only.throughput, only.cost_per_hour) == (3.5, 9.0)
-    assert only.layout == {"tp": 2, "pp": 2, "stages": [
-        {"gpu_type": "a100", "layers": 20, "partition": "a100"},
-        {"gpu_type": "v100", "layers": 12, "partition": "v100"}]}
+    # V100 has no bf16: the whole pipeline runs in half precision
+    assert only.layout == ReplicaLayout(2, (StageLayout("a100", "a100", 20),
+                                            StageLayout("v100", "v100", 12)), "half")
     assert desired.capacity("m") == 7.0

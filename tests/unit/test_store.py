@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import subprocess
 import sys
@@ -19,6 +20,13 @@ from coral_hpc.store import (
     migrate,
     open_store,
 )
+from coral_hpc.types import (
+    ExclusionKind,
+    ReplicaLayout,
+    ShapeExclusion,
+    StageLayout,
+    TemplateExclusion,
+)
 
 
 def _replica(rid: str = "r1", **extra) -> ReplicaRecord:
@@ -26,7 +34,7 @@ def _replica(rid: str = "r1", **extra) -> ReplicaRecord:
         "id": rid,
         "model": "qwen3-8b",
         "template_id": "t-a100x2",
-        "layout": {"tp": 2, "pp": 1, "stages": [{"gpu_type": "a100", "gpus": 2, "layers": 36}]},
+        "layout": ReplicaLayout(2, (StageLayout("a100", "a100", 36),), "auto"),
         "partitions": ("a100",),
         "throughput": 3.5,
         "cost_per_hour": 4.0,
@@ -155,10 +163,11 @@ def test_layout_is_stored_as_plain_json_text_not_a_pickle(store, tmp_path):
     raw = sqlite3.connect(store.path).execute(
         "SELECT layout_json, partitions FROM replicas"
     ).fetchone()
-    assert isinstance(raw[0], str) and raw[0].startswith("{")
+    assert json.loads(raw[0]) == _replica().layout.to_dict()  # one JSON round trip
     assert raw[1] == "a100"
-    with pytest.raises(TypeError):
-        store.add_replica(_replica("r9", layout={"obj": object()}))
+    assert store.replica("r1").layout == _replica().layout
+    store.add_replica(_replica("r2", layout=None))  # adopted without a spec: layout unknown
+    assert store.replica("r2").layout is None
 
 
 def test_multi_stage_partitions_round_trip(store):
@@ -212,11 +221,13 @@ def test_startup_observations_newest_first(store):
 
 
 def test_exclusions_expire_and_replace(store):
-    store.set_exclusion(Exclusion("template:t1", "crash_cooldown", 0.0, 100.0, "3 crashes"))
-    store.set_exclusion(Exclusion("shape:a100/a100:4", "pending_timeout", 0.0, 50.0, "pending"))
-    assert {e.key for e in store.exclusions(now=10.0)} == {"template:t1", "shape:a100/a100:4"}
-    assert [e.key for e in store.exclusions(now=60.0)] == ["template:t1"]
-    store.set_exclusion(Exclusion("template:t1", "crash_cooldown", 70.0, 300.0, "again"))
+    t1, shape = TemplateExclusion("t1"), ShapeExclusion("t2", ("a100", "v100"))
+    store.set_exclusion(Exclusion(t1, ExclusionKind.CRASH_COOLDOWN, 0.0, 100.0, "3 crashes"))
+    store.set_exclusion(Exclusion(shape, ExclusionKind.PENDING_TIMEOUT, 0.0, 50.0, "pending"))
+    assert {(e.target, e.kind) for e in store.exclusions(now=10.0)} == {
+        (t1, ExclusionKind.CRASH_COOLDOWN), (shape, ExclusionKind.PENDING_TIMEOUT)}
+    assert [e.target for e in store.exclusions(now=60.0)] == [t1]
+    store.set_exclusion(Exclusion(t1, ExclusionKind.CRASH_COOLDOWN, 70.0, 300.0, "again"))
     (only,) = store.exclusions(now=200.0)
     assert (only.since, only.until, only.reason) == (70.0, 300.0, "again")
 
@@ -228,7 +239,7 @@ def test_rows_survive_a_killed_writer(tmp_path):
         "import os, signal\n"
         "from coral_hpc.store import open_store, ReplicaRecord\n"
         f"s = open_store({str(db)!r})\n"
-        "s.add_replica(ReplicaRecord(id='r1', model='m', template_id='t', layout={}, "
+        "s.add_replica(ReplicaRecord(id='r1', model='m', template_id='t', layout=None, "
         "partitions=('p',), throughput=1.0, cost_per_hour=1.0, created_at=1.0))\n"
         "s.add_event(1.0, 'submit', 'x')\n"
         "os.kill(os.getpid(), signal.SIGKILL)\n"

@@ -1,4 +1,4 @@
-"""The real planner (coral_hpc.daemon.planner) without Slurm: solver inputs from a snapshot built
+"""The one planner (coral_hpc.plan.planner) without Slurm: solver inputs from a snapshot built
 from recorded Slurm 22.05 output, and whole plans for the example deployment on the local
 cluster's shape, through the real Stage 1 (cached in a temp folder) and Stage 2."""
 
@@ -9,10 +9,9 @@ from dataclasses import replace
 import pytest
 
 from coral_hpc.config import load_deployment
-from coral_hpc.daemon.core import PlanRequest
-from coral_hpc.daemon.planner import PlanningError, SolverPlanner, solver_inputs
-from coral_hpc.plan import excluded_stages, placeable
 from coral_hpc.demand import Mix, ModelDemand, deployment_demand
+from coral_hpc.plan.inputs import excluded_stages, placeable
+from coral_hpc.plan.planner import Planner, PlanningError, PlanRequest
 from solver.types import Cluster, NodeGroup, Stage, Template
 from tests.conftest import REPO
 from tests.unit.test_slurm_snapshot import client
@@ -43,7 +42,11 @@ def request(snapshot, running=(), templates=frozenset(), shapes=frozenset(), dem
 
 @pytest.fixture(scope="module")
 def planner(tmp_path_factory):
-    return SolverPlanner(cache_dir=tmp_path_factory.mktemp("templates"))
+    return Planner(cache_dir=tmp_path_factory.mktemp("templates"))
+
+
+def solver_inputs(req):
+    return Planner().inputs(req)
 
 
 # --------------------------------------------------------------------------- snapshot → cluster
@@ -149,7 +152,7 @@ def test_the_example_is_planned_on_the_local_cluster_shape(planner):
     by_model = {}
     for slot in outcome.desired.slots:
         by_model.setdefault(slot.model, []).append(slot)
-        assert slot.layout["pp"] == len(slot.partitions) == len(slot.layout["stages"])
+        assert slot.layout.pp == len(slot.partitions) == len(slot.layout.stages)
     assert sorted(by_model) == ["llama-70b", "phi-4", "qwen3-8b"]
     demand = deployment_demand(load_deployment(EXAMPLE), [])
     for model, slots in by_model.items():
@@ -159,8 +162,7 @@ def test_the_example_is_planned_on_the_local_cluster_shape(planner):
         sum(s.count * s.cost_per_hour for s in outcome.desired.slots))
     # every planned template can give each stage a node of its own (one a100-80g node here)
     for slot in outcome.desired.slots:
-        gpus = [s["gpu_type"] for s in slot.layout["stages"]]
-        assert gpus.count("a100-80g") <= 1
+        assert slot.layout.gpu_types.count("a100-80g") <= 1
 
 
 def test_a_template_on_cool_down_is_not_planned(planner):
@@ -186,7 +188,7 @@ def test_a_running_replica_is_kept_rather_than_moved_to_a_cheaper_place(planner)
     first = planner(request(snapshot))
     chosen = {(s.template_id, s.partitions) for s in first.desired.slots}
     # a single-stage phi-4 template the optimal plan left out
-    dearer = next(t for t in planner.last["library"]["phi-4"]
+    dearer = next(t for t in first.solved.library["phi-4"]
                   if t.pp == 1 and (t.id, (_partition(t),)) not in chosen)
     running = ((dearer.id, (_partition(dearer),)),)
     kept = planner(request(snapshot, running=running, startup_s=1e6))
@@ -203,8 +205,8 @@ def test_demand_is_planned_with_the_measured_mix(planner):
     snapshot = idle(recorded_snapshot())
     base = deployment_demand(load_deployment(EXAMPLE), [])
     longer = {**base, "qwen3-8b": ModelDemand("qwen3-8b", 4.0, 4.8, Mix(4096, 1024), "measured")}
-    planner(request(snapshot, demand=longer))
-    spec = next(m for m in planner.last["models"] if m.name == "qwen3-8b")
+    outcome = planner(request(snapshot, demand=longer))
+    spec = next(m for m in outcome.solved.models if m.name == "qwen3-8b")
     assert (spec.input_tokens, spec.output_tokens, spec.demand_rps) == (4096, 1024, 4.8)
 
 

@@ -1,42 +1,33 @@
-"""Deployment + ClusterSnapshot (+ demand) → solver inputs → a plan, and the plan as data.
-
-The one adapter between coral-hpc and the pure ``solver`` package (ARCHITECTURE.md):
+"""Deployment + ClusterSnapshot (+ demand) → the solver's inputs.
 
 - :func:`model_specs`: configured models with the demand (requests/s of their mix) to plan for;
-- :func:`cluster_from_snapshot`: node groups with available GPUs per node (free + held by this
-  deployment's running replicas, 0 on nodes that are down or draining), the configured
-  partitions Slurm knows with their prices (per GPU-hour, or Slurm billing of the replica job
-  shape: GPUs, ``cpus_per_gpu`` × GPUs CPUs, ``mem_per_gpu_gb`` × GPUs memory, per hour with the
-  partition's TRESBillingWeights), deployment quotas and the account's QOS/association GPU
-  limits, and the running replicas (start-up penalty);
-- :func:`plan_deployment`: Stage 1 (disk cache) and Stage 2, checked by the independent checker;
-- :func:`plan_json` / :func:`templates_json`: the ``coral-hpc plan --json`` and
-  ``--export-templates`` documents.
+- :func:`running_of`, :func:`held_gpus`: the replicas that go on serving (the start-up penalty
+  keeps them) and the GPUs per node their RUNNING jobs hold (which count as available:
+  otherwise every epoch would churn) — one rule for ``serve`` and ``coral-hpc plan``;
+- :func:`cluster_from_snapshot`: node groups with available GPUs per node (free + held, 0 on
+  nodes that are down or draining), the configured partitions Slurm knows with their prices (per
+  GPU-hour, or Slurm billing of the replica job shape: GPUs, ``cpus_per_gpu`` × GPUs CPUs,
+  ``mem_per_gpu_gb`` × GPUs memory, per hour with the partition's TRESBillingWeights),
+  deployment quotas and the account's QOS/association GPU limits, and the running replicas;
+- :func:`fit_job_shape`, :func:`placeable`: what Slurm can actually start;
+- :func:`without_templates`, :func:`excluded_stages`: exclusions (cool-downs, refused shapes);
+- :func:`policy_of`: the solver policy (K = start-up time ÷ re-plan interval).
 """
 
 from __future__ import annotations
 
-import time
 from collections import Counter
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import replace
 
-from coral_hpc import availability
 from coral_hpc.config import Deployment
-from coral_hpc.demand import deployment_demand
-from coral_hpc.slurm.snapshot import ClusterSnapshot
-from solver.allocate import allocate
+from coral_hpc.slurm.snapshot import ClusterSnapshot, JobInfo
 from solver.catalog import gpu_memory_gb
-from solver.check import check_plan
-from solver.templates import PerfThroughput, ThroughputModel, build_library
 from solver.types import (
     Billing,
     Cluster,
     ModelSpec,
     NodeGroup,
-    Plan,
     Policy,
     Quota,
     RunningReplica,
@@ -75,24 +66,58 @@ def billing_of(weights: Mapping[str, float], cpus_per_gpu: int, mem_per_gpu_gb: 
                    cpus_per_gpu=cpus_per_gpu, mem_per_gpu_gb=float(mem_per_gpu_gb))
 
 
-def own_running(snapshot: ClusterSnapshot) -> tuple[tuple[RunningReplica, ...], dict[str, int]]:
-    """This deployment's RUNNING replicas (template, partition per stage) and the GPUs they hold
-    per node (which count as available: otherwise every epoch would churn)."""
-    counts: Counter = Counter()
+#: (template id, partition of each stage) of one replica
+ReplicaKey = tuple[str, tuple[str, ...]]
+
+
+def job_partitions(job: JobInfo) -> tuple[str, ...]:
+    """The partition of each stage of one of our jobs: a hetjob's components, or one partition
+    per node of a homogeneous job (one stage per node)."""
+    if job.components:
+        return tuple(c.partition for c in job.components)
+    return (job.partition,) * max(job.num_nodes, 1)
+
+
+def running_of(snapshot: ClusterSnapshot) -> tuple[ReplicaKey, ...]:
+    """The replicas that go on serving as far as a snapshot alone tells (``coral-hpc plan``):
+    this deployment's tagged jobs that run or wait to run. ``serve`` knows more (walltime,
+    health, pending timeouts) and passes its own list."""
+    return tuple(sorted((job.tag.template_id, job_partitions(job)) for job in snapshot.jobs
+                        if job.tag is not None and job.tag.template_id
+                        and job.state in ("RUNNING", "PENDING")))
+
+
+def running_replicas(running: tuple[ReplicaKey, ...]) -> tuple[RunningReplica, ...]:
+    """``running`` counted per (template, partitions), as the solver takes it."""
+    counts = Counter(running)
+    return tuple(RunningReplica(template_id, tuple(partitions), count)
+                 for (template_id, partitions), count in sorted(counts.items()))
+
+
+def held_gpus(snapshot: ClusterSnapshot, running: tuple[ReplicaKey, ...]) -> dict[str, int]:
+    """GPUs per node held by the RUNNING jobs of the replicas that go on serving: per (template,
+    partitions), as many jobs as ``running`` lists, oldest first. A replica being replaced keeps
+    its GPUs until its successor is READY, so they must not be planned for the successor."""
+    wanted = Counter(running)
     held: Counter = Counter()
-    for job in snapshot.jobs:
-        if job.tag is None or not job.tag.template_id or job.state != "RUNNING":
+    jobs = sorted((j for j in snapshot.jobs if j.tag is not None and j.state == "RUNNING"),
+                  key=lambda j: (j.start_time or 0.0, j.job_id))
+    for job in jobs:
+        assert job.tag is not None
+        parts = job_partitions(job)
+        key = (job.tag.template_id, parts)
+        if wanted[key] <= 0:
+            # a record may name a homogeneous job's partitions another way round
+            key = next((k for k in wanted if k[0] == job.tag.template_id and wanted[k] > 0
+                        and set(k[1]) == set(parts)), key)
+        if wanted[key] <= 0:
             continue
-        components = job.components or (job,)
-        parts = tuple(c.partition for c in components)
-        if not job.components and job.num_nodes > 1:
-            parts = (job.partition,) * job.num_nodes  # one stage per node
-        counts[(job.tag.template_id, parts)] += 1
-        for component in components:
-            for node in component.nodes:
-                held[node] += component.gpus // max(len(component.nodes), 1)
-    running = tuple(RunningReplica(tid, parts, n) for (tid, parts), n in sorted(counts.items()))
-    return running, dict(held)
+        wanted[key] -= 1
+        for component in job.components or (job,):
+            nodes = component.nodes
+            for node in nodes:
+                held[node] += component.gpus // max(len(nodes), 1)
+    return dict(held)
 
 
 def cluster_from_snapshot(deployment: Deployment, snapshot: ClusterSnapshot,
@@ -103,7 +128,8 @@ def cluster_from_snapshot(deployment: Deployment, snapshot: ClusterSnapshot,
     Nodes are grouped by (GPU type, GPUs per node, GPU memory, configured partitions holding them),
     so each solver node group is one set of interchangeable nodes and each node appears once."""
     if running is None or held is None:
-        running, held = own_running(snapshot)
+        keys = running_of(snapshot)
+        running, held = running_replicas(keys), held_gpus(snapshot, keys)
     configured = {p.name: p for p in deployment.cluster.partitions}
     slurm_parts = {p.name: p for p in snapshot.partitions}
     groups: dict[tuple, list[tuple[str, int]]] = {}
@@ -237,134 +263,3 @@ def policy_of(deployment: Deployment, startup_s: float | None = None) -> Policy:
                   startup_penalty=startup / p.replan_interval_s,
                   time_limit_s=p.solver_time_limit_s, mip_gap=p.solver_mip_gap,
                   replan_interval_s=p.replan_interval_s, max_queue_wait_s=p.max_queue_wait_s)
-
-
-@dataclass(frozen=True)
-class PlanResult:
-    """A plan and everything that produced it."""
-
-    models: list[ModelSpec]
-    cluster: Cluster
-    policy: Policy
-    library: dict[str, list[Template]]
-    plan: Plan
-    stage1_s: float
-    stage2_s: float
-    problems: list[str]  #: the independent checker's findings (empty = accepted)
-    unit: str  #: "gpu_hour" or "billing"
-    #: what the plan could not use or had to adjust, each naming the node, partition or field
-    warnings: list[str] = field(default_factory=list)
-    #: Slurm's start estimates the plan used (sbatch --test-only)
-    estimates: tuple = ()
-
-
-def plan_deployment(deployment: Deployment, snapshot: ClusterSnapshot,
-                    demand_rps: Mapping[str, float] | None = None,
-                    cache_dir: Path | None = None,
-                    throughput: ThroughputModel | None = None,
-                    progress: Callable[[str, int, int], None] | None = None,
-                    prober: Any = None) -> PlanResult:
-    """Stage 1 (cached on disk) then Stage 2 for this deployment on this snapshot, checked.
-
-    Without ``demand_rps`` it plans for what ``serve`` plans for at start: the declared demand
-    with the policy's headroom (``demand: auto`` models count 0 until measured). ``prober``
-    (a :class:`coral_hpc.slurm.availability.StartProber`) asks Slurm when each job shape would
-    start; without one, the estimates saved in the snapshot are used."""
-    if demand_rps is None:
-        demand_rps = {name: d.planned_rps for name, d in deployment_demand(deployment, ()).items()}
-    snapshot, warnings = availability.type_untyped_nodes(deployment, snapshot)
-    warnings += availability.config_warnings(deployment, snapshot)
-    models = model_specs(deployment, demand_rps)
-    running, held = own_running(snapshot)
-    cluster = cluster_from_snapshot(deployment, snapshot, running, held)
-    # the same rules `serve` plans with: a node offers only the GPUs whose CPU and memory share
-    # it can also give, and every stage of a replica needs a node of its own
-    cluster = fit_job_shape(cluster, snapshot, held, deployment.cluster.cpus_per_gpu,
-                            deployment.cluster.mem_per_gpu_gb)
-    cluster = availability.with_site_rules(deployment, snapshot, cluster)
-    policy = policy_of(deployment)
-    tm = throughput if throughput is not None else PerfThroughput()
-    began = time.perf_counter()
-    library = build_library(models, cluster.gpu_types(), policy, tm, cache_dir=cache_dir,
-                            progress=progress)
-    estimates = snapshot.estimates
-    if prober is not None:
-        estimates = prober.estimates(availability.probe_shapes(deployment, snapshot, library))
-    cluster = availability.with_estimates(cluster, estimates, policy.max_queue_wait_s)
-    library = placeable(library, cluster)
-    stage1 = time.perf_counter() - began
-    plan = allocate(models, library, cluster, policy)
-    stage2 = time.perf_counter() - began - stage1
-    problems = check_plan(plan, models, cluster, library, tm)
-    return PlanResult(models, cluster, policy, library, plan, stage1, stage2, problems,
-                      deployment.cluster.price_unit, warnings, tuple(estimates))
-
-
-def plan_json(result: PlanResult) -> dict[str, Any]:
-    """The ``coral-hpc plan --json`` document (demand and throughput in requests/s of each
-    model's mix; cost per hour in the deployment's unit)."""
-    plan = result.plan
-
-    def row_json(row: Any, queued: bool) -> dict[str, Any]:
-        return {
-            "model": row.model,
-            "template": row.template.id,
-            "partition": ",".join(dict.fromkeys(row.partitions)),
-            "count": row.count,
-            "throughput": row.throughput,
-            "cost_per_hour": row.cost_per_hour,
-            "tp": row.template.tp,
-            "pp": row.template.pp,
-            "layer_partition": row.template.layer_partition,
-            "calibrated": row.template.calibrated,
-            "stages": [{"gpu_type": s.gpu_type, "gpus": row.template.tp, "layers": s.layers,
-                        "partition": p} for s, p in zip(row.template.stages, row.partitions)],
-            "nodes": [list(n) for n in row.nodes],
-            "expected_wait_s": row.wait_s,
-            "start": availability.start_label(row.wait_s, queued),
-            "queued": queued,
-        }
-
-    return {
-        "mode": plan.status,
-        "cost_per_hour": plan.cost_per_hour,
-        "cost_unit": result.unit,
-        "solve_seconds": {"stage1": result.stage1_s, "stage2": result.stage2_s},
-        "gap": plan.gap if plan.gap != float("inf") else None,
-        "models": [{"name": m.name, "demand": m.demand_rps, "served": plan.served[m.name],
-                    "capacity": plan.capacity[m.name]} for m in result.models],
-        "replicas": [row_json(row, False) for row in plan.rows]
-        + [row_json(row, True) for row in plan.queued],
-        "binding": list(plan.binding),
-        "checker_problems": result.problems,
-        "warnings": list(result.warnings),
-    }
-
-
-def templates_json(result: PlanResult) -> dict[str, Any]:
-    """The Stage-1 library for ``--export-templates``: per template its model, GPUs used per
-    configuration (GPU type and GPUs on one node → stages), throughput and price per partition
-    where every stage could run, so anyone can re-solve Stage 2 independently."""
-    partitions = [p for p in result.cluster.partitions if p.usable]
-    out = []
-    for model in result.models:
-        for t in result.library.get(model.name, []):
-            price = {}
-            for p in partitions:
-                costs = [p.stage_cost(s.gpu_type, t.tp) for s in t.stages]
-                if all(c is not None for c in costs):
-                    price[p.name] = sum(costs)
-            out.append({
-                "id": t.id, "model": t.model, "tp": t.tp, "pp": t.pp,
-                "usage": [{"gpu_type": g, "gpus": tp, "stages": n}
-                          for (g, tp), n in sorted(t.usage().items())],
-                "stages": [{"gpu_type": s.gpu_type, "layers": s.layers} for s in t.stages],
-                "layer_partition": t.layer_partition,
-                "throughput": t.throughput,
-                "calibrated": t.calibrated,
-                "price_per_hour": price,
-            })
-    return {"cost_unit": result.unit,
-            "models": [{"name": m.name, "demand": m.demand_rps, "architecture": m.arch}
-                       for m in result.models],
-            "templates": out}

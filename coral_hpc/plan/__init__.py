@@ -1,0 +1,16 @@
+"""The one planner: deployment + Slurm snapshot + demand → solver inputs → Stage 1 → Stage 2 →
+independent check → the plan the daemon acts on (ARCHITECTURE.md, "Layers").
+
+Both ``coral-hpc serve`` and ``coral-hpc plan`` plan through :class:`planner.Planner`
+(:class:`planner.PlanRequest` in, :class:`planner.PlanOutcome` out); no other package plans.
+
+- :mod:`.inputs` — the solver's models, cluster (available GPUs, partitions, prices, quotas,
+  the replicas that go on serving and the GPUs they hold) and policy;
+- :mod:`.planner` — the request, the outcome and the planner itself;
+- :mod:`.layout` — a plan row's :class:`~coral_hpc.types.ReplicaLayout` (dtype derived here);
+- :mod:`.desired` — the plan as slots the decide step matches replicas against (pure data: the
+  decide step imports it without importing the solver);
+- :mod:`.report` — the ``coral-hpc plan --json`` and ``--export-templates`` documents.
+
+This file imports nothing, so the decide step can read :mod:`.desired` without the solver.
+"""

@@ -1,0 +1,34 @@
+"""A plan row's :class:`~coral_hpc.types.ReplicaLayout`: the one place a replica's layout, and
+its vLLM dtype, are derived from the solver's template."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from coral_hpc.types import ReplicaLayout, StageLayout
+from solver import catalog, perf
+from solver.types import Template
+
+
+def layout_dtype(arch: str, gpu_types: Sequence[str]) -> str:
+    """vLLM ``--dtype`` for ``arch`` on these stages, from the solver's own rule
+    (:func:`solver.perf.engine_dtype`): ``half`` when any stage's GPU lacks bf16 (V100, T4:
+    vLLM refuses bf16 there, and every stage of a pipeline must agree), else ``auto`` (the
+    checkpoint's own dtype)."""
+    model = catalog.model_arch(arch)
+    for gpu in gpu_types:
+        if perf.engine_dtype(model, catalog.gpu_spec(gpu)) == "half":
+            return "half"
+    return "auto"
+
+
+def layout_of(template: Template, partitions: Sequence[str], arch: str,
+              role: str = "both") -> ReplicaLayout:
+    """The layout of ``template`` with stage ``i`` on ``partitions[i]``."""
+    if len(partitions) != len(template.stages):
+        raise ValueError(f"{template.id}: {len(template.stages)} stages but partitions "
+                         f"{list(partitions)}")
+    stages = tuple(StageLayout(p, s.gpu_type, int(s.layers))
+                   for s, p in zip(template.stages, partitions))
+    return ReplicaLayout(int(template.tp), stages,
+                         layout_dtype(arch, [s.gpu_type for s in template.stages]), role)

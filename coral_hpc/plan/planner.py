@@ -1,0 +1,224 @@
+"""The planner ``serve`` and ``coral-hpc plan`` share: :class:`PlanRequest` → Stage 1 → Stage 2 →
+check → :class:`PlanOutcome`.
+
+1. Solver inputs from the request (:mod:`coral_hpc.plan.inputs`): models with the demand and mix
+   to plan for; the cluster's available GPUs (free + held by the replicas that go on serving,
+   capped by the CPUs and memory a replica asks per GPU), partitions, prices and quotas; the
+   policy with K = start-up time ÷ re-plan interval.
+2. Stage 1, :func:`solver.templates.build_library`, cached on disk by a hash of everything it
+   depends on (so a re-plan that only moved demand, prices or free GPUs reads JSON files).
+3. Templates on crash cool-down leave the library, and so do templates some stage of which finds
+   no node with room; (template, partitions) shapes that sat pending past the timeout, or that
+   Slurm refused, leave the cluster (``Cluster.excluded_stages``).
+4. Availability on a busy cluster (:mod:`coral_hpc.plan.availability`): Slurm's start estimate
+   per job shape (``sbatch --test-only`` within the probe budget, or those saved in the
+   snapshot) turns busy nodes Slurm gives us within ``policy.max_queue_wait_s`` into capacity
+   with a wait, which Stage 2 prices; site limits (MaxTRES, MaxNodes, MaxJobs/MaxSubmit,
+   partition QOS) and engine-environment groups bind.
+5. Stage 2, :func:`solver.allocate.allocate`, with the replicas that go on serving as ``running``;
+   a model left with nothing gets one replica queued where Slurm expects to start it first.
+6. The independent checker (:func:`solver.check.check_plan`) re-verifies the plan, re-checking
+   every planned template's throughput with the same throughput model.
+
+:meth:`Planner.solve` returns every outcome (``coral-hpc plan`` prints a rejected plan and exits
+1); calling the planner (``serve``'s seam) raises :class:`PlanningError` for a plan the daemon
+must not act on — no plan at all, or one the checker rejected: an empty plan would drain every
+replica, so the daemon keeps its current plan and retries with backoff.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from coral_hpc.config import Deployment
+from coral_hpc.demand import ModelDemand, deployment_demand
+from coral_hpc.errors import CoralError
+from coral_hpc.plan import availability, inputs
+from coral_hpc.plan.desired import DesiredPlan, Slot
+from coral_hpc.plan.layout import layout_of
+from coral_hpc.slurm.snapshot import ClusterSnapshot
+from solver.allocate import allocate
+from solver.check import check_plan
+from solver.templates import PerfThroughput, ThroughputModel, build_library
+from solver.types import Cluster, ModelSpec, Plan, Policy, Template
+
+
+class PlanningError(CoralError):
+    """No plan the daemon may act on: the solver found none, or the checker rejected it."""
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """What the planner is asked each time the plan is out of date."""
+
+    deployment: Deployment
+    snapshot: ClusterSnapshot
+    demand: Mapping[str, ModelDemand]
+    #: replicas that will go on serving: (template id, partition of each stage) each
+    running: tuple[inputs.ReplicaKey, ...]
+    excluded_templates: frozenset[str]
+    excluded_shapes: frozenset[inputs.ReplicaKey]
+    startup_s: float
+
+    @classmethod
+    def from_snapshot(cls, deployment: Deployment, snapshot: ClusterSnapshot) -> PlanRequest:
+        """What ``serve`` would be asked at start on this snapshot (``coral-hpc plan``): the
+        declared demand with the policy's headroom (``demand: auto`` models count 0 until
+        measured), this deployment's live jobs as the replicas that go on serving, no
+        exclusions, and the configured start-up time."""
+        return cls(deployment, snapshot, deployment_demand(deployment, ()),
+                   inputs.running_of(snapshot), frozenset(), frozenset(),
+                   deployment.policy.startup_time_s)
+
+
+@dataclass(frozen=True)
+class Solved:
+    """The solver objects behind a plan (for ``coral-hpc plan``'s documents and for tests)."""
+
+    models: list[ModelSpec]
+    cluster: Cluster
+    policy: Policy
+    library: dict[str, list[Template]]
+    plan: Plan
+    stage1_s: float
+    stage2_s: float
+    unit: str  #: "gpu_hour" or "billing"
+    #: what the plan could not use or had to adjust, each naming the node, partition or field
+    warnings: tuple[str, ...] = ()
+    #: Slurm's start estimates the plan used (sbatch --test-only)
+    estimates: tuple = ()
+
+
+@dataclass(frozen=True)
+class PlanOutcome:
+    """A plan and what it promises."""
+
+    desired: DesiredPlan
+    cost_per_hour: float
+    solve_s: float
+    status: str
+    served: dict[str, float] = field(default_factory=dict)
+    #: the independent checker's findings (empty = accepted)
+    problems: tuple[str, ...] = ()
+    solved: Solved | None = None
+
+
+def desired_plan(plan: Plan, models: list[ModelSpec], now: float,
+                 time_limit_of: Callable[[tuple[str, ...]], int] | None = None) -> DesiredPlan:
+    """The Stage-2 plan as slots, each with its layout; rows with count 0 are dropped. Queued
+    rows (``plan.queued``: nothing starts within the horizon) are slots too, marked ``queued``:
+    they are submitted now and wait in Slurm's queue. ``time_limit_of(partitions)`` gives a
+    slot's job time limit when the partitions' MaxTime clips the configured one."""
+    arch = {m.name: m.arch for m in models}
+    rows = [(row, False) for row in plan.rows] + [(row, True) for row in plan.queued]
+    return DesiredPlan(time=now, slots=tuple(
+        Slot(model=row.template.model, template_id=row.template.id, count=int(row.count),
+             throughput=float(row.template.throughput), cost_per_hour=float(row.cost_per_hour),
+             layout=layout_of(row.template, row.partitions, arch[row.template.model]),
+             time_limit_s=time_limit_of(tuple(row.partitions)) if time_limit_of else None,
+             expected_wait_s=float(row.wait_s), queued=queued)
+        for row, queued in rows if row.count > 0))
+
+
+class Planner:
+    """Coral's two stages. Holds the throughput model (its tables are built once) and where
+    Stage 1 caches; the constructor solves nothing."""
+
+    def __init__(self, cache_dir: Path | None = None, throughput: ThroughputModel | None = None,
+                 backend: str = "highs",
+                 progress: Callable[[str, int, int], None] | None = None,
+                 probe: bool = False, prober: Any = None):
+        self.cache_dir = cache_dir
+        self.throughput = throughput
+        self.backend = backend
+        self.progress = progress
+        #: ask Slurm when each job shape would start (``sbatch --test-only``, within the
+        #: deployment's ``slurm.probe_calls_per_min``); off, the snapshot's saved estimates count
+        self.probe = probe
+        self.prober = prober
+
+    def _prober(self, deployment: Deployment) -> Any:
+        if self.prober is None and self.probe:
+            from coral_hpc.slurm import client_for_deployment
+            from coral_hpc.slurm.availability import StartProber
+
+            self.prober = StartProber(
+                client_for_deployment(deployment),
+                calls_per_min=deployment.cluster.slurm.probe_calls_per_min,
+                ttl_s=deployment.policy.replan_interval_s)
+        return self.prober
+
+    def _model(self) -> ThroughputModel:
+        if self.throughput is None:
+            self.throughput = PerfThroughput()
+        return self.throughput
+
+    def inputs(self, request: PlanRequest) -> tuple[list[ModelSpec], Cluster, Policy]:
+        """Models, cluster and policy for this request (see the module docstring)."""
+        deployment = request.deployment
+        models = inputs.model_specs(
+            deployment,
+            {name: item.planned_rps for name, item in request.demand.items()},
+            {name: (item.mix.input_tokens, item.mix.output_tokens)
+             for name, item in request.demand.items()},
+        )
+        snapshot, _ = availability.type_untyped_nodes(deployment, request.snapshot)
+        held = inputs.held_gpus(snapshot, request.running)
+        cluster = inputs.cluster_from_snapshot(deployment, snapshot,
+                                               inputs.running_replicas(request.running), held)
+        cluster = inputs.fit_job_shape(cluster, snapshot, held,
+                                       deployment.cluster.cpus_per_gpu,
+                                       deployment.cluster.mem_per_gpu_gb)
+        cluster = availability.with_site_rules(deployment, snapshot, cluster)
+        return models, cluster, inputs.policy_of(deployment, request.startup_s)
+
+    def solve(self, request: PlanRequest) -> PlanOutcome:
+        """Plan once; the outcome carries the checker's findings instead of raising."""
+        began = time.perf_counter()
+        models, cluster, policy = self.inputs(request)
+        throughput = self._model()
+        library = build_library(models, cluster.gpu_types(), policy, throughput,
+                                cache_dir=self.cache_dir, progress=self.progress)
+        library = inputs.without_templates(library, request.excluded_templates)
+        deployment = request.deployment
+        snapshot, warnings = availability.type_untyped_nodes(deployment, request.snapshot)
+        warnings += availability.config_warnings(deployment, snapshot)
+        estimates = snapshot.estimates
+        prober = self._prober(deployment)
+        if prober is not None:
+            estimates = prober.estimates(availability.probe_shapes(deployment, snapshot, library))
+        cluster = availability.with_estimates(cluster, estimates, policy.max_queue_wait_s)
+        library = inputs.placeable(library, cluster)
+        cluster = replace(cluster, excluded_stages=inputs.excluded_stages(
+            library, request.excluded_shapes))
+        stage1 = time.perf_counter() - began
+        plan = allocate(models, library, cluster, policy, backend=self.backend)
+        stage2 = time.perf_counter() - began - stage1
+        problems = tuple(check_plan(plan, models, cluster, library, throughput))
+        return PlanOutcome(
+            desired=desired_plan(plan, models, time.time(),
+                                 lambda parts: availability.time_limit_for(deployment, snapshot, parts)),
+            cost_per_hour=plan.cost_per_hour,
+            solve_s=time.perf_counter() - began,
+            status=plan.status,
+            served=dict(plan.served),
+            problems=problems,
+            solved=Solved(models, cluster, policy, library, plan, stage1, stage2,
+                          request.deployment.cluster.price_unit, tuple(warnings), tuple(estimates)),
+        )
+
+    def __call__(self, request: PlanRequest) -> PlanOutcome:
+        """``serve``'s seam: a plan the daemon may act on, or :class:`PlanningError`."""
+        outcome = self.solve(request)
+        if outcome.status in ("infeasible", "no_solution"):
+            plan = outcome.solved.plan if outcome.solved else None
+            raise PlanningError(f"Stage 2 found no plan ({outcome.status}): "
+                                + ("; ".join(plan.binding if plan else ()) or "no reason given"))
+        if outcome.problems:
+            raise PlanningError("the plan failed the independent check: "
+                                + "; ".join(outcome.problems))
+        return outcome

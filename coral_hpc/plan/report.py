@@ -1,0 +1,91 @@
+"""The ``coral-hpc plan --json`` and ``--export-templates`` documents of a :class:`PlanOutcome`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from coral_hpc.plan.availability import start_label
+from coral_hpc.plan.layout import layout_of
+from coral_hpc.plan.planner import PlanOutcome, Solved
+
+
+def _solved(outcome: PlanOutcome) -> Solved:
+    if outcome.solved is None:
+        raise ValueError("this outcome carries no solver objects (not made by Planner.solve)")
+    return outcome.solved
+
+
+def plan_json(outcome: PlanOutcome) -> dict[str, Any]:
+    """The ``coral-hpc plan --json`` document (demand and throughput in requests/s of each
+    model's mix; cost per hour in the deployment's unit). Each replica row's layout is the one
+    ``serve`` would launch (:class:`~coral_hpc.types.ReplicaLayout`)."""
+    solved = _solved(outcome)
+    plan = solved.plan
+    arch = {m.name: m.arch for m in solved.models}
+    replicas = []
+    for row, queued in [(r, False) for r in plan.rows] + [(r, True) for r in plan.queued]:
+        layout = layout_of(row.template, row.partitions, arch[row.model])
+        replicas.append({
+            "model": row.model,
+            "template": row.template.id,
+            "partition": ",".join(dict.fromkeys(row.partitions)),
+            "count": row.count,
+            "throughput": row.throughput,
+            "cost_per_hour": row.cost_per_hour,
+            "tp": row.template.tp,
+            "pp": row.template.pp,
+            "layer_partition": layout.layer_partition,
+            "dtype": layout.dtype,
+            "role": layout.role,
+            "calibrated": row.template.calibrated,
+            "stages": [{"gpu_type": s.gpu_type, "gpus": layout.tp, "layers": s.layers,
+                        "partition": s.partition} for s in layout.stages],
+            "nodes": [list(n) for n in row.nodes],
+            # Slurm's estimate when the replica starts: now, within the horizon, or queued
+            "expected_wait_s": row.wait_s,
+            "start": start_label(row.wait_s, queued),
+            "queued": queued,
+        })
+    return {
+        "mode": plan.status,
+        "cost_per_hour": plan.cost_per_hour,
+        "cost_unit": solved.unit,
+        "solve_seconds": {"stage1": solved.stage1_s, "stage2": solved.stage2_s},
+        "gap": plan.gap if plan.gap != float("inf") else None,
+        "models": [{"name": m.name, "demand": m.demand_rps, "served": plan.served[m.name],
+                    "capacity": plan.capacity[m.name]} for m in solved.models],
+        "replicas": replicas,
+        "binding": list(plan.binding),
+        "checker_problems": list(outcome.problems),
+        "warnings": list(solved.warnings),
+    }
+
+
+def templates_json(outcome: PlanOutcome) -> dict[str, Any]:
+    """The Stage-1 library for ``--export-templates``: per template its model, GPUs used per
+    configuration (GPU type and GPUs on one node → stages), throughput and price per partition
+    where every stage could run, so anyone can re-solve Stage 2 independently."""
+    solved = _solved(outcome)
+    partitions = [p for p in solved.cluster.partitions if p.usable]
+    out = []
+    for model in solved.models:
+        for t in solved.library.get(model.name, []):
+            price = {}
+            for p in partitions:
+                costs = [p.stage_cost(s.gpu_type, t.tp) for s in t.stages]
+                if all(c is not None for c in costs):
+                    price[p.name] = sum(c for c in costs if c is not None)
+            out.append({
+                "id": t.id, "model": t.model, "tp": t.tp, "pp": t.pp,
+                "usage": [{"gpu_type": g, "gpus": tp, "stages": n}
+                          for (g, tp), n in sorted(t.usage().items())],
+                "stages": [{"gpu_type": s.gpu_type, "layers": s.layers} for s in t.stages],
+                "layer_partition": t.layer_partition,
+                "throughput": t.throughput,
+                "calibrated": t.calibrated,
+                "price_per_hour": price,
+            })
+    return {"cost_unit": solved.unit,
+            "models": [{"name": m.name, "demand": m.demand_rps, "architecture": m.arch}
+                       for m in solved.models],
+            "templates": out}
