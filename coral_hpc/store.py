@@ -125,6 +125,14 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
         );
         """,
     ),
+    (
+        2,
+        """
+        -- when Slurm expects a pending replica's job to start (squeue --start), for status and
+        -- for moving a queued replica whose start recedes past the horizon
+        ALTER TABLE replicas ADD COLUMN expected_start REAL;
+        """,
+    ),
 )
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -164,6 +172,8 @@ class ReplicaRecord:
     cancelled_at: float | None = None
     ended_at: float | None = None
     end_state: str | None = None
+    #: while PENDING: when Slurm expects the job to start (squeue --start); None when unknown
+    expected_start: float | None = None
 
     @property
     def live(self) -> bool:
@@ -177,7 +187,7 @@ _MUTABLE_REPLICA_FIELDS = frozenset(
         "job_id", "time_limit_s", "submitted_at", "started_at", "ready_at", "endpoint",
         "slurm_state", "slurm_reason", "nodes", "last_seen_at", "health_ok_at",
         "health_failures", "drain_requested_at", "cancelled_at", "ended_at", "end_state",
-        "reason",
+        "reason", "expected_start",
     }
 )
 _REPLICA_COLUMNS = tuple(

@@ -19,6 +19,11 @@ from dataclasses import replace
 from solver.allocate_model import job_cap
 from solver.types import Cluster, ModelSpec, Plan, PlanRow, QueueOption, Template
 
+#: a queued replica of ours moves to another shape only when that one is expected to start at
+#: least this much sooner: Slurm's estimates move by minutes as jobs end early, and a job that
+#: moves starts again at the back of the queue (its priority's age factor restarts)
+MOVE_MARGIN_S = 300.0
+
 
 def _fits(option: QueueOption, template: Template, model: ModelSpec, cluster: Cluster) -> bool:
     gpu = template.stages[0].gpu_type
@@ -84,8 +89,9 @@ def queue_unplaced(plan: Plan, models: list[ModelSpec], library: dict[str, list[
                 # an estimate on nodes the plan gives others last; then the earliest start (to
                 # the minute: estimates are not finer), the cheapest per request served, the
                 # larger replica
-                key = (contended, round(option.wait_s / 60.0), cost / served, -template.throughput,
-                       template.id)
+                wait = option.wait_s - (MOVE_MARGIN_S if option.held else 0.0)
+                key = (contended, round(wait / 60.0), not option.held, cost / served,
+                       -template.throughput, template.id)
                 if best is None or key < best[0]:
                     best = (key, template, option, cost)
         if best is None:

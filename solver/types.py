@@ -163,6 +163,9 @@ class QueueOption:
     nodes: int
     wait_s: float
     node_names: tuple[str, ...] = ()
+    #: a replica of ours already waits in Slurm's queue with this shape (``wait_s`` is its own
+    #: expected start): moving it loses its place, so another shape must be clearly sooner
+    held: bool = False
 
 
 @dataclass(frozen=True)

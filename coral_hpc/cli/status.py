@@ -43,6 +43,9 @@ def status_data(deployment, store, now: float) -> dict:
             "age_s": round(now - r.created_at, 1),
             "time_left_s": None if s.time_left_s is None else round(s.time_left_s, 1),
             "throughput": r.throughput,
+            # why Slurm holds it, and when Slurm expects to start it (squeue --start)
+            "slurm_reason": r.slurm_reason if s.state is ReplicaState.PENDING else None,
+            "expected_start": r.expected_start if s.state is ReplicaState.PENDING else None,
         })
     models = []
     for m in deployment.models:
@@ -68,6 +71,8 @@ def status_data(deployment, store, now: float) -> dict:
             "partitions": row["partitions"], "planned": row["count"],
             "ready": sum(1 for r in actual if statuses[r.id].state is ReplicaState.READY),
             "live": len(actual), "cost_per_hour": row["cost_per_hour"],
+            "queued": bool(row.get("queued", False)),
+            "expected_wait_s": row.get("expected_wait_s"),
         })
     info = read_info(info_path(deployment)) if lock_is_held(lock_path(deployment)) else None
     return {
@@ -112,6 +117,19 @@ def status(file: str, as_json: bool) -> None:
     _print_tables(data)
 
 
+def _pending_note(replica: dict) -> str:
+    """``Resources, expected 14:05 (in 12 min)`` for a PENDING replica; empty otherwise."""
+    parts = []
+    if replica.get("slurm_reason"):
+        parts.append(str(replica["slurm_reason"]))
+    start = replica.get("expected_start")
+    if start:
+        minutes = max(0.0, (start - time.time()) / 60)
+        parts.append(f"expected {time.strftime('%H:%M', time.localtime(start))} "
+                     f"(in {minutes:.0f} min)")
+    return ", ".join(parts)
+
+
 def _print_tables(data: dict) -> None:
     from rich.table import Table
 
@@ -127,12 +145,12 @@ def _print_tables(data: dict) -> None:
                        str(m["ready_replicas"]), str(m["planned_replicas"]))
     console.print(models)
     replicas = Table("replica", "model", "job", "state", "partition", "tp×pp", "age",
-                     "time left", "endpoint")
+                     "time left", "endpoint / Slurm")
     for r in data["replicas"]:
         left = "" if r["time_left_s"] is None else f"{r['time_left_s'] / 60:.0f} min"
+        where = r["endpoint"] or _pending_note(r)
         replicas.add_row(r["id"], r["model"], r["job_id"] or "", r["state"], r["partition"],
-                         f"{r['tp']}×{r['pp']}", f"{r['age_s'] / 60:.0f} min", left,
-                         r["endpoint"] or "")
+                         f"{r['tp']}×{r['pp']}", f"{r['age_s'] / 60:.0f} min", left, where)
     console.print(replicas)
     plan = data["plan"]
     if plan:

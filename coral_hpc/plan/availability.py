@@ -136,13 +136,27 @@ def _wait_bucket(wait_s: float) -> float:
     return float(math.ceil(wait_s / 60.0) * 60)
 
 
+def own_queue_options(snapshot: ClusterSnapshot) -> list[QueueOption]:
+    """Where our own replicas already wait: per PENDING job of one shape (not a hetjob) with
+    Slurm's expected start (squeue --start), a queue option marked ``held``."""
+    out = []
+    for job in snapshot.jobs:
+        if job.state != "PENDING" or job.expected_start is None or job.components or not job.gpu_type:
+            continue
+        nodes = max(job.num_nodes, 1)
+        out.append(QueueOption(job.partition, job.gpu_type, max(job.gpus // nodes, 1), nodes,
+                               max(0.0, job.expected_start - snapshot.observed_at), held=True))
+    return out
+
+
 def with_estimates(cluster: Cluster, estimates: Iterable[ShapeEstimate],
-                   horizon_s: float) -> Cluster:
+                   horizon_s: float, held: Iterable[QueueOption] = ()) -> Cluster:
     """``cluster`` with Slurm's start estimates folded in.
 
     A node named by an estimate that starts within the horizon offers that shape's GPUs per
     node after that wait (when that is more than it offers now): it moves into a node group of
-    its own kind with ``wait_s``. Every estimate Slurm answered becomes a queue option."""
+    its own kind with ``wait_s``. Every estimate Slurm answered becomes a queue option, and so
+    does each shape a replica of ours already waits in (``held``, :func:`own_queue_options`)."""
     offer: dict[str, tuple[int, float]] = {}
     options = []
     for est in estimates:
@@ -183,7 +197,7 @@ def with_estimates(cluster: Cluster, estimates: Iterable[ShapeEstimate],
         replace(p, node_groups=tuple(n for g in p.node_groups for n in renamed.get(g, [g])))
         for p in cluster.partitions)
     return replace(cluster, node_groups=tuple(groups), partitions=partitions,
-                   queue_options=tuple(options))
+                   queue_options=tuple(held) + tuple(options))
 
 
 def job_limits(deployment: Deployment, snapshot: ClusterSnapshot) -> JobLimits:

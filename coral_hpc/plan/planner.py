@@ -191,7 +191,8 @@ class Planner:
         prober = self._prober(deployment)
         if prober is not None:
             estimates = prober.estimates(availability.probe_shapes(deployment, snapshot, library))
-        cluster = availability.with_estimates(cluster, estimates, policy.max_queue_wait_s)
+        cluster = availability.with_estimates(cluster, estimates, policy.max_queue_wait_s,
+                                              availability.own_queue_options(snapshot))
         library = inputs.placeable(library, cluster)
         cluster = replace(cluster, excluded_stages=inputs.excluded_stages(
             library, request.excluded_shapes))

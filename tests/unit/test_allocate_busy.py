@@ -175,3 +175,18 @@ def test_partition_max_nodes_keeps_pipelines_out_and_environments_keep_stages_to
     plan = allocate(models, library, single, EXACT)
     assert all(r.template.pp == 1 for r in plan.rows)
     assert any("MaxNodes=1 per job" in b for b in plan.binding)
+
+
+def test_a_replica_already_waiting_moves_only_for_a_clearly_sooner_shape():
+    tm = _tm()
+    models = [ModelSpec("m", "m", 100, 100, 1.0, 0.1, demand_rps=5.0)]
+    busy = (NodeGroup("a1", "a", 2, 40, ("n1",), (0,)), NodeGroup("a2", "a", 2, 40, ("n2",), (0,)))
+    parts = (Partition("p1", ("a1",), prices={"a": 1.0}), Partition("p2", ("a2",), prices={"a": 1.0}))
+    library = _library(models, Cluster(busy, parts), tm)
+    # ours waits on p1 (Slurm: 62 min); a new job on p2 would start in 60: not worth moving
+    held = QueueOption("p1", "a", 1, 1, 3720.0, held=True)
+    near = Cluster(busy, parts, queue_options=(held, QueueOption("p2", "a", 1, 1, 3600.0)))
+    assert [q.partitions for q in allocate(models, library, near, EXACT).queued] == [("p1",)]
+    # p2 in 20 minutes: clearly sooner, the queued replica moves there
+    far = Cluster(busy, parts, queue_options=(held, QueueOption("p2", "a", 1, 1, 1200.0)))
+    assert [q.partitions for q in allocate(models, library, far, EXACT).queued] == [("p2",)]
