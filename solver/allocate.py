@@ -161,6 +161,7 @@ def allocate(
     cluster: Cluster,
     policy: Policy | None = None,
     backend: str = "highs",
+    queue_library: dict[str, list[Template]] | None = None,
 ) -> Plan:
     """Stage 2: the least-cost plan meeting every demand, or the fairest when GPUs are scarce.
 
@@ -168,10 +169,44 @@ def allocate(
     ``policy.prune``); ``backend="pyomo"`` builds the same model through Pyomo (full, slower).
     GPUs Slurm gives only after a wait (node groups with ``wait_s``) pay for the wait; a model
     left with no replica gets one queued where Slurm expects to start it first
-    (:func:`solver.queue.queue_unplaced`, ``Plan.queued``).
+    (:func:`solver.queue.queue_unplaced`, ``Plan.queued``), from ``queue_library`` when given
+    (a library not narrowed to what fits in the GPUs available now: a queued job waits for its
+    nodes).
     """
     plan = _allocate(models, library, cluster, policy, backend)
-    return queue_unplaced(plan, models, library, cluster)
+    if plan.status in ("infeasible", "no_solution") and any(m.min_replicas for m in models):
+        # min_replicas that cannot all start now (a busy cluster): plan what can start, and
+        # queue the rest where Slurm starts them first, instead of no plan at all
+        relaxed = _most_min_replicas(models, library, cluster, policy, backend)
+        if relaxed is not None:
+            short = [m for m in models if relaxed.replicas(m.name) < m.min_replicas]
+            plan = replace(relaxed, status="scarce", binding=relaxed.binding + tuple(
+                f"model {m.name}: min_replicas {m.min_replicas} cannot all start now "
+                f"({relaxed.replicas(m.name)} can); the rest are queued" for m in short))
+    return queue_unplaced(plan, models, library if queue_library is None else queue_library,
+                          cluster)
+
+
+def _most_min_replicas(models, library, cluster: Cluster, policy: Policy | None,
+                       backend: str) -> Plan | None:
+    """The plan with as many of each model's ``min_replicas`` as can start now: models in
+    priority order, each raised as far as it stays feasible with those before it. None when
+    even no minimum at all has a plan."""
+    current = [replace(m, min_replicas=0) for m in models]
+    best = _allocate(current, library, cluster, policy, backend)
+    if best.status in ("infeasible", "no_solution"):
+        return None
+    for i in sorted(range(len(models)), key=lambda i: (-models[i].priority, models[i].name)):
+        for k in range(models[i].min_replicas, 0, -1):
+            if best.replicas(models[i].name) >= k:
+                current[i] = replace(current[i], min_replicas=k)
+                break
+            trial = current[:i] + [replace(current[i], min_replicas=k)] + current[i + 1:]
+            plan = _allocate(trial, library, cluster, policy, backend)
+            if plan.status not in ("infeasible", "no_solution"):
+                current, best = trial, plan
+                break
+    return best
 
 
 def _allocate(

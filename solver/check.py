@@ -115,8 +115,10 @@ def check_plan(
             problems.append(f"model {name}: served {plan.served.get(name)} but rows give {served}")
         if plan.status in ("optimal", "feasible") and capacity[name] < model.demand_rps * (1 - rel_tol):
             problems.append(f"model {name}: demand {model.demand_rps} not met ({capacity[name]})")
-        if replicas[name] < model.min_replicas:
-            problems.append(f"model {name}: {replicas[name]} replicas < min_replicas {model.min_replicas}")
+        queued = sum(row.count for row in plan.queued if row.model == name)
+        if replicas[name] + queued < model.min_replicas:
+            problems.append(f"model {name}: {replicas[name]} replicas (+{queued} queued) < "
+                            f"min_replicas {model.min_replicas}")
         if model.max_replicas is not None and replicas[name] > model.max_replicas:
             problems.append(f"model {name}: {replicas[name]} replicas > max_replicas {model.max_replicas}")
     return problems
@@ -131,9 +133,9 @@ def _check_queued(r: int, row, by_name, parts, cluster: Cluster, replicas) -> li
     if model is None:
         return [f"{where}: model {t.model} is not configured"]
     out = []
-    if replicas.get(t.model, 0) > 0:
+    if replicas.get(t.model, 0) > 0 and replicas[t.model] + row.count > model.min_replicas:
         out.append(f"{where}: {t.model} already has replicas in the plan")
-    if row.count != 1 or len(set(row.partitions)) != 1 or t.heterogeneous:
+    if row.count < 1 or len(set(row.partitions)) != 1 or t.heterogeneous:
         out.append(f"{where}: a queued replica is one job of one shape")
     for stage, p in zip(t.stages, row.partitions):
         part = parts.get(p)

@@ -67,9 +67,13 @@ def queue_unplaced(plan: Plan, models: list[ModelSpec], library: dict[str, list[
     queued: list[PlanRow] = []
     notes: list[str] = []
     for model in sorted(models, key=lambda m: (-m.priority, m.name)):
-        if placed[model.name] or (model.demand_rps <= 0 and model.min_replicas <= 0):
-            continue
-        if model.max_replicas == 0:
+        # one replica for a model with none that has something to serve, and as many as
+        # min_replicas asks beyond what the plan starts
+        wanted = max(model.min_replicas - placed[model.name],
+                     1 if not placed[model.name] and model.demand_rps > 0 else 0)
+        if model.max_replicas is not None:
+            wanted = min(wanted, model.max_replicas - placed[model.name])
+        if wanted <= 0:
             continue
         best = None
         for template in library.get(model.name, []):
@@ -98,24 +102,26 @@ def queue_unplaced(plan: Plan, models: list[ModelSpec], library: dict[str, list[
             notes.append(f"model {model.name}: nothing to queue (no Slurm estimate for a shape "
                          "of its templates)")
             continue
-        if cap is not None and jobs >= cap:
-            notes.append(f"model {model.name}: not queued, MaxJobs/MaxSubmit reached")
-            continue
+        if cap is not None and jobs + wanted > cap:
+            wanted = cap - jobs
+            if wanted <= 0:
+                notes.append(f"model {model.name}: not queued, MaxJobs/MaxSubmit reached")
+                continue
         key, template, option, cost = best
         gpu = template.stages[0].gpu_type
         for quota in cluster.quotas:
             if quota.matches(option.partition, gpu):
-                quota_use[quota.name] += template.gpus
-        jobs += 1
+                quota_use[quota.name] += template.gpus * wanted
+        jobs += wanted
         nodes = tuple(option.node_names[:template.pp]) if len(option.node_names) >= template.pp \
             else ("?",) * template.pp
-        queued.append(PlanRow(template, (option.partition,) * template.pp, 1, cost, (nodes,),
-                              (float(option.wait_s),)))
+        queued.append(PlanRow(template, (option.partition,) * template.pp, wanted, cost,
+                              (nodes,) * wanted, (float(option.wait_s),) * wanted))
         when = (f"after this plan's replicas on {', '.join(option.node_names)} (Slurm's estimate "
                 f"before them: {option.wait_s / 60:.0f} min)") if key[0] else \
             f"expected in {option.wait_s / 60:.0f} min"
-        notes.append(f"model {model.name}: nothing starts within the horizon; 1 replica queued "
-                     f"on {option.partition}, {when}")
+        notes.append(f"model {model.name}: nothing starts within the horizon; {wanted} "
+                     f"replica(s) queued on {option.partition}, {when}")
     if not queued and not notes:
         return plan
     return replace(plan, queued=plan.queued + tuple(queued), binding=plan.binding + tuple(notes))

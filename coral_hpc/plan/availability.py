@@ -265,3 +265,15 @@ def start_label(wait_s: float, queued: bool = False) -> str:
     if wait_s <= 0:
         return "now"
     return f"expected in {math.ceil(wait_s / 60)} min"
+
+
+def environment_warnings(deployment: Deployment) -> list[str]:
+    """``policy.heterogeneous`` on while no two partitions may serve one pipeline: say so, and
+    how to get such pipelines (one environment, ``compatible_with``) or turn them off."""
+    if not deployment.policy.heterogeneous or len(deployment.cluster.partitions) < 2:
+        return []
+    if any(len(group) > 1 for group in deployment.environment_groups()):
+        return []
+    return [("policy.heterogeneous: no two cluster.partitions share an engine environment, so "
+             "no pipeline spans partitions; give them one environment both GPU generations run, "
+             "declare compatible_with, or set heterogeneous: false (INSTALL.md, section 4)")]

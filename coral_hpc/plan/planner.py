@@ -193,11 +193,15 @@ class Planner:
             estimates = prober.estimates(availability.probe_shapes(deployment, snapshot, library))
         cluster = availability.with_estimates(cluster, estimates, policy.max_queue_wait_s,
                                               availability.own_queue_options(snapshot))
+        # a queued replica waits for its nodes: every template may be queued, not only those
+        # that fit in the GPUs available now
+        queue_library = library
         library = inputs.placeable(library, cluster)
         cluster = replace(cluster, excluded_stages=inputs.excluded_stages(
-            library, request.excluded_shapes))
+            queue_library, request.excluded_shapes))
         stage1 = time.perf_counter() - began
-        plan = allocate(models, library, cluster, policy, backend=self.backend)
+        plan = allocate(models, library, cluster, policy, backend=self.backend,
+                        queue_library=queue_library)
         stage2 = time.perf_counter() - began - stage1
         problems = tuple(check_plan(plan, models, cluster, library, throughput))
         return PlanOutcome(

@@ -38,6 +38,7 @@ class GpuNode:
     gpu_type: str
     gpus: int
     partition: str  # the node's own partition (not the overlapping "gpu" one)
+    free: int = 0  # GPUs no job holds right now
 
 
 def gpu_nodes() -> list[GpuNode]:
@@ -48,7 +49,8 @@ def gpu_nodes() -> list[GpuNode]:
     for raw in parse_nodes_text(out):
         if raw.gpus_total and raw.gpu_type:
             own = [p for p in raw.partitions if p != "gpu"] or list(raw.partitions)
-            nodes.append(GpuNode(raw.name, raw.gpu_type, raw.gpus_total, own[0]))
+            nodes.append(GpuNode(raw.name, raw.gpu_type, raw.gpus_total, own[0],
+                                 max(0, raw.gpus_total - raw.gpus_alloc)))
     return nodes
 
 
@@ -69,11 +71,13 @@ def hold(node: GpuNode, seconds: float, gpus: int | None = None, name: str = "ot
 
 def fill_every_gpu(seconds: float | Mapping[str, float],
                    nodes: Iterable[GpuNode] | None = None) -> dict[str, str]:
-    """Hold every GPU of every node (``seconds`` per node name, or one for all); node → job."""
+    """Hold every GPU no job holds yet on every node (``seconds`` per node name, or one for
+    all); node → job. GPUs another test holds stay theirs: the cluster is shared."""
     jobs = {}
     for node in nodes if nodes is not None else gpu_nodes():
         hold_s = seconds[node.name] if isinstance(seconds, Mapping) else seconds
-        jobs[node.name] = hold(node, hold_s)
+        if node.free:
+            jobs[node.name] = hold(node, hold_s, gpus=node.free)
     return jobs
 
 

@@ -190,3 +190,21 @@ def test_a_replica_already_waiting_moves_only_for_a_clearly_sooner_shape():
     # p2 in 20 minutes: clearly sooner, the queued replica moves there
     far = Cluster(busy, parts, queue_options=(held, QueueOption("p2", "a", 1, 1, 1200.0)))
     assert [q.partitions for q in allocate(models, library, far, EXACT).queued] == [("p2",)]
+
+
+def test_min_replicas_that_cannot_start_now_are_queued_instead_of_no_plan():
+    tm = _tm()
+    models = [ModelSpec("m", "m", 100, 100, 1.0, 0.1, demand_rps=0.0, min_replicas=2)]
+    one_free = (NodeGroup("a1", "a", 2, 40, ("n1",), (1,)), NodeGroup("a2", "a", 2, 40, ("n2",), (0,)))
+    parts = (Partition("p1", ("a1",), prices={"a": 1.0}), Partition("p2", ("a2",), prices={"a": 1.0}))
+    cluster = Cluster(one_free, parts, queue_options=(QueueOption("p2", "a", 1, 1, 4000.0, ("n2",)),))
+    library = _library(models, cluster, tm)
+    plan = allocate(models, library, cluster, EXACT)
+    # one replica starts now on n1; the second is queued where Slurm starts it
+    assert plan.status == "scarce" and plan.replicas("m") == 1
+    assert [(q.partitions, q.count) for q in plan.queued] == [(("p2",), 1)]
+    assert any("min_replicas 2 cannot all start now (1 can)" in b for b in plan.binding)
+    assert check_plan(plan, models, cluster, library, tm) == []
+    # without any Slurm estimate the checker still says min_replicas is not met
+    bare = allocate(models, library, replace(cluster, queue_options=()), EXACT)
+    assert any("min_replicas 2" in p for p in check_plan(bare, models, cluster, library, tm))

@@ -228,3 +228,22 @@ def test_plan_cli_prints_the_start_column_on_the_busy_snapshot(cache):
                                             "--cache-dir", str(cache)], env={"COLUMNS": "250"})
     assert out.exit_code == 0, out.output
     assert "start" in out.output and "expected in 10 min" in out.output and "queued" in out.output
+
+
+def test_with_nothing_within_the_horizon_every_model_is_queued_where_slurm_starts_it_first(
+        busy, cache):
+    deployment = load_deployment(UNIVERSITY)
+    short = deployment.model_copy(update={"policy": deployment.policy.model_copy(
+        update={"max_queue_wait_s": 60.0})})
+    outcome = plan_on(short, busy, cache)
+    plan = outcome.solved.plan
+    assert outcome.problems == () and plan.rows == ()
+    queued = {r.model: r for r in plan.queued}
+    wanted = {m.name for m in outcome.solved.models if m.demand_rps > 0 or m.min_replicas}
+    assert set(queued) == wanted
+    for row in queued.values():
+        _runnable(short, row)
+        # the earliest shape Slurm named for the template's GPUs: a100 in 10-25 min, v100 in 40
+        assert row.wait_s in (600.0, 1500.0, 2400.0, 7200.0)
+    assert all(s.queued for s in outcome.desired.slots)
+    assert [r["start"] for r in plan_json(outcome)["replicas"]] == ["queued"] * len(queued)
