@@ -211,7 +211,7 @@ def test_max_jobs_and_partition_max_time_are_honoured(tmp_path, env):
         assert any("MaxTime" in w for w in doc["warnings"]), doc["warnings"]
         serve = Serve(env, config, tmp_path)
         try:
-            (job,) = wait_until(lambda: own_jobs(env, serve.deployment), 60, "one replica job")
+            wait_until(lambda: own_jobs(env, serve.deployment), 60, "one replica job")
             time.sleep(5)  # a few more cycles: still one job, however much demand is unmet
             jobs = own_jobs(env, serve.deployment)
             assert len(jobs) == 1, [(j.job_id, j.state) for j in jobs]
