@@ -187,22 +187,32 @@ class Planner:
         deployment = request.deployment
         snapshot, warnings = availability.type_untyped_nodes(deployment, request.snapshot)
         warnings += availability.config_warnings(deployment, snapshot)
-        estimates = snapshot.estimates
-        prober = self._prober(deployment)
-        if prober is not None:
-            estimates = prober.estimates(availability.probe_shapes(deployment, snapshot, library))
-        cluster = availability.with_estimates(cluster, estimates, policy.max_queue_wait_s,
-                                              availability.own_queue_options(snapshot))
-        # a queued replica waits for its nodes: every template may be queued, not only those
-        # that fit in the GPUs available now
-        queue_library = library
-        library = inputs.placeable(library, cluster)
-        cluster = replace(cluster, excluded_stages=inputs.excluded_stages(
-            queue_library, request.excluded_shapes))
+        base, full_library = cluster, library
+        excluded_shapes = request.excluded_shapes
+
+        def stage2(estimates: tuple) -> tuple[Cluster, dict, Plan]:
+            cluster = availability.with_estimates(base, estimates, policy.max_queue_wait_s,
+                                                  availability.own_queue_options(snapshot))
+            # a queued replica waits for its nodes: every template may be queued, not only
+            # those that fit in the GPUs available now
+            library = inputs.placeable(full_library, cluster)
+            cluster = replace(cluster, excluded_stages=inputs.excluded_stages(
+                full_library, excluded_shapes))
+            plan = allocate(models, library, cluster, policy, backend=self.backend,
+                            queue_library=full_library)
+            return cluster, library, plan
+
         stage1 = time.perf_counter() - began
-        plan = allocate(models, library, cluster, policy, backend=self.backend,
-                        queue_library=queue_library)
-        stage2 = time.perf_counter() - began - stage1
+        prober = self._prober(deployment)
+        # Slurm's estimates are asked for only when what is free now does not serve the plan:
+        # on a cluster with room, planning costs no sbatch --test-only at all
+        estimates = tuple(snapshot.estimates) or (prober.cached() if prober is not None else ())
+        cluster, library, plan = stage2(estimates)
+        if prober is not None and plan.status not in ("optimal", "feasible"):
+            estimates = prober.estimates(availability.probe_shapes(deployment, snapshot,
+                                                                   full_library))
+            cluster, library, plan = stage2(estimates)
+        stage2_s = time.perf_counter() - began - stage1
         problems = tuple(check_plan(plan, models, cluster, library, throughput))
         return PlanOutcome(
             desired=desired_plan(plan, models, time.time(),
@@ -212,7 +222,7 @@ class Planner:
             status=plan.status,
             served=dict(plan.served),
             problems=problems,
-            solved=Solved(models, cluster, policy, library, plan, stage1, stage2,
+            solved=Solved(models, cluster, policy, library, plan, stage1, stage2_s,
                           request.deployment.cluster.price_unit, tuple(warnings), tuple(estimates)),
         )
 

@@ -44,6 +44,11 @@ class StartProber:
         #: probes sent over this prober's life (for benches and status)
         self.calls = 0
 
+    def cached(self) -> tuple[ShapeEstimate, ...]:
+        """The estimates of this epoch (younger than ``ttl_s``), without a Slurm call."""
+        now = self.clock()
+        return tuple(e for e in self._cache.values() if now - e.observed_at < self.ttl_s)
+
     def _refill(self, now: float) -> None:
         self._tokens = min(self.calls_per_min,
                            self._tokens + (now - self._refilled) * self.calls_per_min / 60.0)

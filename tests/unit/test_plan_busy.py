@@ -247,3 +247,38 @@ def test_with_nothing_within_the_horizon_every_model_is_queued_where_slurm_start
         assert row.wait_s in (600.0, 1500.0, 2400.0, 7200.0)
     assert all(s.queued for s in outcome.desired.slots)
     assert [r["start"] for r in plan_json(outcome)["replicas"]] == ["queued"] * len(queued)
+
+
+class CountingProber:
+    """Stands in for StartProber's interface: records the shapes asked, answers from a list."""
+
+    def __init__(self, answers):
+        self.answers = tuple(answers)
+        self.asked = []
+
+    def cached(self):
+        return ()
+
+    def estimates(self, shapes):
+        self.asked.append(list(shapes))
+        return self.answers
+
+
+def test_slurm_is_probed_only_when_what_is_free_does_not_serve_the_plan(busy, cache):
+    deployment = load_deployment(UNIVERSITY)
+    idle_nodes = tuple(replace(n, state="idle", gpus_alloc=0, gpus_free=n.gpus_total, cpus_alloc=0,
+                               mem_alloc_gb=0.0) for n in busy.nodes)
+    idle = replace(busy, nodes=idle_nodes, estimates=())
+    prober = CountingProber(busy.estimates)
+    outcome = Planner(cache_dir=cache, prober=prober).solve(PlanRequest.from_snapshot(deployment, idle))
+    assert outcome.status in ("optimal", "feasible") and prober.asked == []
+    full = replace(busy, estimates=())
+    outcome = Planner(cache_dir=cache, prober=prober).solve(PlanRequest.from_snapshot(deployment, full))
+    (shapes,) = prober.asked
+    assert {(s.partition, s.gpu_type) for s in shapes} == {("gpu-a100", "a100-80g"),
+                                                            ("gpu-v100", "v100-32g")}
+    # smallest shapes first: the budget reaches the cheap-to-start ones
+    assert [s.gpus_per_node * s.nodes for s in shapes] == sorted(s.gpus_per_node * s.nodes
+                                                                  for s in shapes)
+    assert all(s.time_limit_s == 86400 and s.account == "ai-lab" for s in shapes)
+    assert outcome.solved.plan.rows or outcome.solved.plan.queued

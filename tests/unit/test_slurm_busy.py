@@ -221,3 +221,16 @@ def test_a_shape_beyond_the_budget_keeps_its_stale_estimate():
     assert len(client.calls) == 1
     with pytest.raises(ValueError):
         StartProber(client, calls_per_min=0)
+
+
+def test_cached_gives_this_epochs_estimates_without_a_call():
+    observed = float(rec("sbatch_test_only_busy.observed_at"))
+    client = FakeClient({("v100", 1): "sbatch_test_only_busy.txt.stderr"})
+    clock = Clock(observed)
+    prober = StartProber(client, calls_per_min=6, ttl_s=60, clock=clock)
+    assert prober.cached() == ()
+    (one,) = prober.estimates([JobShape("v100", 1, "v100")])
+    clock.now += 30
+    assert prober.cached() == (one,) and len(client.calls) == 1
+    clock.now += 40
+    assert prober.cached() == ()
