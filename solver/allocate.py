@@ -174,9 +174,11 @@ def allocate(
     nodes).
     """
     plan = _allocate(models, library, cluster, policy, backend)
-    if plan.status in ("infeasible", "no_solution") and any(m.min_replicas for m in models):
-        # min_replicas that cannot all start now (a busy cluster): plan what can start, and
-        # queue the rest where Slurm starts them first, instead of no plan at all
+    if plan.status in ("infeasible", "no_solution") and any(m.min_replicas for m in models) \
+            and cluster.queue_options:
+        # min_replicas that cannot all start now (a busy cluster, Slurm has said where jobs
+        # would start): plan what can start, and queue the rest where Slurm starts them first,
+        # instead of no plan at all
         relaxed = _most_min_replicas(models, library, cluster, policy, backend)
         if relaxed is not None:
             short = [m for m in models if relaxed.replicas(m.name) < m.min_replicas]
