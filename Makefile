@@ -1,6 +1,8 @@
 # Two commands for a newcomer on a fresh Debian/Ubuntu machine (as root, for the local cluster):
 #   make demo   install what is missing, create .venv, bring up the local Slurm cluster, run coral-hpc
-#   make test   the same set-up, then the whole test suite
+#   make test   the same set-up, then the whole test suite (real-engine lane included: it builds
+#               vLLM's CPU build and the test models once, cached in /var/cache/coral-hpc)
+#   make demo-vllm   make demo on the real engine (vLLM's CPU build, generated models)
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -8,7 +10,7 @@ STAMP  := $(VENV)/.installed
 CLUSTER := scripts/dev-cluster
 export SLURM_CONF ?= /var/tmp/coral-dev-cluster/etc/slurm.conf
 
-.PHONY: demo test unit integration venv cluster cluster-down lint wheel-check clean
+.PHONY: demo demo-vllm test test-vllm vllm-env unit integration venv cluster cluster-down lint wheel-check clean
 
 venv: $(STAMP)
 
@@ -29,8 +31,20 @@ cluster-down:
 demo: venv cluster
 	@scripts/demo
 
-test: venv cluster
+# the real engine: vLLM's CPU build in a venv and the generated test models, both cached
+# outside the repo (scripts/vllm-cpu-env, scripts/make-test-models; idempotent)
+vllm-env:
+	@$$(scripts/vllm-cpu-env)/bin/python scripts/make-test-models >/dev/null
+
+demo-vllm: venv cluster vllm-env
+	@scripts/demo-vllm
+
+test: venv cluster vllm-env
 	$(BIN)/python -m pytest tests -q
+
+# the real-engine lane alone (marker vllm)
+test-vllm: venv cluster vllm-env
+	$(BIN)/python -m pytest tests/vllm -q -m vllm
 
 unit: venv
 	$(BIN)/python -m pytest tests/unit -q

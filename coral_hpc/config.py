@@ -11,6 +11,7 @@ second of the model's own request mix; token-based demand is converted on load
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
@@ -75,7 +76,41 @@ def parse_slurm_time(value: str | int) -> int:
 # --------------------------------------------------------------------------- cluster section
 
 
-class VenvEnvironment(_Frozen):
+_ENV_VAR_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: reach the engine only from their files (gateway.api_keys / hf_token_file), never from config
+_SECRET_VARS = frozenset({"VLLM_API_KEY", "HF_TOKEN"})
+
+
+class _EnvironmentBase(_Frozen):
+    """What every engine environment kind shares: extra environment variables for the engine."""
+
+    #: written as a mapping in models.yaml; kept as sorted (name, value) pairs so the frozen
+    #: config (and every spec holding it) stays hashable
+    env: tuple[tuple[str, str], ...] = Field(
+        default=(),
+        description="extra environment variables for the engine (a mapping NAME: value), "
+        "e.g. VLLM_CPU_KVCACHE_SPACE for vLLM's CPU build",
+    )
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_pairs(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return tuple(sorted((str(k), str(v)) for k, v in value.items()))
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+        for name, _ in value:
+            if not _ENV_VAR_RE.match(name):
+                raise ValueError(f"{name!r} is not an environment variable name (A-Z, 0-9, _)")
+            if name in _SECRET_VARS:
+                raise ValueError(f"{name} is a secret: it reaches the engine from its file only")
+        return value
+
+
+class VenvEnvironment(_EnvironmentBase):
     """vLLM installed in a virtual environment on the shared filesystem."""
 
     kind: Literal["venv"] = "venv"
@@ -83,14 +118,14 @@ class VenvEnvironment(_Frozen):
     modules: tuple[str, ...] = Field(default=(), description="`module load` these first (CUDA)")
 
 
-class ModuleEnvironment(_Frozen):
+class ModuleEnvironment(_EnvironmentBase):
     """vLLM provided by environment modules."""
 
     kind: Literal["module"] = "module"
     modules: tuple[str, ...] = Field(min_length=1, description="`module load` lines, in order")
 
 
-class ApptainerEnvironment(_Frozen):
+class ApptainerEnvironment(_EnvironmentBase):
     """vLLM inside an Apptainer/Singularity image (`apptainer exec --nv`)."""
 
     kind: Literal["apptainer"] = "apptainer"
@@ -253,12 +288,52 @@ class ClusterConfig(_Frozen):
 # --------------------------------------------------------------------------- engine, gateway, policy
 
 
+#: vLLM's KV connectors (``--kv-transfer-config``'s ``kv_connector``) coral-hpc can configure:
+#: ExampleConnector moves the KV cache through a shared directory (the local cluster, measured
+#: in ../shared/VLLM-CPU.md); the others are vLLM's network connectors for GPU sites.
+KV_CONNECTORS = ("ExampleConnector", "NixlConnector", "LMCacheConnectorV1", "MooncakeConnector",
+                 "P2pNcclConnector")
+
+
+class KvConnectorConfig(_Frozen):
+    """How a disaggregated model's prefill replicas hand the KV cache to its decode replicas."""
+
+    name: Literal[KV_CONNECTORS] = Field(description="vLLM kv_connector: " + ", ".join(KV_CONNECTORS))
+    shared_path: str | None = Field(
+        default=None,
+        description="ExampleConnector's directory on the shared filesystem; "
+                    "default <state_dir>/<deployment>/kv",
+    )
+    extra_config: dict[str, Any] = Field(
+        default_factory=dict, description="kv_connector_extra_config passed to vLLM as is"
+    )
+
+    @model_validator(mode="after")
+    def _path_for_example_only(self) -> "KvConnectorConfig":
+        if self.shared_path is not None and self.name != "ExampleConnector":
+            raise ValueError(f"shared_path applies to ExampleConnector only, not {self.name}")
+        return self
+
+
 class EngineConfig(_Frozen):
     """Which engine replicas run."""
 
     kind: Literal["vllm", "sim"] = Field(default="vllm", description="sim = no GPU needed")
     args: tuple[str, ...] = Field(default=(), description="extra engine args for every model")
     version: str | None = Field(default=None, description="vLLM version the environments hold")
+    kv_connector: KvConnectorConfig | None = Field(
+        default=None, description="KV connector of disaggregated models (policy.disaggregation)"
+    )
+
+
+def is_loopback_host(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses; a host name may resolve anywhere."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class GatewayConfig(_Frozen):
@@ -269,6 +344,34 @@ class GatewayConfig(_Frozen):
         default=None, description="file of hashed API keys; required beyond loopback"
     )
     max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+    tls_cert: str | None = Field(
+        default=None, description="PEM certificate (chain) the gateway serves HTTPS with"
+    )
+    tls_key: str | None = Field(default=None, description="PEM private key of tls_cert; mode 0600")
+    behind_tls_proxy: bool = Field(
+        default=False,
+        description="a TLS-terminating proxy of the site is in front: plain HTTP beyond loopback",
+    )
+
+    @model_validator(mode="after")
+    def _exposure(self) -> "GatewayConfig":
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("set tls_cert and tls_key together (or neither)")
+        if is_loopback_host(self.host):
+            return self
+        # beyond loopback, API keys travel over the network: keys, and TLS to carry them
+        if self.api_keys_file is None:
+            raise ValueError(
+                f"listen {self.listen!r} is reachable from other machines: set api_keys_file "
+                "(`coral-hpc keys add FILE NAME`) or listen on 127.0.0.1"
+            )
+        if self.tls_cert is None and not self.behind_tls_proxy:
+            raise ValueError(
+                f"listen {self.listen!r} is reachable from other machines and API keys would "
+                "cross the network in clear: set tls_cert and tls_key, or behind_tls_proxy: true "
+                "when the site's TLS-terminating proxy is in front"
+            )
+        return self
 
     @field_validator("listen")
     @classmethod
@@ -311,8 +414,32 @@ class PolicyConfig(_Frozen):
         default=1800.0, ge=0,
         description="horizon: GPUs Slurm expects to give us within this count as available",
     )
+
+    max_tp: int = Field(default=8, ge=1, le=64,
+                        description="Stage 1: largest tensor-parallel degree (1: pipelines only)")
     solver_time_limit_s: float = Field(default=10.0, gt=0)
     solver_mip_gap: float = Field(default=1e-4, ge=0, lt=1)
+    # Off by default: prefill and decode replicas need a KV connector the site has set up
+    # (engine.kv_connector: a network connector on GPU nodes, or a shared directory) and each
+    # request makes two hops; a site opts in. "auto" then lets Stage 2 pick per model whatever
+    # is cheaper (aggregated, disaggregated or both); "on" plans prefill + decode replicas only.
+    disaggregation: Literal["auto", "on", "off"] = Field(
+        default="off", description="split prefill and decode onto separate replicas"
+    )
+    kv_fabric_gbs: float | None = Field(
+        default=None, gt=0,
+        description="GB/s the site's fabric carries for KV transfers in total; unset = no limit",
+    )
+
+    @field_validator("disaggregation", mode="before")
+    @classmethod
+    def _yaml_on_off(cls, value: Any) -> Any:
+        # YAML 1.1 (PyYAML) reads a bare on/off as a boolean: take it as the word it was
+        if value is True:
+            return "on"
+        if value is False:
+            return "off"
+        return value
 
 
 # --------------------------------------------------------------------------- models
@@ -412,6 +539,11 @@ class Deployment(_Frozen):
     deployment: str = Field(description="name used to tag this deployment's Slurm jobs")
     state_dir: str = Field(description="shared filesystem: endpoint files, logs, scripts")
     db_path: str = Field(description="daemon host's local disk: the SQLite database")
+    profiles_dir: str | None = Field(
+        default=None,
+        description="where `coral-hpc profile` writes measured profiles and plan/serve read "
+        "them; default <state_dir>/<deployment>/profiles",
+    )
     cluster: ClusterConfig
     engine: EngineConfig = EngineConfig()
     gateway: GatewayConfig = GatewayConfig()
@@ -449,6 +581,14 @@ class Deployment(_Frozen):
                     f"partition(s) {unknown} are not other entries of cluster.partitions; "
                     f"valid: {sorted(known - {part.name})}",
                 )
+
+        if (self.policy.disaggregation != "off" and self.engine.kind == "vllm"
+                and self.engine.kv_connector is None):
+            raise _FieldError(
+                ("engine", "kv_connector"),
+                f"policy.disaggregation {self.policy.disaggregation!r} with engine 'vllm' needs "
+                f"engine.kv_connector (name: one of {', '.join(KV_CONNECTORS)})",
+            )
         if self.engine.kind == "vllm":
             for index, part in enumerate(self.cluster.partitions):
                 if part.environment is None:
@@ -463,6 +603,13 @@ class Deployment(_Frozen):
     def state_path(self) -> Path:
         """This deployment's folder on the shared filesystem."""
         return Path(self.state_dir).expanduser() / self.deployment
+
+    @property
+    def measured_profiles_path(self) -> Path:
+        """The site's measured profiles (``profiles_dir``, default under the state folder)."""
+        if self.profiles_dir:
+            return Path(self.profiles_dir).expanduser()
+        return self.state_path / "profiles"
 
     def model(self, name: str) -> ModelConfig:
         """The configured model called ``name``; KeyError if none."""

@@ -35,7 +35,7 @@ import numpy as np
 from solver.allocate_highs import HighsSolver, SolveResult
 from solver.allocate_model import Prepared, Stage2Model, build_model, job_cap, prepare
 from solver.queue import queue_unplaced
-from solver.types import Cluster, ModelSpec, Plan, PlanRow, Policy, Template
+from solver.types import Cluster, ModelSpec, Plan, PlanRow, Policy, Template, served_capacity
 
 #: relative slack when a phase's optimum becomes the next phase's constraint: as loose as HiGHS's
 #: own feasibility tolerances (1e-7 primal, 1e-6 MIP), since the served amounts behind the
@@ -275,7 +275,8 @@ def _allocate(
     rows = decode(sm, result.x)
     phases["objective"] = float(result.objective)
     phases["bound"] = float(outcome.bound)
-    return _plan(data, rows, status, gap, time.perf_counter() - began, phases)
+    solved = dict(zip((m.name for m in data.models), result.x[served]))
+    return _plan(data, rows, status, gap, time.perf_counter() - began, phases, solved)
 
 
 def _fallback(models, library, cluster: Cluster, policy: Policy, data: Prepared, word: str,
@@ -286,7 +287,10 @@ def _fallback(models, library, cluster: Cluster, policy: Policy, data: Prepared,
         return _empty(data, word, time.perf_counter() - began, None)
     from solver.baselines import cauchy  # here: baselines builds on this module
 
-    plan = cauchy(models, library, replace(cluster, running=()), policy)
+    # the greedy plan knows aggregated replicas only: a model planned disaggregated-only gets
+    # none from it and shows as unserved
+    aggregated = {m: [t for t in ts if t.role == "both"] for m, ts in library.items()}
+    plan = cauchy(models, aggregated, replace(cluster, running=()), policy)
     met = all(plan.served[m.name] >= m.demand_rps * (1 - 1e-9) for m in models)
     return replace(plan, status="feasible" if met else "scarce", gap=math.inf,
                    solve_seconds=time.perf_counter() - began,
@@ -450,12 +454,17 @@ def _pop_slot(slots: dict, gpu: str, tp: int, partition: str, avoid=()) -> str:
 
 
 def _plan(data: Prepared, rows: list[PlanRow], status: str, gap: float, seconds: float,
-          phases: dict[str, float]) -> Plan:
+          phases: dict[str, float], solved: dict[str, float] | None = None) -> Plan:
     capacity = {m.name: 0.0 for m in data.models}
-    for row in rows:
-        capacity[row.model] += row.count * row.throughput
+    capacity.update(served_capacity(rows))  # a disaggregated request needs prefill and decode
     demand = {m.name: m.demand_rps for m in data.models}
     served = {name: min(demand[name], capacity[name]) for name in demand}
+    if data.cluster.kv_fabric_gbs is not None and solved is not None:
+        # the shared KV fabric may carry less than the replicas could serve: the solver's
+        # split between models is what the plan serves
+        phased = {r.model for r in rows if r.role != "both"}
+        for name in phased:
+            served[name] = min(served[name], max(float(solved[name]), 0.0))
     cost = sum(row.count * row.cost_per_hour for row in rows)
     return Plan(
         rows=tuple(rows),

@@ -16,6 +16,7 @@ Variables (names as in the Pyomo model):
     z[k,t,p]       ≥ 0    size-t stage slots of class k used through partition p
     served[m]      ∈ [0, D_m]  requests/s counted as served
     phi            ∈ [0, 1]    smallest served fraction (fixed to 1 when demand can be met)
+    split[m]       ∈ [0, D_m]  requests/s served disaggregated (prefill + decode replicas)
     churn[j,g,p]   ≥ 0    new stages beyond the running ones (only where some run)
 """
 
@@ -520,9 +521,13 @@ def define_demand(lm: LinearModel, data: Prepared, nu: np.ndarray) -> dict:
     # min(T_j, D_m) instead of T_j: equivalent for integer nu (one replica of a template that
     # alone covers D_m already serves all of it) and a much tighter LP relaxation
     throughput = np.array([t.throughput for t in data.templates])
+    aggregated = np.array([t.role == "both" for t in data.templates], dtype=bool)
     if len(nu):
-        lm.add_terms(cover[data.model_of], nu, np.minimum(throughput, demand[data.model_of]))
+        both = np.nonzero(aggregated)[0]
+        lm.add_terms(cover[data.model_of[both]], nu[both],
+                     np.minimum(throughput[both], demand[data.model_of[both]]))
     lm.add_terms(cover, served, -1.0)
+    define_phases(lm, data, nu, cover, throughput, demand)
     fair = lm.add_rows("fair", names, 0.0, INF)
     lm.add_terms(fair, served, 1.0)
     lm.add_terms(fair, np.full(len(fair), phi[0]), -demand)
@@ -545,6 +550,44 @@ def job_cap(limits: JobLimits) -> int | None:
     """Replica jobs this plan may hold at once under MaxJobs and MaxSubmit; None = no cap."""
     caps = [c for c in (limits.max_jobs, limits.max_submit) if c is not None]
     return max(0, min(caps) - limits.other_jobs) if caps else None
+
+def define_phases(lm: LinearModel, data: Prepared, nu: np.ndarray, cover: np.ndarray,
+                  throughput: np.ndarray, demand: np.ndarray) -> dict:
+    """Disaggregated serving, for models with prefill/decode templates (ARCHITECTURE "Units"):
+    split[m] ∈ [0, D_m] requests/s go through a prefill and then a decode replica, the rest
+    through aggregated ones (cover[m] gains + split[m]):
+
+        cover_prefill[m]: Σ_{j∈m, prefill} min(T_j, D_m) · nu[j] − split[m] ≥ 0
+        cover_decode[m]:  Σ_{j∈m, decode}  min(T_j, D_m) · nu[j] − split[m] ≥ 0
+        kv_fabric:        Σ_m B_m · split[m] ≤ fabric bytes/s   (when the site sets a limit)
+
+    T_j of a prefill template is its prompt tokens/s ÷ mean input tokens, of a decode template
+    its output tokens/s ÷ mean output tokens, so both compare with requests/s; B_m = KV bytes
+    per request. Where aggregated replicas are cheaper, split stays 0."""
+    roles = [t.role for t in data.templates]
+    phased = sorted({int(data.model_of[j]) for j, r in enumerate(roles) if r != "both"})
+    if not phased:
+        return {"split": np.zeros(0, dtype=np.int64), "models": []}
+    labels = [(data.models[mi].name,) for mi in phased]
+    split = lm.add_vars("split", labels, 0.0, demand[phased], integer=False)
+    lm.add_terms(cover[phased], split, 1.0)
+    for role in ("prefill", "decode"):
+        rows = lm.add_rows(f"cover_{role}", labels, 0.0, INF)
+        lm.add_terms(rows, split, -1.0)
+        row_of = dict(zip(phased, rows))
+        cols = [j for j, r in enumerate(roles) if r == role and int(data.model_of[j]) in row_of]
+        if cols:
+            mis = data.model_of[cols]
+            lm.add_terms([row_of[int(mi)] for mi in mis], nu[cols],
+                         np.minimum(throughput[cols], demand[mis]))
+    fabric = data.cluster.kv_fabric_gbs
+    if fabric is not None:
+        per_request = {}
+        for t, mi in zip(data.templates, data.model_of):
+            per_request[int(mi)] = max(per_request.get(int(mi), 0.0), t.kv_bytes_per_request)
+        row = lm.add_rows("kv_fabric", [()], -INF, fabric * 1e9)
+        lm.add_terms(np.full(len(split), row[0]), split, [per_request[mi] for mi in phased])
+    return {"split": split, "models": phased}
 
 
 @dataclass

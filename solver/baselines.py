@@ -6,6 +6,13 @@
   previous ones left; replicas single-GPU-type (types may differ between replicas).
 - :func:`cauchy`: Cauchy-style greedy — per model, homogeneous templates ranked by tokens per
   unit cost; replicas of the best one that still fits (first fit on nodes) until demand is met.
+- :func:`paper_homo`: the Coral paper's Homo — per model ONE homogeneous strategy, the one with
+  the best goodput per cost that still fits, replicated greedily (first fit) until demand is met
+  or it no longer fits; no fallback to another strategy.
+- :func:`cauchy_adapted`: the Coral paper's Cauchy adaptation — per phase, homogeneous GPU combos
+  ranked by tokens per cost: with role templates (``role`` "prefill"/"decode"), prefill replicas
+  ranked by prompt tokens per cost and decode replicas by output tokens per cost, each sized to the
+  demand; without them (every replica serves both phases) it is :func:`cauchy`.
 
 Each returns a :class:`~solver.types.Plan` the checker (:mod:`solver.check`) accepts.
 """
@@ -14,22 +21,38 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable, Hashable
 from dataclasses import replace
 
 from solver.allocate import allocate
-from solver.types import Cluster, ModelSpec, NodeGroup, Plan, PlanRow, Policy, Quota, Template
+from solver.types import (
+    Cluster,
+    ModelSpec,
+    NodeGroup,
+    Plan,
+    PlanRow,
+    Policy,
+    Quota,
+    Template,
+    served_capacity,
+)
 
 
 def _single_type(templates: list[Template], gpu: str | None = None) -> list[Template]:
-    return [t for t in templates if not t.heterogeneous and (gpu is None or t.stages[0].gpu_type == gpu)]
+    """Aggregated (role "both") templates on one GPU type (``gpu``, or any single type)."""
+    return [t for t in templates if not t.heterogeneous and t.role == "both"
+            and (gpu is None or t.stages[0].gpu_type == gpu)]
+
+
+def _single_type_any_role(templates: list[Template]) -> list[Template]:
+    """Templates on one GPU type, of any role."""
+    return [t for t in templates if not t.heterogeneous]
 
 
 def combine(models: list[ModelSpec], plans: list[Plan], seconds: float) -> Plan:
     """One plan out of per-model plans (rows concatenated, figures recomputed)."""
     rows = tuple(row for plan in plans for row in plan.rows)
-    capacity = Counter()
-    for row in rows:
-        capacity[row.model] += row.count * row.throughput
+    capacity = Counter(served_capacity(rows))
     demand = {m.name: m.demand_rps for m in models}
     served = {m.name: min(demand[m.name], capacity[m.name]) for m in models}
     met = all(served[m.name] >= m.demand_rps * (1 - 1e-9) for m in models)
@@ -104,39 +127,87 @@ def melange(models: list[ModelSpec], library: dict[str, list[Template]], cluster
 def cauchy(models: list[ModelSpec], library: dict[str, list[Template]], cluster: Cluster,
            policy: Policy | None = None) -> Plan:
     """Greedy by tokens per unit cost over homogeneous templates, first fit on nodes."""
+    return _greedy(models, {m.name: _single_type(library.get(m.name, [])) for m in models},
+                   cluster, fallback=True)
+
+
+def paper_homo(models: list[ModelSpec], library: dict[str, list[Template]], cluster: Cluster,
+               policy: Policy | None = None,
+               strategy: Callable[[Template], Hashable] | None = None) -> Plan:
+    """The paper's Homo: per model its one best homogeneous strategy (goodput per cost) among
+    those that still fit, replicated first-fit until demand is met or it fits no more.
+
+    ``strategy`` maps a template to its strategy (default: the template itself); templates of
+    one strategy are interchangeable placements of it (e.g. the same layout in another region),
+    tried in their own goodput-per-cost order."""
+    return _greedy(models, {m.name: _single_type(library.get(m.name, [])) for m in models},
+                   cluster, fallback=False, strategy=strategy)
+
+
+def cauchy_adapted(models: list[ModelSpec], library: dict[str, list[Template]], cluster: Cluster,
+                   policy: Policy | None = None) -> Plan:
+    """The paper's Cauchy adaptation: per phase, homogeneous templates ranked by that phase's
+    tokens per cost (see the module doc); :func:`cauchy` when no template has a phase role."""
+    homogeneous = {m.name: _single_type_any_role(library.get(m.name, [])) for m in models}
+    if not any(t.role != "both" for ts in homogeneous.values() for t in ts):
+        return cauchy(models, library, cluster, policy)
+    phases = []
+    for role in ("prefill", "decode"):
+        phases.append({name: [t for t in ts if t.role == role] for name, ts in homogeneous.items()})
+    return _greedy(models, phases[0], cluster, fallback=True, phases=phases)
+
+
+def _tokens_per_cost(template: Template, model: ModelSpec, cost: float) -> float:
+    """Tokens of the template's phase per unit cost: prompt tokens for prefill replicas, output
+    tokens otherwise (a replica serving both phases is ranked by what the user reads)."""
+    tokens = model.input_tokens if template.role == "prefill" else model.output_tokens
+    return template.throughput * tokens / cost
+
+
+def _greedy(models: list[ModelSpec], candidates: dict[str, list[Template]], cluster: Cluster,
+            fallback: bool, strategy: Callable[[Template], Hashable] | None = None,
+            phases: list[dict[str, list[Template]]] | None = None) -> Plan:
+    """Per model (priority order), replicas of its templates in tokens-per-cost order, first fit
+    on nodes, until the model's demand is met. ``fallback`` False: only the best strategy's
+    templates; ``phases``: one candidate set per phase, each sized to the whole demand."""
     began = time.perf_counter()
-    policy = policy if policy is not None else Policy()
     free = {n: f for g in cluster.node_groups for n, f in zip(g.nodes, g.free)}
     group_of = {n: g for g in cluster.node_groups for n in g.nodes}
     quota_left = {q.name: q.max_gpus for q in cluster.quotas}
     rows: Counter = Counter()
     placements: dict[tuple[Template, tuple[str, ...], float], list[tuple[str, ...]]] = {}
+    key_of = strategy if strategy is not None else (lambda t: t)
     for model in sorted(models, key=lambda m: (-m.priority, m.name)):
-        options = []
-        for t in _single_type(library.get(model.name, [])):
-            for part in cluster.partitions:
-                if not part.usable or not model.allows_partition(part.name):
+        for phase in (phases if phases is not None else [candidates]):
+            options = []
+            for t in phase.get(model.name, []):
+                for part in cluster.partitions:
+                    if not part.usable or not model.allows_partition(part.name):
+                        continue
+                    cost = part.stage_cost(t.stages[0].gpu_type, t.tp)
+                    if cost is None or cost <= 0:
+                        continue
+                    options.append((-_tokens_per_cost(t, model, cost * t.pp), t.id, part.name, t,
+                                    cost * t.pp))
+            options.sort(key=lambda o: o[:3])
+            capacity = 0.0
+            count = 0
+            chosen = None  # without fallback: the strategy of the first replica placed
+            for _rank, _id, part, template, cost in options:
+                if not fallback and chosen is not None and key_of(template) != chosen:
                     continue
-                cost = part.stage_cost(t.stages[0].gpu_type, t.tp)
-                if cost is None or cost <= 0:
-                    continue
-                tokens_per_cost = t.throughput * model.output_tokens / (cost * t.pp)
-                options.append((-tokens_per_cost, t.id, part.name, t, cost * t.pp))
-        options.sort(key=lambda o: o[:3])
-        capacity = 0.0
-        count = 0
-        for _rank, _id, part, template, cost in options:
-            while capacity < model.demand_rps - 1e-9 or count < model.min_replicas:
-                if model.max_replicas is not None and count >= model.max_replicas:
-                    break
-                nodes = _first_fit(template, part, cluster, free, group_of, quota_left)
-                if nodes is None:
-                    break
-                key = (template, (part,) * template.pp, cost)
-                rows[key] += 1
-                placements.setdefault(key, []).append(nodes)
-                capacity += template.throughput
-                count += 1
+                while capacity < model.demand_rps - 1e-9 or count < model.min_replicas:
+                    if model.max_replicas is not None and count >= model.max_replicas:
+                        break
+                    nodes = _first_fit(template, part, cluster, free, group_of, quota_left)
+                    if nodes is None:
+                        break
+                    key = (template, (part,) * template.pp, cost)
+                    rows[key] += 1
+                    placements.setdefault(key, []).append(nodes)
+                    capacity += template.throughput
+                    count += 1
+                    chosen = key_of(template) if chosen is None else chosen
     plan_rows = tuple(PlanRow(t, parts, n, cost, tuple(placements[(t, parts, cost)]))
                       for (t, parts, cost), n in rows.items())
     single = Plan(plan_rows, {}, {}, {}, 0.0, "feasible", 0.0, 0.0)

@@ -38,6 +38,7 @@ def check_plan(
             node_parts.append(members)
     used = np.zeros(len(node_type), dtype=np.int64)
     capacity = dict.fromkeys(by_name, 0.0)
+    role_capacity: dict[str, dict[str, float]] = {}
     replicas = dict.fromkeys(by_name, 0)
     quota_use = np.zeros(len(cluster.quotas))
     total = 0.0
@@ -93,9 +94,19 @@ def check_plan(
                 if p not in node_parts[i]:
                     problems.append(f"{where}: node {node} is not in partition {p}")
                 used[i] += t.tp
-        capacity[t.model] += row.count * t.throughput
+        role_capacity.setdefault(t.model, {"both": 0.0, "prefill": 0.0, "decode": 0.0})
+        if t.role not in role_capacity[t.model]:
+            problems.append(f"{where}: role {t.role!r} is not both, prefill or decode")
+            continue
+        if t.role != "both" and model.disaggregation == "off":
+            problems.append(f"{where}: {t.role} replica but {model.name} is not disaggregated")
+        if t.role == "both" and model.disaggregation == "on":
+            problems.append(f"{where}: aggregated replica but {model.name} is disaggregated only")
+        role_capacity[t.model][t.role] += row.count * t.throughput
         replicas[t.model] += row.count
         total += row.count * cost
+    for name, roles in role_capacity.items():  # a disaggregated request needs one of each
+        capacity[name] = roles["both"] + min(roles["prefill"], roles["decode"])
     for r, row in enumerate(plan.queued):
         problems += _check_queued(r, row, by_name, parts, cluster, replicas)
     over = np.nonzero(used > np.asarray(node_free, dtype=np.int64))[0]
@@ -111,9 +122,16 @@ def check_plan(
         if abs(capacity[name] - plan.capacity.get(name, 0.0)) > rel_tol * max(capacity[name], 1.0):
             problems.append(f"model {name}: capacity {plan.capacity.get(name)} but rows give {capacity[name]}")
         served = min(capacity[name], model.demand_rps)
-        if abs(served - plan.served.get(name, 0.0)) > rel_tol * max(served, 1.0):
-            problems.append(f"model {name}: served {plan.served.get(name)} but rows give {served}")
-        if plan.status in ("optimal", "feasible") and capacity[name] < model.demand_rps * (1 - rel_tol):
+        claimed = plan.served.get(name, 0.0)
+        if cluster.kv_fabric_gbs is not None and role_capacity.get(name, {}).get("prefill"):
+            # the shared KV fabric may hold a disaggregated model below its replicas' capacity
+            # (checked over all models below); never above
+            if claimed > served + rel_tol * max(served, 1.0):
+                problems.append(f"model {name}: served {claimed} but rows give at most {served}")
+        elif abs(served - claimed) > rel_tol * max(served, 1.0):
+            problems.append(f"model {name}: served {claimed} but rows give {served}")
+        if plan.status in ("optimal", "feasible") and min(capacity[name], claimed) < \
+                model.demand_rps * (1 - rel_tol):
             problems.append(f"model {name}: demand {model.demand_rps} not met ({capacity[name]})")
         queued = sum(row.count for row in plan.queued if row.model == name)
         if replicas[name] + queued < model.min_replicas:
@@ -121,6 +139,8 @@ def check_plan(
                             f"min_replicas {model.min_replicas}")
         if model.max_replicas is not None and replicas[name] > model.max_replicas:
             problems.append(f"model {name}: {replicas[name]} replicas > max_replicas {model.max_replicas}")
+    if cluster.kv_fabric_gbs is not None:
+        problems += _check_fabric(plan, cluster, role_capacity)
     return problems
 
 
@@ -148,6 +168,22 @@ def _check_queued(r: int, row, by_name, parts, cluster: Cluster, replicas) -> li
             out.append(f"{where}: {p}/{stage.gpu_type} is excluded")
     return out
 
+def _check_fabric(plan: Plan, cluster: Cluster, role_capacity: dict[str, dict[str, float]]
+                  ) -> list[str]:
+    """The KV bytes/s the served demand needs at least (what aggregated replicas cannot take
+    goes prefill → decode) fit in the site's fabric."""
+    need = 0.0
+    for row in plan.rows:
+        if row.role == "prefill":
+            roles = role_capacity[row.model]
+            through = max(plan.served.get(row.model, 0.0) - roles["both"], 0.0)
+            need += through * row.template.kv_bytes_per_request * row.count * row.throughput \
+                / max(roles["prefill"], 1e-12)
+    limit = cluster.kv_fabric_gbs * 1e9
+    if need > limit * (1 + 1e-6) + 1e-6:
+        return [f"kv fabric: {need / 1e9:.4g} GB/s of KV transfers planned, limit {limit / 1e9:.4g}"]
+    return []
+
 
 def _check_template(t: Template, model: ModelSpec, tm, rel_tol: float) -> list[str]:
     """Layers add up, TP is valid, and every stage sustains the template's throughput."""
@@ -157,6 +193,10 @@ def _check_template(t: Template, model: ModelSpec, tm, rel_tol: float) -> list[s
         out.append(f"template {t.id}: layers {t.layer_partition} do not split {layers}")
     if t.tp not in tm.tp_degrees(model, max(t.tp, 1)):
         out.append(f"template {t.id}: TP {t.tp} not valid for {model.arch}")
+    if t.role != "both":
+        from solver.roles import check_phase_template
+
+        return out + check_phase_template(t, model, tm, rel_tol)
     for stage in t.stages:
         speed = tm.throughput(model, stage.gpu_type, t.tp, stage.layers, t.pp)
         if speed < t.throughput * (1 - rel_tol):

@@ -25,6 +25,7 @@ import numpy as np
 from solver.allocate import PHASE_TOLERANCE
 from solver.allocate_highs import HighsSolver
 from solver.allocate_model import INF, LinearModel
+from solver.roles import roles_for
 from solver.types import Cluster, ModelSpec, NodeGroup, Partition, Policy, Quota
 
 
@@ -36,6 +37,9 @@ class TableThroughput:
     weights_gb: dict[str, float]
     tps: dict[str, list[int]]
     table: dict[tuple[str, str, int, int], list[float]] = field(default_factory=dict)
+    #: prefill-only / decode-only stage throughput: ``[(model, gpu, tp, stages, role)][l-1]``
+    phase_table: dict[tuple[str, str, int, int, str], list[float]] = field(default_factory=dict)
+    kv_bytes: dict[str, float] = field(default_factory=dict)  #: KV bytes per request per model
 
     def layers(self, model: ModelSpec) -> int:
         return self.layer_count[model.name]
@@ -58,8 +62,23 @@ class TableThroughput:
     def calibrated(self, model: ModelSpec, gpu_type: str) -> bool:
         return True
 
+    def phase_throughput(self, model: ModelSpec, gpu_type: str, tp: int, layers: int,
+                         stages: int, role: str) -> float:
+        """``phase_table[(model, gpu, tp, stages, role)][l-1]``; role "both" reads ``table``."""
+        if role == "both":
+            return self.throughput(model, gpu_type, tp, layers, stages)
+        row = self.phase_table.get((model.name, gpu_type, tp, stages, role))
+        if row is None or not 1 <= layers <= len(row):
+            return 0.0
+        return row[layers - 1]
+
+    def kv_bytes_per_request(self, model: ModelSpec) -> float:
+        return self.kv_bytes.get(model.name, 0.0)
+
     def fingerprint(self) -> str:
-        return hashlib.sha256(repr(sorted(self.table.items())).encode()).hexdigest()
+        material = (sorted(self.table.items()), sorted(self.phase_table.items()),
+                    sorted(self.kv_bytes.items()))
+        return hashlib.sha256(repr(material).encode()).hexdigest()
 
 
 @dataclass
@@ -76,14 +95,20 @@ class Instance:
 _FREE_CAP = 6
 
 
-def random_instance(seed: int, scarce: bool | None = None) -> Instance:
+def random_instance(seed: int, scarce: bool | None = None,
+                    disaggregation: str | None = None) -> Instance:
     """A small random instance in which layouts matter.
 
     GPU types differ in memory and speed per price; models are large enough that small GPUs
     need several pipeline stages (or a bigger GPU), and stage throughput falls with the layers
     held, so uneven and heterogeneous splits pay. ``scarce`` instances ask more than fits.
+    ``disaggregation`` ("auto" | "on"): every model may (must) be served by prefill and decode
+    replicas too; each GPU type gets its own prefill and decode speed-up over aggregated
+    serving (compute-rich types prefill faster, bandwidth-rich ones decode faster), so the
+    phases prefer different types.
     """
     rng = random.Random(seed)
+    phase_rng = random.Random(f"{seed}-phases")  # leaves the aggregated instance unchanged
     scarce = rng.random() < 0.35 if scarce is None else scarce
     kinds = [("big", 40.0, 3.0, 4), ("mid", 24.0, 1.6, 2), ("small", 16.0, 1.0, 2)]
     kinds = rng.sample(kinds, rng.choice([2, 3]))
@@ -110,6 +135,13 @@ def random_instance(seed: int, scarce: bool | None = None) -> Instance:
     speeds = {g: s for g, _, s, _ in kinds}
     memories = {g: m for g, m, _, _ in kinds}
     models, table, layer_count, weights, tps = [], {}, {}, {}, {}
+    phase_table, kv_bytes = {}, {}
+    # compute-rich "big" GPUs gain most on prefill, the others on decode (as L40S/H100 vs A100
+    # in the paper); weak on the other phase, so neither role wins everywhere
+    strong = {"big": "prefill", "mid": "decode", "small": "decode"}
+    phase_gain = {g: {role: phase_rng.uniform(1.5, 4.0) if strong[g] == role
+                      else phase_rng.uniform(0.6, 1.4) for role in ("prefill", "decode")}
+                  for g in speeds}
     for mi in range(rng.choice([1, 2, 2])):
         name = f"m{mi}"
         layers = rng.randint(3, 6)
@@ -125,17 +157,28 @@ def random_instance(seed: int, scarce: bool | None = None) -> Instance:
                         speed = speeds[gpu] * bias[gpu] * tp ** 0.85 * (1 - 0.08 * (stages - 1))
                         row.append(round(speed * 4.0 / held, 4) if fits else 0.0)
                     table[(name, gpu, tp, stages)] = row
+                    if disaggregation is not None:
+                        for role, gain in phase_gain[gpu].items():
+                            phase_table[(name, gpu, tp, stages, role)] = [
+                                round(v * gain, 4) for v in row]
         demand = rng.uniform(1.0, 4.0) * (3.0 if scarce else 1.0)
         models.append(ModelSpec(
             name=name, arch=name, input_tokens=100, output_tokens=100, ttft_s=1.0, tpot_s=0.1,
             demand_rps=round(demand, 3), priority=rng.choice([1.0, 2.0]),
             min_replicas=rng.choice([0, 0, 1]),
             max_replicas=rng.choice([None, None, 3]),
+            disaggregation=disaggregation or "off",
         ))
-    cluster = Cluster(tuple(groups), tuple(partitions), quotas)
+        if disaggregation is not None:
+            kv_bytes[name] = 1e9 * phase_rng.uniform(0.1, 0.5)
+    fabric = None
+    if disaggregation is not None and phase_rng.random() < 0.3:
+        fabric = phase_rng.uniform(0.5, 2.0)  # GB/s: binds on some instances
+    cluster = Cluster(tuple(groups), tuple(partitions), quotas, kv_fabric_gbs=fabric)
     policy = Policy(n_max=3, rho=math.inf, heterogeneous=True, max_tp=2, startup_penalty=0.0,
                     time_limit_s=60.0, mip_gap=0.0, prune=False)
-    return Instance(models, cluster, TableThroughput(layer_count, weights, tps, table), policy, scarce)
+    throughput = TableThroughput(layer_count, weights, tps, table, phase_table, kv_bytes)
+    return Instance(models, cluster, throughput, policy, scarce)
 
 
 # --------------------------------------------------------------------------- the joint model
@@ -217,6 +260,9 @@ def build_joint(inst: Instance) -> tuple[LinearModel, dict]:
     lm.add_terms(fair, np.full(len(models), phi), -demand)
     weighted = lm.add_rows("weighted", [()], -INF, INF)[0]
     lm.add_terms(np.full(len(models), weighted), served, [m.priority for m in models])
+    fabric_row = None
+    if cluster.kv_fabric_gbs is not None and any(m.disaggregation != "off" for m in models):
+        fabric_row = _append_row(lm, "kv_fabric", (), -INF, cluster.kv_fabric_gbs * 1e9)
     count_rows = lm.add_rows("replicas", names, [float(m.min_replicas) for m in models],
                              [INF if m.max_replicas is None else float(m.max_replicas) for m in models])
     for mi, m in enumerate(models):
@@ -234,58 +280,74 @@ def build_joint(inst: Instance) -> tuple[LinearModel, dict]:
                     for p in usable:
                         if (m.name, g, t, p.name) in e:
                             lm.add_terms(stage_rows[(g, t)], e[(m.name, g, t, p.name)], -1.0)
-        t_max = max((max(row) for k, row in tm.table.items() if k[0] == m.name), default=0.0)
-        prev_active, prev_T = None, None
-        for r in range(slots):
-            T = lm.add_vars(f"T_{m.name}_{r}", [(m.name, r)], 0.0, t_max, integer=False)[0]
-            lm.add_terms(cover[mi], T, 1.0)
-            one = _append_row(lm, "one_layout", (m.name, r), -INF, 1.0)
-            active = _append_row(lm, "active_cap", (m.name, r), -INF, 0.0)  # T ≤ t_max Σ w
-            lm.add_terms(active, T, 1.0)
-            w_cols = []
-            for t, S in options:
-                w = lm.add_vars(f"w_{m.name}_{r}_{t}_{S}", [(m.name, r, t, S)], 0.0, 1.0, integer=True)[0]
-                w_cols.append(w)
-                lm.add_terms(one, w, 1.0)
-                lm.add_terms(active, w, -t_max)
-                lm.add_terms(count_rows[mi], w, 1.0)
-                layer_row = _append_row(lm, "layers", (m.name, r, t, S), 0.0, 0.0)
-                lm.add_terms(layer_row, w, -float(L))
-                keys_prev = None
-                for s in range(S):
-                    pick = _append_row(lm, "pick", (m.name, r, t, S, s), 0.0, 0.0)
-                    lm.add_terms(pick, w, -1.0)
-                    # T ≤ Σ thr·a + t_max·(1 − w): binds only when this option is taken
-                    bottleneck = _append_row(lm, "bottleneck", (m.name, r, t, S, s), -INF, t_max)
-                    lm.add_terms(bottleneck, T, 1.0)
-                    lm.add_terms(bottleneck, w, t_max)
-                    keys = []
-                    for gi, g in enumerate(gpus):
-                        if (g, t) not in stage_rows:
-                            continue
-                        for held in range(1, L - S + 2):
-                            speed = tm.throughput(m, g, t, held, S)
-                            if speed <= 0:
+        roles = roles_for(m)
+        cover_of = {"both": cover[mi]}
+        if "prefill" in roles:  # split[m]: requests/s through prefill + decode replicas
+            split = lm.add_vars(f"split_{m.name}", [(m.name,)], 0.0, m.demand_rps,
+                                integer=False)[0]
+            lm.add_terms(cover[mi], split, 1.0)
+            for role in ("prefill", "decode"):
+                cover_of[role] = _append_row(lm, f"cover_{role}", (m.name,), 0.0, INF)
+                lm.add_terms(cover_of[role], split, -1.0)
+            if fabric_row is not None:
+                lm.add_terms(fabric_row, split, tm.kv_bytes_per_request(m))
+        for role in roles:
+            def speed_of(g, t, held, S, role=role, m=m):
+                return tm.phase_throughput(m, g, t, held, S, role)
+            table = tm.table if role == "both" else {
+                k[:4]: v for k, v in tm.phase_table.items() if k[4] == role}
+            t_max = max((max(row) for k, row in table.items() if k[0] == m.name), default=0.0)
+            prev_active, prev_T = None, None
+            for r in range(slots):
+                T = lm.add_vars(f"T_{m.name}_{role}_{r}", [(m.name, role, r)], 0.0, t_max, integer=False)[0]
+                lm.add_terms(cover_of[role], T, 1.0)
+                one = _append_row(lm, "one_layout", (m.name, role, r), -INF, 1.0)
+                active = _append_row(lm, "active_cap", (m.name, role, r), -INF, 0.0)  # T ≤ t_max Σ w
+                lm.add_terms(active, T, 1.0)
+                w_cols = []
+                for t, S in options:
+                    w = lm.add_vars(f"w_{m.name}_{role}_{r}_{t}_{S}", [(m.name, role, r, t, S)], 0.0, 1.0, integer=True)[0]
+                    w_cols.append(w)
+                    lm.add_terms(one, w, 1.0)
+                    lm.add_terms(active, w, -t_max)
+                    lm.add_terms(count_rows[mi], w, 1.0)
+                    layer_row = _append_row(lm, "layers", (m.name, role, r, t, S), 0.0, 0.0)
+                    lm.add_terms(layer_row, w, -float(L))
+                    keys_prev = None
+                    for s in range(S):
+                        pick = _append_row(lm, "pick", (m.name, role, r, t, S, s), 0.0, 0.0)
+                        lm.add_terms(pick, w, -1.0)
+                        # T ≤ Σ thr·a + t_max·(1 − w): binds only when this option is taken
+                        bottleneck = _append_row(lm, "bottleneck", (m.name, role, r, t, S, s), -INF, t_max)
+                        lm.add_terms(bottleneck, T, 1.0)
+                        lm.add_terms(bottleneck, w, t_max)
+                        keys = []
+                        for gi, g in enumerate(gpus):
+                            if (g, t) not in stage_rows:
                                 continue
-                            a = lm.add_vars(f"a_{m.name}_{r}_{t}_{S}_{s}_{g}_{held}",
-                                            [(m.name, r, t, S, s, g, held)], 0.0, 1.0, integer=True)[0]
-                            lm.add_terms(pick, a, 1.0)
-                            lm.add_terms(layer_row, a, float(held))
-                            lm.add_terms(bottleneck, a, -speed)
-                            lm.add_terms(stage_rows[(g, t)], a, 1.0)
-                            keys.append((a, gi * (L + 1) + held))
-                    if keys_prev is not None:  # stages sorted by (type, layers): no symmetric copies
-                        order = _append_row(lm, "stage_order", (m.name, r, t, S, s), 0.0, INF)
-                        lm.add_terms(order, [c for c, _ in keys_prev], [k for _, k in keys_prev])
-                        lm.add_terms(order, [c for c, _ in keys], [-k for _, k in keys])
-                    keys_prev = keys
-            if prev_active is not None:  # replicas sorted by throughput: no symmetric copies
-                order = _append_row(lm, "replica_order", (m.name, r), 0.0, INF)
-                lm.add_terms(order, [prev_T, T], [1.0, -1.0])
-                order = _append_row(lm, "replica_active", (m.name, r), 0.0, INF)
-                lm.add_terms(order, prev_active + w_cols,
-                             [1.0] * len(prev_active) + [-1.0] * len(w_cols))
-            prev_active, prev_T = w_cols, T
+                            for held in range(1, L - S + 2):
+                                speed = speed_of(g, t, held, S)
+                                if speed <= 0:
+                                    continue
+                                a = lm.add_vars(f"a_{m.name}_{role}_{r}_{t}_{S}_{s}_{g}_{held}",
+                                                [(m.name, role, r, t, S, s, g, held)], 0.0, 1.0, integer=True)[0]
+                                lm.add_terms(pick, a, 1.0)
+                                lm.add_terms(layer_row, a, float(held))
+                                lm.add_terms(bottleneck, a, -speed)
+                                lm.add_terms(stage_rows[(g, t)], a, 1.0)
+                                keys.append((a, gi * (L + 1) + held))
+                        if keys_prev is not None:  # stages sorted by (type, layers): no symmetric copies
+                            order = _append_row(lm, "stage_order", (m.name, role, r, t, S, s), 0.0, INF)
+                            lm.add_terms(order, [c for c, _ in keys_prev], [k for _, k in keys_prev])
+                            lm.add_terms(order, [c for c, _ in keys], [-k for _, k in keys])
+                        keys_prev = keys
+                if prev_active is not None:  # replicas sorted by throughput: no symmetric copies
+                    order = _append_row(lm, "replica_order", (m.name, role, r), 0.0, INF)
+                    lm.add_terms(order, [prev_T, T], [1.0, -1.0])
+                    order = _append_row(lm, "replica_active", (m.name, role, r), 0.0, INF)
+                    lm.add_terms(order, prev_active + w_cols,
+                                 [1.0] * len(prev_active) + [-1.0] * len(w_cols))
+                prev_active, prev_T = w_cols, T
     cost = np.asarray(lm.cost, float)
     return lm, {"served": served, "phi": phi, "weighted": weighted, "cost": cost}
 

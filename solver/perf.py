@@ -35,8 +35,19 @@ from solver.perf_profiles import Calibration, MeasuredProfile, load_calibration,
 from solver.resources import profiles_dir
 
 __all__ = [
-    "Mix", "Slo", "configure", "engine_dtype", "is_calibrated", "kv_capacity_tokens",
-    "stage_throughput", "step_latency_s", "valid_tp_degrees",
+    "PROMPTS_STALL_RING",
+    "Mix",
+    "Slo",
+    "configure",
+    "engine_dtype",
+    "is_calibrated",
+    "kv_capacity_tokens",
+    "measured_dirs",
+    "measured_profiles",
+    "stage_throughput",
+    "step_latency_s",
+    "throughput_from_coeffs",
+    "valid_tp_degrees",
 ]
 
 
@@ -81,11 +92,20 @@ def _calibration() -> Calibration:
     return load_calibration(_profiles)
 
 
+def measured_dirs() -> tuple[Path, ...]:
+    """The folders measured profiles are read from now (see :func:`configure`)."""
+    if _measured_dirs is not None:
+        return _measured_dirs
+    return ((_profiles or profiles_dir()).resolve() / "measured",)
+
+
+def measured_profiles() -> dict[tuple[str, str, int], tuple[MeasuredProfile, ...]]:
+    """Every measured profile in use, keyed by (arch, gpu, tp)."""
+    return _measured()
+
+
 def _measured() -> dict[tuple[str, str, int], tuple[MeasuredProfile, ...]]:
-    dirs = _measured_dirs
-    if dirs is None:
-        dirs = ((_profiles or profiles_dir()).resolve() / "measured",)
-    return load_measured(dirs, _profiles)
+    return load_measured(measured_dirs(), _profiles)
 
 
 # --- rules ----------------------------------------------------------------------------------
@@ -160,20 +180,25 @@ def _stage_coeffs(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int) -> StageC
 
 
 def step_latency_s(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, decode_seqs: int,
-                   prefill_tokens: int, context_tokens: int, n_stages: int = 1) -> float:
+                   prefill_tokens: int, context_tokens: int, n_stages: int = 1,
+                   prefill_ctx: float | None = None) -> float:
     """Seconds of one continuous-batching engine step on this stage.
 
     ``decode_seqs`` sequences decode one token each, reading ``context_tokens`` KV tokens in total;
-    ``prefill_tokens`` prompt tokens (assumed to be one prompt chunk, so its attention context
-    averages half of it) are prefilled in the same step. Includes this stage's share of the
-    per-step engine overhead and, in a pipeline of ``n_stages`` > 1, the hand-off to the next
-    stage — exactly what :func:`stage_throughput` charges, so a sim engine summing its stages'
-    steps sees the latency the planner promised.
+    ``prefill_tokens`` prompt tokens are prefilled in the same step, each attending to
+    ``prefill_ctx`` tokens on average. None: one prompt chunk from its start (half of it). A
+    batch of several chunks attends per sequence (attention kernels do not mix sequences):
+    pass Σ chunk·(already computed + chunk/2) ÷ Σ chunk, or k prompts of n tokens are charged
+    k times their attention. Includes this stage's share of the per-step engine overhead and,
+    in a pipeline of ``n_stages`` > 1, the hand-off to the next stage — exactly what
+    :func:`stage_throughput` charges (k whole prompts of n_in tokens at n_in/2 each), so a sim
+    engine summing its stages' steps sees the latency the planner promised.
     """
     cal = _calibration()
     c = _stage_coeffs(arch, gpu, tp, layers)
-    return step_time(c, decode_seqs, prefill_tokens, context_tokens, prefill_tokens / 2.0,
-                 cal.step_overhead_s, n_stages, cal.pp_alpha_s, cal.pp_bw)
+    ctx = prefill_tokens / 2.0 if prefill_ctx is None else prefill_ctx
+    return step_time(c, decode_seqs, prefill_tokens, context_tokens, ctx,
+                     cal.step_overhead_s, n_stages, cal.pp_alpha_s, cal.pp_bw)
 
 
 # --- measured overrides ---------------------------------------------------------------------
@@ -293,10 +318,52 @@ def _concurrent_slots(cap: int, n_in: int, n_out: int, max_seqs: int) -> int:
     return min(max_seqs, int(root * root))
 
 
+#: Growth factor of the batches probed for the first feasible one (see _first_feasible_batch).
+_PROBE_GROWTH = 1.25
+
+
+def _first_feasible_batch(feasible: Callable[[int], tuple[bool, float]], b_max: int
+                          ) -> tuple[int, float]:
+    """(smallest probed feasible batch, its mean step) or (0, 0.0) when none is.
+
+    Feasibility is not monotone at the small end: the tail-TPOT surge factor
+    1 + z / sqrt(spare x S x b) is largest at b = 1, so with prompt-heavy mixes (e.g. Azure code,
+    2,048 in / 28 out) a lone sequence fails where larger batches pass. Batches 1, 2, 3, ... are
+    probed growing by at most ``_PROBE_GROWTH`` per step (about 25 probes up to 256), and the
+    first that passes starts the search for the largest one.
+    """
+    b = 1
+    while b <= b_max:
+        ok, t = feasible(b)
+        if ok:
+            return b, t
+        b = max(b + 1, int(b * _PROBE_GROWTH))
+    return 0, 0.0
+
+
+#: Pipeline accounting of prompts: True, a prompt stalls the whole ring of S micro-batches, so
+#: each stage pays S x b / n_out prompts per step of its own; False, each stage pays its own
+#: micro-batch's b / n_out. ASSUMED, not measured: bench/paper_pp.py fits it to the real engine
+#: (issue 13 item 5) once `coral-hpc profile` has measured PP 1/2/3.
+PROMPTS_STALL_RING = True
+
+
 def _model_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_stages: int,
                       slo: Slo, mix: Mix) -> float:
     cal = _calibration()
     cap = kv_capacity_tokens(arch, gpu, tp, layers, cal.gpu_memory_utilization)
+    return throughput_from_coeffs(_stage_coeffs(arch, gpu, tp, layers), cap, n_stages, slo, mix)
+
+
+def throughput_from_coeffs(c: StageCoeffs, cap: int, n_stages: int, slo: Slo, mix: Mix,
+                           prompts_stall_ring: bool | None = None,
+                           overhead_s: float | None = None) -> float:
+    """Requests/s one stage with step-time coefficients ``c`` and ``cap`` KV tokens sustains
+    (the search :func:`stage_throughput` runs, on any coefficients: e.g. ones fitted to a
+    measured engine). ``prompts_stall_ring`` None: :data:`PROMPTS_STALL_RING`;
+    ``overhead_s`` None: the calibration's per-step engine overhead."""
+    cal = _calibration()
+    ring = PROMPTS_STALL_RING if prompts_stall_ring is None else prompts_stall_ring
     n_in, n_out = mix.input_tokens, mix.output_tokens
     if cap <= 0 or n_in + n_out > cap:
         return 0.0
@@ -307,9 +374,10 @@ def _model_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_sta
     if b_max < 1:
         return 0.0
     S = n_stages
+    R = S if ring else 1  # micro-batches whose prompts each stage's step pays for
     tpot = slo.tpot_s / S
-    c = _stage_coeffs(arch, gpu, tp, layers)
-    over, alpha, bw = cal.step_overhead_s, cal.pp_alpha_s, cal.pp_bw
+    over = cal.step_overhead_s if overhead_s is None else overhead_s
+    alpha, bw = cal.pp_alpha_s, cal.pp_bw
     # KV tokens a decode step reads per running sequence: in + out for exponential outputs
     # (a sequence seen mid-flight is length-biased: long outputs stay longer), not in + out/2
     ctx = float(n_in + n_out)
@@ -333,9 +401,10 @@ def _model_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_sta
     def feasible(b: int) -> tuple[bool, float]:
         # A sequence advances one token per round of all S micro-batches; the S x b sequences
         # in flight see about S x b prompts arrive during one request's n_out rounds (Little),
-        # and a prompt stalls the whole pipeline ring (every stage waits for its long step), so
-        # each stage pays S x b / n_out prompts per step of its own — not b / n_out.
-        mean_prompts = S * b / n_out
+        # and if a prompt stalls the whole pipeline ring (every stage waits for its long step),
+        # each stage pays S x b / n_out prompts per step of its own, else its own micro-batch's
+        # b / n_out (R = S or 1: PROMPTS_STALL_RING, assumed until measured).
+        mean_prompts = R * b / n_out
         t = step(b, mean_prompts)
         if t > tpot:
             return False, t
@@ -351,7 +420,7 @@ def _model_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_sta
         # the engine in virtual time (bench/slo.py): >= 95 % at the capacity this returns.
         spare = step_empty / t
         surge = 1.0 + _Z / math.sqrt(spare * S * b)
-        if _tail_step(lambda x: step(b * surge * x / t, S * b * surge * x / (t * n_out)),
+        if _tail_step(lambda x: step(b * surge * x / t, R * b * surge * x / (t * n_out)),
                       t, tpot) > tpot:
             return False, t
         # TTFT: queue for a KV slot (M/M/c with the slots above; a request holds one for
@@ -365,10 +434,11 @@ def _model_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_sta
         tail = _erlang_c_wait_tail(slots, a, slots / service - lam, budget)
         return tail <= MISS_PER_OBJECTIVE, t
 
-    ok, t1 = feasible(1)
-    if not ok:
+    lo, t_lo = _first_feasible_batch(feasible, b_max)
+    if lo == 0:
         return 0.0
-    lo, t_lo = 1, t1  # feasibility is monotone in b (every term grows with the batch)
+    # Above the first feasible batch, feasibility is monotone: the mean step, the prompts per
+    # step and the KV wait all grow with b, and the surge factor keeps falling.
     hi = b_max
     ok, t_hi = feasible(hi)
     if ok:

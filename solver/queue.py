@@ -29,6 +29,8 @@ def _fits(option: QueueOption, template: Template, model: ModelSpec, cluster: Cl
     gpu = template.stages[0].gpu_type
     if template.heterogeneous or option.gpu_type != gpu or option.gpus_per_node != template.tp:
         return False
+    if template.role != "both":
+        return False  # a prefill- or decode-only replica alone serves no request
     if option.nodes != template.pp:
         return False
     if not model.allows_partition(option.partition) or not model.allows_gpu(gpu):

@@ -29,6 +29,7 @@ from typing import Protocol
 
 import numpy as np
 
+from solver.roles import phase_templates, roles_for, supports_phases
 from solver.types import ModelSpec, Policy, Stage, Template
 
 #: progress(model name, models done, models total)
@@ -111,13 +112,38 @@ class PerfThroughput:
     def calibrated(self, model: ModelSpec, gpu_type: str) -> bool:
         return bool(self._perf.is_calibrated(self._arch(model), self._gpu(gpu_type)))
 
+    def phase_throughput(self, model: ModelSpec, gpu_type: str, tp: int, layers: int,
+                         stages: int, role: str) -> float:
+        """Requests/s one stage of a prefill-only or decode-only replica sustains."""
+        from solver import perf_roles
+
+        slo = self._perf.Slo(ttft_s=model.ttft_s, tpot_s=model.tpot_s)
+        mix = self._perf.Mix(input_tokens=model.input_tokens, output_tokens=model.output_tokens)
+        return perf_roles.phase_throughput(self._arch(model), self._gpu(gpu_type), tp, layers,
+                                           stages, slo, mix, role)
+
+    def kv_bytes_per_request(self, model: ModelSpec) -> float:
+        """KV bytes one request moves from its prefill to its decode replica."""
+        from solver import perf_roles
+
+        mix = self._perf.Mix(input_tokens=model.input_tokens, output_tokens=model.output_tokens)
+        return perf_roles.kv_bytes_per_request(self._arch(model), mix)
+
     def fingerprint(self) -> str:
+        from solver import perf_roles
         from solver.resources import profiles_dir
 
         digest = hashlib.sha256()
+        digest.update(Path(perf_roles.__file__).read_bytes())
         for path in sorted(profiles_dir().rglob("*")):
             if path.is_file():
                 digest.update(str(path.relative_to(profiles_dir())).encode())
+                digest.update(path.read_bytes())
+        # measured profiles may live outside the package (a site's profiles_dir): a new or
+        # changed measurement must invalidate the cached Stage-1 library
+        for folder in getattr(self._perf, "measured_dirs", lambda: ())():
+            for path in sorted(Path(folder).glob("*.yaml")):
+                digest.update(str(path).encode())
                 digest.update(path.read_bytes())
         for module in (self._perf, self._catalog):
             digest.update(Path(module.__file__).read_bytes())
@@ -130,17 +156,33 @@ class PerfThroughput:
 def _stage_tables(
     tm: ThroughputModel, model: ModelSpec, types: list[str], tp: int, stages: int, layers: int
 ) -> np.ndarray:
-    """``table[g, l-1]`` = throughput of a stage of type g holding l layers (1 ≤ l ≤ L-S+1),
-    forced non-increasing in l (a stage never gets faster by holding more layers)."""
+    """``table[g, l-1]`` = throughput of a stage of type g holding l layers (1 ≤ l ≤ L-S+1).
+
+    A stage may need a minimum layer count: the model can call a stage with few layers
+    infeasible and one with more feasible (e.g. Qwen3-235B on 4×H100 in 2 stages with a
+    prompt-heavy mix: nothing below 10 layers). So every layer count is asked; entries before the
+    first feasible one stay 0, and from it on the table is forced non-increasing (a stage never
+    gets faster by holding more layers), so the feasible layer counts at any throughput form one
+    interval [:func:`_least_layers`, most].
+    """
     longest = layers - stages + 1
     table = np.zeros((len(types), longest))
     for gi, gpu in enumerate(types):
         for l in range(1, longest + 1):
             value = tm.throughput(model, gpu, tp, l, stages)
             table[gi, l - 1] = value if value > 0 else 0.0
-            if value <= 0:  # non-increasing: every longer stage is infeasible too
-                break
-    return np.minimum.accumulate(table, axis=1)
+    least = _least_layers(table)
+    for gi in range(len(types)):
+        start = least[gi] - 1
+        if start < longest:
+            table[gi, start:] = np.minimum.accumulate(table[gi, start:])
+    return table
+
+
+def _least_layers(table: np.ndarray) -> np.ndarray:
+    """Per stage type, the fewest layers at which its stage is feasible (L-S+2 when never)."""
+    positive = table > 0
+    return np.where(positive.any(axis=1), positive.argmax(axis=1) + 1, table.shape[1] + 1)
 
 
 def _multisets(n_types: int, stages: int, heterogeneous: bool) -> np.ndarray:
@@ -161,18 +203,23 @@ def best_layouts(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Exact best bottleneck throughput for every multiset row of ``counts``.
 
-    Returns (throughput per row (0 = no layout), layers per stage type at that throughput).
+    ``table`` as :func:`_stage_tables` makes it: per type, zeros up to its fewest feasible layers,
+    then non-increasing. At a target T a stage of type g holds any layer count in
+    [least_g, most_g(T)], so a multiset reaches T iff Σ n_g·least_g ≤ L ≤ Σ n_g·most_g(T).
+    Returns (throughput per row (0 = no layout), most layers per stage type at that throughput).
     """
     candidates = np.unique(table[table > 0])[::-1]  # descending
     if candidates.size == 0:
         return np.zeros(len(counts)), np.zeros_like(counts)
+    least = _least_layers(table)
     # most layers a stage of type g holds at throughput ≥ T: [T, g]
     most = (table[None, :, :] >= candidates[:, None, None]).sum(axis=2)
+    most = np.where(most >= 1, most + (least[None, :] - 1), 0)
     # a used type that cannot hold even one layer makes the target infeasible
     big = layers * (counts.sum(axis=1).max() + 1)
     capped = np.where(most >= 1, most, -big)
     capacity = counts @ capped.T  # [multiset, candidate], non-decreasing as T falls
-    ok = capacity >= layers
+    ok = (capacity >= layers) & ((counts @ least) <= layers)[:, None]
     first = ok.argmax(axis=1)
     feasible = ok[np.arange(len(counts)), first]
     throughput = np.where(feasible, candidates[first], 0.0)
@@ -180,16 +227,20 @@ def best_layouts(
     return throughput, per_type
 
 
-def _split(per_type: np.ndarray, counts: np.ndarray, layers: int) -> list[tuple[int, int]]:
-    """A concrete split: (type index, layers) per stage, each ≤ its cap, ≥ 1, summing to L.
+def _split(per_type: np.ndarray, counts: np.ndarray, layers: int,
+           least: np.ndarray | None = None) -> list[tuple[int, int]]:
+    """A concrete split: (type index, layers) per stage, each within [least, cap], summing to L.
 
-    Takes layers off the stages holding the most first, which keeps the split balanced."""
+    Takes layers off the stages holding the most first (among those above their type's least),
+    which keeps the split balanced. ``least`` None: every type may go down to one layer."""
+    floor = np.ones(len(counts), dtype=np.int64) if least is None else least
     stages = [[gi, int(per_type[gi])] for gi in range(len(counts)) for _ in range(int(counts[gi]))]
     excess = sum(l for _, l in stages) - layers
     while excess > 0:
-        # one layer at a time off the fullest stage keeps the split balanced; never below 1,
-        # as Σ layers > L ≥ S means some stage holds more than one
-        largest = max(range(len(stages)), key=lambda i: (stages[i][1], -i))
+        # one layer at a time off the fullest stage that may still shrink keeps the split
+        # balanced; best_layouts guaranteed Σ least ≤ L, so one always may
+        largest = max((i for i in range(len(stages)) if stages[i][1] > floor[stages[i][0]]),
+                      key=lambda i: (stages[i][1], -i))
         stages[largest][1] -= 1
         excess -= 1
     return [(gi, l) for gi, l in stages]
@@ -222,7 +273,7 @@ def model_templates(
                 continue
             throughput, per_type = best_layouts(table, counts, layers)
             for row in np.nonzero(throughput > 0)[0]:
-                split = _split(per_type[row], counts[row], layers)
+                split = _split(per_type[row], counts[row], layers, _least_layers(table))
                 stage_list = tuple(Stage(types[gi], l) for gi, l in split)
                 actual = min(table[gi, l - 1] for gi, l in split)
                 out.append(
@@ -235,6 +286,26 @@ def model_templates(
                     )
                 )
     return drop_dominated(out)
+
+
+def library_templates(
+    tm: ThroughputModel,
+    model: ModelSpec,
+    gpu_types: Mapping[str, tuple[int, float]],
+    policy: Policy,
+) -> list[Template]:
+    """The model's templates for every role its disaggregation policy allows
+    (:func:`solver.roles.roles_for`): aggregated from :func:`model_templates`, prefill and
+    decode from :func:`solver.roles.phase_templates`."""
+    roles = roles_for(model)
+    out = model_templates(tm, model, gpu_types, policy) if "both" in roles else []
+    phases = [r for r in roles if r != "both"]
+    if phases and not supports_phases(tm):
+        raise ValueError(f"model {model.name}: disaggregation {model.disaggregation} needs a "
+                         "throughput model that prices prefill and decode apart")
+    for role in phases:
+        out += phase_templates(tm, model, gpu_types, policy, role)
+    return out
 
 
 def drop_dominated(templates: list[Template]) -> list[Template]:
@@ -267,6 +338,7 @@ def _cache_key(
         "version": CACHE_VERSION,
         "model": [model.name, model.arch, model.input_tokens, model.output_tokens,
                   model.ttft_s, model.tpot_s, sorted(model.gpu_types)],
+        "roles": list(roles_for(model)),
         "gpus": sorted([g, list(v)] for g, v in gpu_types.items()),
         "policy": [policy.n_max, policy.rho, policy.heterogeneous, policy.max_tp],
         "throughput": tm.fingerprint(),
@@ -286,6 +358,8 @@ def _from_json(items: list[dict]) -> list[Template]:
             stages=tuple(Stage(s["gpu_type"], int(s["layers"])) for s in item["stages"]),
             throughput=float(item["throughput"]),
             calibrated=bool(item.get("calibrated", True)),
+            role=item.get("role", "both"),
+            kv_bytes_per_request=float(item.get("kv_bytes_per_request", 0.0)),
         )
         for item in items
     ]
@@ -322,7 +396,7 @@ def build_library(
                 continue
             except (ValueError, KeyError, TypeError):
                 pass  # a damaged cache entry is rebuilt below
-        templates = model_templates(tm, model, gpu_types, policy)
+        templates = library_templates(tm, model, gpu_types, policy)
         library[model.name] = templates
         if use_cache:
             folder.mkdir(parents=True, exist_ok=True)

@@ -14,9 +14,19 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Literal
 
 #: A configuration: (GPU type, GPUs used on one node), e.g. ("a100", 4).
 Config = tuple[str, int]
+
+#: What a replica serves: both phases (aggregated), or only prefill or only decode
+#: (disaggregated; vLLM's KV connector moves the prompt's KV cache from one to the other).
+Role = Literal["both", "prefill", "decode"]
+ROLES: tuple[Role, ...] = ("both", "prefill", "decode")
+
+#: Whether Stage 1/2 may split a model's phases: ``off`` aggregated only, ``on`` prefill and
+#: decode replicas only, ``auto`` both kinds, Stage 2 picks the cheaper mix.
+Disaggregation = Literal["auto", "on", "off"]
 
 
 @dataclass(frozen=True)
@@ -35,6 +45,7 @@ class ModelSpec:
     max_replicas: int | None = None
     gpu_types: tuple[str, ...] = ()  #: allowed GPU types; empty = all
     partitions: tuple[str, ...] = ()  #: allowed partitions; empty = all
+    disaggregation: Disaggregation = "off"  #: see :data:`Disaggregation`
 
     def allows_gpu(self, gpu_type: str) -> bool:
         return not self.gpu_types or gpu_type in self.gpu_types
@@ -229,6 +240,11 @@ class Cluster:
     #: Empty = every partition is compatible with every other
     environment_groups: tuple[tuple[str, ...], ...] = ()
 
+    #: GB/s the site's fabric carries for prefill→decode KV transfers in total (all
+    #: disaggregated models together); None = not a limit (a non-blocking fabric, where each
+    #: node's own link, priced in Stage 1, is what binds)
+    kv_fabric_gbs: float | None = None
+
     def node_group(self, name: str) -> NodeGroup:
         for group in self.node_groups:
             if group.name == name:
@@ -268,7 +284,11 @@ class Template:
     """A vLLM-runnable serving layout of one model (Stage 1 output).
 
     Pipeline stages in order, one tensor-parallel degree for all (vLLM requires it), each stage
-    on one node; ``throughput`` in requests/s under the model's SLO and mix.
+    on one node; ``throughput`` in requests/s under the model's SLO and mix. A ``prefill``
+    template's throughput is its prompt tokens/s under TTFT ÷ the mix's mean input tokens; a
+    ``decode`` template's its output tokens/s under TPOT ÷ mean output tokens (ARCHITECTURE
+    "Units"), so every role's throughput compares with the same requests/s of demand.
+    ``kv_bytes_per_request``: KV bytes one request moves from prefill to decode (0 for ``both``).
     """
 
     model: str
@@ -276,6 +296,8 @@ class Template:
     stages: tuple[Stage, ...]
     throughput: float
     calibrated: bool = True
+    role: Role = "both"
+    kv_bytes_per_request: float = 0.0
 
     @property
     def pp(self) -> int:
@@ -287,9 +309,11 @@ class Template:
 
     @functools.cached_property
     def id(self) -> str:
-        """Stable identifier, safe for Slurm job comments: ``model.tp2.a100-20.v100-12``."""
+        """Stable identifier, safe for Slurm job comments: ``model.tp2.a100-20.v100-12``; a
+        disaggregated role is named after the model: ``model.prefill.tp2.a100-32``."""
         parts = ".".join(f"{s.gpu_type}-{s.layers}" for s in self.stages)
-        return f"{self.model}.tp{self.tp}.{parts}"
+        role = "" if self.role == "both" else f"{self.role}."
+        return f"{self.model}.{role}tp{self.tp}.{parts}"
 
     @property
     def layer_partition(self) -> str:
@@ -345,6 +369,11 @@ class PlanRow:
         """Per replica, requests/s."""
         return self.template.throughput
 
+    @property
+    def role(self) -> Role:
+        """What these replicas serve: ``both``, ``prefill`` or ``decode``."""
+        return self.template.role
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -366,4 +395,14 @@ class Plan:
 
     def replicas(self, model: str | None = None) -> int:
         return sum(r.count for r in self.rows if model is None or r.model == model)
+
+
+def served_capacity(rows) -> dict[str, float]:
+    """Requests/s the rows sustain per model: aggregated replicas plus, for disaggregated ones,
+    the lesser of the prefill and the decode capacity (a request needs one of each)."""
+    by_role: dict[str, dict[str, float]] = {}
+    for row in rows:
+        roles = by_role.setdefault(row.model, {"both": 0.0, "prefill": 0.0, "decode": 0.0})
+        roles[row.role] += row.count * row.throughput
+    return {m: r["both"] + min(r["prefill"], r["decode"]) for m, r in by_role.items()}
 

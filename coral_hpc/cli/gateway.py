@@ -26,11 +26,16 @@ from coral_hpc.errors import ConfigError, PermanentError
               help="Seconds of silence from a replica before it counts as stalled.")
 @click.option("--probe-interval", type=float, default=1.0, show_default=True,
               help="Seconds between /health probes of each replica.")
+@click.option("--idle-timeout", type=click.FloatRange(min=0.1), default=15.0, show_default=True,
+              help="Close a client connection that sends no complete request head for this long "
+                   "(idle keep-alive, or headers trickled in: slowloris).")
+@click.option("--body-timeout", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
+              help="Answer 408 when a request body is not complete this long after its head.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 def gateway(file: str, table: str | None, replica_key_file: str | None, listen: str | None,
             ready_file: str | None, read_timeout: float, probe_interval: float,
-            log_level: str) -> None:
+            idle_timeout: float, body_timeout: float, log_level: str) -> None:
     """Serve every model of FILE behind one OpenAI-compatible endpoint."""
     from coral_hpc.gateway.proxy import GatewaySettings
     from coral_hpc.gateway.server import run_gateway
@@ -64,6 +69,11 @@ def gateway(file: str, table: str | None, replica_key_file: str | None, listen: 
         max_body_bytes=config.max_body_bytes,
         read_timeout_s=read_timeout,
         probe_interval_s=probe_interval,
+        client_idle_timeout_s=idle_timeout,
+        body_timeout_s=body_timeout,
+        tls_cert=Path(config.tls_cert).expanduser() if config.tls_cert else None,
+        tls_key=Path(config.tls_key).expanduser() if config.tls_key else None,
+        behind_tls_proxy=config.behind_tls_proxy,
     )
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -81,18 +81,21 @@ def _print_table(outcome) -> None:
     unit = "billing/h" if result.unit == "billing" else "per h"
     table = Table(title=f"Plan: {plan.status}, {plan.cost_per_hour:.2f} {unit}")
     from coral_hpc.plan.availability import start_label
+    from coral_hpc.plan.figures import figures_used
 
-    for column in ("model", "partition", "layout", "TP×PP", "count", "req/s each",
-                   f"cost {unit} each", "start"):
+    for column in ("model", "role", "partition", "layout", "TP×PP", "count", "req/s each",
+                   f"cost {unit} each", "figures", "start"):
         table.add_column(column)
+    arch = {m.name: m.arch for m in result.models}
     for row, queued in [(r, False) for r in plan.rows] + [(r, True) for r in plan.queued]:
         t = row.template
         layout = " + ".join(f"{s.gpu_type}[{s.layers}]" for s in t.stages)
         if not t.calibrated:
             layout += " (uncalibrated)"
-        table.add_row(row.model, ",".join(dict.fromkeys(row.partitions)), layout,
+        table.add_row(row.model, row.role, ",".join(dict.fromkeys(row.partitions)), layout,
                       f"{t.tp}×{t.pp}", str(row.count), f"{row.throughput:.3g}",
-                      f"{row.cost_per_hour:.3g}", start_label(row.wait_s, queued))
+                      f"{row.cost_per_hour:.3g}", figures_used(t, arch[row.model]),
+                      start_label(row.wait_s, queued))
     console.print(table)
     served = Table(title="Demand (requests/s of each model's mix, headroom included)")
     for column in ("model", "demand", "served", "capacity"):

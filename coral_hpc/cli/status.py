@@ -51,7 +51,11 @@ def status_data(deployment, store, now: float) -> dict:
     for m in deployment.models:
         ready = [r for r in records if r.model == m.name
                  and statuses[r.id].state is ReplicaState.READY]
-        capacity = sum(r.throughput for r in ready)
+        # a disaggregated request needs a prefill and a decode replica: the lesser side counts
+        by_role = {"both": 0.0, "prefill": 0.0, "decode": 0.0}
+        for r in ready:
+            by_role[r.layout.role if r.layout else "both"] += r.throughput
+        capacity = by_role["both"] + min(by_role["prefill"], by_role["decode"])
         demand = planned_demand.get(m.name, m.demand_rps or 0.0)
         models.append({
             "name": m.name,
@@ -144,13 +148,14 @@ def _print_tables(data: dict) -> None:
         models.add_row(m["name"], f"{m['demand']:.3g}", f"{m['served']:.3g}",
                        str(m["ready_replicas"]), str(m["planned_replicas"]))
     console.print(models)
-    replicas = Table("replica", "model", "job", "state", "partition", "tp×pp", "age",
+    replicas = Table("replica", "model", "role", "job", "state", "partition", "tp×pp", "age",
                      "time left", "endpoint / Slurm")
     for r in data["replicas"]:
         left = "" if r["time_left_s"] is None else f"{r['time_left_s'] / 60:.0f} min"
-        where = r["endpoint"] or _pending_note(r)
-        replicas.add_row(r["id"], r["model"], r["job_id"] or "", r["state"], r["partition"],
-                         f"{r['tp']}×{r['pp']}", f"{r['age_s'] / 60:.0f} min", left, where)
+        replicas.add_row(r["id"], r["model"], r["role"] or "?", r["job_id"] or "", r["state"],
+                         r["partition"],
+                         f"{r['tp']}×{r['pp']}", f"{r['age_s'] / 60:.0f} min", left,
+                         r["endpoint"] or _pending_note(r))
     console.print(replicas)
     plan = data["plan"]
     if plan:

@@ -30,7 +30,8 @@ def ready_routes(
             continue
         if record.model in routes:
             routes[record.model].append(
-                ReplicaRoute(record.id, record.endpoint.rstrip("/"), max(record.throughput, 1e-6))
+                ReplicaRoute(record.id, record.endpoint.rstrip("/"), max(record.throughput, 1e-6),
+                             record.layout.role if record.layout else "both")
             )
     return {m: tuple(sorted(r, key=lambda x: x.id)) for m, r in routes.items()}
 

@@ -32,6 +32,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from coral_hpc.engine.disagg import KvTransfer
 from coral_hpc.engine.metrics import FINISHED_REASON, EngineMetrics
 from coral_hpc.engine.runner import RequestHandle, SimEngine
 from coral_hpc.engine.text import Filler, count_text_tokens, render_chat
@@ -83,6 +84,7 @@ class _Job:
     stream: bool
     include_usage: bool
     continuous_usage: bool
+    kv_params: dict[str, Any] | None = None  # vLLM's kv_transfer_params (disaggregation)
 
 
 class SimAPI:
@@ -100,6 +102,8 @@ class SimAPI:
         self.served = served
         self._api_key = api_key
         self.draining = False
+        #: the KV-connector side when started with --kv-transfer-config (set once bound)
+        self.kv: KvTransfer | None = None
         self.active = 0  # /v1 requests being answered
         self._idle = asyncio.Event()
         self._idle.set()
@@ -217,6 +221,10 @@ class SimAPI:
         if options is not None and not isinstance(options, dict):
             raise ApiError(400, "'stream_options' must be an object", param="stream_options")
         options = options or {}
+        kv_params = body.get("kv_transfer_params")
+        if kv_params is not None and not isinstance(kv_params, dict):
+            raise ApiError(400, "'kv_transfer_params' must be an object",
+                           param="kv_transfer_params")  # fmt: skip
         max_model_len = self.served.max_model_len
         if prompt_tokens >= max_model_len:
             raise ApiError(
@@ -251,11 +259,16 @@ class SimAPI:
             stream=stream,
             include_usage=bool(options.get("include_usage")),
             continuous_usage=bool(options.get("continuous_usage_stats")),
+            kv_params=kv_params,
         )
 
     async def _generate(self, request: web.Request, job: _Job) -> web.StreamResponse:
+        external, load_s = 0, 0.0
+        if self.kv is not None:  # like vLLM, params are ignored without a KV connector
+            external, load_s = self.kv.lookup(job.kv_params, job.prompt_tokens)
+            self.metrics.on_external_lookup(job.prompt_tokens, external)
         try:
-            handle = self.engine.submit(job.prompt_tokens, job.max_tokens)
+            handle = self.engine.submit(job.prompt_tokens, job.max_tokens, external, load_s)
         except ValueError as exc:  # longer than the KV cache: it could never run
             raise ApiError(400, str(exc)) from None
         try:
@@ -293,17 +306,18 @@ class SimAPI:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish,
                       "stop_reason": None}  # fmt: skip
             obj = "text_completion"
-        return web.json_response(
-            {
-                "id": rid,
-                "object": obj,
-                "created": created,
-                "model": job.model,
-                "system_fingerprint": self.served.fingerprint,
-                "choices": [choice],
-                "usage": usage,
-            }
-        )
+        answer = {
+            "id": rid,
+            "object": obj,
+            "created": created,
+            "model": job.model,
+            "system_fingerprint": self.served.fingerprint,
+            "choices": [choice],
+            "usage": usage,
+        }
+        if self.kv is not None and self.kv.is_prefill(job.kv_params) and finish != "abort":
+            answer["kv_transfer_params"] = self.kv.handoff(job.prompt_tokens)
+        return web.json_response(answer)
 
     async def _stream(
         self, request: web.Request, job: _Job, handle: RequestHandle

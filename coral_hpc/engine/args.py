@@ -14,11 +14,17 @@ Sim-only flags:
   --sim-speed 1.0           time runs this many times faster than the modelled GPU
   --sim-drain-timeout 30    seconds SIGTERM waits for in-flight requests before exiting
   --sim-default-max-tokens  max_tokens of a request that gives none (vLLM would fill the context)
+
+``--kv-transfer-config JSON`` is vLLM's: with it the server takes part in disaggregated serving
+(a request with ``kv_transfer_params.do_remote_decode`` is prefilled here and answered with the
+``kv_transfer_params`` a decode replica needs; one with ``do_remote_prefill`` continues from KV a
+prefill replica made), as vLLM's KV connectors do per request.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from dataclasses import dataclass
 
@@ -65,6 +71,8 @@ class SimArgs:
     speed: float
     drain_timeout: float
     default_max_tokens: int
+    #: vLLM's --kv-transfer-config (kv_connector, kv_role, ...); None = no disaggregation
+    kv_transfer: dict | None = None
 
 
 class UsageError(ValueError):
@@ -147,6 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.9,
         help="fraction of GPU memory for weights + KV cache (sizes the KV cache)",
     )
+    p.add_argument("--kv-transfer-config", default=None,
+                   help="vLLM's KV connector config (JSON): serve disaggregated requests")
     for flag in _IGNORED_WITH_VALUE:
         p.add_argument(flag, help=argparse.SUPPRESS)
     for flag in _IGNORED_SWITCHES:
@@ -204,6 +214,7 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> SimArg
             f"--max-num-batched-tokens ({ns.max_num_batched_tokens}) must be ≥ "
             f"--max-num-seqs ({ns.max_num_seqs})"
         )
+    kv_transfer = _kv_transfer(ns.kv_transfer_config) if ns.kv_transfer_config else None
     return SimArgs(
         model=model,
         served_model_names=tuple(ns.served_model_name or (model,)),
@@ -223,4 +234,23 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> SimArg
         speed=ns.sim_speed,
         drain_timeout=ns.sim_drain_timeout,
         default_max_tokens=ns.sim_default_max_tokens,
+        kv_transfer=kv_transfer,
     )
+
+
+#: vLLM's kv_role values
+KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
+
+
+def _kv_transfer(text: str) -> dict:
+    """``--kv-transfer-config``: a JSON object with ``kv_connector`` and a valid ``kv_role``."""
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"--kv-transfer-config is not JSON: {exc}") from None
+    if not isinstance(config, dict) or not isinstance(config.get("kv_connector"), str):
+        raise UsageError("--kv-transfer-config must be a JSON object with a 'kv_connector' name")
+    if config.get("kv_role", "kv_both") not in KV_ROLES:
+        raise UsageError(f"--kv-transfer-config kv_role {config.get('kv_role')!r}: expected one "
+                         f"of {', '.join(KV_ROLES)}")
+    return config

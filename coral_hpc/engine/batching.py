@@ -18,6 +18,9 @@ Policy (vLLM's scheduler, simplified; first come first served):
   past its prefill decodes one token, the rest of the budget goes to prompt chunks (chunked
   prefill), first to sequences already prefilling, then to newly admitted ones. The step that
   finishes a prompt also samples that sequence's first output token, as in vLLM.
+* **Disaggregated decode.** A sequence whose prompt KV a prefill replica computed
+  (``external`` tokens, loaded by the KV connector) is admitted with those tokens in the cache
+  and computes only the rest (at least the last prompt token, as vLLM does for its logits).
 * **Virtual engines.** With ``num_engines`` > 1 (one per pipeline stage, like vLLM's virtual
   engines under pipeline parallelism) each admitted sequence belongs to the engine that admitted
   it; the waiting queue and the KV blocks are shared, and an engine admits no more than its fair
@@ -55,6 +58,9 @@ class Sequence:
     seq_id: str
     prompt_tokens: int
     max_tokens: int
+    #: prompt tokens whose KV a prefill replica computed (disaggregated decode): admitted with
+    #: them already in the cache, as vLLM's KV connector loads them; lost on preemption
+    external: int = 0
     computed: int = 0
     generated: int = 0
     blocks: int = 0
@@ -67,6 +73,10 @@ class Sequence:
             raise ValueError(f"prompt_tokens must be ≥ 1, got {self.prompt_tokens}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be ≥ 1, got {self.max_tokens}")
+        if not 0 <= self.external < self.prompt_tokens:
+            # as vLLM, the last prompt token is always computed here: it yields the first logits
+            raise ValueError(f"external tokens must be in 0..{self.prompt_tokens - 1}, "
+                             f"got {self.external}")
 
     @property
     def total_tokens(self) -> int:
@@ -232,6 +242,7 @@ class Scheduler:
         """Recompute-mode preemption: drop its KV, send it back to the head of the queue."""
         self._release(seq)
         seq.computed = 0
+        seq.external = 0  # its loaded KV is gone with its blocks: recompute it all
         self._waiting.appendleft(seq)
         self.preemptions += 1
 
@@ -272,9 +283,11 @@ class Scheduler:
             and len(running) < share
         ):
             head = self._waiting[0]
-            chunk = min(head.pending, budget)
-            if not self._grow(head, chunk):
+            loaded = head.external  # KV from a prefill replica: in the cache on admission
+            chunk = min(head.pending - loaded, budget)
+            if not self._grow(head, loaded + chunk):
                 break  # FCFS: nobody overtakes the head
+            head.computed = loaded
             self._waiting.popleft()
             head.engine = engine
             running.append(head)

@@ -137,6 +137,17 @@ class EngineMetrics:
             "Histogram of time spent in WAITING phase for request.",
             REQUEST_LATENCY_BUCKETS,
         ).labels(model_name)
+        # vLLM's KV-connector counters (prompt tokens): queried, and found outside this engine
+        self.external_queries = Counter(
+            "vllm:external_prefix_cache_queries",
+            "External prefix cache queries from KV connector cross-instance cache sharing, in "
+            "terms of number of queried tokens.", labels, registry=r,
+        ).labels(model_name)
+        self.external_hits = Counter(
+            "vllm:external_prefix_cache_hits",
+            "External prefix cache hits from KV connector cross-instance cache sharing, in terms "
+            "of number of cached tokens.", labels, registry=r,
+        ).labels(model_name)
         r.register(_SchedulerGauges(scheduler, model_name, info))
 
     def on_token(self, handle: RequestHandle, event: TokenEvent, now: float) -> None:
@@ -152,6 +163,11 @@ class EngineMetrics:
         if event.finished:
             self.success.labels(self._model, FINISHED_REASON).inc()
             self.e2e.observe(now - handle.arrival)
+
+    def on_external_lookup(self, queried: int, hit: int) -> None:
+        """Count a KV-connector lookup: ``queried`` prompt tokens, ``hit`` of them found."""
+        self.external_queries.inc(queried)
+        self.external_hits.inc(hit)
 
     def on_admitted(self, handle: RequestHandle, now: float) -> None:
         """Record how long a request waited before the engine admitted it."""

@@ -91,6 +91,14 @@ class StepModel:
             for gpu, layers in zip(self._gpus, self.layout.layers)
         )
 
+    def kv_transfer_s(self, prompt_tokens: int) -> float:
+        """Seconds to move one prompt's KV (all layers) from a prefill replica to this one, over
+        the inter-node link the planner prices (:func:`solver.perf_roles.kv_transfer_s`)."""
+        from solver import perf_roles
+
+        mix = perf.Mix(input_tokens=prompt_tokens, output_tokens=1)
+        return perf_roles.kv_transfer_s(self._arch, self._arch.layers, mix)
+
     def kv_capacity_tokens(self) -> int:
         """Tokens of KV cache the replica holds: the tightest stage's capacity."""
         return min(

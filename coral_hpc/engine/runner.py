@@ -70,6 +70,7 @@ class SimEngine:
         self._observer = observer
         self._clock: PipelineClock | None = None
         self._handles: dict[Sequence, RequestHandle] = {}
+        self._loading: dict[Sequence, asyncio.TimerHandle] = {}  # waiting for remote KV
         self._wake: list[asyncio.Event] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._idle = asyncio.Event()
@@ -95,19 +96,42 @@ class SimEngine:
         self._tasks = []
 
     # ------------------------------------------------------------------ requests
-    def submit(self, prompt_tokens: int, max_tokens: int) -> RequestHandle:
-        """Queue a request. Raises ValueError when it could never fit the KV cache."""
+    def submit(self, prompt_tokens: int, max_tokens: int, external_tokens: int = 0,
+               transfer_s: float = 0.0) -> RequestHandle:
+        """Queue a request. Raises ValueError when it could never fit the KV cache.
+
+        ``external_tokens`` of the prompt arrive as KV from a prefill replica, which takes
+        ``transfer_s`` (modelled seconds, divided by the speed) before the request can queue,
+        as vLLM holds a request until its connector has loaded the remote KV."""
         self._next_id += 1
-        seq = Sequence(str(self._next_id), prompt_tokens, max_tokens)
-        self.scheduler.add(seq)
-        handle = RequestHandle(seq=seq, arrival=asyncio.get_running_loop().time())
+        seq = Sequence(str(self._next_id), prompt_tokens, max_tokens, external=external_tokens)
+        if not self.scheduler.fits(seq.total_tokens):
+            self.scheduler.add(seq)  # raises with the scheduler's reason
+        loop = asyncio.get_running_loop()
+        handle = RequestHandle(seq=seq, arrival=loop.time())
         self._handles[seq] = handle
         self._idle.clear()
-        self._wake_all()
+        if transfer_s > 0:
+            self._loading[seq] = loop.call_later(transfer_s / self._speed, self._enqueue, seq)
+        else:
+            self._enqueue(seq)
         return handle
+
+    def _enqueue(self, seq: Sequence) -> None:
+        self._loading.pop(seq, None)
+        self.scheduler.add(seq)
+        self._wake_all()
 
     def abort(self, handle: RequestHandle) -> None:
         """Drop a request (its client went away); frees its KV blocks. No-op once finished."""
+        timer = self._loading.pop(handle.seq, None)
+        if timer is not None:  # still loading its KV: it never reached the scheduler
+            timer.cancel()
+            handle.seq.finished = True
+            self._handles.pop(handle.seq, None)
+            handle.events.put_nowait(None)
+            self._after_release()
+            return
         if self.scheduler.abort(handle.seq):
             self._handles.pop(handle.seq, None)
             handle.events.put_nowait(None)
@@ -132,7 +156,7 @@ class SimEngine:
             event.set()
 
     def _after_release(self) -> None:
-        if self.scheduler.num_unfinished == 0:
+        if self.scheduler.num_unfinished == 0 and not self._loading:
             self._idle.set()
         self._wake_all()  # freed KV blocks may let another engine admit
 

@@ -20,6 +20,7 @@ import asyncio
 import errno
 import os
 import signal
+import socket
 import sys
 from dataclasses import dataclass
 
@@ -28,6 +29,7 @@ from aiohttp import web
 from coral_hpc.engine.api import ServedModel, SimAPI
 from coral_hpc.engine.args import EXIT_BIND, EXIT_STARTUP, SimArgs, UsageError, parse_args
 from coral_hpc.engine.batching import Scheduler
+from coral_hpc.engine.disagg import KvTransfer
 from coral_hpc.engine.metrics import EngineMetrics
 from coral_hpc.engine.pipeline import Layout, StepModel, default_layer_split
 from coral_hpc.engine.runner import SimEngine
@@ -181,6 +183,10 @@ async def serve(prep: Prepared, api_key: str | None) -> int:
         _log(f"cannot bind {host}:{args.port}: {exc.strerror or exc}")
         return EXIT_BIND if exc.errno == errno.EADDRINUSE else EXIT_STARTUP
     port = runner.addresses[0][1]
+    if args.kv_transfer is not None:
+        api.kv = KvTransfer(args.kv_transfer, prep.layout.tp, args.block_size,
+                            prep.step_model.kv_transfer_s,
+                            host=args.host or socket.gethostname(), port=port)
     engine.start()
     stop, again = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -194,6 +200,8 @@ async def serve(prep: Prepared, api_key: str | None) -> int:
         f"SIMULATED engine (no inference) serving {', '.join(served.names)} on "
         f"http://{host}:{port} — {prep.fingerprint}, KV cache {scheduler.total_blocks} blocks x "
         f"{args.block_size} tokens, max_model_len {served.max_model_len}, speed x{args.speed}"
+        + (f", KV connector {args.kv_transfer['kv_connector']} "
+           f"({args.kv_transfer.get('kv_role', 'kv_both')})" if args.kv_transfer else "")
     )
     await stop.wait()
     api.draining = True

@@ -13,7 +13,6 @@ demand counters are labelled with; the key itself is never logged.
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import os
 import re
 import secrets
@@ -21,6 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from coral_hpc.config import is_loopback_host
 from coral_hpc.errors import PermanentError
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
@@ -123,9 +123,13 @@ class KeyChecker:
 
     def name_for(self, authorization: str | None) -> str | None:
         """The key name for an ``Authorization`` header value, or None when it is not valid."""
-        if not authorization or not authorization.startswith("Bearer "):
+        if not authorization:
             return None
-        token = authorization[7:].strip()
+        # RFC 9110 §11.1: the scheme is case-insensitive ("bearer" and "BEARER" are "Bearer")
+        scheme, _, token = authorization.partition(" ")
+        if scheme.lower() != "bearer":
+            return None
+        token = token.strip()
         if not token:
             return None
         return self._by_digest.get(hash_key(token))
@@ -133,10 +137,4 @@ class KeyChecker:
 
 def is_loopback(host: str) -> bool:
     """True when ``host`` (from ``gateway.listen``) only accepts connections from this machine."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        # a host name other than localhost may resolve to any interface: treat it as exposed
-        return False
+    return is_loopback_host(host.strip("[]"))

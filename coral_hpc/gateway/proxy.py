@@ -29,6 +29,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from coral_hpc.gateway.auth import KeyChecker, KeysFileError, is_loopback, read_keys_file
+from coral_hpc.gateway.disagg import Disaggregation
 from coral_hpc.gateway.metering import DemandMeter, GatewayMetrics
 from coral_hpc.gateway.routing import ReplicaState, Router
 from coral_hpc.gateway.streaming import SSEFramer, StreamUsage, error_event
@@ -51,6 +52,9 @@ class GatewaySettings:
     table_path: Path | None = None               # the daemon's routing table
     api_keys_file: Path | None = None            # hashed client keys; None = no client auth
     replica_key_file: Path | None = None         # the key replicas require (sent upstream)
+    tls_cert: Path | None = None                 # HTTPS when set (with tls_key)
+    tls_key: Path | None = None
+    behind_tls_proxy: bool = False               # plain HTTP beyond loopback: a proxy does TLS
     max_body_bytes: int = 4 * 1024 * 1024        # 413 above this
     #: Connecting to a replica on the same cluster network takes milliseconds; seconds mean dead.
     connect_timeout_s: float = 3.0
@@ -63,6 +67,18 @@ class GatewaySettings:
     probe_timeout_s: float = 2.0
     retry_after_s: int = 10                      # Retry-After on 503: a replica takes a while
     max_connections_per_replica: int = 1024      # one pool per replica
+    #: Idle upstream connections kept per replica, each closed after ``upstream_keepalive_s``:
+    #: a 3,000-request burst must not leave 3,000 sockets open. 4 s is below the 5 s after which
+    #: vLLM's server (uvicorn's default) closes an idle connection itself, so a pooled
+    #: connection is rarely one the replica is closing at that moment.
+    max_idle_per_replica: int = 128
+    upstream_keepalive_s: float = 4.0
+    #: A client connection is closed when no complete request head arrives for this long: an
+    #: idle keep-alive connection, or one trickling its headers (slowloris). The official
+    #: clients keep idle connections for 5 s (httpx), so they rarely meet this limit.
+    client_idle_timeout_s: float = 15.0
+    #: The whole request body must arrive within this; slower is an attack, not a client.
+    body_timeout_s: float = 30.0
 
 
 class _UpstreamFailed(Exception):
@@ -114,6 +130,7 @@ class _Reloadable:
     problem: str | None = field(default=None)
 
     def changed(self) -> bool:
+        """True when the file appeared, changed or went away since the last call."""
         if self.path is None:
             return False
         try:
@@ -125,18 +142,28 @@ class _Reloadable:
         if stamp == self.stamp:
             return False
         self.stamp = stamp
-        return stamp is not None
+        return True
+
+    @property
+    def gone(self) -> bool:
+        """The file was not there at the last :meth:`changed`."""
+        return self.stamp is None
 
 
 class Gateway:
     """The gateway's state and handlers. Construct, then :meth:`build_app`; nothing starts until
     the app does (no threads, no I/O in the constructor)."""
 
+    #: for :mod:`coral_hpc.gateway.disagg`, which forwards through this gateway's machinery
+    upstream_failed = _UpstreamFailed
+    error_response = staticmethod(_error)
+
     def __init__(self, settings: GatewaySettings, keys: KeyChecker | None = None) -> None:
         self.settings = settings
         self.router = Router()
         self.meter = DemandMeter()
         self.metrics = GatewayMetrics(self._ready_counts)
+        self.disagg = Disaggregation(self)  # prefill → decode for disaggregated models
         self._configured = set(settings.models)
         self._known = set(settings.models)
         self._keys = keys
@@ -174,6 +201,7 @@ class Gateway:
         self._tasks = [
             asyncio.create_task(self._loop(self.settings.poll_interval_s, self._reload_files)),
             asyncio.create_task(self._loop(self.settings.probe_interval_s, self._probe_all)),
+            asyncio.create_task(self._loop(1.0, self._reap_idle)),
         ]
 
     async def _on_cleanup(self, app: web.Application) -> None:
@@ -202,16 +230,23 @@ class Gateway:
     # ------------------------------------------------------------------ reloading
 
     def _reload_files(self) -> None:
-        if self._table_file.changed():
+        if self._table_file.changed() and not self._table_file.gone:
+            # a table that went away keeps the routes we have: the daemon rewrites it atomically
             self._reload_table()
         if self._keys_file.changed():
-            try:
-                self._keys = KeyChecker(read_keys_file(self._keys_file.path))
-                log.info("API keys reloaded from %s", self._keys_file.path)
-            except KeysFileError as exc:
-                # keep the keys we had: a half-edited file must not lock everyone out or open up
-                log.error("%s (keeping the previous keys)", exc)
-        if self._replica_key_file.changed():
+            if self._keys_file.gone:
+                # fail closed: deleting the keys file is how an operator revokes every key at once
+                self._keys = KeyChecker([])
+                log.error("API-keys file %s is gone: every key is revoked until it returns",
+                          self._keys_file.path)
+            else:
+                try:
+                    self._keys = KeyChecker(read_keys_file(self._keys_file.path))
+                    log.info("API keys reloaded from %s", self._keys_file.path)
+                except KeysFileError as exc:
+                    # keep the keys we had: a half-edited file must not lock everyone out
+                    log.error("%s (keeping the previous keys)", exc)
+        if self._replica_key_file.changed() and not self._replica_key_file.gone:
             path = self._replica_key_file.path
             try:
                 if os.stat(path).st_mode & 0o077:
@@ -254,8 +289,14 @@ class Gateway:
         if pool is None:
             pool = self._pools[state] = UpstreamPool(
                 state.url, self.settings.connect_timeout_s, self.settings.read_timeout_s,
-                max_connections=self.settings.max_connections_per_replica, keepalive_s=30.0)
+                max_connections=self.settings.max_connections_per_replica,
+                keepalive_s=self.settings.upstream_keepalive_s,
+                max_idle=self.settings.max_idle_per_replica)
         return pool
+
+    def _reap_idle(self) -> None:
+        for pool in self._pools.values():
+            pool.reap()
 
     # ------------------------------------------------------------------ health
 
@@ -346,15 +387,24 @@ class Gateway:
             self.metrics.client_errors.labels("413").inc()
             return _error(413, f"request body over {limit} bytes", "invalid_request_error")
         try:
-            body = await request.read()
+            body = await asyncio.wait_for(request.read(), self.settings.body_timeout_s)
         except web.HTTPRequestEntityTooLarge:
             self.metrics.client_errors.labels("413").inc()
             return _error(413, f"request body over {limit} bytes", "invalid_request_error")
+        except asyncio.TimeoutError:
+            self.metrics.client_errors.labels("408").inc()
+            return _error(408, f"request body not received within {self.settings.body_timeout_s:g}"
+                          " s", "invalid_request_error", headers={"Connection": "close"})
         try:
             payload = json.loads(body)
         except (ValueError, UnicodeDecodeError) as exc:
             self.metrics.client_errors.labels("400").inc()
             return _error(400, f"request body is not valid JSON: {exc}", "invalid_request_error")
+        except RecursionError:
+            # the C decoder stops at the interpreter's recursion limit (~1,000 levels); no
+            # OpenAI request nests more than a few levels
+            self.metrics.client_errors.labels("400").inc()
+            return _error(400, "request body nests JSON too deeply", "invalid_request_error")
         if not isinstance(payload, dict) or not isinstance(payload.get("model"), str):
             self.metrics.client_errors.labels("400").inc()
             return _error(400, "request body must be a JSON object with a string 'model'",
@@ -370,6 +420,12 @@ class Gateway:
                           "not_found_error")
         children = self.metrics.children(model, key)
         children.requests.inc()
+        if self.disagg.wants(model):
+            self.meter.record_arrival(model, key)
+            started = time.perf_counter()
+            response = await self.disagg.serve(request, model, payload, key, children, started)
+            children.latency.observe(time.perf_counter() - started)
+            return response
         replica = self.router.choose(model)
         if replica is None:
             self.meter.record_arrival(model, key, rejected=True)
@@ -411,7 +467,7 @@ class Gateway:
         if state.removed and state.outstanding == 0:
             self._close_session(state)
 
-    async def _post(self, replica: ReplicaState, path: str, body: bytes):
+    async def _post(self, replica: ReplicaState, path: str, body: bytes, extra: bytes = b""):
         """Send the request; the pool's connection once the answer's head is in. Any transport
         failure here happened before a byte reached the client, so it is retryable."""
         try:
@@ -419,9 +475,22 @@ class Gateway:
         except ValueError as exc:
             raise _UpstreamFailed(str(exc)) from None
         try:
-            return pool, await pool.post(path, self._upstream_headers, body)
+            return pool, await pool.post(path, self._upstream_headers + extra, body)
         except UpstreamError as exc:
             raise _UpstreamFailed(f"UpstreamError: {exc}") from None
+
+    async def post_whole(self, replica: ReplicaState, path: str, body: bytes,
+                         extra_headers: str = "") -> tuple[int, bytes]:
+        """POST ``body`` and read the whole answer: (status, body). A transport failure raises
+        :attr:`upstream_failed` (nothing has reached the client)."""
+        pool, conn = await self._post(replica, path, body, extra_headers.encode("latin-1"))
+        try:
+            data = await conn.read_body(pool.read_timeout_s)
+        except UpstreamError as exc:
+            raise _UpstreamFailed(f"UpstreamError: {exc}") from None
+        finally:
+            pool.release(conn)
+        return conn.status, data
 
     async def _forward(self, request: web.Request, replica: ReplicaState, body: bytes,
                        payload: dict, key: str) -> web.Response:
@@ -435,12 +504,13 @@ class Gateway:
         status = conn.status
         content_type = conn.content_type or "application/json"
         if status == 200:
-            self._count_answer(replica.model, key, payload, data)
+            self._count_answer(replica.model, key, payload, data, replica.role)
         else:
             self.metrics.errors.labels(replica.model, f"upstream_{status}").inc()
         return web.Response(status=status, body=data, headers={"Content-Type": content_type})
 
-    def _count_answer(self, model: str, key: str, payload: dict, data: bytes) -> None:
+    def _count_answer(self, model: str, key: str, payload: dict, data: bytes,
+                      role: str = "both") -> None:
         counts = None
         generated_chars = 0
         # Fast path: parse only the usage object (answers can be large; usage is small).
@@ -448,15 +518,15 @@ class Gateway:
         if at >= 0:
             try:
                 usage, _ = _DECODER.raw_decode(data[at + 8:].decode("utf-8", "replace").lstrip())
-            except ValueError:
+            except (ValueError, RecursionError):
                 usage = None
             counts = _usage_counts(usage)
             if counts is not None:
-                self._add_tokens(model, key, counts[0], counts[1], False)
+                self._add_tokens(model, key, counts[0], counts[1], False, role)
                 return
         try:
             answer = json.loads(data)
-        except ValueError:
+        except (ValueError, RecursionError):
             answer = None
         if isinstance(answer, dict):
             counts = _usage_counts(answer.get("usage"))
@@ -471,10 +541,12 @@ class Gateway:
         estimated = counts is None
         if estimated:
             counts = (_estimate_prompt_tokens(payload), math.ceil(generated_chars / 4))
-        self._add_tokens(model, key, counts[0], counts[1], estimated)
+        self._add_tokens(model, key, counts[0], counts[1], estimated, role)
 
     def _add_tokens(self, model: str, key: str, prompt: int, generated: int,
-                    estimated: bool) -> None:
+                    estimated: bool, role: str = "both") -> None:
+        if role == "decode":
+            self.disagg.count_decoded(model, generated)
         children = self.metrics.children(model, key)
         children.prompt.inc(prompt)
         children.generated.inc(generated)
@@ -544,7 +616,7 @@ class Gateway:
             estimated = counts is None
             if estimated:
                 counts = (_estimate_prompt_tokens(payload), usage.chunks)
-            self._add_tokens(replica.model, key, counts[0], counts[1], estimated)
+            self._add_tokens(replica.model, key, counts[0], counts[1], estimated, replica.role)
             return out
         finally:
             # back to the pool when the answer was read whole, else closed: the replica sees the

@@ -27,7 +27,7 @@ class ReplicaState:
     """Live state of one replica of one model, kept across table reloads."""
 
     __slots__ = ("model", "id", "url", "weight", "outstanding", "healthy", "credit", "removed",
-                 "served", "failures")
+                 "served", "failures", "role")
 
     def __init__(self, model: str, route: ReplicaRoute) -> None:
         self.model = model
@@ -40,6 +40,7 @@ class ReplicaState:
         self.removed = False          # set when a table reload dropped it
         self.served = 0               # requests routed here (for /internal/routing)
         self.failures = 0             # transport failures seen
+        self.role = route.role        # "both", or "prefill"/"decode" of a disaggregated model
 
     def describe(self) -> dict:
         """A JSON-ready view for ``/internal/routing``."""
@@ -51,6 +52,7 @@ class ReplicaState:
             "healthy": self.healthy,
             "routed": self.served,
             "failures": self.failures,
+            "role": self.role,
         }
 
 
@@ -86,14 +88,15 @@ def diff_tables(
         new_routes = {r.id: r for r in new.models.get(model, ())}
         for state in states:
             route = new_routes.get(state.id)
-            if route is None or route.url != state.url:
+            # the same id at another url, or in another role, is another process: start afresh
+            if route is None or route.url != state.url or route.role != state.role:
                 diff.removed.append((model, state.id))
             elif route.weight != state.weight:
                 diff.reweighted.append((model, state.id, state.weight, route.weight))
     for model, routes in new.models.items():
-        old = {s.id: s.url for s in current.get(model, ())}
+        old = {s.id: (s.url, s.role) for s in current.get(model, ())}
         for route in routes:
-            if old.get(route.id) != route.url:
+            if old.get(route.id) != (route.url, route.role):
                 diff.added.append((model, route))
     return diff
 
@@ -150,14 +153,15 @@ class Router:
         return diff, dropped
 
     def choose(
-        self, model: str, exclude: Iterable[ReplicaState] = ()
+        self, model: str, exclude: Iterable[ReplicaState] = (), role: str = "both"
     ) -> ReplicaState | None:
         """The replica of ``model`` for the next request, or None when none is healthy (or all
-        healthy ones are in ``exclude``, the replicas this request already failed on)."""
+        healthy ones are in ``exclude``, the replicas this request already failed on). ``role``:
+        aggregated replicas (``both``), or one phase of a disaggregated model."""
         best: ReplicaState | None = None
         total = 0.0
         for state in self._models.get(model, ()):
-            if not state.healthy or state in exclude:
+            if not state.healthy or state in exclude or state.role != role:
                 continue
             total += state.weight
             state.credit += state.weight

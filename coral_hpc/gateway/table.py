@@ -8,7 +8,9 @@ Format (JSON, written atomically by the daemon, read by the gateway when it chan
                 "phi-4":    {"replicas": []}}}
 
 Every configured model is listed; ``replicas`` holds only READY replicas. ``weight`` is the replica's
-planned throughput (requests/s of the model's mix), so routing shares follow the plan.
+planned throughput (requests/s of the model's mix), so routing shares follow the plan. A replica of a
+disaggregated model also has ``"role": "prefill"`` or ``"decode"`` (absent = ``"both"``); its weight
+is then its phase's throughput in the same requests/s (:mod:`coral_hpc.gateway.disagg`).
 """
 
 from __future__ import annotations
@@ -42,6 +44,18 @@ class ReplicaRoute:
     id: str
     url: str
     weight: float
+    role: str = "both"  #: "both" (aggregated), "prefill" or "decode"
+
+
+#: what a replica may serve (the planner's roles)
+ROUTE_ROLES = ("both", "prefill", "decode")
+
+
+def _route_dict(r: ReplicaRoute) -> dict[str, Any]:
+    out: dict[str, Any] = {"id": r.id, "url": r.url, "weight": r.weight}
+    if r.role != "both":  # aggregated replicas keep the original three keys
+        out["role"] = r.role
+    return out
 
 
 @dataclass(frozen=True)
@@ -60,7 +74,7 @@ class RoutingTable:
             "version": self.version,
             "generated_at": self.generated_at,
             "models": {
-                name: {"replicas": [{"id": r.id, "url": r.url, "weight": r.weight} for r in reps]}
+                name: {"replicas": [_route_dict(r) for r in reps]}
                 for name, reps in self.models.items()
             },
         }
@@ -134,7 +148,12 @@ def routing_table_from_dict(data: Any, source: str = "<routing table>") -> Routi
                     or weight <= 0
                 ):
                     raise ValueError(f"{at}.weight: expected a number > 0 (req/s), got {weight!r}")
-                replicas.append(ReplicaRoute(rid, _check_url(rep.get("url"), at), float(weight)))
+                role = rep.get("role", "both")
+                if role not in ROUTE_ROLES:
+                    raise ValueError(f"{at}.role: expected one of {', '.join(ROUTE_ROLES)}, "
+                                     f"got {role!r}")
+                replicas.append(ReplicaRoute(rid, _check_url(rep.get("url"), at), float(weight),
+                                             role))
             models[str(name)] = tuple(replicas)
     except ValueError as exc:
         raise RoutingTableError(f"{source}: {exc}") from None

@@ -188,7 +188,8 @@ class UpstreamPool:
     """Keep-alive connections to one replica (``base_url``, e.g. ``http://host:port``)."""
 
     def __init__(self, base_url: str, connect_timeout_s: float, read_timeout_s: float,
-                 max_connections: int = 1024, keepalive_s: float = 30.0) -> None:
+                 max_connections: int = 1024, keepalive_s: float = 4.0,
+                 max_idle: int = 128) -> None:
         parts = urlsplit(base_url)
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"replica URL {base_url!r}: only http://host:port is supported")
@@ -199,7 +200,8 @@ class UpstreamPool:
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
         self.keepalive_s = keepalive_s
-        self._idle: list[_Connection] = []
+        self.max_idle = max_idle
+        self._idle: list[_Connection] = []   # oldest first; taken from the end (warmest)
         self._slots = asyncio.Semaphore(max_connections)
         self._heads: dict[tuple[str, bytes], bytes] = {}
         self.closed = False
@@ -272,12 +274,31 @@ class UpstreamPool:
         """Give ``conn`` back: to the pool when its answer was read whole, else closed (which
         tells the replica the request was abandoned)."""
         self._slots.release()
-        if conn.complete and conn.keep_alive and not conn.closed and not self.closed:
+        if (conn.complete and conn.keep_alive and not conn.closed and not self.closed
+                and len(self._idle) < self.max_idle):
             conn.used = True
             conn.idle_since = time.monotonic()
             self._idle.append(conn)
         else:
             conn.close()
+
+    @property
+    def idle_count(self) -> int:
+        """Connections kept open for the next request."""
+        return len(self._idle)
+
+    def reap(self, now: float | None = None) -> int:
+        """Close idle connections older than ``keepalive_s`` (and any the replica closed); returns
+        how many. Called every second: without it a burst leaves its connections open for good."""
+        now = time.monotonic() if now is None else now
+        keep = [c for c in self._idle if not c.closed and now - c.idle_since < self.keepalive_s]
+        closed = len(self._idle) - len(keep)
+        if closed:
+            for conn in self._idle:
+                if conn.closed or now - conn.idle_since >= self.keepalive_s:
+                    conn.close()
+            self._idle = keep
+        return closed
 
     def close(self) -> None:
         """Close idle connections; connections in use close when released."""

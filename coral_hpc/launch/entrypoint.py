@@ -12,8 +12,12 @@ In a pipeline the head publishes its address in a per-job rendezvous file on the
 folder; the other ranks start headless workers that join it.
 
 Signals: submitit's own handlers ignore SIGTERM and requeue on SIGUSR2. This module replaces
-both: SIGTERM (``scancel`` with grace) and SIGUSR2 (walltime near) drain the engine, and nothing is
-ever requeued. Secrets reach the engine through its environment only.
+both: SIGUSR2 (the daemon's drain, see :mod:`coral_hpc.launch.stop`, and Slurm's walltime
+warning) and SIGTERM drain the engine, and nothing is ever requeued. The engine ignores SIGUSR2;
+the head turns it into one SIGTERM to the engine's API server, which finishes the requests in
+flight (``--shutdown-timeout``); worker nodes keep their stage serving until the head is done.
+A SIGTERM from Slurm reaches every engine process itself (real vLLM's workers then exit at once).
+Secrets reach the engine through its environment only.
 """
 
 from __future__ import annotations
@@ -383,6 +387,11 @@ def _run_worker(spec: ReplicaSpec, job_id: str, rank: int, stop: StopFlag) -> di
                         )
                 continue
             stop.wait(POLL_S)
+        if stop.is_set() and engine is not None and stop.signal_name != "SIGTERM":
+            # The head drains the requests in flight through every stage: this stage must
+            # serve until the head is done, or the head waits on a dead stage.
+            log.info("%s received: serving until the head has drained", stop.signal_name)
+            _wait_head_done(run_dir, engine, spec.drain_timeout_s)
         if stop.is_set():
             log.info("%s received: stopping the worker", stop.signal_name)
     finally:
@@ -391,6 +400,17 @@ def _run_worker(spec: ReplicaSpec, job_id: str, rank: int, stop: StopFlag) -> di
             got_term = stop.signal_name == "SIGTERM" and _exits_within(engine, SELF_DRAIN_WAIT_S)
             engine.drain(spec.drain_timeout_s, send_term=not got_term)
     return {"replica_id": spec.replica_id, "job_id": job_id, "rank": rank}
+
+
+def _wait_head_done(run_dir: Path, engine: Engine, timeout: float) -> None:
+    """Wait until the head wrote ``done.json`` (its engine drained and exited), this worker's
+    engine exited, or ``timeout`` seconds passed."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (run_dir / "done.json").exists() or engine.exited() is not None:
+            return
+        time.sleep(POLL_S)
+    log.warning("the head did not finish within %.0fs; stopping the worker anyway", timeout)
 
 
 def _exits_within(engine: Engine, seconds: float) -> bool:

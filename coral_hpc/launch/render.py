@@ -55,17 +55,21 @@ def _spec_context(spec: ReplicaSpec) -> dict[str, Any]:
         "tp": spec.tp,
         "pp": spec.pp,
         "dtype": spec.dtype,
+        "kv_transfer_config": spec.kv_transfer_config,
         "max_model_len": spec.max_model_len,
         "engine_args": spec.engine_args,
         "env_kind": spec.env_kind,
         "env": environment,
         "modules": tuple(environment.modules) if environment is not None else (),
+        "env_vars": tuple(environment.env) if environment is not None else (),
         "python": spec.python,
         "sim_arch": spec.sim_arch or spec.model,
         "gpu_types": list(spec.layout.gpu_types),
         "layer_partition": spec.layer_partition,
         # the sim finishes its drain before the entrypoint's own deadline kills it
         "sim_drain_timeout": f"{max(1.0, spec.drain_timeout_s - 5.0):g}",
+        # likewise vLLM (whole seconds): in-flight requests finish, then it exits by itself
+        "shutdown_timeout_s": max(1, int(spec.drain_timeout_s) - 5),
     }
 
 

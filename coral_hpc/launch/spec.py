@@ -87,6 +87,8 @@ class ReplicaSpec:
     engine_args: tuple[str, ...] = ()
     dtype: str = "auto"
     role: str = "both"  # both phases, or prefill / decode only (ReplicaLayout.role)
+    #: vLLM's --kv-transfer-config (JSON) of a prefill or decode replica; None when aggregated
+    kv_transfer_config: str | None = None
     max_model_len: int | None = None
     account: str | None = None
     qos: str | None = None
@@ -304,6 +306,7 @@ def replica_spec(
         engine_args=tuple(deployment.engine.args) + tuple(config.vllm_args),
         dtype=layout.dtype,
         role=layout.role,
+        kv_transfer_config=kv_transfer_config(deployment, layout.role),
         max_model_len=config.max_model_len,
         account=deployment.cluster.account,
         qos=deployment.cluster.qos,
@@ -314,3 +317,32 @@ def replica_spec(
         python=python or sys.executable,
         sim_arch=config.architecture,
     )
+
+
+#: subfolder of ``<state_dir>/<deployment>`` where ExampleConnector keeps prompts' KV by default
+KV_DIR_NAME = "kv"
+
+
+def kv_transfer_config(deployment: Deployment, role: str) -> str | None:
+    """vLLM's ``--kv-transfer-config`` for a replica in ``role``: None for an aggregated one;
+    for prefill and decode replicas the deployment's ``engine.kv_connector``, ``kv_role``
+    ``kv_both`` (vLLM decides per request which side a server takes, from the request's
+    ``kv_transfer_params``, so either replica works with the same config). ExampleConnector's
+    directory defaults to ``<state_dir>/<deployment>/kv`` on the filesystem jobs share; the sim
+    engine, which moves no KV, gets an ExampleConnector config when none is set."""
+    if role == "both":
+        return None
+    connector = deployment.engine.kv_connector
+    if connector is None:
+        if deployment.engine.kind == "vllm":
+            raise SpecError(f"a {role} replica needs engine.kv_connector in models.yaml")
+        name, extra, path = "ExampleConnector", {}, None
+    else:
+        name, extra, path = connector.name, dict(connector.extra_config), connector.shared_path
+    if name == "ExampleConnector":
+        shared = path or str(deployment.state_path.resolve() / KV_DIR_NAME)
+        extra = {"shared_storage_path": shared, **extra}
+    config: dict[str, Any] = {"kv_connector": name, "kv_role": "kv_both"}
+    if extra:
+        config["kv_connector_extra_config"] = extra
+    return json.dumps(config, sort_keys=True)

@@ -47,9 +47,11 @@ class DesiredPlan:
     time: float
     slots: tuple[Slot, ...]
 
-    def capacity(self, model: str) -> float:
-        """Requests/s the plan's replicas of ``model`` sustain."""
-        return sum(s.count * s.throughput for s in self.slots if s.model == model)
+    def capacity(self, model: str, role: str | None = None) -> float:
+        """Requests/s the plan's replicas of ``model`` sustain (of one ``role`` when given:
+        a disaggregated model's prefill and decode replicas are sized apart)."""
+        return sum(s.count * s.throughput for s in self.slots
+                   if s.model == model and (role is None or s.layout.role == role))
 
 
 def slot_rows(plan: DesiredPlan) -> list[dict[str, Any]]:

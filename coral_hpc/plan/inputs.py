@@ -49,6 +49,7 @@ def model_specs(deployment: Deployment, demand_rps: Mapping[str, float] | None =
             ttft_s=m.slo.ttft_s, tpot_s=m.slo.tpot_s, demand_rps=float(rps or 0.0),
             priority=m.priority, min_replicas=m.min_replicas, max_replicas=m.max_replicas,
             gpu_types=tuple(m.gpu_types), partitions=tuple(m.partitions),
+            disaggregation=deployment.policy.disaggregation,
         ))
     return out
 
@@ -176,7 +177,8 @@ def cluster_from_snapshot(deployment: Deployment, snapshot: ClusterSnapshot,
             quotas.append(Quota("GrpTRES=gres/gpu", limits.grp_gpus))
         quotas += [Quota(f"GrpTRES=gres/gpu:{gpu}", limit, gpu_types=(gpu,))
                    for gpu, limit in sorted(limits.grp_gpus_by_type.items())]
-    return Cluster(tuple(node_groups), tuple(partitions), tuple(quotas), tuple(running))
+    return Cluster(tuple(node_groups), tuple(partitions), tuple(quotas), tuple(running),
+                   kv_fabric_gbs=deployment.policy.kv_fabric_gbs)
 
 
 
@@ -262,4 +264,5 @@ def policy_of(deployment: Deployment, startup_s: float | None = None) -> Policy:
     return Policy(n_max=p.n_max, rho=p.rho, heterogeneous=p.heterogeneous,
                   startup_penalty=startup / p.replan_interval_s,
                   time_limit_s=p.solver_time_limit_s, mip_gap=p.solver_mip_gap,
-                  replan_interval_s=p.replan_interval_s, max_queue_wait_s=p.max_queue_wait_s)
+                  replan_interval_s=p.replan_interval_s, max_queue_wait_s=p.max_queue_wait_s,
+                  max_tp=p.max_tp)

@@ -23,8 +23,10 @@ def layout_dtype(arch: str, gpu_types: Sequence[str]) -> str:
 
 
 def layout_of(template: Template, partitions: Sequence[str], arch: str,
-              role: str = "both") -> ReplicaLayout:
-    """The layout of ``template`` with stage ``i`` on ``partitions[i]``."""
+              role: str | None = None) -> ReplicaLayout:
+    """The layout of ``template`` with stage ``i`` on ``partitions[i]``; its role is the
+    template's (prefill / decode for a disaggregated model) unless ``role`` says otherwise."""
+    role = template.role if role is None else role
     if len(partitions) != len(template.stages):
         raise ValueError(f"{template.id}: {len(template.stages)} stages but partitions "
                          f"{list(partitions)}")

@@ -39,6 +39,7 @@ from coral_hpc.demand import ModelDemand, deployment_demand
 from coral_hpc.errors import CoralError
 from coral_hpc.plan import availability, inputs
 from coral_hpc.plan.desired import DesiredPlan, Slot
+from coral_hpc.plan.figures import use_measured_profiles
 from coral_hpc.plan.layout import layout_of
 from coral_hpc.slurm.snapshot import ClusterSnapshot
 from solver.allocate import allocate
@@ -179,6 +180,7 @@ class Planner:
     def solve(self, request: PlanRequest) -> PlanOutcome:
         """Plan once; the outcome carries the checker's findings instead of raising."""
         began = time.perf_counter()
+        use_measured_profiles(request.deployment)
         models, cluster, policy = self.inputs(request)
         throughput = self._model()
         library = build_library(models, cluster.gpu_types(), policy, throughput,

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from coral_hpc.plan.availability import start_label
+
+from coral_hpc.plan.figures import figures_used
 from coral_hpc.plan.layout import layout_of
 from coral_hpc.plan.planner import PlanOutcome, Solved
 
@@ -38,6 +40,7 @@ def plan_json(outcome: PlanOutcome) -> dict[str, Any]:
             "dtype": layout.dtype,
             "role": layout.role,
             "calibrated": row.template.calibrated,
+            "figures": figures_used(row.template, arch[row.model]),
             "stages": [{"gpu_type": s.gpu_type, "gpus": layout.tp, "layers": s.layers,
                         "partition": s.partition} for s in layout.stages],
             "nodes": [list(n) for n in row.nodes],

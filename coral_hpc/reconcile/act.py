@@ -25,6 +25,7 @@ from pathlib import Path
 from coral_hpc.config import Deployment
 from coral_hpc.errors import CoralError, PermanentError, TransientError
 from coral_hpc.launch.spec import replica_spec
+from coral_hpc.launch.stop import DRAIN_SIGNAL
 from coral_hpc.launch.submit import submit_replica
 from coral_hpc.reconcile.backoff import Backoff
 from coral_hpc.reconcile.decide import (
@@ -132,16 +133,17 @@ class Actor:
             return
         first = record.cancelled_at is None
         if first and record.started_at is not None:
-            # grace: SIGTERM to the job steps only (a signalled batch shell makes srun SIGKILL
-            # its tasks, see coral_hpc.launch.stop); the entrypoint drains the engine and exits
-            self.client.cancel([record.job_id], signal="TERM", full=False)
+            # grace: the drain signal to the job steps only (a signalled batch shell makes srun
+            # SIGKILL its tasks; SIGTERM would reach vLLM's workers too, see
+            # coral_hpc.launch.stop); the entrypoint drains the engine and exits
+            self.client.cancel([record.job_id], signal=DRAIN_SIGNAL, full=False)
         else:
             self.client.cancel([record.job_id])
         changes: dict = {"cancelled_at": now}
         if record.drain_requested_at is None:
             changes["drain_requested_at"] = now
         self.store.update_replica(record.id, **changes)
-        what = "SIGTERM sent" if first and record.started_at is not None else "cancelled"
+        what = f"SIG{DRAIN_SIGNAL} sent" if first and record.started_at is not None else "cancelled"
         self.store.add_event(now, "cancel", f"job {record.job_id}: {what} ({action.reason})",
                              model=record.model, replica_id=record.id)
         result.cancelled.append(record.id)

@@ -271,11 +271,12 @@ def decide(
 
     # 5. surplus, make-before-break
     surplus = [r for r in live if r.id not in kept and statuses[r.id].state in _KEEP_ORDER]
-    ready_capacity: dict[str, float] = defaultdict(float)
+    # per model and role: a surplus prefill replica cannot stand in for a missing decode one
+    ready_capacity: dict[tuple[str, str], float] = defaultdict(float)
     for record in live:
         if statuses[record.id].state is ReplicaState.READY:
-            ready_capacity[record.model] += record.throughput
-    planned = {m: plan.capacity(m) for m in {r.model for r in live}}
+            ready_capacity[_role_key(record)] += record.throughput
+    planned = {key: plan.capacity(*key) for key in {_role_key(r) for r in live}}
     # serving surplus: the ones that will stop anyway first, then the dearest per request/s
     surplus.sort(key=lambda r: (not statuses[r.id].needs_successor,
                                 -(r.cost_per_hour / max(r.throughput, 1e-9)), r.created_at, r.id))
@@ -288,10 +289,11 @@ def decide(
             if record.id not in already_cancelled:
                 cancels.append(Cancel(record.id, _surplus_reason(record, status)))
             continue
-        remaining = ready_capacity[record.model] - record.throughput
-        if remaining + 1e-9 >= planned.get(record.model, 0.0):
+        key = _role_key(record)
+        remaining = ready_capacity[key] - record.throughput
+        if remaining + 1e-9 >= planned.get(key, 0.0):
             drains.append(Drain(record.id, _surplus_reason(record, status)))
-            ready_capacity[record.model] = remaining
+            ready_capacity[key] = remaining
 
     # 6. draining replicas: cancel after the grace, retry a cancel Slurm did not carry out
     for record in live:
@@ -383,3 +385,8 @@ def _crash_cooldowns(
             )
         )
     return out
+
+
+def _role_key(record) -> tuple[str, str]:
+    """(model, role) of a replica record; a replica adopted without its layout counts as both."""
+    return record.model, record.layout.role if record.layout else "both"

@@ -51,6 +51,8 @@ class FakeSlurm:
         self.cancelled: list[tuple[str, str | None, bool]] = []  # (job id, signal, full)
         self._ids = itertools.count(1 + max((int(j.job_id) for j in base.jobs), default=100))
         self._failures: dict[str, list[Exception]] = {}
+        #: how old each snapshot is when it arrives (a slow or cached answer)
+        self.lag_s = 0.0
         for job in base.jobs:
             self.queue[job.job_id] = job
 
@@ -89,7 +91,8 @@ class FakeSlurm:
         self._maybe_fail("snapshot")
         own = tuple(j for j in self.queue.values()
                     if j.tag is not None and j.tag.deployment == deployment)
-        return replace(self.base, deployment=deployment, observed_at=self.clock(), jobs=own)
+        return replace(self.base, deployment=deployment, observed_at=self.clock() - self.lag_s,
+                       jobs=own)
 
     def jobs(self) -> list[JobInfo]:
         self._maybe_fail("jobs")
@@ -137,8 +140,10 @@ class FakeSlurm:
     # ------------------------------------------------------------------ launch seam
 
     def submit_spec(self, spec: ReplicaSpec, client: object = None) -> str:
-        """What ``coral_hpc.launch.submit.submit_replica`` does, as the queue sees it: a PENDING
-        job tagged with the spec's replica, one node (or component) per stage."""
+        """What ``coral_hpc.launch.submit.submit_replica`` does, as the queue and the shared
+        filesystem see it: ``spec.json`` written, then a PENDING job tagged with the spec's
+        replica, one node (or component) per stage."""
+        spec.write()
         self._maybe_fail("submit")
         job_id = str(next(self._ids))
         tag = spec.tag

@@ -68,9 +68,11 @@ def start_stub(tmp: Path, name: str, *args: str, port: int = 0) -> Proc:
 
 
 def write_models_yaml(tmp: Path, models: list[str], listen: str = "127.0.0.1:8000",
-                      api_keys_file: Path | None = None, max_body_bytes: int | None = None) -> Path:
-    """A small valid models.yaml (sim engine) naming ``models``."""
-    gateway: dict = {"listen": listen}
+                      api_keys_file: Path | None = None, max_body_bytes: int | None = None,
+                      **gateway_extra) -> Path:
+    """A small models.yaml (sim engine) naming ``models``; ``gateway_extra`` are more fields of
+    its ``gateway`` section (``tls_cert=...``)."""
+    gateway: dict = {"listen": listen, **gateway_extra}
     if api_keys_file is not None:
         gateway["api_keys_file"] = str(api_keys_file)
     if max_body_bytes is not None:

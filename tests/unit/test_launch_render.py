@@ -172,7 +172,7 @@ def test_venv_worker_argv_joins_the_head_headless(tmp_path):
     assert shlex.join(argv[3:]) == (
         "--served-model-name llama-70b --tensor-parallel-size 2 --pipeline-parallel-size 2 "
         "--dtype auto --max-model-len 8192 --nnodes 2 --node-rank 1 --master-addr head-node "
-        "--master-port 24002 --headless --enable-prefix-caching"
+        "--master-port 24002 --headless --shutdown-timeout 55 --enable-prefix-caching"
     )
     assert "--port" not in argv  # a headless worker serves no API
 

@@ -235,3 +235,28 @@ def test_tail_step_runs_away_near_saturation():
     assert perf._tail_step(lambda t: 10 + 0.5 * t, 10.0, 100.0) == pytest.approx(20.0, rel=2e-3)
     assert perf._tail_step(lambda t: 10 + 1.1 * t, 10.0, 1e9) == math.inf
     assert perf._tail_step(lambda t: 10 + 0.5 * t, 10.0, 15.0) == math.inf  # past the limit
+
+
+def test_prompt_heavy_mix_where_only_batches_above_one_pass_gets_its_throughput():
+    # gpt-oss-120b on one H100 with 1,024 in / 16 out: a lone sequence fails the tail-TPOT test
+    # (the surge factor 1 + z/sqrt(spare S b) is largest at b = 1), larger batches pass
+    arch, gpu = model_arch("gpt-oss-120b"), gpu_spec("h100")
+    slo, mix = perf.Slo(ttft_s=4.0, tpot_s=0.2), perf.Mix(input_tokens=1024, output_tokens=16)
+    rps = perf.stage_throughput(arch, gpu, 1, arch.layers, 1, slo, mix)
+    # a batch of one would serve at most 1 / (out x its prompt-carrying step); the answer is more
+    one = 1.0 / (mix.output_tokens * perf.step_latency_s(arch, gpu, 1, arch.layers, 1, 0,
+                                                         mix.input_tokens + mix.output_tokens))
+    assert rps > one
+
+
+def test_batched_prompt_chunks_attend_per_sequence():
+    arch, gpu = model_arch("llama-3.1-8b"), gpu_spec("a100-80g")
+    one = step_latency_s(arch, gpu, 1, arch.layers, 0, 2048, 0)
+    # four 2,048-token prompts in one step: each attends to its own tokens (1,024 on average),
+    # not to half of the 8,192 tokens of the batch
+    four = step_latency_s(arch, gpu, 1, arch.layers, 0, 4 * 2048, 0, prefill_ctx=1024.0)
+    as_one_chunk = step_latency_s(arch, gpu, 1, arch.layers, 0, 4 * 2048, 0)
+    assert four < as_one_chunk
+    # and the per-sequence accounting is linear in the prompts, as the planner's step charges
+    over = perf._calibration().step_overhead_s
+    assert four - over == pytest.approx(4 * (one - over), rel=0.02)

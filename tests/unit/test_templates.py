@@ -161,3 +161,63 @@ def test_a_model_too_big_for_every_layout_gets_no_templates():
                          {("m", "a", 1, s): [0.0] * 4 for s in range(1, 4)})
     model = ModelSpec("m", "m", 10, 10, 1.0, 0.1)
     assert model_templates(tm, model, {"a": (4, 16.0)}, Policy(n_max=3, rho=math.inf)) == []
+
+
+def _min_layer_instance():
+    """A 12-layer model, two GPU types: 'big' is infeasible below 5 layers (a stage with a
+    minimum layer count), 'small' holds at most 4 layers."""
+    from solver.joint import TableThroughput
+
+    model = ModelSpec("m", "m", 512, 128, 2.0, 0.1)
+    big = [0.0] * 4 + [60.0 / l for l in range(5, 12)]
+    small = [30.0 / l for l in range(1, 5)] + [0.0] * 7
+    tm = TableThroughput(layer_count={"m": 12}, weights_gb={"m": 10.0}, tps={"m": [1]},
+                         table={("m", "big", 1, s): big for s in (1, 2, 3)}
+                         | {("m", "small", 1, s): small for s in (1, 2, 3)})
+    return model, tm
+
+
+def test_a_stage_with_a_minimum_layer_count_keeps_its_table():
+    import numpy as np
+
+    from solver.templates import _stage_tables
+
+    model, tm = _min_layer_instance()
+    table = _stage_tables(tm, model, ["big", "small"], 1, 2, 12)
+    # big is feasible only from 5 layers on: those entries survive (they used to be cut at l=1)
+    assert (table[0, :4] == 0).all() and table[0, 4] == pytest.approx(12.0)
+    assert np.all(np.diff(table[0, 4:]) <= 0)
+
+
+def test_templates_with_a_minimum_layer_stage_are_the_exact_best_layouts():
+    model, tm = _min_layer_instance()
+    templates = model_templates(tm, model, {"big": (1, 80.0), "small": (1, 80.0)},
+                                Policy(n_max=3, rho=100.0, heterogeneous=True))
+    by_counts = {tuple(sorted(t.stage_counts().items())): t for t in templates}
+    # one big + one small: big takes 8 (60/8 = 7.5), small 4 (30/4 = 7.5)
+    mixed = by_counts[(("big", 1), ("small", 1))]
+    assert mixed.throughput == pytest.approx(7.5)
+    assert {(s.gpu_type, s.layers) for s in mixed.stages} == {("big", 8), ("small", 4)}
+    for t in templates:
+        counts = t.stage_counts()
+        types = sorted(counts)
+        assert t.throughput == pytest.approx(
+            _brute_best(tm, model, types, t.tp, [counts[g] for g in types], 12), rel=1e-12)
+        # every stage of big holds at least its minimum
+        assert all(s.layers >= 5 for s in t.stages if s.gpu_type == "big")
+        assert sum(s.layers for s in t.stages) == 12
+
+
+def test_qwen3_235b_on_two_4xh100_stages_gets_a_template_with_the_azure_code_mix():
+    from solver.templates import PerfThroughput, _stage_tables
+
+    model = ModelSpec("q235", "qwen3-235b-a22b", 2048, 28, 4.0, 0.2)
+    tm = PerfThroughput()
+    table = _stage_tables(tm, model, ["h100"], 4, 2, 94)
+    # the perf model calls a stage of few layers infeasible under this mix, 47 layers feasible
+    assert table[0, 0] == 0 and table[0, 46] > 0
+    templates = model_templates(tm, model, {"h100": (8, 80.0)}, Policy(n_max=2))
+    two = [t for t in templates if t.tp == 4 and t.pp == 2]
+    assert two and [s.layers for s in two[0].stages] == [47, 47]
+    assert min(tm.throughput(model, s.gpu_type, 4, s.layers, 2) for s in two[0].stages) \
+        == pytest.approx(two[0].throughput)

@@ -27,9 +27,10 @@ FLAGS=(
   --master-addr gpu-a100-01
   --master-port 24002
   --headless
+  --shutdown-timeout 55
   --enable-prefix-caching
 )
-# Slurm's walltime warning (SIGUSR2) reaches every process of the step: the engine ignores it and
-# the entrypoint turns it into one SIGTERM, so the engine drains instead of dying.
+# SIGUSR2 (the daemon's drain and Slurm's walltime warning) reaches every process of the step: the
+# engine ignores it and the entrypoint turns it into one SIGTERM to the API server, which drains.
 trap '' USR2
 exec "${ENGINE[@]}" "${FLAGS[@]}"

@@ -14,7 +14,7 @@ FLAGS=(
   --host 0.0.0.0
   --port 24001
 )
-# Slurm's walltime warning (SIGUSR2) reaches every process of the step: the engine ignores it and
-# the entrypoint turns it into one SIGTERM, so the engine drains instead of dying.
+# SIGUSR2 (the daemon's drain and Slurm's walltime warning) reaches every process of the step: the
+# engine ignores it and the entrypoint turns it into one SIGTERM to the API server, which drains.
 trap '' USR2
 exec "${ENGINE[@]}" "${FLAGS[@]}"

@@ -1,0 +1,591 @@
+#!/usr/bin/env python3
+"""Streaming through the gateway against peers, in one run: SSE chunks per second on one core and
+the delay each chunk picks up in the proxy, at 100 and 1,000 concurrent streams.
+
+Every proxy (``coral-hpc gateway``, nginx with ``proxy_buffering off``, vLLM's Rust
+``vllm-router``) is pinned to ONE core with ``taskset`` and forwards ``POST /v1/completions`` with
+``stream: true`` to the same canned streaming upstream; the upstream and the load generator (this
+script, ``gen`` and ``upstream`` roles, asyncio + uvloop) share the other core. ``direct`` is the
+load generator talking to the upstream with no proxy: the baseline the "added" figures subtract.
+
+The upstream answers each request with vLLM-shaped ``text_completion`` SSE events, one HTTP chunk
+(one write) per event, each carrying the ``time.monotonic_ns()`` at which it was written (field
+``"t"``; CLOCK_MONOTONIC is one clock for every process of the machine), then ``data: [DONE]``.
+The request's prompt says how to pace it: ``interval_ms=0`` sends events back to back (yielding to
+other streams between events), ``interval_ms=40`` one every 40 ms (25 tokens/s, a vLLM replica's
+decode speed under load). Two measurements per system and concurrency:
+
+* **saturation** (interval 0, 200 events per stream, each finished stream replaced at once):
+  chunks/s delivered, and the proxy's own CPU seconds (user+system from /proc) → chunks per
+  CPU-second, the one-core capacity, which stays meaningful when the load generator or other work
+  on the machine is the limit (flagged when the proxy used < 90 % of its core);
+* **paced** (interval 40 ms, 100 events per stream, phases spread at random): per chunk, the time
+  from the upstream's write to the generator's read, p50/p99; "added" is the proxy's percentile
+  minus direct's.
+
+Writes bench/results/gateway_stream.json and .md. Needs nginx and vllm-router as bench/gateway.py
+does (``--install`` to fetch them).
+
+Usage: .venv/bin/python bench/gateway_stream.py [--duration 8] [--install]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from array import array
+from datetime import datetime, timezone
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+RESULTS = REPO / "bench" / "results"
+STREAMS = (100, 1000)
+#: Paced: ms between events of one stream. 40 ms (25 tokens/s) is a vLLM replica's decode speed
+#: under load; at 1,000 streams 100 ms (10 tokens/s, a large batch decodes each stream slower),
+#: which also keeps the generator's shared core below saturation (10k events/s).
+PACED_INTERVAL_MS = {100: 40, 1000: 100}
+GOAL_RATE_OVER_ROUTER = 0.5
+GOAL_ADDED_P99_MS = 1.0
+
+# ----------------------------------------------------------------------------- upstream role
+
+_EVENT_HEAD = (b'data: {"id":"cmpl-bench","object":"text_completion","created":1700000000,'
+               b'"model":"bench","choices":[{"index":0,"text":" tok","logprobs":null,'
+               b'"finish_reason":null,"stop_reason":null}],"t":')
+_DONE = b"data: [DONE]\n\n"
+_INTERVAL_RE = re.compile(rb"interval_ms=(\d+)")
+_EVENTS_RE = re.compile(rb'"max_tokens"\s*:\s*(\d+)')
+
+
+def _chunk(payload: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(payload), payload)
+
+
+class _Scheduler:
+    """Writes the events of every open stream: back to back, one event per stream per round
+    (saturation), or on a 1 ms timer wheel (paced). One writer for all streams keeps the
+    upstream's cost per event to one ``write``, so it outpaces the proxies on its core."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.busy: list[_UpstreamConn] = []           # saturation streams
+        self.wheel: dict[int, list[_UpstreamConn]] = {}
+        self.pumping = False
+        self.tick_ms: int | None = None
+
+    def add(self, conn: "_UpstreamConn") -> None:
+        if conn.interval_ms == 0:
+            self.busy.append(conn)
+            if not self.pumping:
+                self.pumping = True
+                self.loop.call_soon(self._pump)
+        else:
+            now_ms = int(self.loop.time() * 1000)
+            self.wheel.setdefault(now_ms + conn.interval_ms, []).append(conn)
+            if self.tick_ms is None:
+                self.tick_ms = now_ms
+                self.loop.call_at((now_ms + 1) / 1000, self._tick)
+
+    def _pump(self) -> None:
+        for conn in self.busy:
+            if not conn.paused and conn.remaining:
+                conn.send_event()
+        self.busy = [c for c in self.busy if c.remaining and not c.closed]
+        if self.busy:
+            self.loop.call_soon(self._pump)
+        else:
+            self.pumping = False
+
+    def _tick(self) -> None:
+        now_ms = int(self.loop.time() * 1000)
+        for slot in range(self.tick_ms + 1, now_ms + 1):
+            for conn in self.wheel.pop(slot, ()):
+                if conn.closed or not conn.remaining:
+                    continue
+                conn.send_event()
+                if conn.remaining:
+                    self.wheel.setdefault(slot + conn.interval_ms, []).append(conn)
+        self.tick_ms = now_ms
+        if self.wheel:
+            self.loop.call_at((now_ms + 1) / 1000, self._tick)
+        else:
+            self.tick_ms = None
+
+
+class _UpstreamConn(asyncio.Protocol):
+    """One keep-alive connection of the canned upstream."""
+
+    scheduler: _Scheduler
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.buf = b""
+        self.remaining = 0
+        self.interval_ms = 0
+        self.paused = False
+        self.closed = False
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        self.transport = transport
+
+    def connection_lost(self, exc) -> None:
+        self.closed = True
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        while True:
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head = self.buf[:end]
+            length = 0
+            for line in head.split(b"\r\n"):
+                if line[:15].lower() == b"content-length:":
+                    length = int(line[15:])
+            if len(self.buf) < end + 4 + length:
+                return
+            body = self.buf[end + 4:end + 4 + length]
+            self.buf = self.buf[end + 4 + length:]
+            if not head.startswith(b"POST"):
+                payload = b'{"status":"ok","data":[{"id":"bench","object":"model"}]}'
+                self.transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                                     b"Content-Length: %d\r\n\r\n%s" % (len(payload), payload))
+                continue
+            match = _INTERVAL_RE.search(body)
+            self.interval_ms = int(match.group(1)) if match else 0
+            match = _EVENTS_RE.search(body)
+            self.remaining = int(match.group(1)) if match else 100
+            self.transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                                 b"Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n")
+            self.scheduler.add(self)
+
+    def send_event(self) -> None:
+        self.remaining -= 1
+        event = _chunk(_EVENT_HEAD + b"%d}\n\n" % time.monotonic_ns())
+        if not self.remaining:
+            event += _chunk(_DONE) + b"0\r\n\r\n"
+        self.transport.write(event)  # type: ignore[union-attr]
+
+
+async def upstream_main(port: int) -> None:
+    loop = asyncio.get_running_loop()
+    _UpstreamConn.scheduler = _Scheduler(loop)
+    server = await loop.create_server(_UpstreamConn, "127.0.0.1", port, backlog=4096)
+    async with server:
+        await server.serve_forever()
+
+
+# ----------------------------------------------------------------------------- generator role
+
+
+class _StreamClient(asyncio.Protocol):
+    """One client connection: sends a streaming request, counts events, records delays."""
+
+    def __init__(self, gen: "_Generator") -> None:
+        self.gen = gen
+        self.transport: asyncio.Transport | None = None
+        self.tail = b""
+        self.done: asyncio.Future | None = None
+        self.saw_done = False
+        self.head_pending = True
+        self.ok = True
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        self.transport = transport
+
+    def start(self, request: bytes) -> asyncio.Future:
+        self.done = asyncio.get_running_loop().create_future()
+        self.tail = b""
+        self.saw_done = False
+        self.head_pending = True
+        self.transport.write(request)  # type: ignore[union-attr]
+        return self.done
+
+    def data_received(self, data: bytes) -> None:
+        now = time.monotonic_ns()
+        buf = self.tail + data if self.tail else data
+        if self.head_pending:
+            if len(buf) < 12:
+                self.tail = buf
+                return
+            self.head_pending = False
+            if not buf.startswith(b"HTTP/1.1 200"):
+                # an error answer instead of a stream: count it, drop the connection
+                self.gen.errors[buf[:12].decode("latin-1")] = \
+                    self.gen.errors.get(buf[:12].decode("latin-1"), 0) + 1
+                self.transport.close()  # type: ignore[union-attr]
+                return
+        cut = buf.rfind(b"\n\n")
+        if cut < 0:
+            self.tail = buf
+            return
+        complete, self.tail = buf[:cut + 2], buf[cut + 2:]
+        gen = self.gen
+        if gen.measuring:
+            count = complete.count(b'"t":')
+            gen.events += count
+            if gen.record_delays and count:
+                at = complete.find(b'"t":')
+                while at >= 0:
+                    end = complete.find(b"}", at)
+                    gen.delays.append(now - int(complete[at + 4:end]))
+                    at = complete.find(b'"t":', end)
+        if not self.saw_done and b"[DONE]" in complete:
+            self.saw_done = True
+        if self.saw_done and self.tail.endswith(b"0\r\n\r\n"):
+            self._finish(True)
+
+    def _finish(self, ok: bool) -> None:
+        if self.done is not None and not self.done.done():
+            self.done.set_result(ok)
+
+    def connection_lost(self, exc) -> None:
+        self.ok = False
+        if not self.saw_done:
+            self.gen.broken += 1
+        self._finish(self.saw_done)
+
+
+class _Generator:
+    def __init__(self, record_delays: bool) -> None:
+        self.measuring = False
+        self.record_delays = record_delays
+        self.events = 0
+        self.broken = 0
+        self.errors: dict[str, int] = {}
+        self.streams_done = 0
+        self.delays = array("q")
+
+
+async def gen_main(port: int, streams: int, interval_ms: int, events: int, duration: float,
+                   warmup: float) -> dict:
+    loop = asyncio.get_running_loop()
+    gen = _Generator(record_delays=interval_ms > 0)
+    body = json.dumps({"model": "bench", "prompt": f"interval_ms={interval_ms}",
+                       "max_tokens": events, "stream": True}).encode()
+    request = (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+               b"application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    stop_at = loop.time() + warmup + duration
+
+    async def slot() -> None:
+        if interval_ms:
+            await asyncio.sleep(random.uniform(0, interval_ms / 1000))   # spread the phases
+        client = None
+        while loop.time() < stop_at:
+            if client is None or not client.ok:
+                _, client = await loop.create_connection(lambda: _StreamClient(gen),
+                                                         "127.0.0.1", port)
+            if await client.start(request):
+                gen.streams_done += 1
+
+    tasks = [asyncio.create_task(slot()) for _ in range(streams)]
+    await asyncio.sleep(warmup)
+    gen.measuring = True
+    started = time.monotonic()
+    await asyncio.sleep(duration)
+    gen.measuring = False
+    elapsed = time.monotonic() - started
+    events_seen = gen.events
+    await asyncio.wait(tasks, timeout=30)
+    result = {"streams": streams, "interval_ms": interval_ms, "events": events_seen,
+              "seconds": round(elapsed, 3), "chunks_per_s": round(events_seen / elapsed),
+              "streams_completed": gen.streams_done, "streams_broken": gen.broken,
+              "error_answers": gen.errors}
+    if gen.delays:
+        ordered = sorted(gen.delays)
+        pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))] / 1e6  # noqa: E731
+        result.update({"delay_p50_ms": round(pick(0.50), 3), "delay_p90_ms": round(pick(0.90), 3),
+                       "delay_p99_ms": round(pick(0.99), 3), "delay_samples": len(ordered)})
+    return result
+
+
+def _run_loop(coro):
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
+# ----------------------------------------------------------------------------- orchestration
+
+
+def run_gen(args, port: int, streams: int, interval_ms: int, events: int) -> dict:
+    argv = ["taskset", "-c", args.load_cores, sys.executable, __file__, "gen", "--port", str(port),
+            "--streams", str(streams), "--interval-ms", str(interval_ms), "--events", str(events),
+            "--duration", str(args.duration)]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=args.duration + 120)
+    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if line is None:
+        raise RuntimeError(f"generator printed no result: {out.stdout[-500:]} {out.stderr[-2000:]}")
+    return json.loads(line[7:])
+
+
+def measure(name: str, port: int, args, pgid: int | None) -> dict:
+    from gateway import session_cpu_s
+
+    out: dict = {}
+    run_gen(args, port, 50, 0, 50)                              # warm-up: pools, caches
+    for streams in STREAMS:
+        before = session_cpu_s(pgid) if pgid else 0.0
+        sat = run_gen(args, port, streams, 0, 200)
+        if pgid:
+            cpu = session_cpu_s(pgid) - before
+            # the generator's run includes its warm-up second and the drain at the end, so the
+            # CPU counted here covers more chunks than the measured window: scale by time
+            window = args.duration + 1.0 + 0.5
+            sat["proxy_cpu_s"] = round(cpu, 3)
+            sat["proxy_core_busy"] = round(cpu / window, 3)
+            sat["chunks_per_cpu_s"] = round(sat["chunks_per_s"] * window / cpu) if cpu else None
+        interval = PACED_INTERVAL_MS[streams]
+        events = 60 if interval >= 100 else 100
+        # the baseline right before the proxy's run: the machine's load moves minute to minute
+        base = run_gen(args, args.upstream_port, streams, interval, events) if pgid else None
+        before = session_cpu_s(pgid) if pgid else 0.0
+        paced = run_gen(args, port, streams, interval, events)
+        if pgid:
+            cpu = session_cpu_s(pgid) - before
+            paced["proxy_cpu_us_per_chunk"] = round(cpu * 1e6 / max(1, paced["events"]) * (
+                args.duration / (args.duration + 1.5)), 1)
+        out[str(streams)] = {"saturation": sat, "paced": paced, "paced_direct_before": base}
+        print(f"{name:12s} streams {streams:5d}: {sat['chunks_per_s']:8d} chunks/s "
+              f"(cpu-normalised {sat.get('chunks_per_cpu_s', '-')}, core busy "
+              f"{sat.get('proxy_core_busy', '-')}) | paced {paced['chunks_per_s']} chunks/s, "
+              f"delay p50 {paced.get('delay_p50_ms')} ms p99 {paced.get('delay_p99_ms')} ms "
+              f"broken {sat['streams_broken'] + paced['streams_broken']}", flush=True)
+    return out
+
+
+def main_bench(args) -> None:
+    from gateway import Procs, ensure_tools, ensure_vllm_router, free_port, nginx_conf, wait_port
+
+    from coral_hpc.gateway.table import ReplicaRoute, RoutingTable, write_routing_table
+
+    ncpu = os.cpu_count() or 1
+    if args.load_cores is None:
+        args.load_cores = ",".join(str(c) for c in range(ncpu) if str(c) != args.proxy_core) \
+            or args.proxy_core
+    ensure_tools(args.install)
+    router_bin, router_version = ensure_vllm_router(args.vllm_router_venv, args.install)
+    procs = Procs()
+    work = Path(tempfile.mkdtemp(prefix="coral-bench-stream-"))
+    results: dict = {}
+    notes: dict = {}
+    load_start = Path("/proc/loadavg").read_text().strip()
+    try:
+        up_port = free_port()
+        procs.start(["taskset", "-c", args.load_cores, sys.executable, __file__, "upstream",
+                     "--port", str(up_port)], work / "upstream.log")
+        wait_port(up_port)
+        args.upstream_port = up_port
+        results["direct"] = measure("direct", up_port, args, None)
+
+        gw_port = free_port()
+        models = work / "models.yaml"
+        models.write_text(f"""
+deployment: benchstream
+state_dir: {work}/state
+db_path: {work}/db.sqlite
+cluster: {{partitions: [{{name: gpu}}]}}
+engine: {{kind: sim}}
+gateway: {{listen: "127.0.0.1:{gw_port}"}}
+models:
+  - {{name: bench, source: org/bench, architecture: qwen3-8b,
+     mix: {{input_tokens: 3, output_tokens: 100}}, demand: {{requests_per_s: 1}},
+     slo: {{ttft_s: 1, tpot_s: 0.1}}}}
+""")
+        table = work / "table.json"
+        write_routing_table(table, RoutingTable(version=1, models={
+            "bench": (ReplicaRoute("up", f"http://127.0.0.1:{up_port}", 1.0),)}))
+        coral = procs.start(["taskset", "-c", args.proxy_core,
+                             str(Path(sys.executable).parent / "coral-hpc"), "gateway",
+                             str(models), "--table", str(table), "--log-level", "warning"],
+                            work / "coral.log")
+        wait_port(gw_port)
+        time.sleep(1.0)
+        results["coral"] = measure("coral", gw_port, args, coral.pid)
+        procs.stop(coral)
+
+        nx_port = free_port()
+        nx_conf = nginx_conf(work, "proxy", nx_port,
+                             'proxy_pass http://replica; proxy_http_version 1.1; '
+                             'proxy_set_header Connection ""; proxy_buffering off;', up_port)
+        nginx = procs.start(["taskset", "-c", args.proxy_core, "nginx", "-c", str(nx_conf),
+                             "-g", "daemon off;"], work / "nginx.log")
+        wait_port(nx_port)
+        results["nginx"] = measure("nginx", nx_port, args, nginx.pid)
+        procs.stop(nginx)
+
+        if router_bin is None:
+            notes["vllm-router"] = router_version
+        else:
+            vr_port = free_port()
+            router = procs.start(["taskset", "-c", args.proxy_core, router_bin,
+                                  "--host", "127.0.0.1", "--port", str(vr_port),
+                                  "--worker-urls", f"http://127.0.0.1:{up_port}",
+                                  "--policy", "round_robin", "--log-level", "warning",
+                                  "--prometheus-port", str(free_port())],
+                                 work / "vllm-router.log")
+            try:
+                wait_port(vr_port, 60)
+                time.sleep(1.0)
+                results["vllm-router"] = measure("vllm-router", vr_port, args, router.pid)
+            except RuntimeError as exc:
+                notes["vllm-router"] = f"did not serve: {exc}; log: " + (
+                    work / "vllm-router.log").read_text()[-500:]
+            procs.stop(router)
+    finally:
+        procs.stop_all()
+    write_results(args, results, notes, router_version if router_bin else None, load_start)
+
+
+def write_results(args, results: dict, notes: dict, router_version: str | None,
+                  load_start: str) -> None:
+    direct = results["direct"]
+    summary: dict = {}
+    for name, per in results.items():
+        summary[name] = {}
+        for streams, res in per.items():
+            sat, paced = res["saturation"], res["paced"]
+            row = {"chunks_per_s": sat["chunks_per_s"],
+                   "chunks_per_cpu_s": sat.get("chunks_per_cpu_s"),
+                   "proxy_core_busy": sat.get("proxy_core_busy"),
+                   "delay_p50_ms": paced.get("delay_p50_ms"),
+                   "delay_p99_ms": paced.get("delay_p99_ms"),
+                   "paced_cpu_us_per_chunk": paced.get("proxy_cpu_us_per_chunk"),
+                   "broken_streams": sat["streams_broken"] + paced["streams_broken"]}
+            if name != "direct":
+                base = res["paced_direct_before"] or direct[streams]["paced"]
+                row["added_p50_ms"] = round(paced["delay_p50_ms"] - base["delay_p50_ms"], 3)
+                row["added_p99_ms"] = round(paced["delay_p99_ms"] - base["delay_p99_ms"], 3)
+            summary[name][streams] = row
+    ratios: dict = {}
+    coral = summary.get("coral")
+    for peer in ("nginx", "vllm-router"):
+        if coral and peer in summary:
+            ratios[peer] = {
+                streams: {
+                    "chunks_per_s": round(coral[streams]["chunks_per_s"]
+                                          / summary[peer][streams]["chunks_per_s"], 3),
+                    "chunks_per_cpu_s": (round(coral[streams]["chunks_per_cpu_s"]
+                                               / summary[peer][streams]["chunks_per_cpu_s"], 3)
+                                         if summary[peer][streams]["chunks_per_cpu_s"] else None),
+                } for streams in coral}
+    goals = None
+    if coral and "vllm-router" in ratios:
+        r = ratios["vllm-router"]["1000"]
+        goals = {
+            "chunk_rate_over_router_at_least": GOAL_RATE_OVER_ROUTER,
+            "chunk_rate_over_router_cpu_normalised": r["chunks_per_cpu_s"],
+            "chunk_rate_over_router_wall": r["chunks_per_s"],
+            "rate_met": (r["chunks_per_cpu_s"] or 0) >= GOAL_RATE_OVER_ROUTER,
+            "added_p99_ms_at_most": GOAL_ADDED_P99_MS,
+            "added_p99_ms": coral["1000"]["added_p99_ms"],
+            "delay_met": coral["1000"]["added_p99_ms"] <= GOAL_ADDED_P99_MS,
+        }
+    doc = {
+        "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": {"cpus": os.cpu_count(), "loadavg_start": load_start,
+                    "loadavg_end": Path("/proc/loadavg").read_text().strip()},
+        "setup": {"proxy_core": args.proxy_core, "load_and_upstream_cores": args.load_cores,
+                  "duration_s": args.duration, "paced_interval_ms": PACED_INTERVAL_MS,
+                  "events_per_stream": {"saturation": 200, "paced": "100 at 40 ms, 60 at 100 ms"},
+                  "vllm_router": router_version},
+        "summary": summary, "ratios": ratios, "goals": goals, "raw": results, "notes": notes,
+    }
+    args.results.mkdir(parents=True, exist_ok=True)
+    (args.results / "gateway_stream.json").write_text(json.dumps(doc, indent=2) + "\n")
+    lines = [
+        "# Gateway streaming (SSE) vs peers",
+        "",
+        f"Generated {doc['generated_at']} by `bench/gateway_stream.py` ({os.cpu_count()} shared "
+        f"CPUs; /proc/loadavg at start `{load_start}`, at end `{doc['machine']['loadavg_end']}`: "
+        "other engineers' work shares the machine).",
+        f"Each proxy pinned to core {args.proxy_core}; upstream (canned vLLM-shaped SSE, one HTTP "
+        f"chunk per event) and load generator (asyncio/uvloop) on core(s) {args.load_cores}; "
+        f"{args.duration:g} s per measurement after 1 s of warm-up. Saturation: 200 events per "
+        "stream back to back, each finished stream replaced at once. Paced: an event every "
+        "40 ms per stream at 100 streams (25 tokens/s), every 100 ms at 1,000 (10 tokens/s), "
+        "phases spread at random; delay = generator read time − upstream write time of each "
+        "event (one monotonic clock); \"added\" subtracts a direct run made just before the "
+        "proxy's.",
+        "",
+        "| system | streams | chunks/s (saturation) | proxy core busy | chunks per CPU-second "
+        "(one-core capacity) | paced delay p50 | paced delay p99 | added p50 | added p99 | "
+        "proxy CPU per paced chunk | broken streams |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, per in summary.items():
+        for streams, row in per.items():
+            busy = row["proxy_core_busy"]
+            lines.append(
+                f"| {name} | {streams} | {row['chunks_per_s']} | "
+                f"{'–' if busy is None else f'{busy:.0%}'} | "
+                f"{row['chunks_per_cpu_s'] or '–'} | {row['delay_p50_ms']} ms | "
+                f"{row['delay_p99_ms']} ms | {row.get('added_p50_ms', '–')} ms | "
+                f"{row.get('added_p99_ms', '–')} ms | "
+                f"{row['paced_cpu_us_per_chunk'] or '–'} µs | {row['broken_streams']} |")
+    lines += ["", "Ratios (coral / peer; chunks per CPU-second is the one-core capacity, the "
+              "wall rate is capped by the generator's core when the proxy is not busy): "
+              + json.dumps(ratios), ""]
+    if goals:
+        lines.append(
+            f"Goals at 1,000 streams: ≥ {GOAL_RATE_OVER_ROUTER}× vllm-router's chunk rate on one "
+            f"core → {'met' if goals['rate_met'] else 'MISSED'} "
+            f"({goals['chunk_rate_over_router_cpu_normalised']}× per CPU-second, "
+            f"{goals['chunk_rate_over_router_wall']}× wall); added p99 delay ≤ "
+            f"{GOAL_ADDED_P99_MS} ms → {'met' if goals['delay_met'] else 'MISSED'} "
+            f"({goals['added_p99_ms']} ms).")
+    for name, note in notes.items():
+        lines.append(f"- {name}: {note}")
+    (args.results / "gateway_stream.md").write_text("\n".join(lines) + "\n")
+    print((args.results / "gateway_stream.md").read_text())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="role")
+    up = sub.add_parser("upstream", help="(internal) the canned streaming upstream")
+    up.add_argument("--port", type=int, required=True)
+    gen = sub.add_parser("gen", help="(internal) one load-generator run")
+    gen.add_argument("--port", type=int, required=True)
+    gen.add_argument("--streams", type=int, required=True)
+    gen.add_argument("--interval-ms", type=int, default=0)
+    gen.add_argument("--events", type=int, default=100)
+    gen.add_argument("--duration", type=float, default=8)
+    parser.add_argument("--duration", type=float, default=8, help="seconds per measurement")
+    parser.add_argument("--proxy-core", default="0")
+    parser.add_argument("--load-cores", default=None)
+    parser.add_argument("--install", action="store_true")
+    parser.add_argument("--vllm-router-venv", type=Path, default=Path("/tmp/vr-venv"))
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    if args.role == "upstream":
+        _run_loop(upstream_main(args.port))
+    elif args.role == "gen":
+        result = _run_loop(gen_main(args.port, args.streams, args.interval_ms, args.events,
+                                    args.duration, warmup=1.0))
+        print("RESULT " + json.dumps(result), flush=True)
+    else:
+        main_bench(args)
+
+
+if __name__ == "__main__":
+    main()

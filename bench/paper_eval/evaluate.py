@@ -1,0 +1,667 @@
+"""Trace-driven, event-based evaluation of one setup: re-plan every 6 minutes, serve every request.
+
+One run (the paper's): 30 minutes, a re-plan at the start of every 6-minute epoch with that epoch's
+demand (requests in the window / 360 s: an oracle forecast, the same for every method). Each plan
+is re-verified by the independent checker (:mod:`solver.check`). Then every request of the epoch
+is served in virtual time by the replica it is routed to:
+
+* **Routing**: a model's requests go to its plan rows in proportion to their planned capacity
+  (smooth weighted round robin, as the gateway's weights), and round robin over a row's replicas.
+  When a plan serves less than the demand, the gateway admits that share of the requests (evenly
+  spread) and refuses the rest: refused requests count as missed.
+* **Replica**: the sim engine's own scheduler (``coral_hpc.engine.batching``: continuous batching,
+  whole prompts in a step, KV-cache limit, preemption) and step times from :mod:`solver.perf`,
+  driven in virtual time (:mod:`bench.paper_eval.replica`). Replicas of one row receive
+  statistically identical shares, so one per row is simulated and its figures count ``count``
+  times. Each epoch's replicas start empty (the 6-minute epochs dwarf the warm-up).
+* **Goodput**: output tokens per second of the requests that met both SLOs (TTFT and mean TPOT).
+* **Cost per hour**: provisioning (Σ replicas x price over each epoch) + amortised start-up: each
+  replica that was not running in the previous epoch pays its price for ``STARTUP_S`` more.
+
+Because replica latencies come from the planner's own performance model, the SLO figures show
+that plans keep their promises under the trace's burstiness (self-consistency), not that vLLM
+would: that is for the real engine (issue 13 item 5).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from bench.paper_eval import replica
+from bench.paper_eval.setups import (
+    AVAILABILITY,
+    MODELS,
+    PRICES,
+    REGIONS,
+    Setup,
+    base_gpu,
+    nodes_for,
+    regional,
+)
+from bench.paper_eval.workload import RUN_S, ModelWorkload, model_workload
+from coral_hpc.engine.pipeline import Layout
+from solver import baselines, catalog, perf, perf_roles
+from solver.allocate import allocate
+from solver.catalog import gpu_memory_gb
+from solver.check import check_plan
+from solver.templates import PerfThroughput, build_library
+from solver.types import (
+    Cluster,
+    ModelSpec,
+    NodeGroup,
+    Partition,
+    Plan,
+    PlanRow,
+    Policy,
+    RunningReplica,
+    Template,
+)
+
+#: Re-plan interval, seconds (the paper's 6 minutes).
+EPOCH_S = 360.0
+#: Submit -> ready of a new replica, seconds: coral-hpc's configured default until it has learnt
+#: its own (coral_hpc/config.py ``startup_time_s``); the paper's start-up times are not known here.
+STARTUP_S = 180.0
+#: Nodes per (GPU type, region) of the "unlimited" cluster that prices C* (never binding).
+UNLIMITED_NODES = 24
+#: GPUs of every type offered in every region whatever the reference plan uses (one 8-GPU node).
+FLOOR_GPUS = 8
+
+
+class RegionalThroughput(PerfThroughput):
+    """The performance model for regional GPU types (``h100@east`` is an H100); catalogue
+    look-ups memoised (Stage 1 asks for them 10^4-10^5 times)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._gpus: dict[str, object] = {}
+        self._archs: dict[str, object] = {}
+
+    def _gpu(self, gpu_type: str):
+        if gpu_type not in self._gpus:
+            self._gpus[gpu_type] = super()._gpu(base_gpu(gpu_type))
+        return self._gpus[gpu_type]
+
+    def _arch(self, model: ModelSpec):
+        if model.arch not in self._archs:
+            self._archs[model.arch] = super()._arch(model)
+        return self._archs[model.arch]
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def workloads(setup: Setup, seed: int, folder) -> dict[str, ModelWorkload]:
+    """Every model's 30 minutes of requests (seeded per model)."""
+    out = {}
+    for i, name in enumerate(setup.setting.models):
+        pm = MODELS[name]
+        out[name] = model_workload(
+            name, pm.trace, pm.offset_s, setup.rate_of(name), seed + i, folder
+        )
+    return out
+
+
+def model_specs(
+    setup: Setup,
+    loads: dict[str, ModelWorkload],
+    demand: dict[str, float],
+    disaggregation: str = "off",
+) -> list[ModelSpec]:
+    """The planner's view of the models: mix = the run's mean lengths, the epoch's demand."""
+    out = []
+    for name in setup.setting.models:
+        pm = MODELS[name]
+        n_in, n_out = loads[name].mean_mix()
+        out.append(
+            ModelSpec(
+                name,
+                pm.arch,
+                n_in,
+                n_out,
+                pm.ttft_s,
+                pm.tpot_s,
+                demand_rps=round(demand[name], 4),
+                disaggregation=disaggregation,
+            )
+        )
+    return out
+
+
+def regional_gpu_types(setup: Setup, region: str) -> dict[str, tuple[int, float]]:
+    """Stage 1's GPU types of one region: (largest node, GPU memory GB)."""
+    return {
+        regional(g, region): (max(8, 1), gpu_memory_gb(g) or 16.0) for g in setup.setting.gpu_types
+    }
+
+
+def library_for(
+    models: list[ModelSpec],
+    setup: Setup,
+    policy: Policy,
+    tm: RegionalThroughput,
+    use_cache: bool = True,
+) -> dict[str, list[Template]]:
+    """Stage 1 per region (no template spans two), united."""
+    library: dict[str, list[Template]] = {m.name: [] for m in models}
+    for region in REGIONS:
+        part = build_library(
+            models, regional_gpu_types(setup, region), policy, tm, use_cache=use_cache
+        )
+        for name, templates in part.items():
+            library[name].extend(templates)
+    return library
+
+
+def cluster_for(
+    setup: Setup, gpus: dict[str, int], running: tuple[RunningReplica, ...] = ()
+) -> Cluster:
+    """Node groups (one per regional GPU type and node shape) holding ``gpus`` GPUs per regional
+    type; one partition per regional type, priced per GPU-hour."""
+    groups, partitions = [], []
+    for gpu_type, count in sorted(gpus.items()):
+        gpu = base_gpu(gpu_type)
+        names = []
+        for size, n in sorted(Counter(nodes_for(count)).items()):
+            name = f"{gpu_type}-x{size}"
+            groups.append(
+                NodeGroup(
+                    name,
+                    gpu_type,
+                    size,
+                    gpu_memory_gb(gpu) or 16.0,
+                    tuple(f"{name}-{i:03d}" for i in range(n)),
+                    (size,) * n,
+                )
+            )
+            names.append(name)
+        if names:
+            partitions.append(Partition(gpu_type, tuple(names), prices={gpu_type: PRICES[gpu]}))
+    return Cluster(tuple(groups), tuple(partitions), (), running)
+
+
+def availability(setup: Setup, reference: Plan) -> dict[str, int]:
+    """GPUs per regional type: (1 + margin) x what the reference plan (the cheapest plan for the
+    run's peak demand on unlimited GPUs) uses of that GPU type, split evenly over the regions,
+    plus one 8-GPU node per type and region so every configuration is offered."""
+    margin = AVAILABILITY[setup.availability]
+    used = Counter()
+    for row in reference.rows:
+        for stage in row.template.stages:
+            used[base_gpu(stage.gpu_type)] += row.count * row.template.tp
+    return {
+        regional(g, r): FLOOR_GPUS + math.ceil((1.0 + margin) * used[g] / len(REGIONS) - 1e-9)
+        for g in setup.setting.gpu_types
+        for r in REGIONS
+    }
+
+
+# --------------------------------------------------------------------------- methods
+
+Method = Callable[[list[ModelSpec], dict[str, list[Template]], Cluster, Policy], Plan]
+
+
+def _strategy(template: Template) -> tuple:
+    """A template's layout with the region taken off (the same strategy in either region)."""
+    return (template.tp, tuple((base_gpu(s.gpu_type), s.layers) for s in template.stages))
+
+
+def _homo_strict(models, library, cluster, policy):
+    return baselines.paper_homo(models, library, cluster, policy, strategy=_strategy)
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """How a method plans: its planner, whether it is told which replicas run (only Coral prices
+    churn), and the models' disaggregation policy (``auto``: prefill/decode templates exist)."""
+
+    plan: Method
+    told_running: bool
+    disaggregation: str = "off"
+    #: False: plan on Stage 1 as if a prompt did not stall the pipeline ring (a what-if on the
+    #: unmeasured PP term; single-node templates are the same either way)
+    ring_stall: bool = True
+
+    @property
+    def library(self) -> tuple[str, bool]:
+        """Key of the Stage-1 library this method plans on."""
+        return (self.disaggregation, self.ring_stall)
+
+
+#: The paper's Homo ("per model the homogeneous strategy with the best goodput per cost,
+#: greedily") read two ways: "homo" adds replicas of the best strategy that still fits, falling
+#: back to the next when one runs out (= solver.baselines.cauchy); "homo-strict" keeps one
+#: strategy per model and stops when it fits no more. Cauchy's adaptation ranks per phase; with
+#: no prefill/decode-only templates (disaggregation off) it is "homo". "+disagg": the same
+#: method when every model may be disaggregated (Stage 1 builds prefill and decode templates).
+#: "coral-no-ring-stall": Coral planning as if prompts did not stall the pipeline ring, its
+#: replicas served by the same sim scheduler (a what-if until the real engine says which holds).
+METHODS: dict[str, MethodSpec] = {
+    "coral": MethodSpec(allocate, True),
+    "homo": MethodSpec(baselines.cauchy, False),
+    "homo-strict": MethodSpec(_homo_strict, False),
+    "cauchy": MethodSpec(baselines.cauchy_adapted, False),
+    "homo-ilp": MethodSpec(baselines.homo, False),
+    "melange-ilp": MethodSpec(baselines.melange, False),
+    "coral+disagg": MethodSpec(allocate, True, "auto"),
+    "cauchy+disagg": MethodSpec(baselines.cauchy_adapted, False, "auto"),
+    "coral-no-ring-stall": MethodSpec(allocate, True, "off", ring_stall=False),
+}
+PAPER_BASELINES = ("homo", "homo-strict", "cauchy")
+ILP_BASELINES = ("homo-ilp", "melange-ilp")
+
+
+# --------------------------------------------------------------------------- serving
+
+
+def _deal(weights: list[float], n: int) -> list[list[int]]:
+    """Smooth weighted round robin: which of ``n`` requests (in order) goes to which weight."""
+    total = sum(weights)
+    credit = [0.0] * len(weights)
+    out: list[list[int]] = [[] for _ in weights]
+    for i in range(n):
+        for k, w in enumerate(weights):
+            credit[k] += w
+        k = max(range(len(weights)), key=lambda j: credit[j])
+        credit[k] -= total
+        out[k].append(i)
+    return out
+
+
+def _layout(template: Template, arch: str) -> Layout:
+    return Layout(
+        arch,
+        template.tp,
+        tuple(base_gpu(s.gpu_type) for s in template.stages),
+        tuple(s.layers for s in template.stages),
+    )
+
+
+@dataclass
+class Served:
+    """What one model's requests of a window got (estimated over every replica)."""
+
+    requests: int = 0
+    output_tokens: int = 0
+    good: float = 0.0
+    good_output_tokens: float = 0.0
+    refused: int = 0
+
+    def count(
+        self, ttft: float, tpot: float | None, tokens: int, model: ModelSpec, weight: float
+    ) -> None:
+        """Book one simulated request standing for ``weight`` requests."""
+        if tokens > 0 and ttft <= model.ttft_s and (tpot is None or tpot <= model.tpot_s):
+            self.good += weight
+            self.good_output_tokens += weight * tokens
+
+
+#: Served windows already simulated: (layout, requests) -> outcomes. Methods often plan the same
+#: rows (the greedy baselines coincide without disaggregation), and a replica's outcome depends
+#: only on its layout and its requests, so each is simulated once per setup.
+_SERVED: dict[tuple, list] = {}
+
+
+def _serve(layout: Layout, requests: list[replica.Request]) -> list[replica.Outcome]:
+    key = (layout, tuple(requests))
+    if key not in _SERVED:
+        _SERVED[key] = replica.serve(layout, requests)
+    return _SERVED[key]
+
+
+def _tpot(o: replica.Outcome) -> float | None:
+    return (o.last_s - o.first_s) / (o.tokens - 1) if o.tokens > 1 else None
+
+
+def _aggregated(
+    rows: list[PlanRow], picks: list[list[int]], at, prompt, output, model: ModelSpec, out: Served
+) -> None:
+    """Requests served by replicas of both phases: replica 0 of each row is simulated."""
+    for row, mine_all in zip(rows, picks):
+        mine = mine_all[:: row.count]
+        if not mine:
+            continue
+        outcomes = _serve(
+            _layout(row.template, model.arch),
+            [replica.Request(float(at[i]), int(prompt[i]), int(output[i])) for i in mine],
+        )
+        weight = len(mine_all) / len(mine)  # every replica of the row, from replica 0's share
+        for i, o in zip(mine, outcomes):
+            out.count(o.first_s - float(at[i]), _tpot(o), o.tokens, model, weight)
+
+
+def _disaggregated(
+    prefill: list[PlanRow],
+    decode: list[PlanRow],
+    chosen: list[int],
+    at,
+    prompt,
+    output,
+    model: ModelSpec,
+    out: Served,
+) -> None:
+    """Requests served by a prefill replica, then (after the KV transfer) a decode replica.
+
+    Every prefill replica is simulated (prompt-only steps are few), so every request has its
+    hand-off time; replica 0 of each decode row is simulated, with vLLM's disaggregated timing:
+    the client's first token comes from the decode replica (computing the last prompt token).
+    The KV transfer takes ``solver.perf_roles.kv_transfer_s`` of the prefill replica's largest
+    stage (stages send their layers' KV at once)."""
+    arch = catalog.model_arch(model.arch)
+    ready: dict[int, float] = {}
+    for row, mine_all in zip(
+        prefill, _deal([r.count * r.throughput for r in prefill], len(chosen))
+    ):
+        layers = max(s.layers for s in row.template.stages)
+        for k in range(row.count):
+            mine = [chosen[j] for j in mine_all[k :: row.count]]
+            if not mine:
+                continue
+            outcomes = _serve(
+                _layout(row.template, model.arch),
+                [replica.Request(float(at[i]), int(prompt[i]), 1) for i in mine],
+            )
+            for i, o in zip(mine, outcomes):
+                if o.tokens:
+                    mix = perf.Mix(input_tokens=int(prompt[i]), output_tokens=1)
+                    ready[i] = o.first_s + perf_roles.kv_transfer_s(arch, layers, mix)
+    handed = sorted(ready, key=lambda i: ready[i])
+    for row, mine_all in zip(decode, _deal([r.count * r.throughput for r in decode], len(handed))):
+        mine = [handed[j] for j in mine_all[:: row.count]]
+        if not mine:
+            continue
+        outcomes = _serve(
+            _layout(row.template, model.arch),
+            [
+                replica.Request(
+                    ready[i], int(prompt[i]), int(output[i]), external=int(prompt[i]) - 1
+                )
+                for i in mine
+            ],
+        )
+        weight = len(mine_all) / len(mine)
+        for i, o in zip(mine, outcomes):
+            out.count(o.first_s - float(at[i]), _tpot(o), o.tokens, model, weight)
+
+
+def serve_window(
+    plan: Plan, model: ModelSpec, load: ModelWorkload, start: float, sim_s: float
+) -> Served:
+    """Route the model's requests of [start, start + sim_s) to the plan's replicas and serve them.
+
+    Aggregated and disaggregated capacity share the requests in proportion; within each, rows
+    share them in proportion to their capacity (the gateway's weights). When the plan serves
+    less than the demand, the gateway admits that share (evenly spread) and refuses the rest."""
+    idx = load.window(start, start + sim_s)
+    at, prompt, output = load.at[idx] - start, load.prompt[idx], load.output[idx]
+    out = Served(requests=len(at), output_tokens=int(output.sum()))
+    rows = [r for r in plan.rows if r.model == model.name and r.count > 0]
+    by_role = {role: [r for r in rows if r.role == role] for role in ("both", "prefill", "decode")}
+    both = sum(r.count * r.throughput for r in by_role["both"])
+    split = min(
+        sum(r.count * r.throughput for r in by_role[role]) for role in ("prefill", "decode")
+    )
+    capacity = both + split
+    if capacity <= 0 or len(at) == 0:
+        out.refused = len(at)
+        return out
+    share = min(1.0, capacity / model.demand_rps) if model.demand_rps > 0 else 1.0
+    admitted = [i for i in range(len(at)) if int((i + 1) * share) > int(i * share)]
+    out.refused = len(at) - len(admitted)
+    paths = _deal([both, split], len(admitted))
+    aggregated = [admitted[j] for j in paths[0]]
+    if aggregated:
+        picks = _deal([r.count * r.throughput for r in by_role["both"]], len(aggregated))
+        _aggregated(
+            by_role["both"],
+            [[aggregated[j] for j in p] for p in picks],
+            at,
+            prompt,
+            output,
+            model,
+            out,
+        )
+    if paths[1]:
+        _disaggregated(
+            by_role["prefill"],
+            by_role["decode"],
+            [admitted[j] for j in paths[1]],
+            at,
+            prompt,
+            output,
+            model,
+            out,
+        )
+    return out
+
+
+# --------------------------------------------------------------------------- one run
+
+
+@dataclass
+class MethodRun:
+    """One method's run over a setup: per-epoch plans and what they served."""
+
+    method: str
+    cost_usd: float = 0.0  # provisioning + start-up over the run
+    startup_usd: float = 0.0
+    requests: Counter = field(default_factory=Counter)
+    good: Counter = field(default_factory=Counter)
+    good_tokens: Counter = field(default_factory=Counter)
+    refused: Counter = field(default_factory=Counter)
+    plan_seconds: list[float] = field(default_factory=list)
+    checker_problems: int = 0
+    statuses: Counter = field(default_factory=Counter)
+    #: cost-weighted shares of the plans: heterogeneous, multi-node, uncalibrated templates
+    cost_hetero: float = 0.0
+    cost_multinode: float = 0.0
+    cost_uncalibrated: float = 0.0
+    cost_disaggregated: float = 0.0
+    plan_cost: float = 0.0
+    templates: Counter = field(default_factory=Counter)  # template id -> replica-epochs
+
+    def hourly_cost(self, run_s: float) -> float:
+        return self.cost_usd * 3600.0 / run_s
+
+
+def _count(load: ModelWorkload, start: float) -> int:
+    """Requests of ``load`` arriving in the epoch starting at ``start``."""
+    window = load.window(start, start + EPOCH_S)
+    return window.stop - window.start
+
+
+def reference_plan(setup: Setup, loads, library, policy) -> Plan:
+    """The cheapest plan (Coral's) for the run's peak epoch demand on unlimited GPUs."""
+    peak = {
+        name: max(_count(load, e * EPOCH_S) for e in range(int(RUN_S // EPOCH_S))) / EPOCH_S
+        for name, load in loads.items()
+    }
+    models = model_specs(setup, loads, peak)
+    unlimited = cluster_for(
+        setup,
+        {regional(g, r): UNLIMITED_NODES * 8 for g in setup.setting.gpu_types for r in REGIONS},
+    )
+    return allocate(models, library, unlimited, policy)
+
+
+def run_setup(
+    setup: Setup,
+    methods: list[str],
+    loads,
+    libraries: dict[tuple[str, bool], dict],
+    policy,
+    gpus: dict[str, int],
+    tm,
+    sim_s: float,
+    epochs: int,
+    log=print,
+) -> dict[str, MethodRun]:
+    """Every method over the same epochs, demand and availability; ``libraries`` by
+    :attr:`MethodSpec.library` key."""
+    _SERVED.clear()
+    runs = {}
+    for method in methods:
+        spec = METHODS[method]
+        library = libraries[spec.library]
+        run = MethodRun(method)
+        previous: Counter = Counter()
+        running: tuple[RunningReplica, ...] = ()
+        for e in range(epochs):
+            start = e * EPOCH_S
+            demand = {name: _count(load, start) / EPOCH_S for name, load in loads.items()}
+            models = model_specs(setup, loads, demand, spec.disaggregation)
+            cluster = cluster_for(setup, gpus, running if spec.told_running else ())
+            began = time.perf_counter()
+            plan = spec.plan(models, library, cluster, policy)
+            run.plan_seconds.append(time.perf_counter() - began)
+            run.statuses[plan.status] += 1
+            # the what-if library disagrees with the shipped model by design: there the checker
+            # re-verifies placement, prices, demand and limits, not the templates' throughput
+            run.checker_problems += len(
+                check_plan(plan, models, replace(cluster, running=()),
+                           library if spec.ring_stall else None, tm if spec.ring_stall else None)
+            )
+            now = Counter()
+            for row in plan.rows:
+                now[(row.template.id, row.partitions)] += row.count
+            new_cost = sum(
+                max(0, row.count - previous[(row.template.id, row.partitions)]) * row.cost_per_hour
+                for row in plan.rows
+            )
+            run.startup_usd += new_cost * STARTUP_S / 3600.0
+            run.cost_usd += plan.cost_per_hour * EPOCH_S / 3600.0
+            for row in plan.rows:
+                c = row.count * row.cost_per_hour
+                run.plan_cost += c
+                run.cost_hetero += c * row.template.heterogeneous
+                run.cost_multinode += c * (row.template.pp > 1)
+                run.cost_uncalibrated += c * (not row.template.calibrated)
+                run.cost_disaggregated += c * (row.role != "both")
+                run.templates[row.template.id] += row.count
+            previous = now
+            running = tuple(RunningReplica(tid, parts, n) for (tid, parts), n in now.items())
+            for model in models:
+                load = loads[model.name]
+                # the sample: sim_s seconds in the middle of the epoch, extrapolated to all of
+                # the epoch's requests and output tokens (not by time: the rate varies)
+                sample = serve_window(plan, model, load, start + (EPOCH_S - sim_s) / 2, sim_s)
+                epoch = load.window(start, start + EPOCH_S)
+                n, tokens = epoch.stop - epoch.start, int(load.output[epoch].sum())
+                run.requests[model.name] += n
+                if sample.requests:
+                    run.good[model.name] += n * sample.good / sample.requests
+                    run.refused[model.name] += n * sample.refused / sample.requests
+                if sample.output_tokens:
+                    run.good_tokens[model.name] += (
+                        tokens * sample.good_output_tokens / sample.output_tokens
+                    )
+            log(
+                f"    {method:12s} epoch {e}: {plan.status:8s} ${plan.cost_per_hour:8.2f}/h "
+                f"plan {run.plan_seconds[-1]:.2f}s"
+            )
+        run.cost_usd += run.startup_usd
+        runs[method] = run
+    _SERVED.clear()
+    return runs
+
+
+def library_classes(
+    library: dict[str, list[Template]], models: list[ModelSpec]
+) -> dict[str, dict[str, float]]:
+    """Per model, the best requests/s per $/h of its templates by class (single-node homogeneous,
+    multi-node homogeneous, heterogeneous), over the library: why Coral picks what it picks."""
+    out = {}
+    for model in models:
+        best = {"single-node": 0.0, "multi-node": 0.0, "heterogeneous": 0.0}
+        for t in library.get(model.name, []):
+            cost = sum(PRICES[base_gpu(s.gpu_type)] * t.tp for s in t.stages)
+            key = (
+                "heterogeneous"
+                if t.heterogeneous
+                else ("multi-node" if t.pp > 1 else "single-node")
+            )
+            best[key] = max(best[key], t.throughput / cost)
+        out[model.name] = best
+    return out
+
+
+def library_without_ring_stall(
+    models: list[ModelSpec], setup: Setup, policy: Policy
+) -> dict[str, list[Template]]:
+    """Stage 1 as if a prompt did not stall the pipeline ring (``perf.PROMPTS_STALL_RING``
+    False): how much the unmeasured PP term decides (not cached: the flag is no file)."""
+    saved = perf.PROMPTS_STALL_RING
+    perf.PROMPTS_STALL_RING = False
+    perf.configure()
+    try:
+        return library_for(models, setup, policy, RegionalThroughput(), use_cache=False)
+    finally:
+        perf.PROMPTS_STALL_RING = saved
+        perf.configure()
+
+
+def summary(setup: Setup, runs: dict[str, MethodRun], run_s: float) -> dict:
+    """JSON-ready figures of one setup's runs."""
+    out = {}
+    for name, run in runs.items():
+        requests = sum(run.requests.values())
+        out[name] = {
+            "cost_per_hour": round(run.hourly_cost(run_s), 2),
+            "startup_per_hour": round(run.startup_usd * 3600.0 / run_s, 2),
+            "goodput_tok_s": round(sum(run.good_tokens.values()) / run_s, 1),
+            "slo_attainment": round(sum(run.good.values()) / requests, 4) if requests else 0.0,
+            "refused_share": round(sum(run.refused.values()) / requests, 4) if requests else 0.0,
+            "per_model": {
+                m: {
+                    "goodput_tok_s": round(run.good_tokens[m] / run_s, 1),
+                    "slo_attainment": round(run.good[m] / run.requests[m], 4)
+                    if run.requests[m]
+                    else 0.0,
+                }
+                for m in setup.setting.models
+            },
+            "plan_seconds_max": round(max(run.plan_seconds), 3),
+            "statuses": dict(run.statuses),
+            "checker_problems": run.checker_problems,
+            "share_heterogeneous": round(run.cost_hetero / run.plan_cost, 4)
+            if run.plan_cost
+            else 0.0,
+            "share_multinode": round(run.cost_multinode / run.plan_cost, 4)
+            if run.plan_cost
+            else 0.0,
+            "share_uncalibrated": round(run.cost_uncalibrated / run.plan_cost, 4)
+            if run.plan_cost
+            else 0.0,
+            "share_disaggregated": (
+                round(run.cost_disaggregated / run.plan_cost, 4) if run.plan_cost else 0.0
+            ),
+            "templates": dict(run.templates.most_common(8)),
+        }
+    return out
+
+
+def cost_per_goodput(s: dict) -> float:
+    """$ per hour per (goodput token/s): the figure that stays fair when goodputs differ."""
+    return s["cost_per_hour"] / s["goodput_tok_s"] if s["goodput_tok_s"] > 0 else float("inf")
+
+
+__all__ = [
+    "EPOCH_S",
+    "METHODS",
+    "STARTUP_S",
+    "RegionalThroughput",
+    "availability",
+    "cluster_for",
+    "library_classes",
+    "library_for",
+    "library_without_ring_stall",
+    "model_specs",
+    "reference_plan",
+    "run_setup",
+    "summary",
+    "workloads",
+]

@@ -1,0 +1,266 @@
+"""Fit the pipeline accounting of solver/perf.py to the real engine (issue 13 item 5).
+
+The question: under pipeline parallelism, does a prompt stall the whole ring of S micro-batches
+(each stage then pays S x b / n_out prompts per step: ``solver.perf.PROMPTS_STALL_RING = True``,
+the model's assumption so far), or does each stage pay only its own micro-batch's b / n_out?
+
+Measure first, on the real engine (vLLM's CPU build and the generated test models, in Slurm jobs,
+under the shared lock), at a prompt-heavy and a decode-heavy mix, PP 1, 2 and 3 (the 4-layer model
+splits 2,1,1 at PP 3 and the 5-layer one 3,2 at PP 2: uneven splits)::
+
+    flock /tmp/coral-slurm.lock .venv/bin/coral-hpc profile \\
+        bench/paper_pp_configs/prompt-heavy.yaml --partition v100 --pp 1 --pp 2 --pp 3
+    flock /tmp/coral-slurm.lock .venv/bin/coral-hpc profile \\
+        bench/paper_pp_configs/decode-heavy.yaml --partition v100 --pp 1 --pp 2 --pp 3
+
+then ``python bench/paper_pp.py`` reads the measured profiles (each deployment's
+``measured_profiles_path``; ``--profiles DIR`` to name others) and, per model:
+
+1. fits the per-step time of the whole model to the PP-1 ``step_latency`` points (least squares,
+   non-negative): t = overhead + a x (decode seqs + prompt tokens) + k x (KV context + prompt
+   tokens); a stage of l of L layers takes l/L of the a and k terms (the layer-proportional work)
+   and its share of the overhead, as ``solver.perf_model.step_time`` splits it;
+2. for every measured throughput point (PP 1, 2, 3; its mix, TTFT and TPOT), predicts the
+   requests/s of the layout with ``solver.perf.throughput_from_coeffs`` under both accountings
+   (slowest stage; KV capacity from the profile);
+3. writes predicted vs measured, also as ratios to PP 1 of the same mix (errors of the step fit
+   common to all layouts cancel there), and the median |log(predicted / measured)| of each
+   accounting to bench/results/paper_pp.md and .json. The accounting that fits is what
+   ``solver.perf.PROMPTS_STALL_RING`` should say, citing this result.
+
+Without measured profiles it says what is missing and exits 2, writing nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from solver import catalog, perf
+from solver.perf_model import StageCoeffs
+
+CONFIGS = ROOT / "bench/paper_pp_configs"
+
+
+def profile_dirs() -> list[Path]:
+    """Each config's measured-profile folder (its state_dir's default)."""
+    from coral_hpc.config import load_deployment
+
+    return [
+        load_deployment(str(path)).measured_profiles_path for path in sorted(CONFIGS.glob("*.yaml"))
+    ]
+
+
+def load_profiles(folders: list[Path]) -> list[dict]:
+    """Every measured profile document under ``folders`` (PP 1 and pipelines/), with its path."""
+    out = []
+    for folder in folders:
+        for path in sorted(list(folder.glob("*.yaml")) + list(folder.glob("pipelines/*.yaml"))):
+            doc = yaml.safe_load(path.read_text())
+            doc["_path"] = str(path)
+            doc.setdefault("pp", 1)
+            out.append(doc)
+    return out
+
+
+def fit_steps(points: list[dict]) -> tuple[float, float, float]:
+    """(overhead s, s per token of decode + prompt, s per KV token read) of the whole model."""
+    rows = [
+        [1.0, p["decode_seqs"] + p["prefill_tokens"], p["context_tokens"] + p["prefill_tokens"]]
+        for p in points
+    ]
+    y = [p["seconds"] for p in points]
+    coef, *_ = np.linalg.lstsq(np.array(rows), np.array(y), rcond=None)
+    return tuple(max(float(c), 0.0) for c in coef)  # type: ignore[return-value]
+
+
+def stage_coeffs(
+    fit: tuple[float, float, float], layers: int, total: int, hidden: int
+) -> StageCoeffs:
+    """Step-time coefficients of a stage holding ``layers`` of ``total`` layers: the fitted
+    per-token terms in proportion, additive (overlap 1), no roofline split left to make."""
+    _, per_token, per_kv = fit
+    share = layers / total
+    return StageCoeffs(
+        flops_per_token=per_token * share,
+        lm_head_flops=0.0,
+        attn_flops=0.0,
+        flops=1.0,
+        attn_flops_rate=1.0,
+        dense_bytes=0.0,
+        expert_bytes=0.0,
+        expert_pick=0.0,
+        weight_bw=1.0,
+        kv_bytes_per_token=per_kv * share,
+        kv_bw=1.0,
+        overlap=1.0,
+        floor_s=0.0,
+        comm_alpha_s=0.0,
+        comm_s_per_token=0.0,
+        hidden_bytes=hidden * 2.0,
+    )
+
+
+def predict(doc: dict, fit: tuple[float, float, float], point: dict, ring: bool) -> float:
+    """Requests/s the layout of ``doc`` sustains at ``point``'s mix and SLO (slowest stage)."""
+    arch = catalog.model_arch(doc["arch"])
+    split = (
+        [int(x) for x in str(doc["layer_partition"]).split(",")] if doc["pp"] > 1 else [arch.layers]
+    )
+    cap = int(doc.get("kv_capacity_tokens") or 0)
+    slo = perf.Slo(point["ttft_s"], point["tpot_s"])
+    mix = perf.Mix(point["input_tokens"], point["output_tokens"])
+    return min(
+        perf.throughput_from_coeffs(
+            stage_coeffs(fit, n, arch.layers, arch.hidden),
+            cap,
+            len(split),
+            slo,
+            mix,
+            prompts_stall_ring=ring,
+            overhead_s=fit[0],
+        )
+        for n in split
+    )
+
+
+def compare(profiles: list[dict]) -> list[dict]:
+    """Predicted vs measured for every throughput point, per (model, GPU type) and layout; each
+    (model, GPU type)'s step times fitted to its own PP-1 profile."""
+    rows = []
+    for model, gpu in sorted({(d["model"], d["gpu"]) for d in profiles}):
+        docs = [d for d in profiles if d["model"] == model and d["gpu"] == gpu]
+        base = [d for d in docs if d["pp"] == 1 and d.get("step_latency")]
+        if not base:
+            continue
+        fit = fit_steps([p for d in base for p in d["step_latency"]])
+        for doc in sorted(docs, key=lambda d: d["pp"]):
+            for point in doc.get("throughput", []):
+                measured = float(point["requests_per_s"])
+                ring, own = predict(doc, fit, point, True), predict(doc, fit, point, False)
+                rows.append(
+                    {
+                        "model": model,
+                        "gpu": gpu,
+                        "pp": doc["pp"],
+                        "split": doc.get(
+                            "layer_partition", str(catalog.model_arch(doc["arch"]).layers)
+                        ),
+                        "mix": [point["input_tokens"], point["output_tokens"]],
+                        "slo": [point["ttft_s"], point["tpot_s"]],
+                        "measured_rps": measured,
+                        "ring_rps": round(ring, 4),
+                        "own_rps": round(own, 4),
+                        "fit": [round(x, 9) for x in fit],
+                        "profile": doc["_path"],
+                    }
+                )
+    return rows
+
+
+def with_ratios(rows: list[dict]) -> list[dict]:
+    """Each PP > 1 row's measured and predicted requests/s relative to the PP-1 row of the same
+    model, GPU type and mix: machine-wide errors of the step fit cancel in the ratio."""
+    base = {(r["model"], r["gpu"], tuple(r["mix"])): r for r in rows if r["pp"] == 1}
+    for r in rows:
+        one = base.get((r["model"], r["gpu"], tuple(r["mix"])))
+        if r["pp"] > 1 and one and one["measured_rps"] > 0 and one["ring_rps"] > 0:
+            r["measured_vs_pp1"] = round(r["measured_rps"] / one["measured_rps"], 4)
+            r["ring_vs_pp1"] = round(r["ring_rps"] / one["ring_rps"], 4)
+            r["own_vs_pp1"] = round(r["own_rps"] / one["own_rps"], 4)
+    return rows
+
+
+def _log_err(pred: float, meas: float) -> float:
+    return abs(math.log(pred / meas)) if pred > 0 and meas > 0 else math.inf
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--profiles",
+        action="append",
+        type=Path,
+        help="a measured-profile folder (repeatable; default: the configs')",
+    )
+    parser.add_argument("--out", default=str(ROOT / "bench/results/paper_pp"))
+    args = parser.parse_args(argv)
+    folders = args.profiles or profile_dirs()
+    profiles = load_profiles([f for f in folders if f.is_dir()])
+    rows = with_ratios(compare(profiles))
+    if not any(r["pp"] > 1 for r in rows):
+        print(
+            "bench/paper_pp.py: no measured pipeline throughput points in "
+            + ", ".join(map(str, folders))
+            + "; run `coral-hpc profile` first (see the module "
+            "doc)",
+            file=sys.stderr,
+        )
+        return 2
+    verdict = {}
+    for name, key in (("prompts stall the ring", "ring"), ("own micro-batch only", "own")):
+        errs = [_log_err(r[f"{key}_rps"], r["measured_rps"]) for r in rows if r["pp"] > 1]
+        ratio_errs = [
+            _log_err(r[f"{key}_vs_pp1"], r["measured_vs_pp1"])
+            for r in rows
+            if "measured_vs_pp1" in r
+        ]
+        verdict[name] = statistics.median(ratio_errs) if ratio_errs else statistics.median(errs)
+    best = min(verdict, key=verdict.get)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(
+        json.dumps({"rows": rows, "median_log_error": verdict, "fits_best": best}, indent=1) + "\n"
+    )
+    lines = [
+        "# Pipeline accounting vs the real engine (bench/paper_pp.py)",
+        "",
+        (
+            "Measured: `coral-hpc profile` on vLLM's CPU build (see the module doc). Predicted: "
+            "`solver.perf.throughput_from_coeffs` on step times fitted to each model's PP-1 "
+            "steps."
+        ),
+        "",
+        (
+            "| model | partition GPU | PP | split | mix in/out | SLO s | measured req/s | ring | "
+            "own | measured ÷ PP 1 | ring ÷ PP 1 | own ÷ PP 1 |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['model']} | {r['gpu']} | {r['pp']} | {r['split']} | "
+            f"{r['mix'][0]}/{r['mix'][1]} | "
+            f"{r['slo'][0]:g}/{r['slo'][1]:g} | {r['measured_rps']:.3f} | "
+            f"{r['ring_rps']:.3f} | {r['own_rps']:.3f} | "
+            + " | ".join(
+                f"{r[k]:.3f}" if k in r else "—"
+                for k in ("measured_vs_pp1", "ring_vs_pp1", "own_vs_pp1")
+            )
+            + " |"
+        )
+    lines += [
+        "",
+        "Median |log(predicted / measured)| over PP > 1 (of the ratios to PP 1 where a PP-1 "
+        "point of the same mix exists, else of the requests/s): "
+        + "; ".join(f"{k}: {v:.3f}" for k, v in verdict.items())
+        + f". Fits best: **{best}**.",
+        "",
+    ]
+    out.with_suffix(".md").write_text("\n".join(lines))
+    print(f"wrote {out.with_suffix('.md')}: fits best: {best}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

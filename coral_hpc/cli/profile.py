@@ -1,0 +1,58 @@
+"""``coral-hpc profile models.yaml``: measure the real engine in Slurm jobs per partition and
+write measured profiles to the deployment's ``profiles_dir``, which ``plan`` and ``serve`` read.
+
+One engine job at a time; each (model, partition, GPU type, PP) already measured is reused
+unless ``--force``, so an interrupted run resumes where it stopped."""
+
+from __future__ import annotations
+
+import click
+
+from coral_hpc.cli._output import EXIT_UNAVAILABLE, err_console, fail, print_json
+
+
+@click.command()
+@click.argument("models_yaml", type=click.Path(dir_okay=False))
+@click.option("--partition", "partitions", multiple=True,
+              help="Profile this partition (repeatable; default every configured one).")
+@click.option("--model", "models", multiple=True,
+              help="Profile this model (repeatable; default every configured one).")
+@click.option("--pp", "pp_degrees", multiple=True, type=click.IntRange(1, 16),
+              help="Pipeline degrees to measure (repeatable; default 1). PP > 1 runs a multi-node "
+                   "job of one partition; results go under pipelines/.")
+@click.option("--force", is_flag=True, help="Measure again even where a profile exists.")
+@click.option("--json", "as_json", is_flag=True, help="Print the profile files written as JSON.")
+def profile(models_yaml: str, partitions: tuple[str, ...], models: tuple[str, ...],
+            pp_degrees: tuple[int, ...], force: bool, as_json: bool) -> None:
+    """Measure the engine on each partition for MODELS_YAML's models; write measured profiles."""
+    from coral_hpc.config import load_deployment
+    from coral_hpc.errors import ConfigError, TransientError
+    from coral_hpc.profile import profile_tasks, run_profiles
+    from coral_hpc.profile.run import ProfileError
+    from coral_hpc.slurm import client_for_deployment
+
+    try:
+        deployment = load_deployment(models_yaml)
+    except ConfigError as exc:
+        fail(exc.problems + [f"{models_yaml}: {len(exc.problems)} problem(s)"])
+    if deployment.engine.kind != "vllm":
+        fail(f"{models_yaml}: engine.kind is {deployment.engine.kind!r}; profiling measures the "
+             "real engine: set engine.kind: vllm")
+    try:
+        tasks = profile_tasks(deployment, partitions, models, pp_degrees or (1,))
+    except ProfileError as exc:
+        fail(f"{models_yaml}: {exc}")
+    if not tasks:
+        fail(f"{models_yaml}: nothing to profile for the partitions and models asked")
+    client = client_for_deployment(deployment)
+    err_console.print(f"profiling {len(tasks)} task(s); results in "
+                      f"{deployment.measured_profiles_path}", highlight=False)
+    try:
+        written = run_profiles(deployment, tasks, client, force=force,
+                               progress=lambda m: err_console.print(m, highlight=False))
+    except TransientError as exc:
+        fail(f"Slurm is unreachable, try again later: {exc}", status=EXIT_UNAVAILABLE)
+    except ProfileError as exc:
+        fail(f"coral-hpc profile: {exc}", status=1)
+    if as_json:
+        print_json({"profiles": [str(p) for p in written]})

@@ -1,0 +1,234 @@
+"""Disaggregated requests: a prefill replica computes the prompt's KV, a decode replica answers.
+
+For a model whose plan has prefill and decode replicas (routing-table ``role``), a request goes
+
+1. to a **prefill** replica as vLLM's disaggregation proxy sends it: ``max_tokens: 1``, not
+   streamed, with ``kv_transfer_params: {"do_remote_decode": true, ...}``; its answer's
+   ``kv_transfer_params`` (if any: a shared-storage connector needs none) say where the KV is;
+2. to a **decode** replica: the client's own request plus those ``kv_transfer_params``, sent
+   through the gateway's ordinary forwarding, so the client gets one answer (streamed or not)
+   and the usual failure rules hold: a failure before a byte reached the client is retried —
+   here both phases again, on other replicas, since the KV may have gone with a dead decode
+   replica; with no decode replica left, the whole request goes to an aggregated or a prefill
+   replica (vLLM's ``kv_both`` engines serve whole requests too) — and once a stream has
+   started, a failure ends it with an SSE error event.
+
+A model with aggregated replicas as well (``policy.disaggregation: auto``) splits its traffic
+between the two paths in proportion to their capacity: the aggregated replicas' weights against
+min(prefill weights, decode weights), by smooth weighted round-robin like the replicas
+themselves. Phases are metered apart (``coral_gateway_phase_*``): prefill replicas are sized on
+prompt tokens, decode replicas on output tokens (ARCHITECTURE "Units").
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import uuid
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+from prometheus_client import Counter
+
+from coral_hpc.gateway.routing import ReplicaState, Router
+
+if TYPE_CHECKING:  # the gateway imports this module; no cycle at run time
+    from coral_hpc.gateway.proxy import Gateway
+
+log = logging.getLogger("coral_hpc.gateway")
+
+#: what a prefill request carries (vLLM's toy proxy / NixlConnector protocol)
+PREFILL_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+                  "remote_block_ids": None, "remote_host": None, "remote_port": None}
+
+
+def prefill_payload(payload: dict) -> dict:
+    """The client's request as the prefill replica gets it: one token, not streamed, asking it
+    to keep the KV for a remote decode."""
+    out = copy.deepcopy(payload)
+    out["kv_transfer_params"] = dict(PREFILL_PARAMS)
+    out["stream"] = False
+    out.pop("stream_options", None)
+    out["max_tokens"] = 1
+    if "max_completion_tokens" in out:
+        out["max_completion_tokens"] = 1
+    return out
+
+
+def decode_payload(payload: dict, kv_transfer_params: object) -> dict:
+    """The client's request as the decode replica gets it: unchanged, plus where the KV is."""
+    out = dict(payload)
+    if isinstance(kv_transfer_params, dict) and kv_transfer_params:
+        out["kv_transfer_params"] = kv_transfer_params
+    return out
+
+
+def _capacity(router: Router, model: str, role: str) -> float:
+    return sum(s.weight for s in router.replicas(model) if s.healthy and s.role == role)
+
+
+class _PhaseFailed(Exception):
+    """A phase could not be served on any replica; ``response`` is what the client gets."""
+
+    def __init__(self, response: web.Response) -> None:
+        super().__init__(response.status)
+        self.response = response
+
+
+class Disaggregation:
+    """Path choice and the two-phase forwarding, for one gateway (see the module docstring)."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self._gw = gateway
+        self._credit: dict[str, list[float]] = {}  # model → [aggregated, disaggregated] SWRR
+        registry = gateway.metrics.registry
+        self.phase_requests = Counter(
+            "coral_gateway_phase_requests", "Requests per phase of disaggregated serving.",
+            ["model", "phase"], registry=registry)
+        self.phase_tokens = Counter(
+            "coral_gateway_phase_tokens",
+            "Tokens per phase: prompt tokens prefilled, output tokens decoded.",
+            ["model", "phase"], registry=registry)
+        self.phase_failures = Counter(
+            "coral_gateway_phase_failures", "Phase attempts that failed on a replica.",
+            ["model", "phase"], registry=registry)
+
+    def wants(self, model: str) -> bool:
+        """Whether this request of ``model`` takes the disaggregated path: both phases have a
+        healthy replica, and (when aggregated replicas exist too) it is the path's turn."""
+        router = self._gw.router
+        split = min(_capacity(router, model, "prefill"), _capacity(router, model, "decode"))
+        if split <= 0:
+            return False
+        both = _capacity(router, model, "both")
+        if both <= 0:
+            return True
+        credit = self._credit.setdefault(model, [0.0, 0.0])
+        credit[0] += both
+        credit[1] += split
+        pick = 1 if credit[1] >= credit[0] else 0
+        credit[pick] -= both + split
+        return pick == 1
+
+    async def serve(self, request: web.Request, model: str, payload: dict, key: str, children,
+                    started: float) -> web.StreamResponse:
+        """Answer one request through a prefill and then a decode replica (module docstring)."""
+        gw = self._gw
+        stream = payload.get("stream", False)
+        request_id = f"coral-{uuid.uuid4().hex}"
+        prefill_body = json.dumps(prefill_payload(payload)).encode()
+        failed_prefill: list[ReplicaState] = []
+        failed_decode: list[ReplicaState] = []
+        attempts = gw.settings.max_retries + 1
+        last = "no replica"
+        for _ in range(attempts):
+            try:
+                params = await self._prefill(request, model, prefill_body, request_id,
+                                             failed_prefill)
+            except _PhaseFailed as failed:
+                return failed.response
+            decode = gw.router.choose(model, exclude=failed_decode, role="decode")
+            if decode is None:
+                break
+            body = json.dumps(decode_payload(payload, params)).encode()
+            decode.outstanding += 1
+            try:
+                if stream:
+                    response = await gw._forward_stream(request, decode, body, payload, key,
+                                                        children, started)
+                else:
+                    response = await gw._forward(request, decode, body, payload, key)
+            except gw.upstream_failed as exc:  # nothing reached the client: both phases again
+                last = str(exc)
+                decode.failures += 1
+                gw._mark_down(decode, last)
+                failed_decode.append(decode)
+                self.phase_failures.labels(model, "decode").inc()
+                gw.metrics.retries.labels(model).inc()
+                continue
+            finally:
+                gw._done_with(decode)
+            self.phase_requests.labels(model, "decode").inc()
+            return response
+        return await self._whole(request, model, payload, key, children, started,
+                                 failed_prefill + failed_decode, last)
+
+    async def _whole(self, request: web.Request, model: str, payload: dict, key: str, children,
+                     started: float, failed: list[ReplicaState], last: str
+                     ) -> web.StreamResponse:
+        """No decode replica could answer: the request as it came, to an aggregated replica or,
+        failing that, a prefill replica (vLLM's kv_both engines serve whole requests too), so
+        losing the decode side does not lose the request."""
+        gw = self._gw
+        body = json.dumps(payload).encode()
+        for role in ("both", "prefill"):
+            for _ in range(gw.settings.max_retries + 1):
+                replica = gw.router.choose(model, exclude=failed, role=role)
+                if replica is None:
+                    break
+                replica.outstanding += 1
+                try:
+                    if payload.get("stream", False):
+                        response = await gw._forward_stream(request, replica, body, payload, key,
+                                                            children, started)
+                    else:
+                        response = await gw._forward(request, replica, body, payload, key)
+                except gw.upstream_failed as exc:
+                    last = str(exc)
+                    replica.failures += 1
+                    gw._mark_down(replica, last)
+                    failed.append(replica)
+                    continue
+                finally:
+                    gw._done_with(replica)
+                self.phase_requests.labels(model, f"whole_on_{role}").inc()
+                log.warning("%s: no decode replica answered; served whole on %s replica %s",
+                            model, role, replica.id)
+                return response
+        gw.metrics.errors.labels(model, "upstream_failed").inc()
+        return gw.error_response(502, f"decode replica(s) of {model!r} failed: {last}",
+                                 "upstream_error")
+
+    async def _prefill(self, request: web.Request, model: str, body: bytes, request_id: str,
+                       failed: list[ReplicaState]) -> object:
+        """Prefill on a replica (another one after a transport failure); the answer's
+        ``kv_transfer_params``. A non-200 answer is the client's answer (its request is bad)."""
+        gw = self._gw
+        path = request.path
+        while True:
+            replica = gw.router.choose(model, exclude=failed, role="prefill")
+            if replica is None or len(failed) > gw.settings.max_retries:
+                gw.metrics.errors.labels(model, "upstream_failed").inc()
+                raise _PhaseFailed(gw.error_response(
+                    502, f"{len(failed)} prefill replica(s) of {model!r} failed",
+                    "upstream_error"))
+            replica.outstanding += 1
+            try:
+                status, data = await gw.post_whole(replica, path, body,
+                                                   extra_headers=f"X-Request-Id: {request_id}\r\n")
+            except gw.upstream_failed as exc:
+                replica.failures += 1
+                gw._mark_down(replica, str(exc))
+                failed.append(replica)
+                self.phase_failures.labels(model, "prefill").inc()
+                continue
+            finally:
+                gw._done_with(replica)
+            if status != 200:
+                gw.metrics.errors.labels(model, f"upstream_{status}").inc()
+                raise _PhaseFailed(web.Response(status=status, body=data,
+                                                headers={"Content-Type": "application/json"}))
+            try:
+                answer = json.loads(data)
+            except ValueError:
+                answer = {}
+            self.phase_requests.labels(model, "prefill").inc()
+            usage = answer.get("usage") if isinstance(answer, dict) else None
+            if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
+                self.phase_tokens.labels(model, "prefill").inc(usage["prompt_tokens"])
+            return answer.get("kv_transfer_params") if isinstance(answer, dict) else None
+
+    def count_decoded(self, model: str, generated: int) -> None:
+        """Output tokens a decode replica produced (called from the gateway's token counting)."""
+        self.phase_tokens.labels(model, "decode").inc(generated)

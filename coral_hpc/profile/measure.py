@@ -1,0 +1,188 @@
+"""Measure one running engine over its OpenAI API and ``/metrics`` (plain HTTP, no vLLM import).
+
+Prompts are lists of token ids, so each has exactly the length asked for whatever the tokenizer;
+``ignore_eos`` keeps every request to its ``max_tokens``. Streaming gives each request's TTFT and
+its time per output token (TPOT: the gaps between streamed tokens).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+#: token ids the prompts are made of: above the tokenizer's special tokens, below its vocabulary
+_PROMPT_IDS = range(16, 480)
+_BLOCKS_RE = re.compile(r'^vllm:cache_config_info\{(?P<labels>[^}]*)\}', re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class RequestTiming:
+    """One streamed request: time to first token, mean time per later token, tokens out."""
+
+    ttft_s: float
+    tpot_s: float
+    tokens: int
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    """``concurrency`` requests at once, repeated ``rounds`` times (closed loop)."""
+
+    concurrency: int
+    timings: tuple[RequestTiming, ...]
+    elapsed_s: float
+
+    @property
+    def requests_per_s(self) -> float:
+        return len(self.timings) / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def fraction_within(self, ttft_s: float, tpot_s: float) -> float:
+        ok = [t for t in self.timings if t.ttft_s <= ttft_s and t.tpot_s <= tpot_s]
+        return len(ok) / len(self.timings) if self.timings else 0.0
+
+
+@dataclass
+class EngineMeasurements:
+    """What one engine run measured."""
+
+    kv_capacity_tokens: int | None = None
+    prefill: list[tuple[int, float]] = field(default_factory=list)  # (prompt tokens, seconds)
+    decode: list[tuple[int, int, float]] = field(default_factory=list)  # (seqs, context, s)
+    throughput: list[tuple[int, int, float, float, float]] = field(default_factory=list)
+    #: ^ (input, output, ttft_s, tpot_s, requests/s that met them)
+
+
+def prompt_ids(length: int, salt: int = 0) -> list[int]:
+    """A deterministic prompt of exactly ``length`` token ids (``salt`` varies it, so prefix
+    caching cannot serve one request from another's cache)."""
+    ids = list(_PROMPT_IDS)
+    return [ids[(i * 7 + salt * 13 + i // len(ids)) % len(ids)] for i in range(length)]
+
+
+def _headers(api_key: str | None) -> dict[str, str]:
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    return headers
+
+
+def stream_completion(url: str, model: str, prompt: list[int], max_tokens: int,
+                      api_key: str | None = None, timeout: float = 300.0) -> RequestTiming:
+    """One streamed ``/v1/completions`` request at temperature 0; its timing.
+
+    A chunk's text may be empty (a byte-level token that completes no character yet), so the
+    first chunk with a choice marks the first token and the final usage counts the tokens:
+    TPOT = (last chunk - first chunk) / (tokens - 1)."""
+    body = json.dumps({
+        "model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+        "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
+    }).encode()
+    request = urllib.request.Request(f"{url}/v1/completions", body, _headers(api_key))
+    start = time.perf_counter()
+    first = last = None
+    tokens = 0
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        for raw in response:
+            line = raw.decode("utf-8", "replace").strip()
+            if not line.startswith("data:") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[5:])
+            if chunk.get("choices"):
+                last = time.perf_counter()
+                first = first if first is not None else last
+            if chunk.get("usage"):
+                tokens = int(chunk["usage"].get("completion_tokens") or 0)
+    if first is None or last is None or tokens < 1:
+        raise RuntimeError(f"{url}: a streamed completion returned no tokens")
+    tpot = (last - first) / (tokens - 1) if tokens > 1 else 0.0
+    return RequestTiming(first - start, tpot, tokens)
+
+
+def run_load(url: str, model: str, concurrency: int, input_tokens: int, output_tokens: int,
+             rounds: int = 2, api_key: str | None = None, salt: int = 0) -> LoadResult:
+    """``concurrency`` requests at once, ``rounds`` times over: each thread sends its next
+    request when its last one finished (closed loop)."""
+    timings: list[RequestTiming] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def worker(index: int) -> None:
+        for r in range(rounds):
+            try:
+                t = stream_completion(url, model, prompt_ids(input_tokens, salt + index * 31 + r),
+                                      output_tokens, api_key)
+            except BaseException as exc:  # noqa: BLE001 - reported below, once
+                with lock:
+                    errors.append(exc)
+                return
+            with lock:
+                timings.append(t)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(concurrency)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise RuntimeError(f"{url}: {len(errors)} request(s) failed: {errors[0]!r}")
+    return LoadResult(concurrency, tuple(timings), time.perf_counter() - start)
+
+
+def kv_capacity_tokens(url: str, api_key: str | None = None) -> int | None:
+    """KV-cache tokens from vLLM's ``vllm:cache_config_info`` (num_gpu_blocks × block_size)."""
+    request = urllib.request.Request(f"{url}/metrics", headers=_headers(api_key))
+    with urllib.request.urlopen(request, timeout=10) as response:
+        text = response.read().decode("utf-8", "replace")
+    match = _BLOCKS_RE.search(text)
+    if not match:
+        return None
+    labels = dict(re.findall(r'(\w+)="([^"]*)"', match.group("labels")))
+    try:
+        return int(labels["num_gpu_blocks"]) * int(labels["block_size"])
+    except (KeyError, ValueError):
+        return None
+
+
+def measure_engine(
+    url: str, model: str, *, slos: Sequence[tuple[int, int, float, float]],
+    prefill_lengths: Sequence[int] = (32, 128, 384), batch_sizes: Sequence[int] = (1, 2, 4, 8),
+    decode_tokens: int = 24, api_key: str | None = None,
+    progress: Callable[[str], None] = lambda _m: None,
+) -> EngineMeasurements:
+    """Measure a running engine: KV capacity; prefill step (TTFT of one request) per prompt
+    length; decode step (median TPOT) per batch size; per (input, output, TTFT, TPOT) in
+    ``slos``, the most requests/s whose requests all met both (a sweep over concurrency that
+    stops at the first level that misses)."""
+    result = EngineMeasurements(kv_capacity_tokens=kv_capacity_tokens(url, api_key))
+    stream_completion(url, model, prompt_ids(8), 2, api_key)  # warm-up, not recorded
+    for length in prefill_lengths:
+        timing = stream_completion(url, model, prompt_ids(length, salt=length), 1, api_key)
+        result.prefill.append((length, timing.ttft_s))
+        progress(f"prefill {length} tokens: {timing.ttft_s * 1e3:.1f} ms")
+    for batch in batch_sizes:
+        load = run_load(url, model, batch, 32, decode_tokens, rounds=1, api_key=api_key,
+                        salt=1000 + batch)
+        step = statistics.median(t.tpot_s for t in load.timings)
+        result.decode.append((batch, batch * (32 + decode_tokens // 2), step))
+        progress(f"decode batch {batch}: {step * 1e3:.1f} ms/step")
+    for n_in, n_out, ttft, tpot in slos:
+        best = 0.0
+        for concurrency in (1, 2, 4, 8, 16, 32):
+            load = run_load(url, model, concurrency, n_in, n_out, rounds=2, api_key=api_key,
+                            salt=5000 + concurrency)
+            met = load.fraction_within(ttft, tpot) >= 0.95
+            progress(f"SLO {ttft:g}s/{tpot:g}s, mix {n_in}/{n_out}, concurrency {concurrency}: "
+                     f"{load.requests_per_s:.2f} req/s, "
+                     f"{load.fraction_within(ttft, tpot):.0%} within")
+            if not met:
+                break
+            best = max(best, load.requests_per_s)
+        result.throughput.append((n_in, n_out, ttft, tpot, best))
+    return result

@@ -1,0 +1,189 @@
+"""Run profile tasks: one Slurm job per (model, partition, pp), measured, written, cancelled."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+import urllib.request
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Protocol
+
+from coral_hpc.config import Deployment
+from coral_hpc.errors import CoralError, PermanentError
+from coral_hpc.launch.endpoint import Endpoint, read_endpoint
+from coral_hpc.launch.spec import replica_spec
+from coral_hpc.launch.stop import stop_replicas
+from coral_hpc.launch.submit import submit_replica
+from coral_hpc.plan.layout import layout_dtype
+from coral_hpc.profile.measure import measure_engine
+from coral_hpc.profile.write import profile_document, profile_path, write_profile
+from coral_hpc.types import ReplicaLayout, StageLayout
+
+Progress = Callable[[str], None]
+
+
+class ProfileError(PermanentError):
+    """A profile task that cannot run (unknown model or partition, no GPU type) or failed."""
+
+
+class ProfileClient(Protocol):
+    """The part of ``coral_hpc.slurm.SlurmClient`` profiling uses."""
+
+    def submit_script(self, path: Path) -> str: ...
+    def job_states(self, job_ids: Iterable[str]) -> dict: ...
+    def cancel_with_grace(self, job_ids: Iterable[str], grace_s: float, signal: str = "TERM",
+                          poll_s: float = 1.0, *, full: bool = True) -> dict[str, str]: ...
+
+
+@dataclass(frozen=True)
+class ProfileTask:
+    """Measure ``model`` on ``partition`` (``gpu_type``) with TP ``tp`` over ``pp`` nodes."""
+
+    model: str
+    architecture: str
+    partition: str
+    gpu_type: str
+    tp: int = 1
+    pp: int = 1
+
+    @property
+    def name(self) -> str:
+        suffix = f" pp{self.pp}" if self.pp > 1 else ""
+        return f"{self.model} on {self.partition} ({self.gpu_type}) tp{self.tp}{suffix}"
+
+
+def profile_tasks(deployment: Deployment, partitions: Sequence[str] = (),
+                  models: Sequence[str] = (), pp_degrees: Sequence[int] = (1,)) -> list[ProfileTask]:
+    """The tasks for the asked partitions and models (empty: all of the deployment); each
+    partition's GPU types come from its ``gpu_types`` in models.yaml."""
+    known_parts = {p.name: p for p in deployment.cluster.partitions}
+    known_models = {m.name: m for m in deployment.models}
+    for name in partitions:
+        if name not in known_parts:
+            raise ProfileError(f"--partition {name!r}: not in cluster.partitions of models.yaml "
+                               f"(valid: {sorted(known_parts)})")
+    for name in models:
+        if name not in known_models:
+            raise ProfileError(f"--model {name!r}: not in models of models.yaml "
+                               f"(valid: {sorted(known_models)})")
+    tasks = []
+    for model in (known_models[m] for m in (models or list(known_models))):
+        for part in (known_parts[p] for p in (partitions or list(known_parts))):
+            if model.partitions and part.name not in model.partitions:
+                continue
+            if not part.gpu_types:
+                raise ProfileError(f"partition {part.name!r}: name its gpu_types in models.yaml "
+                                   "to profile it")
+            for gpu in part.gpu_types:
+                if model.gpu_types and gpu not in model.gpu_types:
+                    continue
+                tasks += [ProfileTask(model.name, model.architecture, part.name, gpu, 1, pp)
+                          for pp in pp_degrees]
+    return tasks
+
+
+def _engine_version(url: str, api_key: str) -> str:
+    request = urllib.request.Request(f"{url}/version",
+                                     headers={"Authorization": f"Bearer {api_key}"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return str(json.loads(response.read()).get("version", "?"))
+    except (OSError, ValueError):
+        return "?"
+
+
+def _key_file(folder: Path) -> Path:
+    """The API key the profiled engines get (mode 600): they listen on the cluster network."""
+    path = folder / ".profile-api-key"
+    if not path.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(secrets.token_urlsafe(32))
+    return path
+
+
+def _wait_ready(client: ProfileClient, job_id: str, endpoint_file: Path, timeout_s: float,
+                progress: Progress) -> Endpoint:
+    deadline = time.monotonic() + timeout_s
+    last_state = None
+    while time.monotonic() < deadline:
+        endpoint = read_endpoint(endpoint_file)
+        if endpoint is not None and endpoint.job_id == job_id:
+            return endpoint
+        states = client.job_states([job_id])
+        state = getattr(states.get(job_id), "state", None) if states else None
+        if state != last_state:
+            progress(f"  job {job_id}: {state}")
+            last_state = state
+        if state in ("FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "COMPLETED"):
+            raise ProfileError(f"job {job_id} ended {state} before the engine answered /health "
+                               f"(logs under {endpoint_file.parent.parent / 'logs'})")
+        time.sleep(2.0)
+    raise ProfileError(f"job {job_id}: no healthy engine after {timeout_s:.0f}s")
+
+
+def run_profiles(deployment: Deployment, tasks: Sequence[ProfileTask], client: ProfileClient, *,
+                 force: bool = False, ready_timeout_s: float = 900.0,
+                 progress: Progress = print) -> list[Path]:
+    """Measure each task in turn (one engine job at a time) and write its profile; a task whose
+    profile exists is reused unless ``force``. Every job is drained and cancelled before the
+    next starts, also when interrupted. Returns the profile files, measured or reused."""
+    folder = deployment.measured_profiles_path
+    key_file = _key_file(folder)
+    api_key = key_file.read_text().strip()
+    written = []
+    for index, task in enumerate(tasks, 1):
+        path = profile_path(folder, task.architecture, task.gpu_type, task.tp, task.pp)
+        if path.exists() and not force:
+            progress(f"[{index}/{len(tasks)}] {task.name}: reused {path}")
+            written.append(path)
+            continue
+        progress(f"[{index}/{len(tasks)}] {task.name}: starting the engine in a Slurm job")
+        from solver.catalog import model_arch
+
+        layers = model_arch(task.architecture).layers
+        split = [layers // task.pp + (1 if i < layers % task.pp else 0) for i in range(task.pp)]
+        layout = ReplicaLayout(
+            task.tp, tuple(StageLayout(task.partition, task.gpu_type, n) for n in split),
+            layout_dtype(task.architecture, [task.gpu_type]),
+        )
+        spec = replica_spec(deployment, task.model, f"profile-{secrets.token_hex(3)}", "profile",
+                            layout, api_key_file=key_file)
+        submitted = time.time()
+        job_id = submit_replica(spec, client)
+        try:
+            endpoint = _wait_ready(client, job_id, spec.endpoint_file, ready_timeout_s, progress)
+            ready_after = time.time() - submitted
+            progress(f"  READY after {ready_after:.0f}s on {endpoint.node} ({endpoint.url})")
+            model = deployment.model(task.model)
+            measured = measure_engine(
+                endpoint.url, task.model, api_key=api_key,
+                slos=[(model.mix.input_tokens, model.mix.output_tokens, model.slo.ttft_s,
+                       model.slo.tpot_s)],
+                progress=lambda m: progress(f"  {m}"),
+            )
+            version = _engine_version(endpoint.url, api_key)
+        finally:
+            stop_replicas(client, [job_id], grace_s=60)
+        day = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+        document = profile_document(
+            arch=task.architecture, gpu=task.gpu_type, tp=task.tp, layers=split[0] if task.pp == 1
+            else layers, pp=task.pp, layer_partition=",".join(map(str, split)),
+            source=f"coral-hpc profile on {endpoint.node} ({task.partition}), vLLM {version}, "
+                   f"{day}",
+            model=task.model, partition=task.partition,
+            startup_s=endpoint.ready_at - endpoint.started_at, submit_to_ready_s=ready_after,
+            measured=measured,
+        )
+        written.append(write_profile(path, document))
+        progress(f"  wrote {path}")
+    return written
+
+
+__all__ = ["CoralError", "ProfileError", "ProfileTask", "profile_tasks", "run_profiles"]

@@ -1,0 +1,58 @@
+"""Measured profiles on disk: one YAML file per (architecture, GPU type, TP[, PP]) in the
+schema :mod:`solver.perf_profiles` reads, plus what the solver does not use yet (start-up time,
+KV capacity, where and how it was measured)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from coral_hpc.profile.measure import EngineMeasurements
+
+
+def profile_path(folder: Path, arch: str, gpu: str, tp: int, pp: int = 1) -> Path:
+    """Where the profile of (arch, gpu, tp) — or of a ``pp``-stage pipeline — lives."""
+    if pp == 1:
+        return folder / f"{arch}__{gpu}__tp{tp}.yaml"
+    return folder / "pipelines" / f"{arch}__{gpu}__tp{tp}__pp{pp}.yaml"
+
+
+def profile_document(
+    *, arch: str, gpu: str, tp: int, layers: int, pp: int, layer_partition: str, source: str,
+    model: str, partition: str, startup_s: float, submit_to_ready_s: float,
+    measured: EngineMeasurements,
+) -> dict[str, Any]:
+    """The YAML document of one measured profile."""
+    steps = [{"decode_seqs": 0, "prefill_tokens": n, "context_tokens": n, "seconds": round(s, 6)}
+             for n, s in measured.prefill]
+    steps += [{"decode_seqs": b, "prefill_tokens": 0, "context_tokens": c, "seconds": round(s, 6)}
+              for b, c, s in measured.decode]
+    doc: dict[str, Any] = {
+        "arch": arch, "gpu": gpu, "tp": tp, "layers": layers, "source": source,
+        "model": model, "partition": partition,
+        "startup_s": round(startup_s, 1), "submit_to_ready_s": round(submit_to_ready_s, 1),
+        "kv_capacity_tokens": measured.kv_capacity_tokens,
+        "throughput": [
+            {"input_tokens": i, "output_tokens": o, "ttft_s": ttft, "tpot_s": tpot,
+             "requests_per_s": round(rps, 4)}
+            for i, o, ttft, tpot, rps in measured.throughput if rps > 0
+        ],
+        "step_latency": steps,
+    }
+    if pp > 1:
+        doc["pp"] = pp
+        doc["layer_partition"] = layer_partition
+    return doc
+
+
+def write_profile(path: Path, document: dict[str, Any]) -> Path:
+    """Write ``document`` atomically (a half-written profile is never read as a result)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    header = "# measured by `coral-hpc profile` (coral_hpc.profile); read by solver.perf\n"
+    tmp.write_text(header + yaml.safe_dump(document, sort_keys=False))
+    tmp.replace(path)
+    return path

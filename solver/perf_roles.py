@@ -1,0 +1,161 @@
+"""Performance of one phase alone: what a prefill-only or a decode-only stage sustains.
+
+A disaggregated model runs prefill replicas (prompt in, KV cache out, one token) and decode
+replicas (KV cache in, output tokens out); vLLM's KV connector moves the cache between them
+(../shared/VLLM-CPU.md). Both are priced on the same step-time model as an aggregated replica
+(:mod:`solver.perf_model`, with the same calibration and measured corrections), so the three
+roles compare like with like:
+
+- **prefill**: one prompt per engine step (vLLM schedules whole prompts; batching several in a
+  step only helps, so this is conservative). Prompt lengths are exponential with the mix's mean
+  (as :func:`solver.perf._concurrent_slots` takes them), so a stage is an M/M/1 queue whose
+  sojourn time is exponential with rate mu − lambda. A request's TTFT share on one of S stages
+  is TTFT/S, less its KV hand-off over the node's link, less one TPOT for the decode replica's
+  first token (the client sees the first token from the decode side):
+  P(sojourn > budget) = exp(−(mu − lambda) · budget) ≤ MISS  ⇒  lambda ≤ mu − ln(1/MISS)/budget.
+  The link also caps lambda at bandwidth ÷ KV bytes per prompt of the stage's layers.
+- **decode**: b sequences decode one token per step, each holding the KV of its prompt and its
+  output (slots sized as for an aggregated replica, exponential token counts); no prompt steps.
+  The largest b whose step stays within TPOT/S, also for the 1 − MISS quantile of the batch
+  (b × (1 + z / sqrt(spare · S · b)), the same surge as the aggregated model), and whose arrivals
+  find a free KV slot with probability ≥ 1 − MISS (Erlang C: the TTFT belongs to prefill). The
+  stage's link caps the arrivals the same way as prefill's.
+
+The KV transfer runs over the inter-node link the pipeline hand-off uses: the calibration's
+``pipeline`` figures (alpha 0.028 ms, 7.77 GB/s: Vidur raw/network/a100_dgx/send_recv.csv,
+devices_per_node=1, i.e. one GPU per node across InfiniBand, @ 7d47513 — 64 MiB in 8.59 ms).
+A site with a faster fabric (NIXL over 400 Gb/s NDR) is faster than this; measured profiles of
+the site override the calibration as for every other figure.
+
+Units: requests/s of the model's mix (prompt tokens/s ÷ mean input tokens for prefill, output
+tokens/s ÷ mean output tokens for decode), ARCHITECTURE "Units".
+"""
+
+from __future__ import annotations
+
+import math
+
+from solver import perf
+from solver.catalog import GpuSpec, ModelArch
+from solver.perf_model import step_time
+
+__all__ = ["kv_bytes_per_request", "kv_transfer_s", "phase_throughput"]
+
+#: ln(1 / MISS): sojourn times of an M/M/1 queue beyond ``budget`` occur with exp(-x · budget)
+_LOG_MISS = math.log(1.0 / perf.MISS_PER_OBJECTIVE)
+
+
+def kv_bytes_per_request(arch: ModelArch, mix: perf.Mix) -> float:
+    """KV bytes a prefill replica hands to a decode replica per request: the whole prompt's
+    K and V over all layers (16 bit, as ``ModelArch.kv_bytes_per_token``)."""
+    return float(mix.input_tokens) * arch.kv_bytes_per_token
+
+
+def kv_transfer_s(arch: ModelArch, layers: int, mix: perf.Mix) -> float:
+    """Seconds to move one prompt's KV of ``layers`` layers off (or onto) one stage's node."""
+    cal = perf._calibration()
+    share = kv_bytes_per_request(arch, mix) * layers / arch.layers
+    return cal.pp_alpha_s + share / cal.pp_bw
+
+
+def _link_cap(arch: ModelArch, layers: int, mix: perf.Mix) -> float:
+    """Prompts/s one node's link moves (bytes only: transfers are pipelined on the wire)."""
+    cal = perf._calibration()
+    share = kv_bytes_per_request(arch, mix) * layers / arch.layers
+    return cal.pp_bw / share if share > 0 else math.inf
+
+
+def _prefill(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_stages: int,
+             slo: perf.Slo, mix: perf.Mix) -> float:
+    cal = perf._calibration()
+    cap = perf.kv_capacity_tokens(arch, gpu, tp, layers, cal.gpu_memory_utilization)
+    n_in = mix.input_tokens
+    if cap <= 0 or n_in > cap or n_in > cal.max_num_batched_tokens:
+        return 0.0
+    c = perf._stage_coeffs(arch, gpu, tp, layers)
+    service = step_time(c, 0, n_in, 0.0, n_in / 2.0, cal.step_overhead_s, n_stages,
+                        cal.pp_alpha_s, cal.pp_bw)
+    budget = slo.ttft_s / n_stages - kv_transfer_s(arch, layers, mix) - slo.tpot_s
+    if budget <= 0:
+        return 0.0
+    rate = 1.0 / service - _LOG_MISS / budget
+    return max(0.0, min(rate, _link_cap(arch, layers, mix)))
+
+
+def _decode(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_stages: int,
+            slo: perf.Slo, mix: perf.Mix) -> float:
+    cal = perf._calibration()
+    cap = perf.kv_capacity_tokens(arch, gpu, tp, layers, cal.gpu_memory_utilization)
+    n_in, n_out = mix.input_tokens, mix.output_tokens
+    if cap <= 0 or n_in + n_out > cap:
+        return 0.0
+    slots = perf._concurrent_slots(cap, n_in, n_out, cal.max_num_seqs)
+    b_max = min(slots // n_stages, cal.max_num_batched_tokens)
+    if b_max < 1:
+        return 0.0
+    S = n_stages
+    tpot = slo.tpot_s / S
+    c = perf._stage_coeffs(arch, gpu, tp, layers)
+    ctx = float(n_in + n_out)  # KV read per sequence: length-biased, as in solver.perf
+    link = _link_cap(arch, layers, mix)
+
+    def step(b: float) -> float:
+        return step_time(c, b, 0.0, b * ctx, 0.0, cal.step_overhead_s, S, cal.pp_alpha_s,
+                         cal.pp_bw)
+
+    step_empty = step(0.0)
+
+    def feasible(b: int) -> tuple[bool, float]:
+        t = step(b)
+        if t > tpot:
+            return False, t
+        surge = 1.0 + perf._Z / math.sqrt(step_empty / t * S * b)
+        if step(b * surge) > tpot:
+            return False, t
+        lam = b / (n_out * t)
+        if lam > link:
+            return False, t
+        service = n_out * S * t  # a sequence holds its slot for n_out rounds of S steps
+        a = lam * service
+        if a >= slots:
+            return False, t
+        waits = perf._erlang_c_wait_tail(slots, a, slots / service - lam, 0.0)
+        return waits <= perf.MISS_PER_OBJECTIVE, t
+
+    ok, t_lo = feasible(1)
+    if not ok:
+        return 0.0
+    lo, hi = 1, b_max
+    ok, t_hi = feasible(hi)
+    if ok:
+        lo, t_lo = hi, t_hi
+    else:
+        while hi - lo > 1:  # feasibility is monotone in b: every term grows with the batch
+            mid = (lo + hi) // 2
+            ok, t_mid = feasible(mid)
+            if ok:
+                lo, t_lo = mid, t_mid
+            else:
+                hi = mid
+    return lo / (n_out * t_lo)
+
+
+def phase_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_stages: int,
+                     slo: perf.Slo, mix: perf.Mix, role: str) -> float:
+    """Requests/s of ``mix`` one stage of a ``role`` replica sustains within its SLO share.
+
+    ``role`` "prefill": prompts under TTFT/n_stages (KV hand-off and the decode side's first
+    token included); "decode": output tokens under TPOT/n_stages with each sequence's prompt
+    and output KV held; "both": :func:`solver.perf.stage_throughput`. 0.0 when the stage cannot
+    run, does not fit or misses the SLO; non-increasing in ``layers``.
+    """
+    if role == "both":
+        return perf.stage_throughput(arch, gpu, tp, layers, n_stages, slo, mix)
+    if role not in ("prefill", "decode"):
+        raise ValueError(f"role {role!r}: expected 'both', 'prefill' or 'decode'")
+    if perf.engine_dtype(arch, gpu) is None or tp < 1 or not 1 <= layers <= arch.layers:
+        return 0.0
+    if mix.input_tokens < 1 or mix.output_tokens < 1 or n_stages < 1:
+        return 0.0
+    fn = _prefill if role == "prefill" else _decode
+    return float(fn(arch, gpu, tp, layers, n_stages, slo, mix))

@@ -1,0 +1,90 @@
+"""Stage 1 for disaggregated serving: prefill-only and decode-only templates of a model.
+
+Each phase is its own template family, found by the same exact best-layout search as an
+aggregated template (:func:`solver.templates.model_templates`), over a view of the throughput
+model that answers for that phase. So each phase picks its own GPU type, TP degree, pipeline
+stages and layer split: prefill where compute per cost is cheapest, decode where memory
+bandwidth per cost is. Which templates a model gets follows ``ModelSpec.disaggregation``:
+``off`` aggregated only, ``on`` prefill + decode only, ``auto`` all three (Stage 2 chooses).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Protocol
+
+from solver.types import ModelSpec, Policy, Role, Template
+
+#: the roles a disaggregated model's replicas take
+PHASES: tuple[Role, Role] = ("prefill", "decode")
+
+
+class PhaseThroughputModel(Protocol):
+    """A throughput model (:class:`solver.templates.ThroughputModel`) that also knows the
+    phases apart."""
+
+    def phase_throughput(self, model: ModelSpec, gpu_type: str, tp: int, layers: int,
+                         stages: int, role: Role) -> float:
+        """Requests/s one stage of a ``role`` replica sustains (see solver.perf_roles)."""
+
+    def kv_bytes_per_request(self, model: ModelSpec) -> float:
+        """KV bytes one request moves from its prefill to its decode replica."""
+
+
+class _PhaseView:
+    """The throughput model as seen by one phase: ``throughput`` answers for ``role``."""
+
+    def __init__(self, tm, role: Role) -> None:
+        self._tm = tm
+        self._role = role
+
+    def __getattr__(self, name: str):
+        return getattr(self._tm, name)
+
+    def throughput(self, model: ModelSpec, gpu_type: str, tp: int, layers: int, stages: int) -> float:
+        return self._tm.phase_throughput(model, gpu_type, tp, layers, stages, self._role)
+
+
+def roles_for(model: ModelSpec) -> tuple[Role, ...]:
+    """The roles Stage 1 builds templates for under the model's disaggregation policy."""
+    if model.disaggregation == "off":
+        return ("both",)
+    if model.disaggregation == "on":
+        return PHASES
+    if model.disaggregation == "auto":
+        return ("both", *PHASES)
+    raise ValueError(f"model {model.name}: disaggregation {model.disaggregation!r}: "
+                     "expected 'auto', 'on' or 'off'")
+
+
+def supports_phases(tm) -> bool:
+    """Whether the throughput model can price prefill and decode apart."""
+    return callable(getattr(tm, "phase_throughput", None)) and callable(
+        getattr(tm, "kv_bytes_per_request", None))
+
+
+def phase_templates(tm: PhaseThroughputModel, model: ModelSpec,
+                    gpu_types: Mapping[str, tuple[int, float]], policy: Policy,
+                    role: Role) -> list[Template]:
+    """Every non-dominated ``role`` template of one model (exact best layout per multiset);
+    dominance is decided among templates of the same role only."""
+    from solver.templates import model_templates  # here: templates imports this module
+
+    if role not in PHASES:
+        raise ValueError(f"role {role!r}: expected one of {PHASES}")
+    kv = float(tm.kv_bytes_per_request(model))
+    return [replace(t, role=role, kv_bytes_per_request=kv)
+            for t in model_templates(_PhaseView(tm, role), model, gpu_types, policy)]
+
+
+def check_phase_template(t: Template, model: ModelSpec, tm, rel_tol: float) -> list[str]:
+    """Every stage of a role template sustains its throughput in that role (the checker's
+    counterpart of ``solver.check._check_template`` for roles)."""
+    out = []
+    for stage in t.stages:
+        speed = tm.phase_throughput(model, stage.gpu_type, t.tp, stage.layers, t.pp, t.role)
+        if speed < t.throughput * (1 - rel_tol):
+            out.append(f"template {t.id}: {t.role} stage {stage.gpu_type} with {stage.layers} "
+                       f"layers sustains {speed:.4g} < {t.throughput:.4g} req/s")
+    return out

@@ -1,0 +1,144 @@
+"""``coral-hpc serve examples/vllm-cpu.yaml`` on the local cluster with the REAL engine: the
+solver's plan is submitted as vLLM (CPU build) replica jobs through the ``venv`` environment;
+every model becomes READY, and completions, chat and SSE streaming through the one gateway are
+answered by vLLM (its own ``system_fingerprint``; no sim engine header); ``coral-hpc down``
+drains and cancels every replica, none requeued."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from coral_hpc.config import load_deployment
+from coral_hpc.daemon.process import info_path, read_info
+from coral_hpc.slurm import make_client
+from tests.conftest import REPO, wait_until
+
+pytestmark = [pytest.mark.slurm, pytest.mark.vllm]
+
+CLI = [sys.executable, "-c", "from coral_hpc.cli import main; main()"]
+SIM_HEADER = "x-coral-engine"
+
+
+def example_copy(tmp_path: Path, venv: Path, models: Path) -> Path:
+    """examples/vllm-cpu.yaml with its own deployment name and state, this run's venv and models
+    folders, and short intervals."""
+    text = (REPO / "examples" / "vllm-cpu.yaml").read_text()
+    name = f"vllm{secrets.token_hex(3)}"
+    replacements = {
+        r"(?m)^deployment: .*$": f"deployment: {name}",
+        r"(?m)^state_dir: .*$": f"state_dir: {tmp_path / 'shared'}",
+        r"(?m)^db_path: .*$": f"db_path: {tmp_path / 'daemon' / 'coral.db'}",
+        r"(?m)^  poll_interval_s: .*$": "  poll_interval_s: 1",
+        r"(?m)^profiles_dir: .*$": f"profiles_dir: {REPO / 'examples' / 'vllm-cpu.profiles'}",
+    }
+    for pattern, value in replacements.items():
+        text, count = re.subn(pattern, value, text)
+        assert count == 1, f"examples/vllm-cpu.yaml no longer has {pattern!r}"
+    text = text.replace("/var/cache/coral-hpc/vllm-cpu", str(venv))
+    text = text.replace("/var/cache/coral-hpc/test-models", str(models))
+    path = tmp_path / "models.yaml"
+    path.write_text(text)
+    return path
+
+
+def cli(env: dict, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *args], check=False, capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=REPO)
+
+
+def status(env: dict, config: Path) -> dict:
+    out = cli(env, "status", str(config), "--json")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def live_jobs(env: dict, deployment: str) -> list[str]:
+    snapshot = make_client("cli", env=env).snapshot(deployment)
+    return sorted(j.job_id for j in snapshot.jobs if j.end_kind is None)
+
+
+def test_serve_the_vllm_example_on_the_real_engine(tmp_path, vllm_env, vllm_venv, test_models):
+    env = {**os.environ, **vllm_env}
+    config = example_copy(tmp_path, vllm_venv, test_models)
+    deployment = load_deployment(config)
+    models = [m.name for m in deployment.models]
+    log = open(tmp_path / "serve.log", "ab")  # noqa: SIM115 - closed below
+    serve = subprocess.Popen(
+        [*CLI, "serve", str(config), "--listen", "127.0.0.1:0",
+         "--cache-dir", str(tmp_path / "templates")],
+        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        def every_model_ready():
+            if not Path(deployment.db_path).exists():
+                return None
+            data = status(env, config)
+            ready = {m["name"] for m in data["models"] if m["ready_replicas"] >= 1}
+            return data if ready >= set(models) else None
+
+        data = wait_until(every_model_ready, 600, "a READY replica of every model (real vLLM)")
+        address = read_info(info_path(deployment))["gateway"]
+        for model in models:
+            resp = httpx.post(f"http://{address}/v1/completions", timeout=120, json={
+                "model": model, "prompt": "Once upon a time", "max_tokens": 8, "temperature": 0})
+            assert resp.status_code == 200, resp.text
+            assert SIM_HEADER not in resp.headers, "answered by the sim engine"
+            answer = resp.json()
+            assert answer["system_fingerprint"].startswith("vllm-0.32.0"), answer
+            assert answer["model"] == model and answer["usage"]["completion_tokens"] == 8
+
+            chat = httpx.post(f"http://{address}/v1/chat/completions", timeout=120, json={
+                "model": model, "messages": [{"role": "user", "content": "Hello!"}],
+                "max_tokens": 6, "temperature": 0})
+            assert chat.status_code == 200, chat.text
+            assert chat.json()["system_fingerprint"].startswith("vllm-")
+            assert chat.json()["usage"]["completion_tokens"] >= 1
+
+            chunks, done = 0, False
+            with httpx.stream("POST", f"http://{address}/v1/completions", timeout=120, json={
+                    "model": model, "prompt": "Hello", "max_tokens": 10, "temperature": 0,
+                    "ignore_eos": True, "stream": True}) as stream:
+                assert stream.status_code == 200
+                assert stream.headers["content-type"].startswith("text/event-stream")
+                assert SIM_HEADER not in stream.headers
+                for line in stream.iter_lines():
+                    if line == "data: [DONE]":
+                        done = True
+                    elif line.startswith("data: "):
+                        payload = json.loads(line[len("data: "):])
+                        assert payload["system_fingerprint"].startswith("vllm-")
+                        chunks += 1
+            assert done and chunks >= 2, (model, chunks)
+
+        running = sorted(r["job_id"] for r in data["replicas"] if r["state"] == "READY")
+        assert running
+        serve.send_signal(signal.SIGTERM)
+        assert serve.wait(60) == 0
+        out = cli(env, "down", str(config), "--grace", "60", "--json")
+        assert out.returncode == 0, out.stderr
+        wait_until(lambda: not live_jobs(env, deployment.deployment), 120,
+                   "no live job of the deployment after down")
+        sacct = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "JobID,State,Restarts",
+                                "-S", "now-1day", "-j", ",".join(running)],
+                               check=False, capture_output=True, text=True, env=env, timeout=30).stdout
+        for line in sacct.strip().splitlines():
+            _job, state, restarts = line.split("|")
+            assert restarts == "0", line
+            assert state in ("COMPLETED", "CANCELLED") or state.startswith("CANCELLED"), line
+    finally:
+        if serve.poll() is None:
+            serve.send_signal(signal.SIGTERM)
+            serve.wait(60)
+        log.close()
+        leftover = live_jobs(env, deployment.deployment)
+        if leftover:
+            make_client("cli", env=env).cancel(leftover)
