@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from coral_hpc.plan.availability import start_label
-
 from coral_hpc.plan.figures import figures_used
 from coral_hpc.plan.layout import layout_of
 from coral_hpc.plan.planner import PlanOutcome, Solved
