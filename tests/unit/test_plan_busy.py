@@ -282,3 +282,24 @@ def test_slurm_is_probed_only_when_what_is_free_does_not_serve_the_plan(busy, ca
                                                                   for s in shapes)
     assert all(s.time_limit_s == 86400 and s.account == "ai-lab" for s in shapes)
     assert outcome.solved.plan.rows or outcome.solved.plan.queued
+
+
+def test_validate_warns_for_what_this_slurm_cannot_give(busy, tmp_path):
+    import json
+
+    from coral_hpc.cli.validate import validate
+
+    lacking = replace(busy, partitions=tuple(p for p in busy.partitions if p.name != "gpu-v100"))
+    snap = tmp_path / "snap.json"
+    snap.write_text(lacking.to_json())
+    out = CliRunner().invoke(validate, [str(UNIVERSITY), "--snapshot", str(snap), "--json"])
+    assert out.exit_code == 0, out.output
+    warnings = json.loads(out.output)["warnings"]
+    assert any(w.startswith("cluster.partitions[0] (gpu-v100): Slurm has no partition")
+               for w in warnings), warnings
+    # the two partitions name different vLLM images: no V100+A100 pipeline, and it says how
+    assert any(w.startswith("policy.heterogeneous:") and "compatible_with" in w for w in warnings)
+    full = tmp_path / "full.json"
+    full.write_text(busy.to_json())
+    out = CliRunner().invoke(validate, [str(UNIVERSITY), "--snapshot", str(full), "--json"])
+    assert not any("Slurm has no partition" in w for w in json.loads(out.output)["warnings"])
