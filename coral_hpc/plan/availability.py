@@ -224,7 +224,11 @@ def job_limits(deployment: Deployment, snapshot: ClusterSnapshot) -> JobLimits:
         max_gpus_per_job_by_partition=max_gpus,
         max_jobs=limits.max_jobs if limits else None,
         max_submit=limits.max_submit_jobs if limits else None,
-        other_jobs=snapshot.other_user_jobs,
+        # squeue does not tell us which account the user's other jobs are charged to: with
+        # cluster.account set, the deployment is taken to have that association to itself
+        # (Slurm still holds any job beyond the limit: AssocMaxJobsLimit); without, the
+        # user's other jobs share the default association and count
+        other_jobs=0 if deployment.cluster.account else snapshot.other_user_jobs,
     )
 
 

@@ -303,3 +303,12 @@ def test_validate_warns_for_what_this_slurm_cannot_give(busy, tmp_path):
     full.write_text(busy.to_json())
     out = CliRunner().invoke(validate, [str(UNIVERSITY), "--snapshot", str(full), "--json"])
     assert not any("Slurm has no partition" in w for w in json.loads(out.output)["warnings"])
+
+
+def test_the_users_other_jobs_count_against_max_jobs_only_in_the_default_account(busy):
+    deployment = load_deployment(UNIVERSITY)
+    crowded = replace(busy, other_user_jobs=3)
+    assert availability.job_limits(deployment, crowded).other_jobs == 0  # account ai-lab
+    default = deployment.model_copy(update={"cluster": deployment.cluster.model_copy(
+        update={"account": None})})
+    assert availability.job_limits(default, crowded).other_jobs == 3
