@@ -172,6 +172,7 @@ def run_fixed(shapes: dict[str, dict], pods: list[Pod], phase_s: float, warmup_s
     start = time.monotonic()
     last = start
     submitted = 0
+    refused: dict[str, str] = {}
 
     def submit(model: str) -> None:
         nonlocal submitted
@@ -180,8 +181,12 @@ def run_fixed(shapes: dict[str, dict], pods: list[Pod], phase_s: float, warmup_s
                 s["partition"], f"--gres=gpu:{s['gpu_type']}:{s['gpus']}", "-N", str(s["nodes"]),
                 f"--cpus-per-task={cpus_per_gpu * s['gpus']}",
                 f"--mem={mem_per_gpu_gb * s['gpus']}G", "--time=30", "--wrap=sleep 1800"]
-        jobs[model] = subprocess.run(argv, capture_output=True, text=True, check=True,
-                                     timeout=30).stdout.strip().split(";")[0]
+        out = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=30)
+        if out.returncode != 0:
+            refused[model] = out.stderr.strip()[:200]  # as a person would, they give up
+            jobs.pop(model, None)
+            return
+        jobs[model] = out.stdout.strip().split(";")[0]
         submitted += 1
 
     try:
@@ -207,7 +212,9 @@ def run_fixed(shapes: dict[str, dict], pods: list[Pod], phase_s: float, warmup_s
         if ids:
             subprocess.run(["scancel", *ids], capture_output=True, timeout=30, check=False)
         busy_cluster.cancel_other()
-    return _summary(shapes, first_run, serving_s, phase_s, submitted, lab)
+    summary = _summary(shapes, first_run, serving_s, phase_s, submitted, lab)
+    summary["refused"] = refused
+    return summary
 
 
 def run_coral(config: Path, models: list[str], pods: list[Pod], phase_s: float,
@@ -240,7 +247,7 @@ def run_coral(config: Path, models: list[str], pods: list[Pod], phase_s: float,
             for model in running:
                 serving_s[model] += now - last
                 first_run.setdefault(model, now - start)
-            if Path(deployment.db_path).exists():
+            if Path(deployment.db_path).exists() and int(now - start) % 5 == 0:
                 out = subprocess.run([*CLI, "status", str(config), "--json"], capture_output=True,
                                      text=True, timeout=60, cwd=REPO, check=False)
                 if out.returncode == 0:
@@ -296,8 +303,8 @@ def config_copy(tmp: Path) -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--phase-s", type=float, default=150.0)
-    parser.add_argument("--warmup-s", type=float, default=45.0,
+    parser.add_argument("--phase-s", type=float, default=120.0)
+    parser.add_argument("--warmup-s", type=float, default=40.0,
                         help="the other lab's stream runs this long before the models are asked for")
     parser.add_argument("--time-scale", type=float, default=10.0)
     parser.add_argument("--offered-load", type=float, default=1.3)
