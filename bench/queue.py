@@ -375,7 +375,7 @@ def markdown(r: dict) -> str:
     how = ("Fixed sbatch: each model's usual shape, the one coral-hpc plans on an idle cluster "
            f"({shapes}), submitted at the start and resubmitted when it ends. coral-hpc: `serve` "
            "on examples/models.yaml with the sim engine. Per model first running (s): fixed "
-           f"{f['first_running_s']}, coral-hpc {c['first_running_s']}; coral-hpc first READY "
+           f"{f['first_running_s']}, coral-hpc {c['first_running_s']}; coral-hpc first READY (status polled every 5 s) "
            f"{c.get('first_ready_s')}.")
     noise = ("The machine is shared with other sessions' tests, so figures are noisy; the other "
              "lab's stream is the same in both phases but Slurm's decisions depend on timing.")
