@@ -44,6 +44,9 @@ def status_data(deployment, store, now: float) -> dict:
             "age_s": round(now - r.created_at, 1),
             "time_left_s": None if s.time_left_s is None else round(s.time_left_s, 1),
             "throughput": r.throughput,
+            # why Slurm holds it, and when Slurm expects to start it (squeue --start)
+            "slurm_reason": r.slurm_reason if s.state is ReplicaState.PENDING else None,
+            "expected_start": r.expected_start if s.state is ReplicaState.PENDING else None,
         })
     models = []
     for m in deployment.models:
@@ -73,6 +76,8 @@ def status_data(deployment, store, now: float) -> dict:
             "partitions": row["partitions"], "planned": row["count"],
             "ready": sum(1 for r in actual if statuses[r.id].state is ReplicaState.READY),
             "live": len(actual), "cost_per_hour": row["cost_per_hour"],
+            "queued": bool(row.get("queued", False)),
+            "expected_wait_s": row.get("expected_wait_s"),
         })
     info = read_info(info_path(deployment)) if lock_is_held(lock_path(deployment)) else None
     return {
@@ -125,6 +130,19 @@ def status(file: str, as_json: bool, wide: bool) -> None:
     _print_tables(data, wide)
 
 
+def _pending_note(replica: dict, now: float) -> str:
+    """``Resources, expected 14:05 (in 12 min)`` for a PENDING replica; empty otherwise."""
+    parts = []
+    if replica.get("slurm_reason"):
+        parts.append(str(replica["slurm_reason"]))
+    start = replica.get("expected_start")
+    if start:
+        minutes = max(0.0, (start - now) / 60)
+        parts.append(f"expected {time.strftime('%H:%M', time.localtime(start))} "
+                     f"(in {minutes:.0f} min)")
+    return ", ".join(parts)
+
+
 def _print_tables(data: dict, wide: bool = False, now: float | None = None) -> None:
     now = time.time() if now is None else now
     daemon = data["daemon"]
@@ -144,10 +162,11 @@ def _print_tables(data: dict, wide: bool = False, now: float | None = None) -> N
         [Column("replica", "id"), Column("model", "id"), Column("role", "id"),
          Column("job", "id"), Column("state", "id"), Column("partition"),
          Column("TP×PP", "id"), Column("age", "num"), Column("time left", "num"),
-         Column("endpoint", "id")],
+         Column("endpoint / Slurm")],
         [(r["id"], r["model"], r["role"] or "?", r["job_id"] or "", r["state"],
           r["partition"].replace(",", ", "), f"{r['tp']}×{r['pp']}", duration(r["age_s"]),
-          duration(r["time_left_s"]), r["endpoint"] or "") for r in data["replicas"]],
+          duration(r["time_left_s"]), r["endpoint"] or _pending_note(r, now))
+         for r in data["replicas"]],
         wide=wide,
     )
     plan = data["plan"]
