@@ -45,7 +45,8 @@ def _cost(cluster: Cluster, partition: str, template: Template) -> float | None:
     for part in cluster.partitions:
         if part.name == partition and part.usable:
             costs = [part.stage_cost(s.gpu_type, template.tp) for s in template.stages]
-            return None if any(c is None for c in costs) else float(sum(costs))
+            known = [c for c in costs if c is not None]
+            return None if len(known) < len(costs) else float(sum(known))
     return None
 
 
@@ -56,7 +57,7 @@ def queue_unplaced(plan: Plan, models: list[ModelSpec], library: dict[str, list[
     if not cluster.queue_options:
         return plan
     placed = Counter(row.model for row in plan.rows)
-    quota_use = Counter()
+    quota_use: Counter[str] = Counter()
     for row in plan.rows:
         for stage, p in zip(row.template.stages, row.partitions):
             for quota in cluster.quotas:

@@ -13,6 +13,7 @@ from coral_hpc.cli._output import (
     EXIT_INTERNAL,
     Column,
     console,
+    err_console,
     fail,
     print_json,
     print_table,

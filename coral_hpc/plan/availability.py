@@ -71,7 +71,8 @@ def config_warnings(deployment: Deployment, snapshot: ClusterSnapshot) -> list[s
         if info.state != "up":
             out.append(f"{where}: partition is {info.state} in Slurm: nothing starts there")
         if info.max_time_s is not None and info.max_time_s < limit:
-            out.append(f"{where}: partition MaxTime {info.max_time_s // 60} min < cluster.time_limit "
+            out.append(f"{where}: partition MaxTime {info.max_time_s // 60} min "
+                       "< cluster.time_limit "
                        f"{limit // 60} min: replicas there run {info.max_time_s // 60} min and "
                        "are rotated before that")
         missing = [t for t in part.gpu_types if t not in info.gpu_types]
@@ -141,7 +142,8 @@ def own_queue_options(snapshot: ClusterSnapshot) -> list[QueueOption]:
     Slurm's expected start (squeue --start), a queue option marked ``held``."""
     out = []
     for job in snapshot.jobs:
-        if job.state != "PENDING" or job.expected_start is None or job.components or not job.gpu_type:
+        if (job.state != "PENDING" or job.expected_start is None or job.components
+                or not job.gpu_type):
             continue
         nodes = max(job.num_nodes, 1)
         out.append(QueueOption(job.partition, job.gpu_type, max(job.gpus // nodes, 1), nodes,

@@ -216,9 +216,11 @@ class Planner:
             cluster, library, plan = stage2(estimates)
         stage2_s = time.perf_counter() - began - stage1
         problems = tuple(check_plan(plan, models, cluster, library, throughput))
+        def time_limit(parts: tuple[str, ...]) -> int:
+            return availability.time_limit_for(deployment, snapshot, parts)
+
         return PlanOutcome(
-            desired=desired_plan(plan, models, time.time(),
-                                 lambda parts: availability.time_limit_for(deployment, snapshot, parts)),
+            desired=desired_plan(plan, models, time.time(), time_limit),
             cost_per_hour=plan.cost_per_hour,
             solve_s=time.perf_counter() - began,
             status=plan.status,

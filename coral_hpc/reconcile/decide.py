@@ -321,7 +321,8 @@ def _worth_waiting(record: ReplicaRecord, plan: DesiredPlan, settings: Reconcile
                    now: float) -> bool:
     """A pending replica keeps its place: Slurm expects to start it within the horizon, or the
     plan queues its model on this very shape (the best Slurm offers it)."""
-    if record.expected_start is not None and record.expected_start - now <= settings.max_queue_wait_s:
+    start = record.expected_start
+    if start is not None and start - now <= settings.max_queue_wait_s:
         return True
     key = (record.template_id, record.partitions)
     return any(s.queued and s.key == key for s in plan.slots)

@@ -35,12 +35,16 @@ def parse_reservations(text: str, user: str, account: str | None) -> tuple[Reser
         if not (user in users or (account and account in accounts)):
             continue
         partition = rec.get("PartitionName")
-        out.append(ReservationInfo(
-            name=rec["ReservationName"],
-            nodes=expand_hostlist(rec.get("Nodes")) if rec.get("Nodes") not in (None, "(null)") else (),
-            start=parse_timestamp(rec.get("StartTime")),
-            end=parse_timestamp(rec.get("EndTime")),
-            partition=None if partition in (None, "", "(null)") else partition,
-            state=(rec.get("State") or "INACTIVE").lower(),
-        ))
+        out.append(
+            ReservationInfo(
+                name=rec["ReservationName"],
+                nodes=expand_hostlist(rec.get("Nodes"))
+                if rec.get("Nodes") not in (None, "(null)")
+                else (),
+                start=parse_timestamp(rec.get("StartTime")),
+                end=parse_timestamp(rec.get("EndTime")),
+                partition=None if partition in (None, "", "(null)") else partition,
+                state=(rec.get("State") or "INACTIVE").lower(),
+            )
+        )
     return tuple(out)

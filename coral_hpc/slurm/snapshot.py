@@ -313,7 +313,8 @@ class ClusterSnapshot:
                 limits=_build(Limits, data["limits"]) if data.get("limits") else None,
                 warnings=tuple(data.get("warnings", ())),
                 estimates=tuple(_build(ShapeEstimate, e) for e in data.get("estimates", [])),
-                reservations=tuple(_build(ReservationInfo, r) for r in data.get("reservations", [])),
+                reservations=tuple(_build(ReservationInfo, r)
+                                   for r in data.get("reservations", [])),
                 other_user_jobs=int(data.get("other_user_jobs", 0)),
             )
         except KeyError as exc:

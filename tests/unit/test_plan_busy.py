@@ -57,8 +57,14 @@ def university_result(university_outcome):
 def _runnable(deployment, row) -> None:
     """replica_spec builds the job (raises SpecError for a replica that cannot run)."""
     arch = deployment.model(row.model).architecture
-    replica_spec(deployment, row.model, "r1", row.template.id,
-                 layout_of(row.template, row.partitions, arch), api_key_file=None)
+    replica_spec(
+        deployment,
+        row.model,
+        "r1",
+        row.template.id,
+        layout_of(row.template, row.partitions, arch),
+        api_key_file=None,
+    )
 
 
 def _layout(deployment, model, stages, tp):
@@ -68,7 +74,8 @@ def _layout(deployment, model, stages, tp):
 
 
 def test_university_on_a_full_site_plans_only_runnable_replicas_with_their_start(
-        university_outcome, university_result):
+    university_outcome, university_result
+):
     deployment = load_deployment(UNIVERSITY)
     result = university_result
     plan = result.plan
@@ -81,8 +88,9 @@ def test_university_on_a_full_site_plans_only_runnable_replicas_with_their_start
         assert not row.template.heterogeneous
     # every model with demand or min_replicas has a replica planned or queued
     for model in deployment.models:
-        wanted = model.min_replicas > 0 or (result.models and next(
-            m for m in result.models if m.name == model.name).demand_rps > 0)
+        wanted = model.min_replicas > 0 or (
+            result.models and next(m for m in result.models if m.name == model.name).demand_rps > 0
+        )
         if wanted:
             assert any(r.model == model.name for r in rows), model.name
     doc = plan_json(university_outcome)
@@ -99,8 +107,12 @@ def test_university_on_a_full_site_plans_only_runnable_replicas_with_their_start
 
 def test_the_same_site_idle_plans_heterogeneous_pipelines_only_with_one_environment(busy, cache):
     deployment = load_deployment(UNIVERSITY)
-    idle_nodes = tuple(replace(n, state="idle", gpus_alloc=0, gpus_free=n.gpus_total, cpus_alloc=0,
-                               mem_alloc_gb=0.0) for n in busy.nodes)
+    idle_nodes = tuple(
+        replace(
+            n, state="idle", gpus_alloc=0, gpus_free=n.gpus_total, cpus_alloc=0, mem_alloc_gb=0.0
+        )
+        for n in busy.nodes
+    )
     idle = replace(busy, nodes=idle_nodes, estimates=())
     apart_outcome = plan_on(deployment, idle, cache)
     apart = apart_outcome.solved
@@ -111,9 +123,20 @@ def test_the_same_site_idle_plans_heterogeneous_pipelines_only_with_one_environm
         _runnable(deployment, row)
     # one image both generations run: pipelines may span the partitions again
     a100 = deployment.cluster.partitions[1]
-    shared = deployment.model_copy(update={"cluster": deployment.cluster.model_copy(update={
-        "partitions": (deployment.cluster.partitions[0].model_copy(
-            update={"environment": a100.environment}), a100)})})
+    shared = deployment.model_copy(
+        update={
+            "cluster": deployment.cluster.model_copy(
+                update={
+                    "partitions": (
+                        deployment.cluster.partitions[0].model_copy(
+                            update={"environment": a100.environment}
+                        ),
+                        a100,
+                    )
+                }
+            )
+        }
+    )
     assert shared.environment_groups() == (("gpu-a100", "gpu-v100"),)
     together_outcome = plan_on(shared, idle, cache)
     together = together_outcome.solved
@@ -126,11 +149,22 @@ def test_the_same_site_idle_plans_heterogeneous_pipelines_only_with_one_environm
 def test_declared_compatible_partitions_run_the_first_stages_environment():
     deployment = load_deployment(UNIVERSITY)
     parts = deployment.cluster.partitions
-    declared = deployment.model_copy(update={"cluster": deployment.cluster.model_copy(update={
-        "partitions": (parts[0].model_copy(update={"compatible_with": ("gpu-a100",)}), parts[1])})})
+    declared = deployment.model_copy(
+        update={
+            "cluster": deployment.cluster.model_copy(
+                update={
+                    "partitions": (
+                        parts[0].model_copy(update={"compatible_with": ("gpu-a100",)}),
+                        parts[1],
+                    )
+                }
+            )
+        }
+    )
     assert declared.environment_groups() == (("gpu-a100", "gpu-v100"),)
-    hetero = _layout(declared, "llama-70b", [("gpu-a100", "a100-80g", 40),
-                                             ("gpu-v100", "v100-32g", 40)], 4)
+    hetero = _layout(
+        declared, "llama-70b", [("gpu-a100", "a100-80g", 40), ("gpu-v100", "v100-32g", 40)], 4
+    )
     spec = replica_spec(declared, "llama-70b", "r1", "t", hetero, api_key_file=None)
     assert {s.environment for s in spec.stages} == {parts[1].environment}
     from coral_hpc.launch.spec import SpecError
@@ -139,8 +173,9 @@ def test_declared_compatible_partitions_run_the_first_stages_environment():
         replica_spec(deployment, "llama-70b", "r1", "t", hetero, api_key_file=None)
 
 
-def test_queued_rows_become_slots_with_the_partitions_max_time(university_outcome,
-                                                               university_result, busy):
+def test_queued_rows_become_slots_with_the_partitions_max_time(
+    university_outcome, university_result, busy
+):
     deployment = load_deployment(UNIVERSITY)
     desired = university_outcome.desired
     queued = {r.template.id for r in university_result.plan.queued}
@@ -150,12 +185,15 @@ def test_queued_rows_become_slots_with_the_partitions_max_time(university_outcom
     for slot in desired.slots:
         # gpu-a100 has MaxTime 1 day, gpu-v100 2 days; time_limit is 1 day
         assert slot.time_limit_s == 86400
-    long = deployment.model_copy(update={"cluster": deployment.cluster.model_copy(
-        update={"time_limit": "3-00:00:00"})})
+    long = deployment.model_copy(
+        update={"cluster": deployment.cluster.model_copy(update={"time_limit": "3-00:00:00"})}
+    )
     assert availability.time_limit_for(long, busy, ("gpu-v100",)) == 172800
     assert availability.time_limit_for(long, busy, ("gpu-a100", "gpu-v100")) == 86400
     warnings = availability.config_warnings(long, busy)
-    assert any("cluster.partitions[1] (gpu-a100): partition MaxTime 1440 min" in w for w in warnings)
+    assert any(
+        "cluster.partitions[1] (gpu-a100): partition MaxTime 1440 min" in w for w in warnings
+    )
     single = _layout(long, "phi-4", [("gpu-v100", "v100-32g", 40)], 1)
     spec = replica_spec(long, "phi-4", "r1", "t", single, api_key_file=None, time_limit_s=172800)
     assert spec.time_limit_s == 172800
@@ -171,17 +209,22 @@ def test_configured_partitions_slurm_lacks_and_untyped_gres_are_warned():
     snap = ClusterSnapshot.from_json(DEVCLUSTER.read_text())
     assert availability.config_warnings(deployment, snap) == []
     lacking = replace(snap, partitions=tuple(p for p in snap.partitions if p.name != "v100"))
-    (warning,) = [w for w in availability.config_warnings(deployment, lacking) if "no partition" in w]
+    (warning,) = [
+        w for w in availability.config_warnings(deployment, lacking) if "no partition" in w
+    ]
     assert "cluster.partitions[" in warning and "'v100'" in warning
     # a node whose GRES is an untyped gpu:N: typed from its partition's configured gpu_types
     nodes = tuple(replace(n, gpu_type=None) if n.name == "v100-01" else n for n in snap.nodes)
     typed, warnings = availability.type_untyped_nodes(deployment, replace(snap, nodes=nodes))
     assert typed.node("v100-01").gpu_type == "v100" and warnings == []
     # with no gpu_types on its partition, nothing names the type: a warning names the node
-    parts = tuple(p.model_copy(update={"gpu_types": ()}) if p.name == "v100" else p
-                  for p in deployment.cluster.partitions)
-    vague = deployment.model_copy(update={"cluster": deployment.cluster.model_copy(
-        update={"partitions": parts})})
+    parts = tuple(
+        p.model_copy(update={"gpu_types": ()}) if p.name == "v100" else p
+        for p in deployment.cluster.partitions
+    )
+    vague = deployment.model_copy(
+        update={"cluster": deployment.cluster.model_copy(update={"partitions": parts})}
+    )
     typed, warnings = availability.type_untyped_nodes(vague, replace(snap, nodes=nodes))
     assert typed.node("v100-01").gpu_type is None
     assert any("v100-01" in w and "untyped gpu:N" in w for w in warnings)
@@ -208,7 +251,9 @@ def test_estimates_within_the_horizon_become_waiting_nodes_and_all_become_queue_
         assert set(part.node_groups) <= names
     assert any(waiting[0].name in p.node_groups for p in out.partitions if p.name == "v100")
     assert [(q.partition, q.gpus_per_node, q.wait_s) for q in out.queue_options] == [
-        ("v100", 2, 300.0), ("v100", 4, 4000.0)]
+        ("v100", 2, 300.0),
+        ("v100", 4, 4000.0),
+    ]
     # nodes stay listed once
     listed = [n for g in out.node_groups for n in g.nodes]
     assert len(listed) == len(set(listed))
@@ -224,17 +269,22 @@ def test_site_limits_from_the_snapshot(busy):
 
 
 def test_plan_cli_prints_the_start_column_on_the_busy_snapshot(cache):
-    out = CliRunner().invoke(plan_command, [str(UNIVERSITY), "--snapshot", str(BUSY),
-                                            "--cache-dir", str(cache)], env={"COLUMNS": "250"})
+    out = CliRunner().invoke(
+        plan_command,
+        [str(UNIVERSITY), "--snapshot", str(BUSY), "--cache-dir", str(cache)],
+        env={"COLUMNS": "250"},
+    )
     assert out.exit_code == 0, out.output
     assert "start" in out.output and "expected in 10 min" in out.output and "queued" in out.output
 
 
 def test_with_nothing_within_the_horizon_every_model_is_queued_where_slurm_starts_it_first(
-        busy, cache):
+    busy, cache
+):
     deployment = load_deployment(UNIVERSITY)
-    short = deployment.model_copy(update={"policy": deployment.policy.model_copy(
-        update={"max_queue_wait_s": 60.0})})
+    short = deployment.model_copy(
+        update={"policy": deployment.policy.model_copy(update={"max_queue_wait_s": 60.0})}
+    )
     outcome = plan_on(short, busy, cache)
     plan = outcome.solved.plan
     assert outcome.problems == () and plan.rows == ()
@@ -266,20 +316,31 @@ class CountingProber:
 
 def test_slurm_is_probed_only_when_what_is_free_does_not_serve_the_plan(busy, cache):
     deployment = load_deployment(UNIVERSITY)
-    idle_nodes = tuple(replace(n, state="idle", gpus_alloc=0, gpus_free=n.gpus_total, cpus_alloc=0,
-                               mem_alloc_gb=0.0) for n in busy.nodes)
+    idle_nodes = tuple(
+        replace(
+            n, state="idle", gpus_alloc=0, gpus_free=n.gpus_total, cpus_alloc=0, mem_alloc_gb=0.0
+        )
+        for n in busy.nodes
+    )
     idle = replace(busy, nodes=idle_nodes, estimates=())
     prober = CountingProber(busy.estimates)
-    outcome = Planner(cache_dir=cache, prober=prober).solve(PlanRequest.from_snapshot(deployment, idle))
+    outcome = Planner(cache_dir=cache, prober=prober).solve(
+        PlanRequest.from_snapshot(deployment, idle)
+    )
     assert outcome.status in ("optimal", "feasible") and prober.asked == []
     full = replace(busy, estimates=())
-    outcome = Planner(cache_dir=cache, prober=prober).solve(PlanRequest.from_snapshot(deployment, full))
+    outcome = Planner(cache_dir=cache, prober=prober).solve(
+        PlanRequest.from_snapshot(deployment, full)
+    )
     (shapes,) = prober.asked
-    assert {(s.partition, s.gpu_type) for s in shapes} == {("gpu-a100", "a100-80g"),
-                                                            ("gpu-v100", "v100-32g")}
+    assert {(s.partition, s.gpu_type) for s in shapes} == {
+        ("gpu-a100", "a100-80g"),
+        ("gpu-v100", "v100-32g"),
+    }
     # smallest shapes first: the budget reaches the cheap-to-start ones
-    assert [s.gpus_per_node * s.nodes for s in shapes] == sorted(s.gpus_per_node * s.nodes
-                                                                  for s in shapes)
+    assert [s.gpus_per_node * s.nodes for s in shapes] == sorted(
+        s.gpus_per_node * s.nodes for s in shapes
+    )
     assert all(s.time_limit_s == 86400 and s.account == "ai-lab" for s in shapes)
     assert outcome.solved.plan.rows or outcome.solved.plan.queued
 
@@ -295,8 +356,9 @@ def test_validate_warns_for_what_this_slurm_cannot_give(busy, tmp_path):
     out = CliRunner().invoke(validate, [str(UNIVERSITY), "--snapshot", str(snap), "--json"])
     assert out.exit_code == 0, out.output
     warnings = json.loads(out.output)["warnings"]
-    assert any(w.startswith("cluster.partitions[0] (gpu-v100): Slurm has no partition")
-               for w in warnings), warnings
+    assert any(
+        w.startswith("cluster.partitions[0] (gpu-v100): Slurm has no partition") for w in warnings
+    ), warnings
     # the two partitions name different vLLM images: no V100+A100 pipeline, and it says how
     assert any(w.startswith("policy.heterogeneous:") and "compatible_with" in w for w in warnings)
     full = tmp_path / "full.json"
@@ -309,6 +371,7 @@ def test_the_users_other_jobs_count_against_max_jobs_only_in_the_default_account
     deployment = load_deployment(UNIVERSITY)
     crowded = replace(busy, other_user_jobs=3)
     assert availability.job_limits(deployment, crowded).other_jobs == 0  # account ai-lab
-    default = deployment.model_copy(update={"cluster": deployment.cluster.model_copy(
-        update={"account": None})})
+    default = deployment.model_copy(
+        update={"cluster": deployment.cluster.model_copy(update={"account": None})}
+    )
     assert availability.job_limits(default, crowded).other_jobs == 3

@@ -59,16 +59,29 @@ def test_site_gpu_names_map_to_catalogue_types(site, expected):
     assert catalogue_type(site, KNOWN, MEMORY) == expected
 
 
-@pytest.mark.parametrize("site", ["nvidia_geforce_rtx_3090", "tesla_v100s-pcie-32gb", "mi250x",
-                                  "nvidia_a100-sxm4-64gb", "gpu", ""])
+@pytest.mark.parametrize(
+    "site",
+    [
+        "nvidia_geforce_rtx_3090",
+        "tesla_v100s-pcie-32gb",
+        "mi250x",
+        "nvidia_a100-sxm4-64gb",
+        "gpu",
+        "",
+    ],
+)
 def test_names_no_catalogue_type_fits_map_to_none(site):
     # V100S is a different chip (1134 GB/s), a 64 GB A100 does not exist: no guessing
     assert catalogue_type(site, KNOWN, MEMORY) is None
 
 
 def test_the_site_map_wins_and_names_split_into_model_and_memory():
-    assert catalogue_type("tesla_v100s-pcie-32gb", KNOWN, MEMORY,
-                          {"Tesla_V100S-PCIE-32GB": "v100-32g"}) == "v100-32g"
+    assert (
+        catalogue_type(
+            "tesla_v100s-pcie-32gb", KNOWN, MEMORY, {"Tesla_V100S-PCIE-32GB": "v100-32g"}
+        )
+        == "v100-32g"
+    )
     assert name_words("nvidia_h100_80gb_hbm3") == ("h100", 80)
     assert name_words("tesla_v100s-pcie-32gb") == ("v100s", 32)
 
@@ -81,12 +94,14 @@ def _renamed(line: str, gres: str, features: str = "(null)") -> str:
 
 def test_nvml_gres_and_untyped_gres_with_features_are_typed_and_the_rest_warned():
     lines = rec("scontrol_show_node.txt").splitlines()
-    text = "\n".join([
-        _renamed(lines[0], "gpu:nvidia_a100-sxm4-40gb:4(S:0)"),
-        _renamed(lines[1], "gpu:4", "a100,ib"),
-        _renamed(lines[2], "gpu:nvidia_geforce_rtx_3090:4"),
-        _renamed(lines[3], "gpu:4"),
-    ])
+    text = "\n".join(
+        [
+            _renamed(lines[0], "gpu:nvidia_a100-sxm4-40gb:4(S:0)"),
+            _renamed(lines[1], "gpu:4", "a100,ib"),
+            _renamed(lines[2], "gpu:nvidia_geforce_rtx_3090:4"),
+            _renamed(lines[3], "gpu:4"),
+        ]
+    )
     raw = parse_nodes_text(text)
     assert raw[1].gpu_type is None and raw[1].features == ("a100", "ib")
     typed, warnings, site_names = resolve_gpu_types(raw)
@@ -102,13 +117,23 @@ def test_nvml_gres_and_untyped_gres_with_features_are_typed_and_the_rest_warned(
 
 def test_the_snapshot_carries_the_warnings_and_the_site_name():
     lines = rec("scontrol_show_node.txt").splitlines()
-    text = "\n".join([_renamed(lines[0], "gpu:nvidia_a100-sxm4-40gb:4"),
-                      _renamed(lines[2], "gpu:mystery_9000:4")])
+    text = "\n".join(
+        [
+            _renamed(lines[0], "gpu:nvidia_a100-sxm4-40gb:4"),
+            _renamed(lines[2], "gpu:mystery_9000:4"),
+        ]
+    )
     snap = build_snapshot(
-        slurm_version="22.05.8", observed_at=1.0, deployment="d", backend="cli",
+        slurm_version="22.05.8",
+        observed_at=1.0,
+        deployment="d",
+        backend="cli",
         raw_nodes=parse_nodes_text(text),
         raw_partitions=parse_partitions_text(rec("scontrol_show_partition.txt")),
-        jobs=[], limits=None, gpu_memory=MEMORY)
+        jobs=[],
+        limits=None,
+        gpu_memory=MEMORY,
+    )
     first = snap.nodes[0]
     assert first.gpu_type == "a100" and first.site_gpu_type == "nvidia_a100-sxm4-40gb"
     assert first.gpu_memory_gb == 40.0
@@ -166,7 +191,9 @@ class FakeClient:
         if isinstance(answer, Exception):
             raise answer
         start, nodes, partition = parse_test_only(rec(answer))
-        return StartEstimate(start, nodes, partition, float(rec("sbatch_test_only_busy.observed_at")))
+        return StartEstimate(
+            start, nodes, partition, float(rec("sbatch_test_only_busy.observed_at"))
+        )
 
 
 class Clock:
@@ -179,22 +206,34 @@ class Clock:
 
 def test_the_prober_keeps_to_its_budget_and_caches_per_epoch():
     observed = float(rec("sbatch_test_only_busy.observed_at"))
-    client = FakeClient({
-        ("v100", 1): "sbatch_test_only_busy.txt.stderr",
-        ("v100", 4): "sbatch_test_only_busy_4.txt.stderr",
-        ("a100", 1): SlurmRejected("sbatch: error: Batch job submission failed: Job violates "
-                                   "accounting/QOS policy (job submit limit, user's size and/or "
-                                   "time limits)"),
-        ("a100", 4): SlurmUnavailable("slurmctld not responding"),
-    })
+    client = FakeClient(
+        {
+            ("v100", 1): "sbatch_test_only_busy.txt.stderr",
+            ("v100", 4): "sbatch_test_only_busy_4.txt.stderr",
+            ("a100", 1): SlurmRejected(
+                "sbatch: error: Batch job submission failed: Job violates "
+                "accounting/QOS policy (job submit limit, user's size and/or "
+                "time limits)"
+            ),
+            ("a100", 4): SlurmUnavailable("slurmctld not responding"),
+        }
+    )
     clock = Clock(observed)
     prober = StartProber(client, calls_per_min=3, ttl_s=60, clock=clock)
-    shapes = [JobShape("v100", 1, "v100"), JobShape("v100", 4, "v100"), JobShape("a100", 1, "a100"),
-              JobShape("a100", 4, "a100")]
+    shapes = [
+        JobShape("v100", 1, "v100"),
+        JobShape("v100", 4, "v100"),
+        JobShape("a100", 1, "a100"),
+        JobShape("a100", 4, "a100"),
+    ]
     first = prober.estimates(shapes)
     # 3 probes a minute: the fourth shape is not asked
     assert len(client.calls) == 3 and prober.calls == 3
-    assert [(e.partition, e.gpus_per_node) for e in first] == [("v100", 1), ("v100", 4), ("a100", 1)]
+    assert [(e.partition, e.gpus_per_node) for e in first] == [
+        ("v100", 1),
+        ("v100", 4),
+        ("a100", 1),
+    ]
     assert first[0].node_names == ("v100-01",) and 60 < first[0].wait_s < 130
     assert first[2].start is None and "QOS policy" in first[2].error and first[2].wait_s is None
     # within the epoch: everything from the cache, no call
@@ -205,14 +244,22 @@ def test_the_prober_keeps_to_its_budget_and_caches_per_epoch():
     again = prober.estimates(shapes)
     assert len(client.calls) == 6
     # the transient failure keeps no new word; the shapes probed before keep theirs
-    assert [(e.partition, e.gpus_per_node) for e in again] == [("v100", 1), ("v100", 4), ("a100", 1)]
+    assert [(e.partition, e.gpus_per_node) for e in again] == [
+        ("v100", 1),
+        ("v100", 4),
+        ("a100", 1),
+    ]
     assert isinstance(SlurmUnavailable("x"), TransientError)
 
 
 def test_a_shape_beyond_the_budget_keeps_its_stale_estimate():
     observed = float(rec("sbatch_test_only_busy.observed_at"))
-    client = FakeClient({("v100", 1): "sbatch_test_only_busy.txt.stderr",
-                         ("v100", 4): "sbatch_test_only_busy_4.txt.stderr"})
+    client = FakeClient(
+        {
+            ("v100", 1): "sbatch_test_only_busy.txt.stderr",
+            ("v100", 4): "sbatch_test_only_busy_4.txt.stderr",
+        }
+    )
     clock = Clock(observed)
     prober = StartProber(client, calls_per_min=1, ttl_s=10, clock=clock)
     (one,) = prober.estimates([JobShape("v100", 1, "v100")])
