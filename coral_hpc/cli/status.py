@@ -162,7 +162,7 @@ def _print_tables(data: dict, wide: bool = False, now: float | None = None) -> N
         [Column("replica", "id"), Column("model", "id"), Column("role", "id"),
          Column("job", "id"), Column("state", "id"), Column("partition"),
          Column("TP×PP", "id"), Column("age", "num"), Column("time left", "num"),
-         Column("endpoint / Slurm")],
+         Column("endpoint", "id")],
         [(r["id"], r["model"], r["role"] or "?", r["job_id"] or "", r["state"],
           r["partition"].replace(",", ", "), f"{r['tp']}×{r['pp']}", duration(r["age_s"]),
           duration(r["time_left_s"]), r["endpoint"] or _pending_note(r, now))
