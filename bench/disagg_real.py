@@ -47,6 +47,7 @@ from tests.support.trace_slice import Mix, poisson_workload
 CLI = [sys.executable, "-c", "from coral_hpc.cli import main; main()"]
 MIX = Mix(input_tokens=256, output_tokens=32)
 SLO = Slo(ttft_s=2.0, tpot_s=0.2)
+DEMAND_RPS = 0.5  #: declared; the plan adds the policy's headroom
 READY_TIMEOUT_S = 420
 
 
@@ -74,10 +75,17 @@ def _config(folder: Path, mode: str, venv: str, models: str) -> Path:
     text = text.replace("engine:\n  kind: vllm\n",
                         "engine:\n  kind: vllm\n  kv_connector: {name: ExampleConnector}\n", 1)
     text = text.replace("policy:\n", f"policy:\n  disaggregation: {mode}\n", 1)
-    text = text[:text.index("  - name: tiny-qwen2")]
-    text = text.replace("mix: {input_tokens: 64, output_tokens: 32}",
-                        f"mix: {{input_tokens: {MIX.input_tokens}, output_tokens: "
-                        f"{MIX.output_tokens}}}", 1)
+    # one model of our own, whatever the example's models ask for
+    text = text[:text.index("\nmodels:\n")] + f"""
+models:
+  - name: tiny-llama
+    source: {models}/coral-tiny-llama
+    architecture: coral-tiny-llama
+    max_model_len: 512
+    mix: {{input_tokens: {MIX.input_tokens}, output_tokens: {MIX.output_tokens}}}
+    demand: {{requests_per_s: {DEMAND_RPS}}}
+    slo: {{ttft_s: {SLO.ttft_s}, tpot_s: {SLO.tpot_s}}}
+"""
     path = folder / "models.yaml"
     path.write_text(text)
     return path

@@ -482,7 +482,10 @@ def write_results(args, results: dict, notes: dict, router_version: str | None,
     ratios: dict = {}
     coral = summary.get("coral")
     for peer in ("nginx", "vllm-router"):
-        if coral and peer in summary:
+        # a peer that delivered nothing (it happened to vllm-router at 1,000 streams) has no ratio
+        if coral and peer in summary and all(summary[peer][n]["chunks_per_s"]
+                                             and summary[peer][n]["chunks_per_cpu_s"]
+                                             for n in summary[peer]):
             ratios[peer] = {
                 streams: {
                     "chunks_per_s": round(coral[streams]["chunks_per_s"]

@@ -228,11 +228,28 @@ class PartitionConfig(_Frozen):
     max_gpus: int | None = Field(
         default=None, ge=0, le=1_000_000, description="quota: GPUs held here at most"
     )
+    compatible_with: tuple[str, ...] = Field(
+        default=(),
+        description="partitions whose environment runs the same vLLM as this one's (e.g. one "
+        "vLLM version built for two CUDA architectures): a pipeline may span them",
+    )
+    preemptible: bool = Field(
+        default=False,
+        description="jobs here may be preempted (a scavenger partition or QOS): planned only "
+        "with the risk stated, and a preempted replica is resubmitted",
+    )
 
     @field_validator("name")
     @classmethod
     def _safe_partition(cls, value: str) -> str:
         return _slurm_name(value, "partition")
+
+    @field_validator("compatible_with")
+    @classmethod
+    def _safe_compatible(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for name in value:  # partition names, like `name`
+            _slurm_name(name, "partition")
+        return value
 
     @field_validator("gpu_types")
     @classmethod
@@ -295,6 +312,12 @@ class SlurmSettings(_Frozen):
     command_timeout_s: float = Field(
         default=30.0, gt=0, le=3600, description="per Slurm command (at most an hour)"
     )
+    # sbatch --test-only is one slurmctld RPC per job shape; the observe cycle already spends
+    # ~30 calls a minute (bench/results/reaction.md), so start estimates get a budget of their own
+    probe_calls_per_min: float = Field(
+        default=6.0, gt=0, le=60,
+        description="sbatch --test-only start estimates per minute at most (busy clusters)",
+    )
 
 
 #: CPUs and memory (GB) a replica job asks per GPU unless models.yaml says otherwise: a modest
@@ -322,6 +345,11 @@ class ClusterConfig(_Frozen):
                               description="CPUs requested per GPU")
     mem_per_gpu_gb: int = Field(default=DEFAULT_MEM_PER_GPU_GB, ge=1, le=65536,
                                 description="memory (GB) requested per GPU")
+    gpu_type_map: dict[str, str] = Field(
+        default_factory=dict,
+        description="site GRES type name (or node feature) -> catalogue GPU type, e.g. "
+        "{nvidia_a100_80gb_pcie: a100-80g}; the key 'gpu' types every untyped gpu:N",
+    )
 
     @field_validator("account", "qos")
     @classmethod
@@ -522,6 +550,11 @@ class PolicyConfig(_Frozen):
     n_max: int = Field(default=6, ge=1, le=16, description="Stage 1: nodes per template at most")
     rho: float = Field(default=12.0, gt=1, description="Stage 1: GPU memory ≤ ρ × model size")
     heterogeneous: bool = Field(default=True, description="allow stages on different GPU types")
+    max_queue_wait_s: float = Field(
+        default=1800.0, ge=0,
+        description="horizon: GPUs Slurm expects to give us within this count as available",
+    )
+
     max_tp: int = Field(default=8, ge=1, le=64,
                         description="Stage 1: largest tensor-parallel degree (1: pipelines only)")
     solver_time_limit_s: float = Field(default=10.0, gt=0, le=3600)
@@ -726,6 +759,15 @@ class Deployment(_Frozen):
                     ("models", index, "partitions"),
                     f"partition(s) {unknown} not in cluster.partitions; valid: {sorted(known)}",
                 )
+        for index, part in enumerate(self.cluster.partitions):
+            unknown = [p for p in part.compatible_with if p not in known or p == part.name]
+            if unknown:
+                raise _FieldError(
+                    ("cluster", "partitions", index, "compatible_with"),
+                    f"partition(s) {unknown} are not other entries of cluster.partitions; "
+                    f"valid: {sorted(known - {part.name})}",
+                )
+
         if (self.policy.disaggregation != "off" and self.engine.kind == "vllm"
                 and self.engine.kv_connector is None):
             raise _FieldError(
@@ -770,6 +812,33 @@ class Deployment(_Frozen):
             if model.name == name:
                 return model
         raise KeyError(name)
+
+    def environment_groups(self) -> tuple[tuple[str, ...], ...]:
+        """Partitions whose engine environments may serve one pipeline together: the same
+        environment, or declared interchangeable (``compatible_with``, either way round), closed
+        transitively. The sim engine runs anywhere: one group."""
+        parts = self.cluster.partitions
+        if self.engine.kind != "vllm":
+            return (tuple(sorted(p.name for p in parts)),)
+        parent = {p.name: p.name for p in parts}
+
+        def find(name: str) -> str:
+            while parent[name] != name:
+                parent[name] = parent[parent[name]]
+                name = parent[name]
+            return name
+
+        for a in parts:
+            for b in parts:
+                if a.name < b.name and a.environment is not None and a.environment == b.environment:
+                    parent[find(a.name)] = find(b.name)
+            for other in a.compatible_with:
+                if other in parent:
+                    parent[find(a.name)] = find(other)
+        groups: dict[str, list[str]] = {}
+        for p in parts:
+            groups.setdefault(find(p.name), []).append(p.name)
+        return tuple(sorted(tuple(sorted(g)) for g in groups.values()))
 
 
 class _FieldError(ValueError):

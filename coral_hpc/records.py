@@ -44,6 +44,8 @@ class ReplicaRecord:
     cancelled_at: float | None = None
     ended_at: float | None = None
     end_state: str | None = None
+    #: while PENDING: when Slurm expects the job to start (squeue --start); None when unknown
+    expected_start: float | None = None
 
     @property
     def live(self) -> bool:

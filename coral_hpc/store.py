@@ -151,6 +151,14 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
         CREATE INDEX exclusions_until ON exclusions (until);
         """,
     ),
+    (
+        3,
+        """
+        -- when Slurm expects a pending replica's job to start (squeue --start), for status and
+        -- for moving a queued replica whose start recedes past the horizon
+        ALTER TABLE replicas ADD COLUMN expected_start REAL;
+        """,
+    ),
 )
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -162,7 +170,7 @@ _MUTABLE_REPLICA_FIELDS = frozenset(
         "job_id", "time_limit_s", "submitted_at", "started_at", "ready_at", "endpoint",
         "slurm_state", "slurm_reason", "nodes", "last_seen_at", "health_ok_at",
         "health_failures", "drain_requested_at", "cancelled_at", "ended_at", "end_state",
-        "reason",
+        "reason", "expected_start",
     }
 )
 _REPLICA_COLUMNS = tuple(

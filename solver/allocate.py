@@ -33,7 +33,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from solver.allocate_highs import HighsSolver, SolveResult
-from solver.allocate_model import Prepared, Stage2Model, build_model, prepare
+from solver.allocate_model import Prepared, Stage2Model, build_model, job_cap, prepare
+from solver.queue import queue_unplaced
 from solver.types import Cluster, ModelSpec, Plan, PlanRow, Policy, Template, served_capacity
 
 #: relative slack when a phase's optimum becomes the next phase's constraint: as loose as HiGHS's
@@ -160,12 +161,63 @@ def allocate(
     cluster: Cluster,
     policy: Policy | None = None,
     backend: str = "highs",
+    queue_library: dict[str, list[Template]] | None = None,
 ) -> Plan:
     """Stage 2: the least-cost plan meeting every demand, or the fairest when GPUs are scarce.
 
     ``backend="highs"`` hands the matrix to HiGHS (with the exact column restriction when
     ``policy.prune``); ``backend="pyomo"`` builds the same model through Pyomo (full, slower).
+    GPUs Slurm gives only after a wait (node groups with ``wait_s``) pay for the wait; a model
+    left with no replica gets one queued where Slurm expects to start it first
+    (:func:`solver.queue.queue_unplaced`, ``Plan.queued``), from ``queue_library`` when given
+    (a library not narrowed to what fits in the GPUs available now: a queued job waits for its
+    nodes).
     """
+    plan = _allocate(models, library, cluster, policy, backend)
+    if plan.status in ("infeasible", "no_solution") and any(m.min_replicas for m in models) \
+            and cluster.queue_options:
+        # min_replicas that cannot all start now (a busy cluster, Slurm has said where jobs
+        # would start): plan what can start, and queue the rest where Slurm starts them first,
+        # instead of no plan at all
+        relaxed = _most_min_replicas(models, library, cluster, policy, backend)
+        if relaxed is not None:
+            short = [m for m in models if relaxed.replicas(m.name) < m.min_replicas]
+            plan = replace(relaxed, status="scarce", binding=relaxed.binding + tuple(
+                f"model {m.name}: min_replicas {m.min_replicas} cannot all start now "
+                f"({relaxed.replicas(m.name)} can); the rest are queued" for m in short))
+    return queue_unplaced(plan, models, library if queue_library is None else queue_library,
+                          cluster)
+
+
+def _most_min_replicas(models, library, cluster: Cluster, policy: Policy | None,
+                       backend: str) -> Plan | None:
+    """The plan with as many of each model's ``min_replicas`` as can start now: models in
+    priority order, each raised as far as it stays feasible with those before it. None when
+    even no minimum at all has a plan."""
+    current = [replace(m, min_replicas=0) for m in models]
+    best = _allocate(current, library, cluster, policy, backend)
+    if best.status in ("infeasible", "no_solution"):
+        return None
+    for i in sorted(range(len(models)), key=lambda i: (-models[i].priority, models[i].name)):
+        for k in range(models[i].min_replicas, 0, -1):
+            if best.replicas(models[i].name) >= k:
+                current[i] = replace(current[i], min_replicas=k)
+                break
+            trial = current[:i] + [replace(current[i], min_replicas=k)] + current[i + 1:]
+            plan = _allocate(trial, library, cluster, policy, backend)
+            if plan.status not in ("infeasible", "no_solution"):
+                current, best = trial, plan
+                break
+    return best
+
+
+def _allocate(
+    models: list[ModelSpec],
+    library: dict[str, list[Template]],
+    cluster: Cluster,
+    policy: Policy | None = None,
+    backend: str = "highs",
+) -> Plan:
     began = time.perf_counter()
     policy = policy if policy is not None else Policy()
     data = prepare(models, library, cluster, policy)
@@ -257,7 +309,7 @@ def _decomposed(data: Prepared, sm: Stage2Model, runner: _Runner, library, clust
     bound = 0.0
     for model in data.models:
         sub_policy = replace(policy, time_limit_s=max(runner.left() / 2, 0.05))
-        sub = allocate([model], {model.name: library.get(model.name, [])}, cluster, sub_policy)
+        sub = _allocate([model], {model.name: library.get(model.name, [])}, cluster, sub_policy)
         if sub.status != "optimal":
             return None
         bound += sub.phases.get("bound", sub.phases.get("objective", 0.0))
@@ -324,11 +376,15 @@ def decode(sm: Stage2Model, x: np.ndarray) -> list[PlanRow]:
                 placed.append(_pop_slot(slots, stage.gpu_type, template.tp, p, avoid=placed))
             placed = tuple(placed)
             nodes.setdefault((j, parts), []).append(placed)
+    wait_of = {node: cls.wait_s for cls in data.classes for node in cls.nodes}
     out = []
     for (j, parts), count in sorted(rows.items(), key=lambda kv: (kv[0][0], kv[0][1])):
         template = data.templates[j]
         cost = sum(data.stage_cost[(p, s.gpu_type, template.tp)] for s, p in zip(template.stages, parts))
-        out.append(PlanRow(template, parts, count, cost, tuple(nodes[(j, parts)])))
+        placed = tuple(nodes[(j, parts)])
+        # a replica starts when its last stage's node is given to us
+        waits = tuple(max((wait_of.get(n, 0.0) for n in replica), default=0.0) for replica in placed)
+        out.append(PlanRow(template, parts, count, cost, placed, waits))
     return out
 
 
@@ -456,6 +512,15 @@ def binding_constraints(data: Prepared, rows: list[PlanRow], served: dict[str, f
     for quota in data.cluster.quotas:
         if used_quota[quota.name] >= quota.max_gpus:
             out.append(f"quota {quota.name}: {used_quota[quota.name]} of {quota.max_gpus} GPUs")
+    for why, count in sorted(data.limit_drops.items()):
+        out.append(f"site limit {why}: {count} template placement(s) kept out")
+    cap = job_cap(data.cluster.job_limits)
+    if cap is not None and sum(replicas.values()) >= cap:
+        limits = data.cluster.job_limits
+        names = [f"MaxJobs={limits.max_jobs}" if limits.max_jobs is not None else "",
+                 f"MaxSubmit={limits.max_submit}" if limits.max_submit is not None else ""]
+        out.append(f"site limit {' / '.join(n for n in names if n)}: {sum(replicas.values())} "
+                   f"replica jobs planned, {limits.other_jobs} other job(s) of this user")
     for model in data.models:
         if model.max_replicas is not None and replicas[model.name] >= model.max_replicas:
             out.append(f"model {model.name}: max_replicas {model.max_replicas} reached")

@@ -28,7 +28,7 @@ from itertools import combinations_with_replacement
 
 import numpy as np
 
-from solver.types import Cluster, ModelSpec, Policy, Template
+from solver.types import Cluster, JobLimits, ModelSpec, Policy, Template
 
 INF = math.inf
 
@@ -130,6 +130,8 @@ class NodeClass:
     free: int
     partitions: tuple[str, ...]
     nodes: list[str]
+    #: seconds until Slurm expects to give these GPUs to a job of ours (0 = now)
+    wait_s: float = 0.0
 
 
 @dataclass
@@ -149,6 +151,8 @@ class Prepared:
     cluster: Cluster
     policy: Policy
     dropped: int = 0  # templates removed because availability rules them out
+    #: site limit in words → templates (or template stages) it kept out of this plan
+    limit_drops: dict[str, int] = field(default_factory=dict)
 
 
 def _patterns(free: int, sizes: list[int]) -> list[dict[int, int]]:
@@ -185,8 +189,9 @@ def node_classes(cluster: Cluster) -> list[NodeClass]:
             seen.add(node)
             if free <= 0 or not parts:
                 continue
-            key = (group.gpu_type, free, parts)
-            classes.setdefault(key, NodeClass(group.gpu_type, free, parts, [])).nodes.append(node)
+            key = (group.gpu_type, free, parts, float(group.wait_s))
+            classes.setdefault(key, NodeClass(group.gpu_type, free, parts, [],
+                                              float(group.wait_s))).nodes.append(node)
     return [classes[k] for k in sorted(classes)]
 
 
@@ -217,6 +222,42 @@ def _undominated(cluster: Cluster, classes: list[NodeClass], parts: list[str], g
     return [q for q in parts if not any(beats(p, q) for p in parts)]
 
 
+def _environment_group(cluster: Cluster, model: ModelSpec, template: Template,
+                       open_parts: dict, mi: int, price_names: list[str],
+                       slots: dict) -> tuple[str, ...] | None:
+    """The partitions a multi-stage template may spread over: None = any (single stage, or no
+    environment groups given); ``()`` = none (no group offers a partition for every stage type).
+    Of several groups that could host it, the one with the most partitions for its types (then
+    the first by name): conservative, a replica could not mix groups anyway."""
+    if template.pp == 1 or not cluster.environment_groups:
+        return None
+    best: tuple[int, tuple[str, ...]] | None = None
+    for group in cluster.environment_groups:
+        reach = 0
+        for gpu in template.stage_counts():
+            usable = [p for p in price_names if p in group and model.allows_partition(p)
+                      and slots.get((gpu, template.tp, p), 0) > 0]
+            if not usable:
+                reach = -1
+                break
+            reach += len(usable)
+        ordered = tuple(sorted(group))
+        if reach > 0 and (best is None or reach > best[0] or (reach == best[0] and ordered < best[1])):
+            best = (reach, ordered)
+    return () if best is None else best[1]
+
+
+def _job_limit_broken(template: Template, limits: JobLimits) -> str | None:
+    """The per-job GPU limit (MaxTRES) one replica job of ``template`` would break, in words."""
+    if limits.max_gpus_per_job is not None and template.gpus > limits.max_gpus_per_job:
+        return f"MaxTRES gres/gpu={limits.max_gpus_per_job} per job"
+    for gpu, stages in template.stage_counts().items():
+        cap = limits.max_gpus_per_job_by_type.get(gpu)
+        if cap is not None and stages * template.tp > cap:
+            return f"MaxTRES gres/gpu:{gpu}={cap} per job"
+    return None
+
+
 def prepare(
     models: list[ModelSpec], library: dict[str, list[Template]], cluster: Cluster, policy: Policy
 ) -> Prepared:
@@ -242,12 +283,25 @@ def prepare(
     stage_parts: list[dict[str, list[str]]] = []
     upper: list[float] = []
     dropped = 0
+    limit_drops: dict[str, int] = {}
     undominated: dict[tuple, tuple[list[str], int]] = {}
     open_parts: dict[tuple, list[str]] = {}
     excluded = cluster.excluded_stages
+    limits = cluster.job_limits
     price_names = sorted(prices)
     for mi, model in enumerate(models):
         for template in library.get(model.name, []):
+            broken = _job_limit_broken(template, limits)
+            if broken:
+                limit_drops[broken] = limit_drops.get(broken, 0) + 1
+                dropped += 1
+                continue
+            group = _environment_group(cluster, model, template, open_parts, mi, price_names, slots)
+            if group == ():
+                why = "engine environments: no partitions with one environment for every stage type"
+                limit_drops[why] = limit_drops.get(why, 0) + 1
+                dropped += 1
+                continue
             parts: dict[str, list[str]] = {}
             bound = INF if model.max_replicas is None else model.max_replicas
             for gpu, count in template.stage_counts().items():
@@ -258,6 +312,25 @@ def prepare(
                 allowed = open_parts[base]
                 if excluded:
                     allowed = [p for p in allowed if (template.id, gpu, p) not in excluded]
+                if limits.max_gpus_per_job_by_partition:
+                    for p in allowed:
+                        cap = limits.max_gpus_per_job_by_partition.get(p)
+                        if cap is not None and template.gpus > cap:
+                            why = f"partition {p} QOS MaxTRES gres/gpu={cap} per job"
+                            limit_drops[why] = limit_drops.get(why, 0) + 1
+                    allowed = [p for p in allowed
+                               if template.gpus <= limits.max_gpus_per_job_by_partition.get(p, template.gpus)]
+                if group is not None:
+                    allowed = [p for p in allowed if p in group]
+                if limits.max_nodes_by_partition:
+                    # conservative: a replica whose stages all land in p is one job of pp nodes
+                    for p in allowed:
+                        cap = limits.max_nodes_by_partition.get(p, template.pp)
+                        if template.pp > cap:
+                            why = f"partition {p} MaxNodes={cap} per job"
+                            limit_drops[why] = limit_drops.get(why, 0) + 1
+                    allowed = [p for p in allowed
+                               if template.pp <= limits.max_nodes_by_partition.get(p, template.pp)]
                 key = (gpu, template.tp, tuple(allowed))
                 if key not in undominated:
                     best = _undominated(cluster, classes, allowed, gpu, template.tp)
@@ -315,6 +388,7 @@ def prepare(
         cluster=cluster,
         policy=policy,
         dropped=dropped,
+        limit_drops=limit_drops,
     )
 
 
@@ -400,7 +474,11 @@ def define_packing(lm: LinearModel, data: Prepared, sigma: dict) -> dict:
             lm.add_terms(slot_rows[(k, t)], col, -float(count))
     # z[k,t,p]
     z_labels = [(k, t, p) for (k, t) in slot_labels for p in data.classes[k].partitions]
-    z = lm.add_vars("z", z_labels, 0.0, INF, integer=False)
+    # a slot Slurm gives us only after a wait w pays w ÷ re-plan interval × the stage's cost
+    per_s = 1.0 / max(data.policy.replan_interval_s, 1e-9)
+    z_cost = [data.classes[k].wait_s * per_s * data.stage_cost.get((p, data.classes[k].gpu_type, t), 0.0)
+              for k, t, p in z_labels]
+    z = lm.add_vars("z", z_labels, 0.0, INF, integer=False, cost=z_cost)
     lm.add_terms([slot_rows[(k, t)] for k, t, _ in z_labels], z, 1.0)
     stage_labels = sorted({(g, data.templates[j].tp, p) for j, g, p in sigma["keys"]})
     stage_rows = dict(zip(stage_labels, lm.add_rows("stages", stage_labels, -INF, 0.0)))
@@ -460,8 +538,18 @@ def define_demand(lm: LinearModel, data: Prepared, nu: np.ndarray) -> dict:
     replicas = lm.add_rows("replicas", names, lower, upper)
     if len(nu):
         lm.add_terms(replicas[data.model_of], nu, 1.0)
+    cap = job_cap(data.cluster.job_limits)
+    if cap is not None and len(nu):
+        # jobs: Σ_j nu[j] ≤ MaxJobs/MaxSubmit − this user's other jobs (one replica = one job)
+        jobs = lm.add_rows("jobs", [()], -INF, float(cap))
+        lm.add_terms(np.full(len(nu), jobs[0]), nu, 1.0)
     return {"served": served, "phi": phi[0], "weighted": weighted[0]}
 
+
+def job_cap(limits: JobLimits) -> int | None:
+    """Replica jobs this plan may hold at once under MaxJobs and MaxSubmit; None = no cap."""
+    caps = [c for c in (limits.max_jobs, limits.max_submit) if c is not None]
+    return max(0, min(caps) - limits.other_jobs) if caps else None
 
 def define_phases(lm: LinearModel, data: Prepared, nu: np.ndarray, cover: np.ndarray,
                   throughput: np.ndarray, demand: np.ndarray) -> dict:

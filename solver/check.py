@@ -107,6 +107,8 @@ def check_plan(
         total += row.count * cost
     for name, roles in role_capacity.items():  # a disaggregated request needs one of each
         capacity[name] = roles["both"] + min(roles["prefill"], roles["decode"])
+    for r, row in enumerate(plan.queued):
+        problems += _check_queued(r, row, by_name, parts, cluster, replicas)
     over = np.nonzero(used > np.asarray(node_free, dtype=np.int64))[0]
     names = list(node_index)
     for i in over:
@@ -131,14 +133,40 @@ def check_plan(
         if plan.status in ("optimal", "feasible") and min(capacity[name], claimed) < \
                 model.demand_rps * (1 - rel_tol):
             problems.append(f"model {name}: demand {model.demand_rps} not met ({capacity[name]})")
-        if replicas[name] < model.min_replicas:
-            problems.append(f"model {name}: {replicas[name]} replicas < min_replicas {model.min_replicas}")
+        queued = sum(row.count for row in plan.queued if row.model == name)
+        if replicas[name] + queued < model.min_replicas:
+            problems.append(f"model {name}: {replicas[name]} replicas (+{queued} queued) < "
+                            f"min_replicas {model.min_replicas}")
         if model.max_replicas is not None and replicas[name] > model.max_replicas:
             problems.append(f"model {name}: {replicas[name]} replicas > max_replicas {model.max_replicas}")
     if cluster.kv_fabric_gbs is not None:
         problems += _check_fabric(plan, cluster, role_capacity)
     return problems
 
+
+def _check_queued(r: int, row, by_name, parts, cluster: Cluster, replicas) -> list[str]:  # type: ignore[no-untyped-def]
+    """A queued replica: one job of one homogeneous shape, allowed and priced where it queues,
+    for a model the plan gives no other replica."""
+    t = row.template
+    where = f"queued row {r} ({t.id})"
+    model = by_name.get(t.model)
+    if model is None:
+        return [f"{where}: model {t.model} is not configured"]
+    out = []
+    if replicas.get(t.model, 0) > 0 and replicas[t.model] + row.count > model.min_replicas:
+        out.append(f"{where}: {t.model} already has replicas in the plan")
+    if row.count < 1 or len(set(row.partitions)) != 1 or t.heterogeneous:
+        out.append(f"{where}: a queued replica is one job of one shape")
+    for stage, p in zip(t.stages, row.partitions):
+        part = parts.get(p)
+        if part is None or not part.usable or part.stage_cost(stage.gpu_type, t.tp) is None:
+            out.append(f"{where}: partition {p} is unknown, not usable or has no price for "
+                       f"{stage.gpu_type}")
+        elif not model.allows_partition(p) or not model.allows_gpu(stage.gpu_type):
+            out.append(f"{where}: {p}/{stage.gpu_type} not allowed for {model.name}")
+        if (t.id, stage.gpu_type, p) in cluster.excluded_stages:
+            out.append(f"{where}: {p}/{stage.gpu_type} is excluded")
+    return out
 
 def _check_fabric(plan: Plan, cluster: Cluster, role_capacity: dict[str, dict[str, float]]
                   ) -> list[str]:

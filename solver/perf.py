@@ -352,8 +352,10 @@ def _first_feasible_batch(feasible: Callable[[int], tuple[bool, float]], b_max: 
 
 #: Pipeline accounting of prompts: True, a prompt stalls the whole ring of S micro-batches, so
 #: each stage pays S x b / n_out prompts per step of its own; False, each stage pays its own
-#: micro-batch's b / n_out. ASSUMED, not measured: bench/paper_pp.py fits it to the real engine
-#: (issue 13 item 5) once `coral-hpc profile` has measured PP 1/2/3.
+#: micro-batch's b / n_out. ASSUMED: bench/paper_pp.py fits it to the real engine (issue 13
+#: item 5). First measurement (bench/results/paper_pp.md, vLLM's CPU build, coral-tiny-llama at
+#: 438 in / 6 out): PP 2 serves 0.62 x PP 1 within the SLO, but the model's tail test predicts 0
+#: for both at the fitted step times, so neither accounting is confirmed or ruled out yet.
 PROMPTS_STALL_RING = True
 
 

@@ -59,7 +59,9 @@ class NodeGroup:
     """Identical nodes (GPU type, GPUs per node, GPU memory) and what each has free for us.
 
     ``free[i]`` = idle GPUs + GPUs held by this deployment's own replicas on node ``nodes[i]``;
-    0 for a node that is down, draining or reserved.
+    0 for a node that is down, draining or reserved. A group with ``wait_s`` > 0 holds GPUs that
+    are busy now but that Slurm expects to give a job of ours within the horizon, after that
+    wait (its start estimate for that shape); Stage 2 prices the wait.
     """
 
     name: str
@@ -68,6 +70,7 @@ class NodeGroup:
     gpu_memory_gb: float
     nodes: tuple[str, ...]
     free: tuple[int, ...]
+    wait_s: float = 0.0
 
     def __post_init__(self) -> None:
         if len(self.nodes) != len(self.free):
@@ -161,6 +164,43 @@ class RunningReplica:
 
 
 @dataclass(frozen=True)
+class QueueOption:
+    """Slurm's estimate for one job shape: ``nodes`` nodes of ``gpus_per_node`` GPUs of
+    ``gpu_type`` in ``partition`` would start after ``wait_s`` seconds."""
+
+    partition: str
+    gpu_type: str
+    gpus_per_node: int
+    nodes: int
+    wait_s: float
+    node_names: tuple[str, ...] = ()
+    #: a replica of ours already waits in Slurm's queue with this shape (``wait_s`` is its own
+    #: expected start): moving it loses its place, so another shape must be clearly sooner
+    held: bool = False
+
+
+@dataclass(frozen=True)
+class JobLimits:
+    """Site limits that bind each replica job or the number of them (None = no limit).
+
+    A replica is one Slurm job (a heterogeneous one counts once), so MaxJobs caps replicas
+    running and MaxSubmit caps replicas running or pending."""
+
+    #: MaxTRES gres/gpu per job (association/QOS), and per GPU type
+    max_gpus_per_job: int | None = None
+    max_gpus_per_job_by_type: Mapping[str, int] = field(default_factory=dict)
+    #: MaxNodes per job, per partition (partition MaxNodes, QOS MaxTRES node=)
+    max_nodes_by_partition: Mapping[str, int] = field(default_factory=dict)
+    #: MaxTRES gres/gpu per job of the partition's own QOS
+    max_gpus_per_job_by_partition: Mapping[str, int] = field(default_factory=dict)
+    #: MaxJobs (running at once) and MaxSubmit (running + pending), over the whole deployment
+    max_jobs: int | None = None
+    max_submit: int | None = None
+    #: jobs of this user that count against those caps but are not this plan's replicas
+    other_jobs: int = 0
+
+
+@dataclass(frozen=True)
 class Policy:
     """Planner knobs; every field has a default that suits a real cluster."""
 
@@ -172,6 +212,11 @@ class Policy:
     time_limit_s: float = 10.0  #: Stage 2 wall-clock limit per solve
     mip_gap: float = 1e-4  #: Stage 2 relative MIP gap
     prune: bool = True  #: Stage 2 exact LP reduced-cost column restriction (False = full model)
+    #: a stage that starts after a wait of w seconds pays w ÷ this × its cost per hour on top
+    #: (the same exchange rate as the start-up penalty K = start-up time ÷ re-plan interval)
+    replan_interval_s: float = 60.0
+    #: horizon: capacity Slurm expects to start within this counts as available
+    max_queue_wait_s: float = 1800.0
 
 
 @dataclass(frozen=True)
@@ -185,6 +230,16 @@ class Cluster:
     #: (template id, GPU type, partition): stages Stage 2 must not place there this epoch — a
     #: shape that sat pending past its timeout or that Slurm refused, kept out for a while
     excluded_stages: frozenset[tuple[str, str, str]] = frozenset()
+    #: where Slurm expects to start a job of a shape, beyond what ``node_groups`` offer: a model
+    #: with no replica in the plan gets its best one queued on the earliest of these
+    queue_options: tuple[QueueOption, ...] = ()
+    #: site limits per job and on jobs at once (partition MaxNodes/MaxTRES, QOS/association)
+    job_limits: JobLimits = field(default_factory=lambda: JobLimits())
+    #: partitions whose engine environments may serve one pipeline together (the same vLLM, or
+    #: declared compatible); a multi-stage replica keeps all its stages inside one group.
+    #: Empty = every partition is compatible with every other
+    environment_groups: tuple[tuple[str, ...], ...] = ()
+
     #: GB/s the site's fabric carries for prefill→decode KV transfers in total (all
     #: disaggregated models together); None = not a limit (a non-blocking fabric, where each
     #: node's own link, priced in Stage 1, is what binds)
@@ -297,6 +352,13 @@ class PlanRow:
     count: int
     cost_per_hour: float  #: per replica
     nodes: tuple[tuple[str, ...], ...] = ()
+    #: per replica (aligned with ``nodes``): seconds until Slurm expects to start it (0 = now)
+    waits: tuple[float, ...] = ()
+
+    @property
+    def wait_s(self) -> float:
+        """The longest expected wait of the row's replicas (0 = all start now)."""
+        return max(self.waits, default=0.0)
 
     @property
     def model(self) -> str:
@@ -327,6 +389,9 @@ class Plan:
     solve_seconds: float
     binding: tuple[str, ...] = ()  #: constraints at their limit, in words
     phases: Mapping[str, float] = field(default_factory=dict)  #: lexicographic phase optima
+    #: replicas queued beyond the horizon (not counted in capacity, served or cost): for each
+    #: model that got no replica, its best one where Slurm expects to start it first
+    queued: tuple[PlanRow, ...] = ()
 
     def replicas(self, model: str | None = None) -> int:
         return sum(r.count for r in self.rows if model is None or r.model == model)

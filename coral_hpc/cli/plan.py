@@ -13,6 +13,7 @@ from coral_hpc.cli._output import (
     EXIT_INTERNAL,
     Column,
     console,
+    err_console,
     fail,
     print_json,
     print_table,
@@ -34,9 +35,11 @@ EXIT_REJECTED = EXIT_INTERNAL
               help="Write the Stage-1 template library (usage, throughput, price) as JSON here.")
 @click.option("--cache-dir", type=click.Path(file_okay=False),
               help="Stage-1 cache folder (default ~/.cache/coral-hpc/templates).")
+@click.option("--save-snapshot", "save_file", type=click.Path(dir_okay=False),
+              help="Write the snapshot planned on, with Slurm's start estimates, as JSON here.")
 @wide_option
 def plan(models_yaml: str, snapshot_file: str | None, as_json: bool, export_file: str | None,
-         cache_dir: str | None, wide: bool) -> None:
+         cache_dir: str | None, save_file: str | None, wide: bool) -> None:
     """Plan replicas for MODELS_YAML at least cost; print the plan (nothing is submitted)."""
     from coral_hpc.cli.cluster import load_snapshot_file, observe
     from coral_hpc.config import load_deployment
@@ -55,9 +58,15 @@ def plan(models_yaml: str, snapshot_file: str | None, as_json: bool, export_file
         fail([f"{models_yaml}: architecture(s) {unknown} not in profiles/models.yaml; "
               f"known: {known}"])
     # the same planner and request `serve` plans with at start on this snapshot
+    # live: ask Slurm when each job shape would start; on a saved snapshot, its saved estimates
     with stage1_progress() as progress:
-        planner = Planner(cache_dir=Path(cache_dir) if cache_dir else None, progress=progress)
+        planner = Planner(cache_dir=Path(cache_dir) if cache_dir else None, progress=progress,
+                          probe=not snapshot_file)
         outcome = planner.solve(PlanRequest.from_snapshot(deployment, snapshot))
+    if save_file and outcome.solved is not None:
+        from dataclasses import replace
+
+        Path(save_file).write_text(replace(snapshot, estimates=outcome.solved.estimates).to_json())
     if export_file:
         Path(export_file).write_text(json.dumps(templates_json(outcome), indent=1))
     if as_json:
@@ -96,6 +105,7 @@ def _known_architectures() -> set[str]:
 
 
 def _print_table(outcome, wide: bool = False) -> None:
+    from coral_hpc.plan.availability import start_label
     from coral_hpc.plan.figures import figures_used
 
     result = outcome.solved
@@ -104,20 +114,22 @@ def _print_table(outcome, wide: bool = False) -> None:
     priced = "Slurm billing units" if result.unit == "billing" else "the partitions' prices"
     arch = {m.name: m.arch for m in result.models}
     rows = []
-    for row in plan.rows:
+    for row, queued in [(r, False) for r in plan.rows] + [(r, True) for r in plan.queued]:
         t = row.template
         layout = " + ".join(f"{s.gpu_type}[{s.layers}]" for s in t.stages)
         if not t.calibrated:
             layout += " (uncalibrated)"
         rows.append([row.model, row.role, ", ".join(dict.fromkeys(row.partitions)), layout,
                      f"{t.tp}×{t.pp}", row.count, f"{row.throughput:.3g}",
-                     f"{row.cost_per_hour:.3g}", figures_used(t, arch[row.model])])
+                     f"{row.cost_per_hour:.3g}", figures_used(t, arch[row.model]),
+                     start_label(row.wait_s, queued)])
     columns = [Column("model", "id"), Column("role", "id"), Column("partition"),
                Column("layout [layers]"), Column("TP×PP", "id"), Column("count", "num"),
-               Column("req/s each", "num"), Column("cost/h each", "num"), Column("figures")]
+               Column("req/s each", "num"), Column("cost/h each", "num"), Column("figures"),
+               Column("start")]
     # a column whose every row says the same is a sentence under the table, not a column:
     # what an 80-character terminal has room for
-    same = {i: rows[0][i] for i in (1, 8) if rows and len({r[i] for r in rows}) == 1}
+    same = {i: rows[0][i] for i in (1, 8, 9) if rows and len({r[i] for r in rows}) == 1}
     keep = [i for i in range(len(columns)) if i not in same]
     print_table([columns[i] for i in keep], [[r[i] for i in keep] for r in rows],
                 title=f"Plan: {plan.status}, {plan.cost_per_hour:.2f} {unit} ({priced})",
@@ -126,6 +138,8 @@ def _print_table(outcome, wide: bool = False) -> None:
         console.print(f"role of every replica: {same[1]}", highlight=False)
     if 8 in same:
         console.print(f"throughput figures of every template: {same[8]}", highlight=False)
+    if 9 in same:
+        console.print(f"start of every replica: {same[9]}", highlight=False)
     served = [(m.name, f"{m.demand_rps:.3g}", f"{plan.served[m.name]:.3g}",
                f"{plan.capacity[m.name]:.3g}") for m in result.models]
     print_table([Column("model", "id"), Column("demand", "num"), Column("served", "num"),
@@ -136,3 +150,5 @@ def _print_table(outcome, wide: bool = False) -> None:
                   highlight=False)
     for line in plan.binding:
         console.print(f"binding: {line}", highlight=False)
+    for line in result.warnings:
+        err_console.print(f"warning: {line}", highlight=False)

@@ -52,9 +52,10 @@ def serve(file: str, listen: str | None, metrics_listen: str, cache_dir: str | N
         _listen("--listen", listen)
     metrics = None if metrics_listen.lower() == "off" else _listen("--metrics", metrics_listen)
     configure_logging(log_level, log_file, deployment.retention)
-    # Stage 1 at start-up can take minutes: a bar on a terminal, a log line per model otherwise
+    # Stage 1 at start-up can take minutes: a bar on a terminal, a log line per model otherwise;
+    # on a busy cluster the plan asks Slurm when each job shape would start (budgeted)
     planner = Planner(cache_dir=Path(cache_dir) if cache_dir else None,
-                      progress=Stage1Progress())
+                      progress=Stage1Progress(), probe=True)
     try:
         run_daemon(file, planner, gateway_listen=listen, metrics_listen=metrics)
     except (AlreadyRunning, LeaseHeld) as exc:  # a second daemon: exit 2, naming the first

@@ -70,6 +70,19 @@ def _remote_status(deployment) -> dict | None:
     return published
 
 
+def _pending_note(replica: dict, now: float) -> str:
+    """``Resources, expected 14:05 (in 12 min)`` for a PENDING replica; empty otherwise."""
+    parts = []
+    if replica.get("slurm_reason"):
+        parts.append(str(replica["slurm_reason"]))
+    start = replica.get("expected_start")
+    if start:
+        minutes = max(0.0, (start - now) / 60)
+        parts.append(f"expected {time.strftime('%H:%M', time.localtime(start))} "
+                     f"(in {minutes:.0f} min)")
+    return ", ".join(parts)
+
+
 def _print_tables(data: dict, wide: bool = False, now: float | None = None) -> None:
     now = time.time() if now is None else now
     daemon = data["daemon"]
@@ -96,7 +109,8 @@ def _print_tables(data: dict, wide: bool = False, now: float | None = None) -> N
          Column("endpoint", "id")],
         [(r["id"], r["model"], r["role"] or "?", r["job_id"] or "", r["state"],
           r["partition"].replace(",", ", "), f"{r['tp']}×{r['pp']}", duration(r["age_s"]),
-          duration(r["time_left_s"]), r["endpoint"] or "") for r in data["replicas"]],
+          duration(r["time_left_s"]), r["endpoint"] or _pending_note(r, now))
+         for r in data["replicas"]],
         wide=wide,
     )
     plan = data["plan"]

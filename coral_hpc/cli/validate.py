@@ -49,14 +49,40 @@ def deployment_summary(deployment: Deployment) -> dict:
     }
 
 
+def site_warnings(deployment: Deployment, snapshot_file: str | None) -> list[str]:
+    """What this Slurm cannot give the configuration (partitions it lacks or has down, MaxTime
+    below the time limit, GPU types no node has, GRES names no catalogue type matches), and
+    pipelines no engine environment allows. Slurm unreachable: one line saying it was not asked."""
+    from coral_hpc.errors import CoralError
+    from coral_hpc.plan import availability
+
+    warnings = availability.environment_warnings(deployment)
+    try:
+        if snapshot_file:
+            from coral_hpc.cli.cluster import load_snapshot_file
+
+            snapshot = load_snapshot_file(snapshot_file)
+        else:
+            from coral_hpc.slurm import client_for_deployment
+
+            snapshot = client_for_deployment(deployment).snapshot(deployment.deployment)
+    except (CoralError, OSError) as exc:
+        return [*warnings, f"Slurm not asked ({exc}): partitions and GPU types not checked"]
+    snapshot, typed = availability.type_untyped_nodes(deployment, snapshot)
+    return [*warnings, *typed, *availability.config_warnings(deployment, snapshot)]
+
+
 @click.command()
 @click.argument("file")  # its type is checked by config_source: FIFOs etc. never opened
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option("--snapshot", "snapshot_file", type=click.Path(dir_okay=False),
+              help="Check against a snapshot saved by `coral-hpc cluster --json` instead of Slurm.")
 @wide_option
-def validate(file: str, as_json: bool, wide: bool) -> None:
+def validate(file: str, as_json: bool, snapshot_file: str | None, wide: bool) -> None:
     """Check FILE; print a summary, or every error with file, line and field (exit 2)."""
     deployment = checked_deployment(file)
     summary = deployment_summary(deployment)
+    summary["warnings"] = site_warnings(deployment, snapshot_file)
     if as_json:
         print_json(summary)
         return
@@ -79,4 +105,6 @@ def validate(file: str, as_json: bool, wide: bool) -> None:
     print_table([Column("model", "id"), Column("architecture", "id"),
                  Column("demand (req/s)", "num"), Column("TTFT SLO", "num"),
                  Column("TPOT SLO", "num"), Column("priority", "num")], rows, wide=wide)
+    for line in summary["warnings"]:
+        console.print(f"[yellow]warning[/]: {line}", highlight=False)
     console.print("[green]valid[/]")

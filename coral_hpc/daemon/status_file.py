@@ -44,6 +44,9 @@ def status_data(deployment, store, now: float) -> dict:
             "age_s": round(now - r.created_at, 1),
             "time_left_s": None if s.time_left_s is None else round(s.time_left_s, 1),
             "throughput": r.throughput,
+            # why Slurm holds it, and when Slurm expects to start it (squeue --start)
+            "slurm_reason": r.slurm_reason if s.state is ReplicaState.PENDING else None,
+            "expected_start": r.expected_start if s.state is ReplicaState.PENDING else None,
         })
     models = []
     for m in deployment.models:
@@ -73,6 +76,8 @@ def status_data(deployment, store, now: float) -> dict:
             "partitions": row["partitions"], "planned": row["count"],
             "ready": sum(1 for r in actual if statuses[r.id].state is ReplicaState.READY),
             "live": len(actual), "cost_per_hour": row["cost_per_hour"],
+            "queued": bool(row.get("queued", False)),
+            "expected_wait_s": row.get("expected_wait_s"),
         })
     info = read_info(info_path(deployment)) if lock_is_held(lock_path(deployment)) else None
     if info is None:

@@ -65,6 +65,7 @@ class GatewaySettings:
     poll_interval_s: float = 0.5                 # routing table / keys file change check
     probe_interval_s: float = 1.0                # /health of every replica
     probe_timeout_s: float = 2.0
+    probe_timeouts_to_mark_down: int = 3         # consecutive late /health answers
     retry_after_s: int = 10                      # Retry-After on 503: a replica takes a while
     max_connections_per_replica: int = 1024      # one pool per replica
     #: Idle upstream connections kept per replica, each closed after ``upstream_keepalive_s``:
@@ -170,6 +171,7 @@ class Gateway:
         # headers every upstream request carries, as wire bytes (built once per key change)
         self._upstream_headers = b"Content-Type: application/json\r\n"
         self._pools: dict[ReplicaState, UpstreamPool] = {}
+        self._probe_timeouts: dict[ReplicaState, int] = {}
         self._probe_session: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task] = []
         self._table_file = _Reloadable(settings.table_path)
@@ -280,6 +282,7 @@ class Gateway:
                  len(diff.added), len(diff.removed), len(diff.reweighted))
 
     def _close_session(self, state: ReplicaState) -> None:
+        self._probe_timeouts.pop(state, None)
         pool = self._pools.pop(state, None)
         if pool is not None:
             pool.close()
@@ -313,18 +316,31 @@ class Gateway:
         state.healthy = False
 
     async def _probe(self, state: ReplicaState) -> None:
+        timed_out = False
         try:
             async with self._probe_session.get(state.url + "/health") as resp:
                 ok = resp.status == 200
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+        except asyncio.TimeoutError:
+            ok, timed_out = False, True
+        except (aiohttp.ClientError, OSError):
             ok = False
         if state.removed:
             return
-        if ok and not state.healthy:
-            log.info("replica %s of %s answers /health again; back in", state.id, state.model)
-            state.healthy = True
-        elif not ok:
-            self._mark_down(state, "/health did not answer 200")
+        if ok:
+            self._probe_timeouts.pop(state, None)
+            if not state.healthy:
+                log.info("replica %s of %s answers /health again; back in", state.id,
+                         state.model)
+                state.healthy = True
+            return
+        if timed_out:
+            # A replica busy with a burst answers /health late: slow, not dead, and taking it
+            # out would turn the burst into 503s (bench/results/gateway_soak.md). Out only when
+            # it stays silent; a refused connection or an error answer takes it out at once.
+            late = self._probe_timeouts[state] = self._probe_timeouts.get(state, 0) + 1
+            if late < self.settings.probe_timeouts_to_mark_down:
+                return
+        self._mark_down(state, "/health timed out" if timed_out else "/health did not answer 200")
 
     async def _probe_all(self) -> None:
         states = [s for states in self.router.models.values() for s in states]

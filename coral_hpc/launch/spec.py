@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -269,13 +269,17 @@ def replica_spec(
     hf_token_file: str | Path | None = None,
     instance: str = "",
     python: str | None = None,
+    time_limit_s: int | None = None,
 ) -> ReplicaSpec:
     """Build the spec of one replica from the deployment and a plan row's ``layout`` (whose
     TP, stages, dtype and role the spec carries unchanged: ``spec.layout == layout``).
 
     Engine kind, environments, extra args, time limit, account/QOS, per-GPU CPUs/memory, the
     Hugging Face token file and cache (``engine.hf_token_file``, ``engine.hf_home``) come from
-    ``deployment``. Raises :class:`SpecError` for a stage that cannot run.
+    ``deployment``; ``time_limit_s`` replaces the configured time limit when a partition's
+    MaxTime is shorter (the plan's slot says). Stages on partitions declared interchangeable
+    (``compatible_with``) all run the first stage's environment. Raises :class:`SpecError` for a
+    stage that cannot run.
     """
     if hf_token_file is None:
         hf_token_file = deployment.engine.hf_token_file
@@ -291,6 +295,10 @@ def replica_spec(
         env = (partitions[stage.partition].environment if deployment.engine.kind == "vllm"
                else None)
         built.append(StageSpec(stage.partition, stage.gpu_type, layout.tp, stage.layers, env))
+    names = {s.partition for s in built}
+    if len(names) > 1 and any(names <= set(g) for g in deployment.environment_groups()):
+        # declared interchangeable (compatible_with): every stage runs the first stage's vLLM
+        built = [replace(s, environment=built[0].environment) for s in built]
     return ReplicaSpec(
         deployment=deployment.deployment,
         model=config.name,
@@ -301,7 +309,7 @@ def replica_spec(
         tp=layout.tp,
         engine_kind=deployment.engine.kind,
         state_path=str(deployment.state_path.resolve()),
-        time_limit_s=deployment.cluster.time_limit_s,
+        time_limit_s=int(time_limit_s) if time_limit_s else deployment.cluster.time_limit_s,
         engine_args=tuple(deployment.engine.args) + tuple(config.vllm_args),
         dtype=layout.dtype,
         role=layout.role,

@@ -23,6 +23,12 @@ class Slot:
     throughput: float  # per replica, requests/s: the routing weight
     cost_per_hour: float  # per replica
     layout: ReplicaLayout
+    #: the job time limit when the partitions' MaxTime is shorter than the configured one
+    time_limit_s: int | None = None
+    #: seconds until Slurm expects to start a new replica of this slot (0 = now)
+    expected_wait_s: float = 0.0
+    #: beyond the horizon: submitted where Slurm expects to start it first, and left to wait
+    queued: bool = False
 
     @property
     def partitions(self) -> tuple[str, ...]:
@@ -59,6 +65,9 @@ def slot_rows(plan: DesiredPlan) -> list[dict[str, Any]]:
             "throughput": s.throughput,
             "cost_per_hour": s.cost_per_hour,
             "layout": s.layout.to_dict(),
+            "time_limit_s": s.time_limit_s,
+            "expected_wait_s": s.expected_wait_s,
+            "queued": s.queued,
         }
         for s in plan.slots
     ]
@@ -76,6 +85,9 @@ def plan_from_rows(rows: list[dict[str, Any]], time: float) -> DesiredPlan:
                 throughput=float(r["throughput"]),
                 cost_per_hour=float(r["cost_per_hour"]),
                 layout=ReplicaLayout.from_dict(r["layout"]),
+                time_limit_s=r.get("time_limit_s"),
+                expected_wait_s=float(r.get("expected_wait_s") or 0.0),
+                queued=bool(r.get("queued", False)),
             )
             for r in rows
         ),

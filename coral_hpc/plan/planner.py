@@ -10,8 +10,14 @@ check → :class:`PlanOutcome`.
 3. Templates on crash cool-down leave the library, and so do templates some stage of which finds
    no node with room; (template, partitions) shapes that sat pending past the timeout, or that
    Slurm refused, leave the cluster (``Cluster.excluded_stages``).
-4. Stage 2, :func:`solver.allocate.allocate`, with the replicas that go on serving as ``running``.
-5. The independent checker (:func:`solver.check.check_plan`) re-verifies the plan, re-checking
+4. Availability on a busy cluster (:mod:`coral_hpc.plan.availability`): Slurm's start estimate
+   per job shape (``sbatch --test-only`` within the probe budget, or those saved in the
+   snapshot) turns busy nodes Slurm gives us within ``policy.max_queue_wait_s`` into capacity
+   with a wait, which Stage 2 prices; site limits (MaxTRES, MaxNodes, MaxJobs/MaxSubmit,
+   partition QOS) and engine-environment groups bind.
+5. Stage 2, :func:`solver.allocate.allocate`, with the replicas that go on serving as ``running``;
+   a model left with nothing gets one replica queued where Slurm expects to start it first.
+6. The independent checker (:func:`solver.check.check_plan`) re-verifies the plan, re-checking
    every planned template's throughput with the same throughput model.
 
 :meth:`Planner.solve` returns every outcome (``coral-hpc plan`` prints a rejected plan and exits
@@ -26,11 +32,12 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from coral_hpc.config import Deployment
 from coral_hpc.demand import ModelDemand, deployment_demand
 from coral_hpc.errors import CoralError
-from coral_hpc.plan import inputs
+from coral_hpc.plan import availability, inputs
 from coral_hpc.plan.desired import DesiredPlan, Slot
 from coral_hpc.plan.figures import use_measured_profiles
 from coral_hpc.plan.layout import layout_of
@@ -81,6 +88,10 @@ class Solved:
     stage1_s: float
     stage2_s: float
     unit: str  #: "gpu_hour" or "billing"
+    #: what the plan could not use or had to adjust, each naming the node, partition or field
+    warnings: tuple[str, ...] = ()
+    #: Slurm's start estimates the plan used (sbatch --test-only)
+    estimates: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -97,14 +108,21 @@ class PlanOutcome:
     solved: Solved | None = None
 
 
-def desired_plan(plan: Plan, models: list[ModelSpec], now: float) -> DesiredPlan:
-    """The Stage-2 plan as slots, each with its layout; rows with count 0 are dropped."""
+def desired_plan(plan: Plan, models: list[ModelSpec], now: float,
+                 time_limit_of: Callable[[tuple[str, ...]], int] | None = None) -> DesiredPlan:
+    """The Stage-2 plan as slots, each with its layout; rows with count 0 are dropped. Queued
+    rows (``plan.queued``: nothing starts within the horizon) are slots too, marked ``queued``:
+    they are submitted now and wait in Slurm's queue. ``time_limit_of(partitions)`` gives a
+    slot's job time limit when the partitions' MaxTime clips the configured one."""
     arch = {m.name: m.arch for m in models}
+    rows = [(row, False) for row in plan.rows] + [(row, True) for row in plan.queued]
     return DesiredPlan(time=now, slots=tuple(
         Slot(model=row.template.model, template_id=row.template.id, count=int(row.count),
              throughput=float(row.template.throughput), cost_per_hour=float(row.cost_per_hour),
-             layout=layout_of(row.template, row.partitions, arch[row.template.model]))
-        for row in plan.rows if row.count > 0))
+             layout=layout_of(row.template, row.partitions, arch[row.template.model]),
+             time_limit_s=time_limit_of(tuple(row.partitions)) if time_limit_of else None,
+             expected_wait_s=float(row.wait_s), queued=queued)
+        for row, queued in rows if row.count > 0))
 
 
 class Planner:
@@ -113,11 +131,27 @@ class Planner:
 
     def __init__(self, cache_dir: Path | None = None, throughput: ThroughputModel | None = None,
                  backend: str = "highs",
-                 progress: Callable[[str, int, int], None] | None = None):
+                 progress: Callable[[str, int, int], None] | None = None,
+                 probe: bool = False, prober: Any = None):
         self.cache_dir = cache_dir
         self.throughput = throughput
         self.backend = backend
         self.progress = progress
+        #: ask Slurm when each job shape would start (``sbatch --test-only``, within the
+        #: deployment's ``slurm.probe_calls_per_min``); off, the snapshot's saved estimates count
+        self.probe = probe
+        self.prober = prober
+
+    def _prober(self, deployment: Deployment) -> Any:
+        if self.prober is None and self.probe:
+            from coral_hpc.slurm import client_for_deployment
+            from coral_hpc.slurm.availability import StartProber
+
+            self.prober = StartProber(
+                client_for_deployment(deployment),
+                calls_per_min=deployment.cluster.slurm.probe_calls_per_min,
+                ttl_s=deployment.policy.replan_interval_s)
+        return self.prober
 
     def _model(self) -> ThroughputModel:
         if self.throughput is None:
@@ -133,12 +167,14 @@ class Planner:
             {name: (item.mix.input_tokens, item.mix.output_tokens)
              for name, item in request.demand.items()},
         )
-        held = inputs.held_gpus(request.snapshot, request.running)
-        cluster = inputs.cluster_from_snapshot(deployment, request.snapshot,
+        snapshot, _ = availability.type_untyped_nodes(deployment, request.snapshot)
+        held = inputs.held_gpus(snapshot, request.running)
+        cluster = inputs.cluster_from_snapshot(deployment, snapshot,
                                                inputs.running_replicas(request.running), held)
-        cluster = inputs.fit_job_shape(cluster, request.snapshot, held,
+        cluster = inputs.fit_job_shape(cluster, snapshot, held,
                                        deployment.cluster.cpus_per_gpu,
                                        deployment.cluster.mem_per_gpu_gb)
+        cluster = availability.with_site_rules(deployment, snapshot, cluster)
         return models, cluster, inputs.policy_of(deployment, request.startup_s)
 
     def solve(self, request: PlanRequest) -> PlanOutcome:
@@ -150,22 +186,48 @@ class Planner:
         library = build_library(models, cluster.gpu_types(), policy, throughput,
                                 cache_dir=self.cache_dir, progress=self.progress)
         library = inputs.without_templates(library, request.excluded_templates)
-        library = inputs.placeable(library, cluster)
-        cluster = replace(cluster, excluded_stages=inputs.excluded_stages(
-            library, request.excluded_shapes))
+        deployment = request.deployment
+        snapshot, warnings = availability.type_untyped_nodes(deployment, request.snapshot)
+        warnings += availability.config_warnings(deployment, snapshot)
+        base, full_library = cluster, library
+        excluded_shapes = request.excluded_shapes
+
+        def stage2(estimates: tuple) -> tuple[Cluster, dict, Plan]:
+            cluster = availability.with_estimates(base, estimates, policy.max_queue_wait_s,
+                                                  availability.own_queue_options(snapshot))
+            # a queued replica waits for its nodes: every template may be queued, not only
+            # those that fit in the GPUs available now
+            library = inputs.placeable(full_library, cluster)
+            cluster = replace(cluster, excluded_stages=inputs.excluded_stages(
+                full_library, excluded_shapes))
+            plan = allocate(models, library, cluster, policy, backend=self.backend,
+                            queue_library=full_library)
+            return cluster, library, plan
+
         stage1 = time.perf_counter() - began
-        plan = allocate(models, library, cluster, policy, backend=self.backend)
-        stage2 = time.perf_counter() - began - stage1
+        prober = self._prober(deployment)
+        # Slurm's estimates are asked for only when what is free now does not serve the plan:
+        # on a cluster with room, planning costs no sbatch --test-only at all
+        estimates = tuple(snapshot.estimates) or (prober.cached() if prober is not None else ())
+        cluster, library, plan = stage2(estimates)
+        if prober is not None and plan.status not in ("optimal", "feasible"):
+            estimates = prober.estimates(availability.probe_shapes(deployment, snapshot,
+                                                                   full_library))
+            cluster, library, plan = stage2(estimates)
+        stage2_s = time.perf_counter() - began - stage1
         problems = tuple(check_plan(plan, models, cluster, library, throughput))
+        def time_limit(parts: tuple[str, ...]) -> int:
+            return availability.time_limit_for(deployment, snapshot, parts)
+
         return PlanOutcome(
-            desired=desired_plan(plan, models, time.time()),
+            desired=desired_plan(plan, models, time.time(), time_limit),
             cost_per_hour=plan.cost_per_hour,
             solve_s=time.perf_counter() - began,
             status=plan.status,
             served=dict(plan.served),
             problems=problems,
-            solved=Solved(models, cluster, policy, library, plan, stage1, stage2,
-                          request.deployment.cluster.price_unit),
+            solved=Solved(models, cluster, policy, library, plan, stage1, stage2_s,
+                          request.deployment.cluster.price_unit, tuple(warnings), tuple(estimates)),
         )
 
     def __call__(self, request: PlanRequest) -> PlanOutcome:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from coral_hpc.plan.availability import start_label
 from coral_hpc.plan.figures import figures_used
 from coral_hpc.plan.layout import layout_of
 from coral_hpc.plan.planner import PlanOutcome, Solved
@@ -23,7 +24,7 @@ def plan_json(outcome: PlanOutcome) -> dict[str, Any]:
     plan = solved.plan
     arch = {m.name: m.arch for m in solved.models}
     replicas = []
-    for row in plan.rows:
+    for row, queued in [(r, False) for r in plan.rows] + [(r, True) for r in plan.queued]:
         layout = layout_of(row.template, row.partitions, arch[row.model])
         replicas.append({
             "model": row.model,
@@ -42,6 +43,10 @@ def plan_json(outcome: PlanOutcome) -> dict[str, Any]:
             "stages": [{"gpu_type": s.gpu_type, "gpus": layout.tp, "layers": s.layers,
                         "partition": s.partition} for s in layout.stages],
             "nodes": [list(n) for n in row.nodes],
+            # Slurm's estimate when the replica starts: now, within the horizon, or queued
+            "expected_wait_s": row.wait_s,
+            "start": start_label(row.wait_s, queued),
+            "queued": queued,
         })
     return {
         "mode": plan.status,
@@ -54,6 +59,7 @@ def plan_json(outcome: PlanOutcome) -> dict[str, Any]:
         "replicas": replicas,
         "binding": list(plan.binding),
         "checker_problems": list(outcome.problems),
+        "warnings": list(solved.warnings),
     }
 
 

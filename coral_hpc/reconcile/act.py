@@ -157,7 +157,7 @@ class Actor:
         try:
             spec = replica_spec(self.deployment, slot.model, replica_id, slot.template_id,
                                 slot.layout, api_key_file=self.api_key_file,
-                                instance=self.instance)
+                                instance=self.instance, time_limit_s=slot.time_limit_s)
         except (CoralError, KeyError) as exc:
             self._refuse(action, f"cannot build a job for {slot.template_id}: {exc}", now, result)
             return

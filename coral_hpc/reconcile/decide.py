@@ -13,7 +13,11 @@ Rules, in the order they are applied:
    When only the cluster snapshot is stale, submissions may go on but nothing destructive does.
 3. **Pending too long.** A replica pending past ``pending_timeout_s`` is cancelled (it serves
    nothing) and its shape — template on those partitions — is excluded for
-   ``pending_exclusion_s``, so the next plan places that capacity elsewhere.
+   ``pending_exclusion_s``, so the next plan places that capacity elsewhere. Not while Slurm
+   expects to start it within the horizon (``max_queue_wait_s``: it would lose its place in the
+   queue for nothing), nor while the plan queues it there (nothing starts within the horizon
+   and this is where Slurm starts it first): a queued replica is moved when the plan queues its
+   model on another shape, because that one would start sooner.
 4. **Match the plan.** For every plan slot (template on partitions, count), keep up to ``count``
    live replicas of that slot that will go on serving — READY first, then STARTING, then
    PENDING — then, for what is still missing, replicas of the same model still pending or
@@ -38,7 +42,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from coral_hpc.plan.desired import DesiredPlan, Slot
 from coral_hpc.reconcile.settings import ReconcileSettings
@@ -178,6 +182,11 @@ def decide(
     observation = observation or Observation(jobs_at=now, cluster_at=now)
     statuses = {f.record.id: replica_status(f, now, settings) for f in replicas}
     records = {f.record.id: f.record for f in replicas}
+    if plan is not None:
+        # a pending replica worth waiting for is not "pending too long" (rule 3)
+        statuses = {i: replace(s, pending_too_long=False)
+                    if s.pending_too_long and _worth_waiting(records[i], plan, settings, now) else s
+                    for i, s in statuses.items()}
     excluded: set[Excluded] = {e.target for e in exclusions if e.until > now}
     actions: list[Action] = []
     replan: list[str] = []
@@ -346,6 +355,17 @@ def decide(
     if kept_last:
         held_back = "; ".join(filter(None, [held_back, *kept_last]))
     return Decision(tuple(actions), tuple(dict.fromkeys(replan)), held_back, statuses)
+
+
+def _worth_waiting(record: ReplicaRecord, plan: DesiredPlan, settings: ReconcileSettings,
+                   now: float) -> bool:
+    """A pending replica keeps its place: Slurm expects to start it within the horizon, or the
+    plan queues its model on this very shape (the best Slurm offers it)."""
+    start = record.expected_start
+    if start is not None and start - now <= settings.max_queue_wait_s:
+        return True
+    key = (record.template_id, record.partitions)
+    return any(s.queued and s.key == key for s in plan.slots)
 
 
 def _time_left(status: ReplicaStatus) -> float:

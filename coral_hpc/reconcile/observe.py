@@ -194,6 +194,8 @@ class Observer:
             "slurm_state": state,
             "slurm_reason": job.reason,
             "last_seen_at": now,
+            # Slurm's own estimate while it waits (squeue --start); gone once it runs
+            "expected_start": job.expected_start if state == "PENDING" else None,
         }
         if record.job_id is None:
             changes["job_id"] = job.job_id

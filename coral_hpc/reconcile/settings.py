@@ -48,6 +48,9 @@ class ReconcileSettings:
     pending_timeout_s: float = _POLICY.pending_timeout_s
     #: How long a shape that timed out pending stays out of plans.
     pending_exclusion_s: float = pending_exclusion_for(_POLICY)
+    #: The plan's horizon: a pending replica Slurm expects to start within it keeps its place
+    #: in the queue however long it has waited (on a busy cluster waiting is the norm).
+    max_queue_wait_s: float = _POLICY.max_queue_wait_s
     #: Start a successor this long before a replica must stop (at most half its usable time).
     walltime_lead_s: float = _POLICY.walltime_lead_s
     #: Slurm warns a replica this long before its time limit (``--signal=USR2@N``) and the
@@ -84,6 +87,7 @@ class ReconcileSettings:
             demand_change_threshold=policy.demand_change_threshold,
             pending_timeout_s=policy.pending_timeout_s,
             pending_exclusion_s=pending_exclusion_for(policy),
+            max_queue_wait_s=policy.max_queue_wait_s,
             walltime_lead_s=policy.walltime_lead_s,
             crash_limit=policy.crash_limit,
             crash_cooldown_s=policy.crash_cooldown_s,

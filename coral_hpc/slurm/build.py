@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import functools
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 
+from coral_hpc.slurm.gpu_names import catalogue_lookup, catalogue_type, untyped_gpu_type
 from coral_hpc.slurm.parse_nodes import RawNode, RawPartition
 from coral_hpc.slurm.snapshot import (
+    FINISHED_JOB_STATES,
     ClusterSnapshot,
     JobInfo,
     Limits,
@@ -66,6 +69,49 @@ def node_state(words: Iterable[str]) -> str:
     return base.lower()
 
 
+def resolve_gpu_types(
+    raw_nodes: Iterable[RawNode],
+    site_map: Mapping[str, str] | None = None,
+    lookup: tuple[Callable[[str], str | None], Callable[[str], float | None]] | None = None,
+) -> tuple[list[RawNode], list[str], dict[str, str]]:
+    """Raw nodes with their GRES types as catalogue types (:mod:`coral_hpc.slurm.gpu_names`),
+    the warnings for what no catalogue type fits, and node → the site's own type name where it
+    differs. A node keeps its site name when nothing maps it (the warning says so); an untyped
+    ``gpu:N`` node takes the one GPU type its features name, else stays untyped (the plan may
+    still type it from a partition's configured ``gpu_types``)."""
+    known, memory_of = lookup or catalogue_lookup()
+    out, warnings, site_names = [], [], {}
+    unknown: dict[str, list[str]] = defaultdict(list)
+    memo: dict[str, str | None] = {}
+    for raw in raw_nodes:
+        if not raw.gpus_total:
+            out.append(raw)
+            continue
+        if raw.gpu_type is None:
+            typed = untyped_gpu_type(raw.features, known, memory_of, site_map)
+            if typed is None and site_map:
+                typed = catalogue_type("gpu", known, memory_of, site_map)
+            out.append(replace(raw, gpu_type=typed) if typed else raw)
+            continue
+        if raw.gpu_type not in memo:
+            memo[raw.gpu_type] = catalogue_type(raw.gpu_type, known, memory_of, site_map)
+        canonical = memo[raw.gpu_type]
+        if canonical is None:
+            unknown[raw.gpu_type].append(raw.name)
+            out.append(raw)
+            continue
+        if canonical != raw.gpu_type:
+            site_names[raw.name] = raw.gpu_type
+        out.append(replace(raw, gpu_type=canonical))
+    for name, nodes in sorted(unknown.items()):
+        shown = ", ".join(nodes[:5]) + (f" and {len(nodes) - 5} more" if len(nodes) > 5 else "")
+        warnings.append(
+            f"GPU type {name!r} on node(s) {shown} matches no catalogue GPU type: its GPUs are "
+            f"not planned; map it in cluster.gpu_type_map (e.g. {name}: a100-80g) or add it to "
+            f"profiles/gpus.yaml")
+    return out, warnings, site_names
+
+
 def build_nodes(
     raw_nodes: Iterable[RawNode], gpu_memory: Callable[[str], float | None]
 ) -> tuple[NodeInfo, ...]:
@@ -114,6 +160,9 @@ def build_partitions(
                 max_time_s=raw.max_time_s,
                 billing_weights=dict(raw.billing_weights),
                 default=raw.default,
+                max_nodes=raw.max_nodes,
+                qos=raw.qos,
+                preempt_mode=raw.preempt_mode,
             )
         )
     return tuple(partitions)
@@ -164,10 +213,21 @@ def build_snapshot(
     jobs: Iterable[JobInfo],
     limits: Limits | None,
     gpu_memory: Callable[[str], float | None],
+    gpu_type_map: Mapping[str, str] | None = None,
+    partition_qos_limits: Mapping[str, Limits] | None = None,
 ) -> ClusterSnapshot:
-    """Assemble a :class:`ClusterSnapshot` from parsed Slurm output."""
-    nodes = build_nodes(raw_nodes, gpu_memory)
+    """Assemble a :class:`ClusterSnapshot` from parsed Slurm output. GRES types become
+    catalogue types (``gpu_type_map`` first); what cannot be typed is a warning."""
+    jobs = list(jobs)
+    own = own_jobs(jobs, deployment)
+    own_ids = {id(j) for j in own}
+    typed, warnings, site_names = resolve_gpu_types(raw_nodes, gpu_type_map)
+    nodes = tuple(replace(n, site_gpu_type=site_names.get(n.name), features=raw.features)
+                  for n, raw in zip(build_nodes(typed, gpu_memory), typed))
     partitions = build_partitions(raw_partitions, nodes)
+    if partition_qos_limits:
+        partitions = tuple(replace(p, qos_limits=partition_qos_limits.get(p.qos)) if p.qos else p
+                           for p in partitions)
     return ClusterSnapshot(
         slurm_version=slurm_version,
         observed_at=observed_at,
@@ -176,8 +236,11 @@ def build_snapshot(
         nodes=nodes,
         partitions=partitions,
         node_groups=build_node_groups(nodes, partitions),
-        jobs=own_jobs(jobs, deployment),
+        jobs=own,
         limits=limits,
+        warnings=tuple(warnings),
+        other_user_jobs=sum(1 for j in jobs if id(j) not in own_ids
+                            and j.state.split()[0] not in FINISHED_JOB_STATES),
     )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import getpass
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from coral_hpc.slurm.parse_limits import (
     choose_qos,
     parse_assoc,
     parse_qos,
+    qos_limits,
 )
 from coral_hpc.slurm.parse_nodes import (
     parse_nodes_json,
@@ -42,6 +44,7 @@ from coral_hpc.slurm.parse_nodes import (
     parse_partitions_json,
     parse_partitions_text,
 )
+from coral_hpc.slurm.parse_reservations import parse_reservations
 from coral_hpc.slurm.runner import CommandRunner
 from coral_hpc.slurm.snapshot import (
     FINISHED_JOB_STATES,
@@ -78,6 +81,7 @@ class CliSlurmClient:
         gpu_memory: Callable[[str], float | None] = gpu_memory_lookup,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
+        gpu_type_map: Mapping[str, str] | None = None,
     ):
         self.runner = runner or CommandRunner()
         self.user = user or getpass.getuser()
@@ -89,6 +93,10 @@ class CliSlurmClient:
         self.sleep = sleep
         self._version: str | None = None
         self._limits: Limits | None = None
+        self.gpu_type_map = dict(gpu_type_map or {})
+        # partition QOS limits and usable reservations change as rarely as the account's limits
+        self._partition_qos: tuple[float, dict[str, Limits]] | None = None
+        self._reservations: tuple[float, tuple] | None = None
         # squeue lines unchanged since the last cycle are not parsed again
         self._squeue_rows = RowCache()
 
@@ -117,7 +125,7 @@ class CliSlurmClient:
             raw_nodes = parse_nodes_text(self.runner.run(["scontrol", "show", "node", "-o"]).stdout)
             raw_parts = parse_partitions_text(self.runner.run(["scontrol", "show", "partition", "-o"]).stdout)
         jobs = self.jobs()
-        return build_snapshot(
+        snap = build_snapshot(
             slurm_version=version,
             observed_at=observed_at,
             deployment=deployment,
@@ -127,7 +135,35 @@ class CliSlurmClient:
             jobs=jobs,
             limits=self.limits(),
             gpu_memory=self.gpu_memory,
+            gpu_type_map=self.gpu_type_map,
+            partition_qos_limits=self.partition_qos_limits(sorted({p.qos for p in raw_parts if p.qos})),
         )
+        return replace(snap, reservations=self.reservations())
+
+    def partition_qos_limits(self, names: Sequence[str]) -> dict[str, Limits]:
+        """Limits of the partitions' own QOS (one sacctmgr call, cached like :meth:`limits`)."""
+        now = self.clock()
+        if not names:
+            return {}
+        cached = self._partition_qos
+        if cached is not None and now - cached[0] < self.limits_ttl_s and set(names) <= set(cached[1]):
+            return cached[1]
+        rows = parse_qos(self.runner.run(
+            ["sacctmgr", "-n", "-P", "show", "qos", "where", "names=" + ",".join(names),
+             "format=" + ",".join(QOS_FIELDS)]).stdout)
+        found = {name: qos_limits(rows, name, now) for name in names}
+        self._partition_qos = (now, {k: v for k, v in found.items() if v is not None})
+        return self._partition_qos[1]
+
+    def reservations(self):  # type: ignore[no-untyped-def]
+        """Reservations this user or account may use (``scontrol show res``, cached like
+        :meth:`limits`)."""
+        now = self.clock()
+        if self._reservations is not None and now - self._reservations[0] < self.limits_ttl_s:
+            return self._reservations[1]
+        out = self.runner.run(["scontrol", "show", "reservation", "-o"]).stdout
+        self._reservations = (now, parse_reservations(out, self.user, self.account))
+        return self._reservations[1]
 
     def jobs(self) -> list[JobInfo]:
         """Every job of this user that Slurm still holds (all states: recently finished ones
@@ -206,6 +242,8 @@ class CliSlurmClient:
             argv.append(f"--account={shape.account}")
         if shape.qos:
             argv.append(f"--qos={shape.qos}")
+        if shape.reservation:
+            argv.append(f"--reservation={shape.reservation}")
         argv.append("--wrap=true")
         out = self.runner.run(argv)
         start, nodes, partition = parse_test_only(out.stderr + out.stdout)

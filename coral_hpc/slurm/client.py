@@ -90,11 +90,13 @@ def make_client(
     account: str | None = None,
     qos: str | None = None,
     user: str | None = None,
+    gpu_type_map: Mapping[str, str] | None = None,
 ) -> SlurmClient:
     """The client for ``backend`` (``auto | cli | pyslurm``). ``auto`` takes pyslurm only when it
     imports and its major version matches the cluster's (asked through ``sinfo --version``);
     ``pyslurm`` raises :class:`BackendUnavailable` with the reason when it cannot be used."""
-    cli = CliSlurmClient(CommandRunner(env=env, timeout_s=timeout_s), account=account, qos=qos, user=user)
+    cli = CliSlurmClient(CommandRunner(env=env, timeout_s=timeout_s), account=account, qos=qos,
+                         user=user, gpu_type_map=gpu_type_map)
     if backend == "cli":
         return cli
     if backend not in ("auto", "pyslurm"):
@@ -118,4 +120,5 @@ def client_for_deployment(deployment, env: Mapping[str, str] | None = None) -> S
         timeout_s=cluster.slurm.command_timeout_s,
         account=cluster.account,
         qos=cluster.qos,
+        gpu_type_map=cluster.gpu_type_map,
     )

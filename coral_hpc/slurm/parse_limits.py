@@ -94,6 +94,9 @@ def build_limits(
         [r["GrpTRES"] for r in rows] + [q["GrpTRES"] for q in qos_used] + [q["MaxTRESPU"] for q in qos_used]
     )
     per_job, per_job_by_type = _gpu_limits([r["MaxTRES"] for r in rows] + [q["MaxTRES"] for q in qos_used])
+    per_user, _ = _gpu_limits([q["MaxTRESPU"] for q in qos_used])
+    max_nodes = _min([_tres_count(t, "node") for t in
+                      [r["MaxTRES"] for r in rows] + [q["MaxTRES"] for q in qos_used]])
     return Limits(
         account=account or (accounts.pop() if len(accounts) == 1 else None),
         qos=qos_name,
@@ -105,4 +108,22 @@ def build_limits(
                       + [_int(q["MaxJobsPU"]) for q in qos_used] + [_int(q["GrpJobs"]) for q in qos_used]),
         max_submit_jobs=_min([_int(r["MaxSubmit"]) for r in rows] + [_int(q["MaxSubmitPU"]) for q in qos_used]),
         observed_at=observed_at,
+        max_gpus_per_user=per_user,
+        max_nodes_per_job=max_nodes,
     )
+
+
+def qos_limits(qos_rows: list[dict[str, str]], name: str, observed_at: float) -> Limits | None:
+    """The limits of one QOS alone (a partition's QOS binds every job in that partition)."""
+    rows = [q for q in qos_rows if q["Name"] == name]
+    if not rows:
+        return None
+    return build_limits([], rows, "", None, name, observed_at)
+
+
+def _tres_count(text: str, key: str) -> int | None:
+    try:
+        value = parse_tres(text).get(key)
+    except ValueError as exc:
+        raise SlurmParseError(f"sacctmgr TRES {text!r}: {exc}") from None
+    return int(value) if value is not None else None

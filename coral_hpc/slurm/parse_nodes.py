@@ -36,6 +36,17 @@ class RawNode:
     cpus_alloc: int
     mem_gb: float
     mem_alloc_gb: float
+    #: AvailableFeatures (an untyped ``gpu:N`` node's GPU type may be named there)
+    features: tuple[str, ...] = ()
+
+
+def feature_list(value: Any) -> tuple[str, ...]:
+    """``"a100,ib"`` or ``["a100", "ib"]`` → ``("a100", "ib")``; ``"(null)"`` → ``()``."""
+    if isinstance(value, (list, tuple)):
+        items = [str(v) for v in value]
+    else:
+        items = str(value or "").split(",")
+    return tuple(i.strip() for i in items if i.strip() and i.strip() not in ("(null)", "N/A"))
 
 
 @dataclass(frozen=True)
@@ -46,6 +57,12 @@ class RawPartition:
     max_time_s: int | None
     billing_weights: dict[str, float]
     default: bool
+    #: MaxNodes per job; None = unlimited
+    max_nodes: int | None = None
+    #: the partition's QOS (its MaxTRES/MaxTRESPU bind every job here); None when N/A
+    qos: str | None = None
+    #: PreemptMode (``off``, ``requeue``, ``cancel``, ``suspend`` ...), lower case
+    preempt_mode: str = "off"
 
 
 def split_key_values(line: str) -> dict[str, str]:
@@ -105,7 +122,7 @@ def _int(value: str | None, default: int = 0) -> int:
 
 
 _NODE_KEYS = ("NodeName", "State", "Partitions", "Gres", "AllocTRES", "CPUTot", "CPUAlloc",
-              "RealMemory", "AllocMem")
+              "RealMemory", "AllocMem", "AvailableFeatures")
 # The node fields we use are single words; only Reason holds spaces (it runs to the next Key=).
 _NODE_FIELDS_RE = re.compile(r"(?:^| )(" + "|".join(_NODE_KEYS) + r")=(\S*)")
 _REASON_RE = re.compile(r" Reason=(.*?)(?= [A-Za-z][A-Za-z0-9_]*=|$)")
@@ -143,6 +160,7 @@ def parse_nodes_text(text: str) -> list[RawNode]:
                 cpus_alloc=_int(rec.get("CPUAlloc")),
                 mem_gb=_int(rec.get("RealMemory")) / 1024,
                 mem_alloc_gb=_int(rec.get("AllocMem")) / 1024,
+                features=feature_list(rec.get("AvailableFeatures")),
             )
         )
     return nodes
@@ -184,9 +202,22 @@ def parse_partitions_text(text: str) -> list[RawPartition]:
                 max_time_s=_max_time(rec.get("MaxTime")),
                 billing_weights=weights,
                 default=rec.get("Default") == "YES",
+                max_nodes=_limit(rec.get("MaxNodes")),
+                qos=_qos_name(rec.get("QoS")),
+                preempt_mode=(rec.get("PreemptMode") or "OFF").lower(),
             )
         )
     return partitions
+
+
+def _limit(value: str | None) -> int | None:
+    """``"UNLIMITED"`` → None, ``"4"`` → 4."""
+    return int(value) if value and value.strip().isdigit() else None
+
+
+def _qos_name(value: Any) -> str | None:
+    text = str(value or "").strip()
+    return None if text in ("", "N/A", "(null)") else text
 
 
 # --------------------------------------------------------------------------- Slurm ≥ 23.02 JSON
@@ -248,9 +279,16 @@ def parse_nodes_json(text: str) -> list[RawNode]:
                 cpus_alloc=_number(raw.get("alloc_cpus")) or 0,
                 mem_gb=(_number(raw.get("real_memory")) or 0) / 1024,
                 mem_alloc_gb=(_number(raw.get("alloc_memory")) or 0) / 1024,
+                features=feature_list(raw.get("features")),
             )
         )
     return nodes
+
+
+def _preempt_mode(value: Any) -> str:
+    if isinstance(value, list):
+        value = ",".join(str(v) for v in value)
+    return str(value or "off").lower()
 
 
 def parse_partitions_json(text: str) -> list[RawPartition]:
@@ -282,6 +320,10 @@ def parse_partitions_json(text: str) -> list[RawPartition]:
                 max_time_s=max_time * 60 if max_time is not None else None,
                 billing_weights=weights,
                 default="DEFAULT" in [str(f).upper() for f in flags or []],
+                max_nodes=_number(maximums.get("nodes")) if maximums else _number(raw.get("max_nodes")),
+                qos=_qos_name((raw.get("qos") or {}).get("assigned") if isinstance(raw.get("qos"), dict)
+                              else raw.get("qos")),
+                preempt_mode=_preempt_mode(raw.get("preempt_mode")),
             )
         )
     return partitions

@@ -19,6 +19,7 @@ import pwd
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -194,6 +195,10 @@ def raw_partitions_from_records(records: Iterable[Mapping[str, Any]]) -> list[Ra
                 max_time_s=None if max_time in (None, "UNLIMITED", "INFINITE") else int(max_time),
                 billing_weights=weights,
                 default=bool((rec.get("flags") or {}).get("Default")),
+                # pyslurm reports "UNLIMITED" as the largest uint32
+                max_nodes=rec["max_nodes"] if isinstance(rec.get("max_nodes"), int)
+                and 0 < rec["max_nodes"] < 2**31 else None,
+                qos=rec.get("qos") or None,
             )
         )
     return raws
@@ -235,14 +240,19 @@ class PyslurmClient:
         observed_at = self.cli.clock()
         nodes = node_records(self._load("node.get", lambda: pyslurm.node().get()))
         partitions = partition_records(self._load("partition.get", lambda: pyslurm.partition().get()))
-        return build_snapshot(
+        raw_parts = raw_partitions_from_records(partitions)
+        snap = build_snapshot(
             slurm_version=version,
             observed_at=observed_at,
             deployment=deployment,
             backend=self.backend,
             raw_nodes=raw_nodes_from_records(nodes),
-            raw_partitions=raw_partitions_from_records(partitions),
+            raw_partitions=raw_parts,
             jobs=self.cli.jobs(),
             limits=self.cli.limits(),
             gpu_memory=self.cli.gpu_memory,
+            gpu_type_map=self.cli.gpu_type_map,
+            partition_qos_limits=self.cli.partition_qos_limits(
+                sorted({p.qos for p in raw_parts if p.qos})),
         )
+        return replace(snap, reservations=self.cli.reservations())

@@ -73,6 +73,10 @@ class NodeInfo:
     cpus_alloc: int
     mem_gb: float
     mem_alloc_gb: float
+    #: the GRES type as the site wrote it (``nvidia_a100-sxm4-80gb``) when it differs from the
+    #: catalogue type in ``gpu_type``
+    site_gpu_type: str | None = None
+    features: tuple[str, ...] = ()
 
     @property
     def usable(self) -> bool:
@@ -94,6 +98,14 @@ class PartitionInfo:
     #: lower-case TRES name → weight; ``mem`` is per GB
     billing_weights: dict[str, float]
     default: bool = False
+    #: MaxNodes per job; None = unlimited
+    max_nodes: int | None = None
+    #: the partition's QOS, whose per-job and per-user limits bind every job here
+    qos: str | None = None
+    #: PreemptMode as Slurm reports it (``off`` = jobs here are not preempted by partition)
+    preempt_mode: str = "off"
+    #: the partition QOS's limits (sacctmgr), when it has one
+    qos_limits: Limits | None = None
 
     def billing_for(
         self, gpus: int, gpu_type: str | None, cpus: float, mem_gb: float, nodes: int = 1
@@ -187,6 +199,50 @@ class Limits:
     max_jobs: int | None
     max_submit_jobs: int | None
     observed_at: float
+    #: MaxTRESPU gres/gpu of the QOS (GPUs one user holds at once); also counted in grp_gpus
+    max_gpus_per_user: int | None = None
+    #: MaxTRES node= per job (nodes one job may span)
+    max_nodes_per_job: int | None = None
+
+
+@dataclass(frozen=True)
+class ShapeEstimate:
+    """Slurm's own answer to "when would a job of this shape start?" (``sbatch --test-only``:
+    the backfill scheduler's estimate, nothing submitted), for one shape at one moment."""
+
+    partition: str
+    gpu_type: str | None
+    gpus_per_node: int
+    nodes: int
+    #: epoch seconds; None when Slurm refused the shape (``error`` says why)
+    start: float | None
+    #: the nodes Slurm would start it on
+    node_names: tuple[str, ...]
+    observed_at: float
+    error: str | None = None
+    #: the reservation the probe ran in, if any
+    reservation: str | None = None
+
+    @property
+    def wait_s(self) -> float | None:
+        """Seconds from the probe to the expected start (0 = now); None when refused."""
+        return None if self.start is None else max(0.0, self.start - self.observed_at)
+
+    @property
+    def key(self) -> tuple[str, str | None, int, int, str | None]:
+        return (self.partition, self.gpu_type, self.gpus_per_node, self.nodes, self.reservation)
+
+
+@dataclass(frozen=True)
+class ReservationInfo:
+    """A reservation this deployment's account or user may run in (``scontrol show res``)."""
+
+    name: str
+    nodes: tuple[str, ...]
+    start: float | None
+    end: float | None
+    partition: str | None
+    state: str  # "active" | "inactive"
 
 
 @dataclass(frozen=True)
@@ -203,6 +259,16 @@ class ClusterSnapshot:
     #: this deployment's jobs only (their comment parses to a JobTag of this deployment)
     jobs: tuple[JobInfo, ...]
     limits: Limits | None = None
+    #: what the snapshot could not make sense of, naming the node, partition or type (a GPU type
+    #: no catalogue entry matches, an untyped ``gpu:N`` without a feature naming its type)
+    warnings: tuple[str, ...] = ()
+    #: Slurm's start estimates per job shape (``sbatch --test-only``), when probed
+    estimates: tuple[ShapeEstimate, ...] = ()
+    #: reservations this account or user may use
+    reservations: tuple[ReservationInfo, ...] = ()
+    #: this user's live jobs (pending or running) that are not this deployment's: they count
+    #: against MaxJobs/MaxSubmit too
+    other_user_jobs: int = 0
 
     def node(self, name: str) -> NodeInfo:
         """The node called ``name``; KeyError when Slurm has no such node."""
@@ -241,10 +307,15 @@ class ClusterSnapshot:
                 deployment=str(data.get("deployment", "")),
                 backend=str(data.get("backend", "file")),
                 nodes=tuple(_build(NodeInfo, n) for n in data["nodes"]),
-                partitions=tuple(_build(PartitionInfo, p) for p in data["partitions"]),
+                partitions=tuple(_build_partition(p) for p in data["partitions"]),
                 node_groups=tuple(_build(NodeGroupInfo, g) for g in data.get("node_groups", [])),
                 jobs=tuple(_build_job(j) for j in data.get("jobs", [])),
                 limits=_build(Limits, data["limits"]) if data.get("limits") else None,
+                warnings=tuple(data.get("warnings", ())),
+                estimates=tuple(_build(ShapeEstimate, e) for e in data.get("estimates", [])),
+                reservations=tuple(_build(ReservationInfo, r)
+                                   for r in data.get("reservations", [])),
+                other_user_jobs=int(data.get("other_user_jobs", 0)),
             )
         except KeyError as exc:
             raise ValueError(f"snapshot is missing the field {exc.args[0]!r}") from None
@@ -327,6 +398,7 @@ class JobShape:
     time_limit_s: int = 3600
     account: str | None = None
     qos: str | None = None
+    reservation: str | None = None
 
 
 @dataclass(frozen=True)
@@ -358,6 +430,13 @@ def _build(cls: type, raw: dict[str, Any]) -> Any:
         value = raw[f.name]
         kwargs[f.name] = tuple(value) if isinstance(value, list) else value
     return cls(**kwargs)
+
+
+def _build_partition(raw: dict[str, Any]) -> PartitionInfo:
+    data = dict(raw)
+    if data.get("qos_limits"):
+        data["qos_limits"] = _build(Limits, data["qos_limits"])
+    return _build(PartitionInfo, data)
 
 
 def _build_job(raw: dict[str, Any]) -> JobInfo:

@@ -203,3 +203,32 @@ def test_deleting_the_keys_file_revokes_every_key(env):
     while _chat(env).status_code != 200 and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _chat(env).status_code == 200       # the file is back: so are its keys
+
+
+def test_a_replica_slow_to_answer_health_keeps_serving_until_it_stays_silent(env, tmp_path):
+    """Found in the soak: under a 3,000-request burst a busy replica answered /health after the
+    probe's 2 s timeout, was taken out, and the burst became 503s. A late /health is no longer
+    a death sentence at once; three in a row still are."""
+    laggard = start_stub(tmp_path, "laggard", "--health-delay", "3")
+    table = env["tmp"] / "routing-table.json"
+    fast = env["fast"]
+    try:
+        write_table(table, 2, {"m": [("laggard", laggard.url, 1.0)],
+                               "slow": [("slow", env["slow"].url, 1.0)]})
+        started = time.monotonic()
+        statuses = []
+        while time.monotonic() - started < 4.5:      # two probe timeouts (2 s each) and more
+            statuses.append(_chat(env).status_code)
+            time.sleep(0.1)
+        assert set(statuses) == {200}, statuses     # busy, not dead: still served
+        deadline = time.monotonic() + 10
+        while _chat(env).status_code != 503 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _chat(env).status_code == 503        # silent for good: taken out
+    finally:
+        write_table(table, 3, {"m": [("fast", fast.url, 1.0)],
+                               "slow": [("slow", env["slow"].url, 1.0)]})
+        laggard.stop()
+    deadline = time.monotonic() + 5
+    while _chat(env).status_code != 200 and time.monotonic() < deadline:
+        time.sleep(0.1)

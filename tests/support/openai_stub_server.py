@@ -34,6 +34,7 @@ class Stub:
     def __init__(self, args: argparse.Namespace) -> None:
         self.name = args.name
         self.token_delay = args.token_delay
+        self.health_delay = args.health_delay
         self.usage = not args.no_usage
         self.api_key = (Path(args.api_key_file).read_text().strip()
                         if args.api_key_file else None)
@@ -47,6 +48,8 @@ class Stub:
         return request.headers.get("Authorization") == f"Bearer {self.api_key}"
 
     async def health(self, request: web.Request) -> web.Response:
+        if self.health_delay:
+            await asyncio.sleep(self.health_delay)   # a replica too busy to answer at once
         return web.Response(text="")
 
     async def stats_handler(self, request: web.Request) -> web.Response:
@@ -187,6 +190,8 @@ if __name__ == "__main__":
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--ready-file")
     parser.add_argument("--token-delay", type=float, default=0.0, help="seconds per token")
+    parser.add_argument("--health-delay", type=float, default=0.0,
+                        help="seconds before /health answers")
     parser.add_argument("--api-key-file")
     parser.add_argument("--no-usage", action="store_true", help="omit usage from answers")
     asyncio.run(main(parser.parse_args()))

@@ -53,6 +53,7 @@ OBSERVE = {
     "squeue": "squeue_own.txt",
     "sacctmgr show assoc": "sacctmgr_assoc.txt",
     "sacctmgr show qos": "sacctmgr_qos.txt",
+    "scontrol show reservation": "scontrol_show_reservation_none.txt",
 }
 
 

@@ -40,6 +40,16 @@ MODEL_DIR = "coral-tiny-llama"
 #: token, so a prompt shorter than a block would move nothing and prove nothing
 PROMPT = "Prefill here, decode there, and the same tokens come out of the pipe. " * 8
 READY_TIMEOUT_S = 420
+MODELS = """
+models:
+  - name: tiny-llama
+    source: {models}/coral-tiny-llama
+    architecture: coral-tiny-llama
+    max_model_len: 512
+    mix: {{input_tokens: 256, output_tokens: 32}}
+    demand: {{requests_per_s: 0.5}}
+    slo: {{ttft_s: 2.0, tpot_s: 0.2}}
+"""
 
 
 def _disaggregated_copy(tmp_path: Path, venv: Path, models: Path) -> Path:
@@ -49,7 +59,8 @@ def _disaggregated_copy(tmp_path: Path, venv: Path, models: Path) -> Path:
     text = text.replace("engine:\n  kind: vllm\n",
                         "engine:\n  kind: vllm\n  kv_connector: {name: ExampleConnector}\n", 1)
     text = text.replace("policy:\n", "policy:\n  disaggregation: on\n", 1)
-    text = text[:text.index("  - name: tiny-qwen2")]  # one model: two engine jobs at a time
+    # one model of our own (two engine jobs at a time), whatever the example's models ask for
+    text = text[:text.index("\nmodels:\n")] + MODELS.format(models=models)
     path.write_text(text)
     return path
 

@@ -116,7 +116,8 @@ def test_serve_the_vllm_example_on_the_real_engine(tmp_path, vllm_env, vllm_venv
                         done = True
                     elif line.startswith("data: "):
                         payload = json.loads(line[len("data: "):])
-                        assert payload["system_fingerprint"].startswith("vllm-")
+                        # vLLM's stream chunks carry no fingerprint; its ids do ("cmpl-…")
+                        assert payload["model"] == model and payload["id"].startswith("cmpl-")
                         chunks += 1
             assert done and chunks >= 2, (model, chunks)
 

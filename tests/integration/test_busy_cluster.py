@@ -1,0 +1,223 @@
+"""``coral-hpc serve`` on the local cluster made busy by another lab: a second Linux user
+(``coral-other``, account ``other-lab``; ``scripts/dev-cluster other-user``) holds every GPU
+with time-limited jobs, and Slurm's backfill scheduler estimates when ours start.
+
+- with no idle GPU, ``serve`` submits at once, and every model becomes READY as the other jobs
+  end, without anyone acting;
+- a queued replica is moved when another shape would start sooner (the other lab ends a job
+  early: its GPUs are free now);
+- MaxJobs on the account and a partition's MaxTime are honoured: one job only, with the
+  partition's time limit instead of the longer configured one.
+
+Real Slurm, real processes, the sim engine (no GPU here). Limits the tests set are reset after.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from coral_hpc.config import load_deployment
+from coral_hpc.slurm import make_client
+from tests.conftest import REPO, wait_until
+from tests.support import busy_cluster
+
+pytestmark = pytest.mark.slurm
+
+CLI = [sys.executable, "-c", "from coral_hpc.cli import main; main()"]
+
+
+def config_copy(tmp_path: Path, models: str | None = None, **policy: object) -> Path:
+    """examples/models.yaml with its own deployment, state folders, short intervals, and
+    ``policy`` overrides; ``models`` keeps only the model of that name."""
+    text = (REPO / "examples" / "models.yaml").read_text()
+    name = f"busy{secrets.token_hex(3)}"
+    replacements = {
+        r"(?m)^deployment: .*$": f"deployment: {name}",
+        r"(?m)^state_dir: .*$": f"state_dir: {tmp_path / 'shared'}",
+        r"(?m)^db_path: .*$": f"db_path: {tmp_path / 'daemon' / 'coral.db'}",
+        r"(?m)^  poll_interval_s: .*$": "  poll_interval_s: 1",
+        r"(?m)^  replan_interval_s: .*$": "  replan_interval_s: 10",
+    }
+    for pattern, value in replacements.items():
+        text, count = re.subn(pattern, value, text)
+        assert count == 1, f"examples/models.yaml no longer has {pattern!r}"
+    if policy:
+        extra = "".join(f"  {k}: {v}\n" for k, v in policy.items())
+        text = text.replace("policy:\n", "policy:\n" + extra, 1)
+    if models:
+        head, _, body = text.partition("\nmodels:\n")
+        entries = re.split(r"(?m)^(?=  - name: )", body)
+        kept = [e for e in entries if e.startswith(f"  - name: {models}\n")]
+        assert kept, f"no model {models} in examples/models.yaml"
+        text = head + "\nmodels:\n" + "".join(kept)
+    path = tmp_path / "models.yaml"
+    path.write_text(text)
+    return path
+
+
+def cli(env: dict, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *args], check=False, capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=REPO)
+
+
+def status(env: dict, config: Path) -> dict | None:
+    if not Path(load_deployment(config).db_path).exists():
+        return None
+    out = cli(env, "status", str(config), "--json")
+    return json.loads(out.stdout) if out.returncode == 0 else None
+
+
+def own_jobs(env: dict, deployment: str):
+    return [j for j in make_client("cli", env=env).snapshot(deployment).jobs if j.end_kind is None]
+
+
+def jobs_of_every_model(env: dict, deployment: str, models: set[str]):
+    jobs = own_jobs(env, deployment)
+    return jobs if {j.tag.model for j in jobs} >= models else None
+
+
+def pending_with_reason(env: dict, config: Path) -> dict | None:
+    data = status(env, config)
+    if data and any(r["state"] == "PENDING" and r["slurm_reason"] for r in data["replicas"]):
+        return data
+    return None
+
+
+def some_model_ready(env: dict, config: Path) -> bool:
+    data = status(env, config)
+    return bool(data and any(m["ready_replicas"] for m in data["models"]))
+
+
+def replaced_and_running(env: dict, deployment: str, old_job: str):
+    jobs = own_jobs(env, deployment)
+    if jobs and all(j.job_id != old_job for j in jobs) and any(j.state == "RUNNING" for j in jobs):
+        return jobs
+    return None
+
+
+@pytest.fixture
+def env(slurm_cluster, monkeypatch):
+    monkeypatch.setenv("SLURM_CONF", slurm_cluster["SLURM_CONF"])
+    import os
+
+    busy_cluster.ensure_other_user()
+    yield {**os.environ, **slurm_cluster}
+    busy_cluster.cancel_other()
+
+
+class Serve:
+    """``coral-hpc serve CONFIG`` in the background; stopped and its jobs cancelled on exit."""
+
+    def __init__(self, env: dict, config: Path, tmp_path: Path):
+        self.env, self.config = env, config
+        self.deployment = load_deployment(config).deployment
+        self.log = open(tmp_path / "serve.log", "ab")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [*CLI, "serve", str(config), "--listen", "127.0.0.1:0",
+             "--cache-dir", str(tmp_path / "templates")],
+            cwd=REPO, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(60)
+        self.log.close()
+        left = [j.job_id for j in own_jobs(self.env, self.deployment)]
+        if left:
+            make_client("cli", env=self.env).cancel(left)
+
+
+def test_with_every_gpu_held_serve_submits_at_once_and_models_become_ready_as_jobs_end(
+        tmp_path, env):
+    hold_s = 70
+    others = busy_cluster.fill_every_gpu(hold_s)
+    held_since = time.monotonic()
+    wait_until(lambda: all(s == "RUNNING" for _, s, _ in busy_cluster.other_jobs()), 30,
+               "the other lab's jobs running on every GPU node")
+    config = config_copy(tmp_path)
+    serve = Serve(env, config, tmp_path)
+    try:
+        models = {m.name for m in load_deployment(config).models}
+        # submitted at once although nothing is idle: PENDING in Slurm while the others run
+        pending = wait_until(lambda: jobs_of_every_model(env, serve.deployment, models),
+                             40, "a job of every model submitted")
+        assert time.monotonic() - held_since < hold_s, "submitted only after the GPUs freed"
+        assert all(j.state == "PENDING" for j in pending), [(j.job_id, j.state) for j in pending]
+        assert {j.job_id for j in pending}.isdisjoint(others.values())
+        # status shows them PENDING with Slurm's reason
+        data = wait_until(lambda: pending_with_reason(env, config), 30,
+                          "status listing PENDING replicas with Slurm's reason")
+        assert any(r["slurm_reason"] in ("Resources", "Priority") for r in data["replicas"]
+                   if r["state"] == "PENDING")
+        # nobody acts: as the other jobs end, every model becomes READY
+        def every_ready():
+            current = status(env, config)
+            ready = {m["name"] for m in (current or {}).get("models", []) if m["ready_replicas"]}
+            return current if ready >= models else None
+
+        wait_until(every_ready, hold_s + 150, "a READY replica of every model")
+        assert not busy_cluster.other_jobs() or time.monotonic() - held_since >= hold_s - 5
+    finally:
+        serve.stop()
+
+
+def test_a_queued_replica_moves_when_another_shape_starts_sooner(tmp_path, env):
+    # one model, a horizon shorter than any wait here: its replica is queued where Slurm
+    # starts it first (a100, freed in ~4 min), not on v100 (~7 min)
+    nodes = {n.name: n for n in busy_cluster.gpu_nodes()}
+    hold = {"a100-01": 240, "a100-02": 240, "v100-01": 420, "v100-02": 420, "a100-80g-01": 420}
+    others = busy_cluster.fill_every_gpu(hold, [nodes[n] for n in hold])
+    wait_until(lambda: len(busy_cluster.other_jobs()) == len(others), 30, "the other lab's jobs")
+    config = config_copy(tmp_path, models="qwen3-8b", max_queue_wait_s=30)
+    serve = Serve(env, config, tmp_path)
+    try:
+        (first,) = wait_until(lambda: own_jobs(env, serve.deployment), 40, "the queued replica")
+        assert first.state == "PENDING" and first.partition.split(",")[0] in ("a100", "gpu")
+        # the other lab ends its v100 jobs early: v100 GPUs are free now, sooner than a100's
+        make_client("cli", env=env).cancel([others["v100-01"], others["v100-02"]])
+        moved = wait_until(lambda: replaced_and_running(env, serve.deployment, first.job_id),
+                           90, "the queued replica replaced by one running on the freed GPUs")
+        running = [j for j in moved if j.state == "RUNNING"]
+        assert all(n.startswith("v100") for j in running for n in j.nodes), running
+        wait_until(lambda: some_model_ready(env, config), 60, "the moved replica READY")
+    finally:
+        serve.stop()
+
+
+def test_max_jobs_and_partition_max_time_are_honoured(tmp_path, env):
+    sam = ["sacctmgr", "-i", "modify", "user", "root", "where", "account=coral-busy", "set"]
+    subprocess.run([*sam, "MaxJobs=1"], check=True, capture_output=True, env=env, timeout=60)
+    try:
+        config = config_copy(tmp_path)
+        text = config.read_text()
+        # two days asked, on partitions whose MaxTime is 1-2 days; charged to coral-busy
+        text = text.replace('time_limit: "02:00:00"', 'time_limit: "3-00:00:00"')
+        text = text.replace("cluster:\n", "cluster:\n  account: coral-busy\n", 1)
+        config.write_text(text)
+        out = cli(env, "plan", str(config), "--json", timeout=300)
+        assert out.returncode == 0, out.stderr
+        doc = json.loads(out.stdout)
+        assert sum(r["count"] for r in doc["replicas"]) == 1
+        assert any("MaxJobs=1" in b for b in doc["binding"]), doc["binding"]
+        assert any("MaxTime" in w for w in doc["warnings"]), doc["warnings"]
+        serve = Serve(env, config, tmp_path)
+        try:
+            wait_until(lambda: own_jobs(env, serve.deployment), 60, "one replica job")
+            time.sleep(5)  # a few more cycles: still one job, however much demand is unmet
+            jobs = own_jobs(env, serve.deployment)
+            assert len(jobs) == 1, [(j.job_id, j.state) for j in jobs]
+            limits = {"v100": 172800, "a100": 172800, "a100-80g": 86400}
+            assert jobs[0].time_limit_s == min(limits[p] for p in jobs[0].partition.split(","))
+        finally:
+            serve.stop()
+    finally:
+        subprocess.run([*sam, "MaxJobs=-1"], check=False, capture_output=True, env=env, timeout=60)
