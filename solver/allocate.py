@@ -99,6 +99,7 @@ class _Runner:
             result = solve_pyomo(self.sm.lm, self.left(), gap, cost, self.col_lower, self.col_upper)
             return _Outcome(result, result.bound, len(self.sm.nu))
         highs = self.highs
+        assert highs is not None  # every backend but pyomo is HiGHS, built in __init__
         highs.set_cost(cost)
         nu = self.sm.nu
         if not self.policy.prune or len(nu) == 0:
@@ -110,6 +111,7 @@ class _Runner:
         if lp.status != "optimal" or lp.reduced_costs is None:
             result = highs.solve(self.left(), gap, start=start)
             return _Outcome(result, result.bound, len(nu))
+        assert lp.x is not None  # an optimal LP has its point
         reduced = lp.reduced_costs[nu]
         at_zero = lp.x[nu] <= 1e-9
         if start is not None:  # keeping more columns leaves the certificate below valid
@@ -257,6 +259,7 @@ def _allocate(
             objective[served] = [-m.priority for m in data.models]
             second = runner.minimise(objective, start=first.result.x)
             best = second.result if second.result.x is not None else first.result
+            assert best.x is not None  # the phase-1 point was checked above
             best_weighted = float(np.dot([m.priority for m in data.models], best.x[served]))
             phases["weighted_served"] = best_weighted
             runner.set_row(weighted,
@@ -266,9 +269,9 @@ def _allocate(
             outcome = runner.minimise(sm.cost, start=best.x)
             if outcome.result.x is None:  # out of time: keep the best served plan found
                 outcome = _Outcome(best, -math.inf, outcome.columns)
-    if outcome.result.x is None:
-        return _empty(data, outcome.result.status, time.perf_counter() - began, outcome)
     result = outcome.result
+    if result.x is None:
+        return _empty(data, result.status, time.perf_counter() - began, outcome)
     gap = abs(result.objective - outcome.bound) / max(abs(result.objective), 1e-9)
     if status == "optimal" and (result.status != "optimal" or gap > policy.mip_gap + 1e-12):
         status = "feasible"
@@ -319,6 +322,7 @@ def _decomposed(data: Prepared, sm: Stage2Model, runner: _Runner, library, clust
                 return None
             counts[j] += row.count
     highs = runner.highs
+    assert highs is not None  # the caller decomposes on the HiGHS backend only
     upper = runner.col_upper[sm.nu].copy()
     highs.set_col_bounds(sm.nu, counts, counts)
     try:
@@ -360,31 +364,31 @@ def decode(sm: Stage2Model, x: np.ndarray) -> list[PlanRow]:
                     break
                 replicas.append(parts)
         while len(replicas) < count:
-            parts = []
+            chosen: list[str] = []
             for stage in template.stages:
                 options = pool[stage.gpu_type]
-                previous = parts[-1] if parts else None
+                previous = chosen[-1] if chosen else None
                 choice = previous if previous and options[previous] > 0 else max(
                     sorted(options), key=lambda p: options[p])
                 options[choice] -= 1
-                parts.append(choice)
-            replicas.append(tuple(parts))
+                chosen.append(choice)
+            replicas.append(tuple(chosen))
         for parts in replicas:
             rows[(j, parts)] += 1
             placed: list[str] = []
             for stage, p in zip(template.stages, parts):
                 placed.append(_pop_slot(slots, stage.gpu_type, template.tp, p, avoid=placed))
-            placed = tuple(placed)
-            nodes.setdefault((j, parts), []).append(placed)
+            nodes.setdefault((j, parts), []).append(tuple(placed))
     wait_of = {node: cls.wait_s for cls in data.classes for node in cls.nodes}
     out = []
     for (j, parts), count in sorted(rows.items(), key=lambda kv: (kv[0][0], kv[0][1])):
         template = data.templates[j]
         cost = sum(data.stage_cost[(p, s.gpu_type, template.tp)] for s, p in zip(template.stages, parts))
-        placed = tuple(nodes[(j, parts)])
+        replica_nodes = tuple(nodes[(j, parts)])
         # a replica starts when its last stage's node is given to us
-        waits = tuple(max((wait_of.get(n, 0.0) for n in replica), default=0.0) for replica in placed)
-        out.append(PlanRow(template, parts, count, cost, placed, waits))
+        waits = tuple(max((wait_of.get(n, 0.0) for n in replica), default=0.0)
+                      for replica in replica_nodes)
+        out.append(PlanRow(template, parts, count, cost, replica_nodes, waits))
     return out
 
 
@@ -403,7 +407,7 @@ def _slot_pools(sm: Stage2Model, x: np.ndarray, sigma: dict) -> dict[tuple[str, 
     packing = sm.packing
     # per class: the size-t slots on its nodes, node by node, following the chosen patterns
     class_slots: dict[tuple[int, int], list[str]] = {}
-    next_node = Counter()
+    next_node: Counter[int] = Counter()
     for col, (k, pi) in zip(packing["y"], packing["y_labels"]):
         cls = data.classes[k]
         pattern = data.patterns[(cls.gpu_type, cls.free)][pi]
@@ -412,7 +416,7 @@ def _slot_pools(sm: Stage2Model, x: np.ndarray, sigma: dict) -> dict[tuple[str, 
             next_node[k] += 1
             for size, count in pattern.items():
                 class_slots.setdefault((k, size), []).extend([node] * count)
-    need = Counter()
+    need: Counter[tuple[str, int, str]] = Counter()
     for (j, g, p), count in sigma.items():
         need[(g, data.templates[j].tp, p)] += count
     pools: dict[tuple[str, int, str], list[str]] = {}
@@ -432,9 +436,9 @@ def _slot_pools(sm: Stage2Model, x: np.ndarray, sigma: dict) -> dict[tuple[str, 
                 break
             if cls.gpu_type == g and p in cls.partitions:
                 free = class_slots.get((k, t), [])
-                take = count - len(pool)
-                pool.extend(free[:take])
-                class_slots[(k, t)] = free[take:]
+                missing = count - len(pool)
+                pool.extend(free[:missing])
+                class_slots[(k, t)] = free[missing:]
     return pools
 
 

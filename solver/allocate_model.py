@@ -28,7 +28,7 @@ from itertools import combinations_with_replacement
 
 import numpy as np
 
-from solver.types import Cluster, JobLimits, ModelSpec, Policy, Template
+from solver.types import Cluster, JobLimits, ModelSpec, Partition, Policy, Template
 
 INF = math.inf
 
@@ -202,13 +202,21 @@ def _priced(cluster: Cluster, partition: str, gpu_type: str) -> bool:
     return False
 
 
+def _stage_price(part: Partition, gpu: str, tp: int) -> float:
+    """A stage's cost per hour in a partition Stage 2 kept for ``gpu``: node classes list only
+    the partitions that price the type (:func:`_priced`), so the price is never None here."""
+    cost = part.stage_cost(gpu, tp)
+    assert cost is not None, f"partition {part.name} has no price for {gpu}"
+    return cost
+
+
 def _undominated(cluster: Cluster, classes: list[NodeClass], parts: list[str], gpu: str,
                  tp: int) -> list[str]:
     """Drop partition q for a (gpu, tp) stage when another partition p is as good in every way:
     no dearer, reaches every node q reaches, and counts against no quota q does not. Any stage
     in q can then move to p without raising cost or breaking a limit, so this is exact.
     Identical partitions keep the first by name."""
-    price = {p.name: p.stage_cost(gpu, tp) for p in cluster.partitions if p.name in parts}
+    price = {p.name: _stage_price(p, gpu, tp) for p in cluster.partitions if p.name in parts}
     reach = {p: {n for c in classes if c.gpu_type == gpu and c.free >= tp and p in c.partitions
                  for n in c.nodes} for p in parts}
     quotas = {p: {q.name for q in cluster.quotas if q.matches(p, gpu)} for p in parts}
@@ -357,7 +365,7 @@ def prepare(
         for gpu, allowed in parts.items():
             sizes.setdefault(gpu, set()).add(template.tp)
             for p in allowed:
-                stage_cost[(p, gpu, template.tp)] = prices[p].stage_cost(gpu, template.tp)
+                stage_cost[(p, gpu, template.tp)] = _stage_price(prices[p], gpu, template.tp)
     patterns = {}
     for cls in classes:
         if cls.gpu_type in sizes and (cls.gpu_type, cls.free) not in patterns:
@@ -370,8 +378,8 @@ def prepare(
         j = index.get(replica.template_id)
         if j is None or len(replica.partitions) != kept[j].pp:
             continue  # no longer in the library: gets no start-up credit
-        key = (j, tuple(replica.partitions))
-        running_replicas[key] = running_replicas.get(key, 0) + replica.count
+        replica_key = (j, tuple(replica.partitions))
+        running_replicas[replica_key] = running_replicas.get(replica_key, 0) + replica.count
         for stage, p in zip(kept[j].stages, replica.partitions):
             running[(j, stage.gpu_type, p)] = running.get((j, stage.gpu_type, p), 0) + replica.count
     return Prepared(
@@ -438,10 +446,10 @@ def define_stage_partitions(lm: LinearModel, data: Prepared, nu: np.ndarray) -> 
         churn_cost = [K * data.stage_cost[(p, g, data.templates[j].tp)] for j, g, p in churn_keys]
         churn = lm.add_vars("churn", [(data.templates[j].id, g, p) for j, g, p in churn_keys],
                             0.0, INF, integer=False, cost=churn_cost)
-        rows = lm.add_rows("startup", [(data.templates[j].id, g, p) for j, g, p in churn_keys],
-                           [-data.running[k] for k in churn_keys], INF)
-        lm.add_terms(rows, churn, 1.0)
-        lm.add_terms(rows, [position[k] for k in churn_keys], -1.0)
+        startup = lm.add_rows("startup", [(data.templates[j].id, g, p) for j, g, p in churn_keys],
+                              [-data.running[k] for k in churn_keys], INF)
+        lm.add_terms(startup, churn, 1.0)
+        lm.add_terms(startup, [position[k] for k in churn_keys], -1.0)
     return {"sigma": sigma, "keys": keys}
 
 
@@ -582,7 +590,7 @@ def define_phases(lm: LinearModel, data: Prepared, nu: np.ndarray, cover: np.nda
                          np.minimum(throughput[cols], demand[mis]))
     fabric = data.cluster.kv_fabric_gbs
     if fabric is not None:
-        per_request = {}
+        per_request: dict[int, float] = {}  # model index → KV bytes its worst template moves
         for t, mi in zip(data.templates, data.model_of):
             per_request[int(mi)] = max(per_request.get(int(mi), 0.0), t.kv_bytes_per_request)
         row = lm.add_rows("kv_fabric", [()], -INF, fabric * 1e9)

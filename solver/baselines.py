@@ -73,8 +73,8 @@ def combine(models: list[ModelSpec], plans: list[Plan], seconds: float) -> Plan:
 
 def subtract(cluster: Cluster, plan: Plan) -> Cluster:
     """The cluster left after ``plan``: its placed stages taken off the nodes and the quotas."""
-    used = Counter()
-    quota_used = Counter()
+    used: Counter[str] = Counter()
+    quota_used: Counter[str] = Counter()
     for row in plan.rows:
         for placed in row.nodes:
             for node in placed:
@@ -193,16 +193,16 @@ def _greedy(models: list[ModelSpec], candidates: dict[str, list[Template]], clus
             capacity = 0.0
             count = 0
             chosen = None  # without fallback: the strategy of the first replica placed
-            for _rank, _id, part, template, cost in options:
+            for _rank, _id, part_name, template, cost in options:
                 if not fallback and chosen is not None and key_of(template) != chosen:
                     continue
                 while capacity < model.demand_rps - 1e-9 or count < model.min_replicas:
                     if model.max_replicas is not None and count >= model.max_replicas:
                         break
-                    nodes = _first_fit(template, part, cluster, free, group_of, quota_left)
+                    nodes = _first_fit(template, part_name, cluster, free, group_of, quota_left)
                     if nodes is None:
                         break
-                    key = (template, (part,) * template.pp, cost)
+                    key = (template, (part_name,) * template.pp, cost)
                     rows[key] += 1
                     placements.setdefault(key, []).append(nodes)
                     capacity += template.throughput

@@ -111,8 +111,8 @@ def check_plan(
         problems += _check_queued(r, row, by_name, parts, cluster, replicas)
     over = np.nonzero(used > np.asarray(node_free, dtype=np.int64))[0]
     names = list(node_index)
-    for i in over:
-        problems.append(f"node {names[i]}: {used[i]} GPUs planned, {node_free[i]} available")
+    for n in over:
+        problems.append(f"node {names[n]}: {used[n]} GPUs planned, {node_free[n]} available")
     for q, quota in enumerate(cluster.quotas):
         if quota_use[q] > quota.max_gpus:
             problems.append(f"quota {quota.name}: {quota_use[q]:g} GPUs planned, limit {quota.max_gpus}")
@@ -144,7 +144,7 @@ def check_plan(
     return problems
 
 
-def _check_queued(r: int, row, by_name, parts, cluster: Cluster, replicas) -> list[str]:  # type: ignore[no-untyped-def]
+def _check_queued(r: int, row, by_name, parts, cluster: Cluster, replicas) -> list[str]:
     """A queued replica: one job of one homogeneous shape, allowed and priced where it queues,
     for a model the plan gives no other replica."""
     t = row.template
@@ -179,6 +179,8 @@ def _check_fabric(plan: Plan, cluster: Cluster, role_capacity: dict[str, dict[st
             through = max(plan.served.get(row.model, 0.0) - roles["both"], 0.0)
             need += through * row.template.kv_bytes_per_request * row.count * row.throughput \
                 / max(roles["prefill"], 1e-12)
+    # check_plan calls this only for a cluster with a fabric limit
+    assert cluster.kv_fabric_gbs is not None
     limit = cluster.kv_fabric_gbs * 1e9
     if need > limit * (1 + 1e-6) + 1e-6:
         return [f"kv fabric: {need / 1e9:.4g} GB/s of KV transfers planned, limit {limit / 1e9:.4g}"]

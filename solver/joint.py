@@ -26,7 +26,7 @@ from solver.allocate import PHASE_TOLERANCE
 from solver.allocate_highs import HighsSolver
 from solver.allocate_model import INF, LinearModel
 from solver.roles import roles_for
-from solver.types import Cluster, ModelSpec, NodeGroup, Partition, Policy, Quota
+from solver.types import Cluster, Disaggregation, ModelSpec, NodeGroup, Partition, Policy, Quota
 
 
 @dataclass
@@ -96,7 +96,7 @@ _FREE_CAP = 6
 
 
 def random_instance(seed: int, scarce: bool | None = None,
-                    disaggregation: str | None = None) -> Instance:
+                    disaggregation: Disaggregation | None = None) -> Instance:
     """A small random instance in which layouts matter.
 
     GPU types differ in memory and speed per price; models are large enough that small GPUs
@@ -112,7 +112,8 @@ def random_instance(seed: int, scarce: bool | None = None,
     scarce = rng.random() < 0.35 if scarce is None else scarce
     kinds = [("big", 40.0, 3.0, 4), ("mid", 24.0, 1.6, 2), ("small", 16.0, 1.0, 2)]
     kinds = rng.sample(kinds, rng.choice([2, 3]))
-    groups, names = [], []
+    groups: list[NodeGroup] = []
+    names: list[str] = []
     for gpu, memory, speed, size in kinds:
         nodes = rng.choice([1, 2])
         free = tuple(rng.randint(1 if not scarce else 0, size) for _ in range(nodes))
@@ -129,7 +130,7 @@ def random_instance(seed: int, scarce: bool | None = None,
         subset = tuple(rng.sample(names, rng.randint(1, len(names))))
         partitions.append(Partition("p1", subset, prices={
             g: base_price[g] * rng.uniform(0.6, 1.3) for g, *_ in kinds}))
-    quotas = ()
+    quotas: tuple[Quota, ...] = ()
     if rng.random() < 0.3:
         quotas = (Quota("qos", rng.randint(4, 8)),)
     speeds = {g: s for g, _, s, _ in kinds}
@@ -225,11 +226,11 @@ def build_joint(inst: Instance) -> tuple[LinearModel, dict]:
             if not m.allows_gpu(g):
                 continue
             for t in tm.tp_degrees(m, policy.max_tp):
-                for p in usable:
-                    if m.allows_partition(p.name) and any(
-                        (n[1] == g and p.name in n[4] and n[3] >= t) for n in nodes
+                for part in usable:
+                    if m.allows_partition(part.name) and any(
+                        (n[1] == g and part.name in n[4] and n[3] >= t) for n in nodes
                     ):
-                        e_labels.append((m.name, g, t, p.name))
+                        e_labels.append((m.name, g, t, part.name))
     by_name = {p.name: p for p in usable}
     e_cost = [by_name[p].stage_cost(g, t) for _, g, t, p in e_labels]
     e = dict(zip(e_labels, lm.add_vars("e", e_labels, 0.0, INF, integer=True, cost=e_cost)))
@@ -277,9 +278,9 @@ def build_joint(inst: Instance) -> tuple[LinearModel, dict]:
             for t in tps:
                 if any((m.name, g, t, p.name) in e for p in usable):
                     stage_rows[(g, t)] = _append_row(lm, "stages", (m.name, g, t), 0.0, 0.0)
-                    for p in usable:
-                        if (m.name, g, t, p.name) in e:
-                            lm.add_terms(stage_rows[(g, t)], e[(m.name, g, t, p.name)], -1.0)
+                    for part in usable:
+                        if (m.name, g, t, part.name) in e:
+                            lm.add_terms(stage_rows[(g, t)], e[(m.name, g, t, part.name)], -1.0)
         roles = roles_for(m)
         cover_of = {"both": cover[mi]}
         if "prefill" in roles:  # split[m]: requests/s through prefill + decode replicas

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Protocol
+from typing import Protocol, TypeGuard
 
 from solver.types import ModelSpec, Policy, Role, Template
 
@@ -58,7 +58,7 @@ def roles_for(model: ModelSpec) -> tuple[Role, ...]:
                      "expected 'auto', 'on' or 'off'")
 
 
-def supports_phases(tm) -> bool:
+def supports_phases(tm: object) -> TypeGuard[PhaseThroughputModel]:
     """Whether the throughput model can price prefill and decode apart."""
     return callable(getattr(tm, "phase_throughput", None)) and callable(
         getattr(tm, "kv_bytes_per_request", None))

@@ -146,6 +146,8 @@ class PerfThroughput:
                 digest.update(str(path).encode())
                 digest.update(path.read_bytes())
         for module in (self._perf, self._catalog):
+            # both are plain source modules of this package, so they have a file
+            assert module.__file__ is not None
             digest.update(Path(module.__file__).read_bytes())
         return digest.hexdigest()
 
@@ -300,7 +302,9 @@ def library_templates(
     roles = roles_for(model)
     out = model_templates(tm, model, gpu_types, policy) if "both" in roles else []
     phases = [r for r in roles if r != "both"]
-    if phases and not supports_phases(tm):
+    if not phases:
+        return out
+    if not supports_phases(tm):
         raise ValueError(f"model {model.name}: disaggregation {model.disaggregation} needs a "
                          "throughput model that prices prefill and decode apart")
     for role in phases:
