@@ -109,7 +109,8 @@ def serve(
         daemon = Daemon(
             deployment, store, client, planner,
             api_key_file=key_file, table_path=default_table_path(deployment),
-            metrics=metrics, demand_source=lambda: fetch_demand(gateway.url),
+            metrics=metrics, demand_source=lambda: fetch_demand(gateway.url,
+                                                     tls_cert=gateway.deployment.gateway.tls_cert),
             instance=instance, may_act=lease.ours,
             on_cycle=lambda now: write_status(status_file(deployment.state_path),
                                               status_data(deployment, store, now)),
@@ -125,7 +126,7 @@ def serve(
                       metrics=metrics_address, started_at=info["started_at"])
         store.add_event(time.time(), "start", f"daemon started (pid {os.getpid()}), gateway on "
                         f"{address}, metrics on {metrics_address}")
-        log.info("serving %s: gateway http://%s, metrics %s", deployment.deployment, address,
+        log.info("serving %s: gateway %s, metrics %s", deployment.deployment, gateway.url,
                  metrics_address)
         reload_requested = threading.Event()
         _install_signals(stop, reload_requested)

@@ -249,7 +249,11 @@ class GatewayProcess:
 
     @property
     def url(self) -> str | None:
-        return f"http://{self.address}" if self.address else None
+        """The gateway's base URL for the daemon's own calls (https when it serves TLS)."""
+        if not self.address:
+            return None
+        scheme = "https" if self.deployment.gateway.tls_cert else "http"
+        return f"{scheme}://{self.address}"
 
     def alive(self) -> bool:
         if self.adopted_pid is not None:

@@ -12,8 +12,10 @@ from __future__ import annotations
 import json
 import urllib.request
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
+from coral_hpc.gateway.tls import loopback_client_context
 from coral_hpc.store import DemandInterval
 
 #: Model name of per-API-key rows.
@@ -21,9 +23,14 @@ ALL_MODELS = "*"
 _FIELDS = ("requests_total", "prompt_tokens_total", "generated_tokens_total", "rejected_total")
 
 
-def fetch_demand(base_url: str, timeout: float = 5.0) -> dict[str, Any]:
-    """GET ``base_url/internal/demand`` (the daemon runs on the gateway's host: loopback)."""
-    with urllib.request.urlopen(f"{base_url.rstrip('/')}/internal/demand", timeout=timeout) as r:
+def fetch_demand(base_url: str, timeout: float = 5.0,
+                 tls_cert: str | Path | None = None) -> dict[str, Any]:
+    """GET ``base_url/internal/demand`` (the daemon runs on the gateway's host: loopback). A TLS
+    gateway is trusted through its own certificate, ``tls_cert`` (the daemon dials 127.0.0.1,
+    a name the site's certificate does not carry)."""
+    context = loopback_client_context(Path(tls_cert)) if tls_cert else None
+    url = f"{base_url.rstrip('/')}/internal/demand"
+    with urllib.request.urlopen(url, timeout=timeout, context=context) as r:
         return json.loads(r.read().decode("utf-8"))
 
 

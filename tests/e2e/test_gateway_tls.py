@@ -7,11 +7,15 @@ from __future__ import annotations
 import json
 import ssl
 import subprocess
+import urllib.error
 
 import httpx
 import openai
 import pytest
 
+from coral_hpc.config import load_deployment
+from coral_hpc.daemon.process import GatewayProcess
+from coral_hpc.daemon.scrape import fetch_demand
 from coral_hpc.gateway.auth import add_key
 from coral_hpc.gateway.tls import loopback_client_context
 from tests.support.gateway_harness import (
@@ -78,6 +82,18 @@ def test_the_daemons_loopback_context_trusts_the_gateways_own_certificate(env):
     response = httpx.get(f"https://127.0.0.1:{env['port']}/internal/demand", verify=context,
                          timeout=5)
     assert response.status_code == 200 and "models" in response.json()
+
+
+def test_the_daemon_scrapes_demand_from_a_tls_gateway(env):
+    """`serve` reads the gateway's counters over https when the gateway serves TLS: the URL it
+    dials and the context it trusts both come from the deployment's gateway settings."""
+    gateway = GatewayProcess(env["models"], load_deployment(env["models"]))
+    gateway.address = f"127.0.0.1:{env['port']}"   # the address the started gateway reported
+    assert gateway.url == f"https://127.0.0.1:{env['port']}"
+    counters = fetch_demand(gateway.url, tls_cert=gateway.deployment.gateway.tls_cert)
+    assert "models" in counters
+    with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
+        fetch_demand(gateway.url)   # without the gateway's own certificate: refused, not cleartext
 
 
 def _validate(path) -> subprocess.CompletedProcess:
