@@ -228,8 +228,10 @@ def test_a_replica_pending_past_the_timeout_is_replanned_elsewhere(tmp_path, env
     wait_until(lambda: all(
         slurm.run("squeue", "-h", "-j", j, "-o", "%T").stdout.strip() == "RUNNING"
         for j in slurm.job_ids), 30, "the a100 nodes filled")
-    run = Running(write_config(tmp_path, pending_timeout_s=8), PreferencePlanner([ON_A100, ON_V100]),
-                  env)
+    # the fillers run 10 min: past a 60 s horizon, so Slurm's start estimate for the a100 replica
+    # gives it no reason to keep its place (a start within the horizon would, on purpose)
+    run = Running(write_config(tmp_path, pending_timeout_s=8, max_queue_wait_s=60),
+                  PreferencePlanner([ON_A100, ON_V100]), env)
     cleanup(run.deployment)
     try:
         moved = wait_until(
