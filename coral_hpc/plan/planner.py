@@ -141,6 +141,12 @@ class Planner:
         #: deployment's ``slurm.probe_calls_per_min``); off, the snapshot's saved estimates count
         self.probe = probe
         self.prober = prober
+        self.probe_client: Any = None
+
+    def use_client(self, client: Any) -> None:
+        """Probe through ``client`` (the daemon's own, so the probes are charged to its one Slurm
+        call budget, ``coral_hpc.slurm.budget``) instead of a client of the planner's own."""
+        self.probe_client = client
 
     def _prober(self, deployment: Deployment) -> Any:
         if self.prober is None and self.probe:
@@ -148,7 +154,7 @@ class Planner:
             from coral_hpc.slurm.availability import StartProber
 
             self.prober = StartProber(
-                client_for_deployment(deployment),
+                self.probe_client or client_for_deployment(deployment),
                 calls_per_min=deployment.cluster.slurm.probe_calls_per_min,
                 ttl_s=deployment.policy.replan_interval_s)
         return self.prober
