@@ -39,7 +39,7 @@ from coral_hpc.reconcile.act import Actor
 from coral_hpc.reconcile.backoff import Backoff
 from coral_hpc.reconcile.observe import Observed, Observer
 from coral_hpc.reconcile.startup import learned_startup_s
-from coral_hpc.slurm.budget import OBSERVE_CYCLE_CALLS, CallBudget
+from coral_hpc.slurm.budget import CallBudget
 from coral_hpc.store import Store
 from coral_hpc.types import ShapeExclusion, TemplateExclusion
 
@@ -51,13 +51,13 @@ log = logging.getLogger("coral_hpc.daemon")
 
 class Loop:
     """Run ``step`` every ``interval_s`` until ``stop`` is set. A step returning True asks to run
-    again at once (e.g. right after new exclusions). ``pace`` (seconds the next step must still
-    wait, e.g. for the Slurm call budget) can make the wait longer, never shorter. Errors are
-    logged here and only here."""
+    again at once (e.g. right after new exclusions). ``pace`` (given the seconds since the step
+    began, the seconds the next one must still wait, e.g. for the Slurm call budget) can make
+    the wait longer, never shorter. Errors are logged here and only here."""
 
     def __init__(self, name: str, interval_s: float, step: Callable[[], Any],
                  stop: threading.Event, on_error: Callable[[str], None] | None = None,
-                 pace: Callable[[], float] | None = None,
+                 pace: Callable[[float], float] | None = None,
                  monotonic: Callable[[], float] = time.monotonic):
         self.name = name
         self.monotonic = monotonic
@@ -65,7 +65,7 @@ class Loop:
         self.step = step
         self.stop = stop
         self.on_error = on_error
-        self.pace = pace or (lambda: 0.0)
+        self.pace = pace or (lambda elapsed_s: 0.0)
         self.thread: threading.Thread | None = None
 
     def run(self) -> None:
@@ -78,8 +78,9 @@ class Loop:
                 log.exception("%s loop step failed", self.name)
                 if self.on_error:
                     self.on_error(self.name)
-            wait = 0.0 if again else self.interval_s - (self.monotonic() - began)
-            self.stop.wait(max(0.0, wait, self.pace()))
+            elapsed = self.monotonic() - began
+            wait = 0.0 if again else self.interval_s - elapsed
+            self.stop.wait(max(0.0, wait, self.pace(elapsed)))
 
     def start(self) -> threading.Thread:
         self.thread = threading.Thread(target=self.run, name=f"coral-{self.name}", daemon=True)
@@ -315,8 +316,7 @@ class Daemon:
         def on_error(name: str) -> None:
             self.metrics.loop_errors.labels(name).inc()
 
-        budget = self.budget
-        pace = (lambda: budget.wait_s(OBSERVE_CYCLE_CALLS)) if budget is not None else None
+        pace = self.budget.observe_pace if self.budget is not None else None
         loops = [Loop("reconcile", self.settings.poll_interval_s, self.reconcile_once, stop,
                       on_error, pace=pace, monotonic=monotonic)]
         if self.demand_source is not None:

@@ -152,9 +152,11 @@ class Planner:
         if self.prober is None and self.probe:
             from coral_hpc.slurm import client_for_deployment
             from coral_hpc.slurm.availability import StartProber
+            from coral_hpc.slurm.client import call_budget
 
+            client = self.probe_client or client_for_deployment(deployment)
             self.prober = StartProber(
-                self.probe_client or client_for_deployment(deployment),
+                client, budget=call_budget(client),
                 calls_per_min=deployment.cluster.slurm.probe_calls_per_min,
                 ttl_s=deployment.policy.replan_interval_s)
         return self.prober

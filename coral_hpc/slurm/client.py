@@ -120,7 +120,9 @@ def client_for_deployment(deployment, env: Mapping[str, str] | None = None,  # t
     ``budgeted`` (the daemon), its calls are charged to a :class:`CallBudget` of
     ``cluster.slurm.calls_per_min`` (the client's ``runner.budget``)."""
     cluster = deployment.cluster
-    budget = CallBudget(cluster.slurm.calls_per_min) if budgeted else None
+    budget = (CallBudget(cluster.slurm.calls_per_min,
+                         probe_calls_per_min=cluster.slurm.probe_calls_per_min)
+              if budgeted else None)
     return make_client(
         cluster.slurm.backend,
         env=env,

@@ -107,7 +107,7 @@ class CommandRunner:
         timeout = timeout_s if timeout_s is not None else self.timeout_s
         self.calls[command_kind(argv)] += 1
         if self.budget is not None:
-            self.budget.spend(1)
+            self.budget.spend(1, probe=tuple(argv[:2]) == ("sbatch", "--test-only"))
         started = time.perf_counter()
         try:
             proc = subprocess.run(

@@ -35,23 +35,34 @@ class VirtualStop(threading.Event):
         return self.is_set()
 
 
-def test_the_bucket_refills_at_its_rate_and_saves_up_no_more_than_a_burst():
+def test_at_most_the_budget_in_any_minute_with_the_probes_share_kept_while_probing():
     clock = Clock()
-    budget = CallBudget(30, clock=clock)  # one call every 2 s
-    assert budget.tokens() == pytest.approx(OBSERVE_CYCLE_CALLS + 1)
-    budget.spend(3)
-    assert budget.tokens() == pytest.approx(1)
-    assert budget.wait_s(3) == pytest.approx(4.0)  # two calls missing at 0.5 a second
-    clock.now += 4
-    assert budget.wait_s(3) == pytest.approx(0.0)
-    clock.now += 3600  # an idle hour saves up one burst, not 1,800 calls
-    assert budget.tokens() == pytest.approx(OBSERVE_CYCLE_CALLS + 1)
-    budget.spend(10)  # acts are never refused: the bucket goes below zero
-    assert budget.tokens() == pytest.approx(-6)
-    assert budget.wait_s(3) == pytest.approx(18.0)
-    assert budget.spent == 13
+    budget = CallBudget(30, probe_calls_per_min=6, clock=clock)
+    assert budget.wait_s(3) == 0.0
+    assert budget.cycle_spacing_s(3) == pytest.approx(6.0)  # not probing: 30 a minute
+    for _ in range(10):  # ten observe cycles at once fill the minute
+        budget.spend(3)
+    assert budget.wait_s(3) == pytest.approx(60.0)  # no room until the first ones age out
+    assert not budget.has_room(1)
+    clock.now += 60
+    assert budget.wait_s(3) == 0.0 and budget.has_room(30)
+    # probing: the observe cycles leave the probes' unspent share free, and space out to 24/min
+    budget.spend(1, probe=True)
+    assert budget.cycle_spacing_s(3) == pytest.approx(7.5)
+    for _ in range(8):
+        budget.spend(3)
+    assert budget.wait_s(3) > 0  # 25 used + 3 + 5 kept for the probes > 30
+    assert budget.has_room(5) and not budget.has_room(6)  # the probes still fit
+    budget.spend(5, probe=True)  # the whole share spent: only the 30-call cap remains
+    assert not budget.has_room(1)
+    assert (budget.spent, budget.probes) == (30 + 1 + 24 + 5, 6)
+    # two minutes without a probe: the share is the observe cycles' again
+    clock.now += 121
+    assert budget.wait_s(3) == 0.0 and budget.cycle_spacing_s(3) == pytest.approx(6.0)
     with pytest.raises(ValueError):
         CallBudget(0)
+    with pytest.raises(ValueError):
+        CallBudget(6, probe_calls_per_min=6)
 
 
 def test_every_command_the_runner_runs_is_charged_failures_included():
@@ -63,40 +74,53 @@ def test_every_command_the_runner_runs_is_charged_failures_included():
     assert sum(runner.calls.values()) == 2
 
 
-def test_the_reconcile_loop_waits_for_the_budget_instead_of_overspending():
-    clock = Clock()
-    budget = CallBudget(30, clock=clock)
-    steps: list[float] = []
-
-    def step() -> None:  # an observe cycle (3 calls) plus, every 60 s, six probes
+def _observe_and_probe(budget: CallBudget, clock: Clock, steps: list[float]):
+    def step() -> None:  # an observe cycle (3 calls) plus, every 60 s, six probes at once
         steps.append(clock.now)
         budget.spend(3)
-        if len(steps) % 10 == 1:
-            budget.spend(6)
+        if len(steps) == 1 or clock.now - steps[0] >= 60 * (sum(1 for _ in probes) + 1):
+            budget.spend(6, probe=True)
+            probes.append(clock.now)
+    probes: list[float] = []
+    return step, probes
 
+
+def _busiest_minute(events: list[tuple[float, int]]) -> int:
+    return max(sum(n for u, n in events if t <= u < t + 60) for t, _ in events)
+
+
+def test_the_reconcile_loop_waits_for_the_budget_instead_of_overspending():
+    clock = Clock()
+    budget = CallBudget(30, probe_calls_per_min=6, clock=clock)
+    calls: list[tuple[float, int]] = []
+    original = budget.spend
+
+    def spend(n: int = 1, *, probe: bool = False) -> None:
+        calls.append((clock.now, n))
+        original(n, probe=probe)
+
+    budget.spend = spend  # type: ignore[method-assign]
+    steps: list[float] = []
+    step, probes = _observe_and_probe(budget, clock, steps)
     stop = VirtualStop(clock, until=clock.now + 600)
-    Loop("reconcile", 6.0, step, stop, pace=lambda: budget.wait_s(OBSERVE_CYCLE_CALLS),
-         monotonic=clock).run()
-    minutes = 10
-    assert budget.spent <= 30 * minutes + OBSERVE_CYCLE_CALLS + 1
-    # the probes' share came out of the observe cycles: fewer than one every 6 s
-    assert len(steps) < minutes * 10
+    Loop("reconcile", 6.0, step, stop, pace=budget.observe_pace, monotonic=clock).run()
+    assert len(probes) >= 9  # the probes ran every minute
+    assert _busiest_minute(calls) <= 30
     gaps = [b - a for a, b in zip(steps, steps[1:])]
     assert min(gaps) >= 6.0  # never faster than the poll interval
+    assert max(gaps) <= 7.5 + 1e-6  # and no probe burst pushes a cycle back beyond 24/min
 
-    # without the pace the same loop overspends: the check above can fail
+    # without the pace the same loop overspends: the checks above can fail
     clock2 = Clock()
-    budget2 = CallBudget(30, clock=clock2)
-    steps.clear()
-
-    def step2() -> None:
-        steps.append(clock2.now)
-        budget2.spend(3)
-        if len(steps) % 10 == 1:
-            budget2.spend(6)
-
+    budget2 = CallBudget(30, probe_calls_per_min=6, clock=clock2)
+    calls.clear()
+    original = budget2.spend
+    budget2.spend = spend  # type: ignore[method-assign]
+    clock = clock2  # noqa: F841 (spend() reads the clock it closed over)
+    steps2: list[float] = []
+    step2, _ = _observe_and_probe(budget2, clock2, steps2)
     Loop("reconcile", 6.0, step2, VirtualStop(clock2, clock2.now + 600), monotonic=clock2).run()
-    assert budget2.spent > 30 * minutes + OBSERVE_CYCLE_CALLS + 1
+    assert budget2.spent > 30 * 10 + 6
 
 
 def test_probes_must_leave_the_observe_cycle_part_of_the_budget():
