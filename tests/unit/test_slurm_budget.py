@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from coral_hpc.daemon.core import Loop
-from coral_hpc.slurm.budget import OBSERVE_CYCLE_CALLS, CallBudget
+from coral_hpc.slurm.budget import CallBudget
 from coral_hpc.slurm.runner import CommandRunner
 
 
