@@ -52,7 +52,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from coral_hpc.config import load_deployment
+from coral_hpc.config import load_deployment, slurm_calls_per_min
 from coral_hpc.daemon import ensure_replica_key
 from coral_hpc.daemon.core import Daemon
 from coral_hpc.gateway.table import default_replica_key_path, default_table_path
@@ -189,7 +189,7 @@ def run_daemon(env: dict, steady_s: float, reps: int) -> dict:
     deployment = load_deployment(write_config(folder))
     store = open_store(deployment.db_path)
     reader = open_store(deployment.db_path, readonly=True)
-    budget = CallBudget(deployment.cluster.slurm.calls_per_min,
+    budget = CallBudget(slurm_calls_per_min(deployment),
                         probe_calls_per_min=deployment.cluster.slurm.probe_calls_per_min)
     client = make_client("cli", env=env, budget=budget, timeout_s=120)
     planner = Planner(cache_dir=Path(tempfile.gettempdir()) / "coral-bench-templates", probe=True)
@@ -283,7 +283,7 @@ def run_daemon(env: dict, steady_s: float, reps: int) -> dict:
             "calls_by_kind": calls_by_kind, "memory": memory, "drains": rows,
             "poll_interval_s": settings.poll_interval_s,
             "replan_interval_s": settings.replan_interval_s,
-            "calls_per_min_budget": deployment.cluster.slurm.calls_per_min,
+            "calls_per_min_budget": slurm_calls_per_min(deployment),
             "probe_calls_per_min": deployment.cluster.slurm.probe_calls_per_min}
 
 

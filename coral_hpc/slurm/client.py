@@ -118,9 +118,11 @@ def client_for_deployment(deployment, env: Mapping[str, str] | None = None,  # t
                           *, budgeted: bool = False) -> SlurmClient:
     """:func:`make_client` configured from a :class:`coral_hpc.config.Deployment`; with
     ``budgeted`` (the daemon), its calls are charged to a :class:`CallBudget` of
-    ``cluster.slurm.calls_per_min`` (the client's ``runner.budget``)."""
+    :func:`coral_hpc.config.slurm_calls_per_min` (the client's ``runner.budget``)."""
+    from coral_hpc.config import slurm_calls_per_min
+
     cluster = deployment.cluster
-    budget = (CallBudget(cluster.slurm.calls_per_min,
+    budget = (CallBudget(slurm_calls_per_min(deployment),
                          probe_calls_per_min=cluster.slurm.probe_calls_per_min)
               if budgeted else None)
     return make_client(

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from coral_hpc.config import load_deployment
+from coral_hpc.config import load_deployment, slurm_calls_per_min
 from coral_hpc.daemon.core import Daemon
 from coral_hpc.plan.planner import Planner
 from coral_hpc.slurm import CliSlurmClient, CommandRunner
@@ -127,7 +127,8 @@ def _run(tmp_path: Path, paced: bool) -> tuple[ReplayRunner, float]:
     clock = VirtualClock(recording["recorded_at"])
     deployment = load_deployment(_config(tmp_path))
     slurm = deployment.cluster.slurm
-    budget = CallBudget(slurm.calls_per_min, probe_calls_per_min=slurm.probe_calls_per_min,
+    budget = CallBudget(slurm_calls_per_min(deployment),
+                        probe_calls_per_min=slurm.probe_calls_per_min,
                         clock=clock)
     runner = ReplayRunner(recording, budget, clock)
     client = CliSlurmClient(runner, user="root", clock=clock)

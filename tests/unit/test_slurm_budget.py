@@ -128,7 +128,36 @@ def test_probes_must_leave_the_observe_cycle_part_of_the_budget():
 
     from coral_hpc.config import SlurmSettings
 
-    assert SlurmSettings().calls_per_min == 30
+    assert SlurmSettings().calls_per_min is None
     SlurmSettings(calls_per_min=9, probe_calls_per_min=6)
     with pytest.raises(ValidationError, match="probe_calls_per_min"):
         SlurmSettings(calls_per_min=8, probe_calls_per_min=6)
+
+
+def test_the_default_budget_is_30_at_the_default_poll_and_follows_a_faster_one(tmp_path):
+    from coral_hpc.config import load_deployment, slurm_calls_per_min
+
+    def deployment(policy: str = "{}", slurm: str = "{}"):
+        path = tmp_path / "models.yaml"
+        path.write_text(f"""
+deployment: budget
+state_dir: {tmp_path}
+db_path: {tmp_path / 'coral.db'}
+cluster:
+  partitions: [{{name: a100}}]
+  slurm: {slurm}
+policy: {policy}
+engine: {{kind: sim}}
+models:
+  - {{name: m, source: Qwen/Qwen3-8B, architecture: qwen3-8b,
+      mix: {{input_tokens: 512, output_tokens: 128}}, demand: {{requests_per_s: 1}},
+      slo: {{ttft_s: 2.0, tpot_s: 0.1}}}}
+""")
+        return load_deployment(path)
+
+    assert slurm_calls_per_min(deployment()) == 30
+    # a site that asks for a 2 s poll has asked for three times the calls
+    assert slurm_calls_per_min(deployment("{poll_interval_s: 2}")) == 90
+    assert slurm_calls_per_min(deployment("{poll_interval_s: 12}")) == 30
+    # a stated budget wins: the poll then stretches to keep to it
+    assert slurm_calls_per_min(deployment("{poll_interval_s: 2}", "{calls_per_min: 20}")) == 20
