@@ -37,6 +37,7 @@ from coral_hpc.reconcile import (
 )
 from coral_hpc.reconcile.act import Actor
 from coral_hpc.reconcile.backoff import Backoff
+from coral_hpc.reconcile.hysteresis import PlanHistory
 from coral_hpc.reconcile.observe import Observed, Observer
 from coral_hpc.reconcile.startup import learned_startup_s
 from coral_hpc.store import Store
@@ -125,6 +126,7 @@ class Daemon:
         self.actor = actor or Actor(deployment, store, client, self.settings, clock, api_key_file,
                                     instance=instance)
         self.plan: DesiredPlan | None = None
+        self.plan_history = PlanHistory()  # the plans this daemon made: hysteresis (decide)
         self.plan_time: float | None = None
         self.planned_demand: dict[str, ModelDemand] = {}
         self.unavailable_at_plan: frozenset[str] | None = None
@@ -165,7 +167,8 @@ class Daemon:
             decision = decide(self.plan, observed.facts, now, self.settings,
                               exclusions=self.store.exclusions(now),
                               observation=observed.observation,
-                              configured=frozenset(m.name for m in self.deployment.models))
+                              configured=frozenset(m.name for m in self.deployment.models),
+                              history=self.plan_history)
             self.last_decision = decision
             if decision.held_back and any(isinstance(a, (Submit, Drain, Cancel))
                                           for a in decision.actions) is False:
@@ -232,6 +235,7 @@ class Daemon:
             return
         self.plan_backoff.succeeded()
         self.plan = outcome.desired
+        self.plan_history.observe(outcome.desired)
         self.plan_time = now
         self.planned_demand = demand
         self.unavailable_at_plan = observed.unavailable

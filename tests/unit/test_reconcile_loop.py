@@ -38,11 +38,11 @@ START = 50_000.0
 
 
 def slot(partition: str = "a100", gpu: str | None = None, model: str = "qwen3-8b",
-         count: int = 1) -> Slot:
+         count: int = 1, cost: float = 1.0) -> Slot:
     gpu = gpu or partition
     layout = ReplicaLayout(1, (StageLayout(partition, gpu, 36),), "auto" if gpu != "v100"
                            else "half")
-    return Slot(model, f"{model}.tp1.{gpu}-36", count, 2.0, 1.0, layout)
+    return Slot(model, f"{model}.tp1.{gpu}-36", count, 2.0, cost, layout)
 
 
 class Clock:
@@ -259,7 +259,9 @@ def test_a_stale_observation_submits_drains_and_cancels_nothing(make):
     (record,) = loop.live()
     loop.serve(record.id)
     loop.cycle(2)
-    planner.slots = [slot("v100")]
+    # a new plan that moves the replica at once: half the cost (hysteresis keeps a READY
+    # replica in place for a move that saves less than settings.replace_margin)
+    planner.slots = [slot("v100", cost=0.5)]
     loop.slurm.lag_s = loop.settings.stale_after_s + 1  # the answer describes the past
     loop.cycle(loop.deployment.policy.replan_interval_s)
     assert "not observed recently" in loop.daemon.last_decision.held_back
