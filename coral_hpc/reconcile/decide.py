@@ -283,10 +283,10 @@ def decide(
     if history is not None:
         for record in sorted(live, key=lambda r: (_cost_per_rps(r.cost_per_hour, r.throughput),
                                                   r.created_at, r.id)):
-            key = (record.template_id, record.partitions)
-            if (key not in slot_keys and statuses[record.id].state is ReplicaState.READY
+            own = (record.template_id, record.partitions)
+            if (own not in slot_keys and statuses[record.id].state is ReplicaState.READY
                     and goes_on_serving(statuses[record.id])
-                    and history.absent_for(key) < settings.replace_after_plans):
+                    and history.absent_for(own) < settings.replace_after_plans):
                 standing[_role_key(record)].append(record)
     for slot in slots:
         candidates = [r for r in by_key.get(slot.key, []) if goes_on_serving(statuses[r.id])]
