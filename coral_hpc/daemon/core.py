@@ -22,8 +22,10 @@ from coral_hpc.daemon.metrics import DaemonMetrics
 from coral_hpc.daemon.routing import TablePublisher, ready_routes
 from coral_hpc.daemon.scrape import DemandScraper
 from coral_hpc.demand import ModelDemand, changed_models, deployment_demand
+from coral_hpc.errors import ConfigError
 from coral_hpc.plan.desired import DesiredPlan, plan_from_rows, slot_rows
-from coral_hpc.plan.planner import PlanOutcome, PlanRequest
+from coral_hpc.plan.planner import InfeasiblePlan, PlanOutcome, PlanRequest
+from coral_hpc.plan.report import infeasible_problems
 from coral_hpc.reconcile import (
     Cancel,
     Decision,
@@ -105,6 +107,7 @@ class Daemon:
         instance: str = "",
         may_act: Callable[[], bool] = lambda: True,
         on_cycle: Callable[[float], None] | None = None,
+        config_path: Path | None = None,
     ):
         self.deployment = deployment
         self.store = store
@@ -125,6 +128,11 @@ class Daemon:
             instance=instance)
         self.actor = actor or Actor(deployment, store, client, self.settings, clock, api_key_file,
                                     instance=instance)
+        self.config_path = config_path  # named in errors about the file
+        #: set when serving cannot begin (the first plan is infeasible): the loops stop and
+        #: ``serve`` raises it (exit 2) — nothing was submitted
+        self.fatal: ConfigError | None = None
+        self._stop: threading.Event | None = None
         self.plan: DesiredPlan | None = None
         self.plan_history = PlanHistory()  # the plans this daemon made: hysteresis (decide)
         self.plan_time: float | None = None
@@ -164,6 +172,8 @@ class Daemon:
                 log.warning("%s", observed.error)
             now = self.clock()
             self._maybe_plan(observed, now)
+            if self.fatal is not None:
+                return False  # nothing decided or acted on: serve stops with the error
             decision = decide(self.plan, observed.facts, now, self.settings,
                               exclusions=self.store.exclusions(now),
                               observation=observed.observation,
@@ -226,12 +236,22 @@ class Daemon:
         )
         try:
             outcome = self.planner(request)
+        except InfeasiblePlan as exc:
+            if self.plan_history.plans == 0:
+                # the first plan: the file asks for what this cluster can never give
+                # (min_replicas beyond any capacity); stop before submitting anything, as
+                # `coral-hpc plan` does. Later, a cluster that shrank keeps the current plan.
+                path = str(self.config_path or "models.yaml")
+                self.fatal = ConfigError(path, infeasible_problems(
+                    path, self.deployment, done="nothing was submitted; serve stops"))
+                self.store.add_event(now, "plan_error", f"no feasible plan: {exc}; stopping")
+                if self._stop is not None:
+                    self._stop.set()
+                return
+            self._plan_failed(now, exc)
+            return
         except Exception as exc:
-            delay = self.plan_backoff.failed(now)
-            self.metrics.loop_errors.labels("plan").inc()
-            self.store.add_event(now, "plan_error",
-                                 f"planning failed: {exc}; retry in {delay:.0f}s")
-            log.exception("planning failed")
+            self._plan_failed(now, exc)
             return
         self.plan_backoff.succeeded()
         self.plan = outcome.desired
@@ -252,6 +272,12 @@ class Daemon:
                             for s in outcome.desired.slots) or "no replicas"
         self.store.add_event(now, "plan", f"{outcome.status}, {outcome.cost_per_hour:.3g}/h: "
                              f"{summary} (because: {'; '.join(t.reason for t in triggers)})")
+
+    def _plan_failed(self, now: float, exc: Exception) -> None:
+        delay = self.plan_backoff.failed(now)
+        self.metrics.loop_errors.labels("plan").inc()
+        self.store.add_event(now, "plan_error", f"planning failed: {exc}; retry in {delay:.0f}s")
+        log.error("planning failed: %s", exc, exc_info=not isinstance(exc, InfeasiblePlan))
 
     # ------------------------------------------------------------------ publishing
 
@@ -306,6 +332,8 @@ class Daemon:
         """The daemon's loops: reconcile (poll interval) and demand scrape (poll interval)."""
         def on_error(name: str) -> None:
             self.metrics.loop_errors.labels(name).inc()
+
+        self._stop = stop
 
         loops = [Loop("reconcile", self.settings.poll_interval_s, self.reconcile_once, stop,
                       on_error)]

@@ -52,6 +52,11 @@ class PlanningError(CoralError):
     """No plan the daemon may act on: the solver found none, or the checker rejected it."""
 
 
+class InfeasiblePlan(PlanningError):
+    """Stage 2 proved that no plan meets the deployment's hard demands (``min_replicas``) within
+    its quotas and limits on this cluster: an input problem, not a transient one."""
+
+
 @dataclass(frozen=True)
 class PlanRequest:
     """What the planner is asked each time the plan is out of date."""
@@ -235,8 +240,9 @@ class Planner:
         outcome = self.solve(request)
         if outcome.status in ("infeasible", "no_solution"):
             plan = outcome.solved.plan if outcome.solved else None
-            raise PlanningError(f"Stage 2 found no plan ({outcome.status}): "
-                                + ("; ".join(plan.binding if plan else ()) or "no reason given"))
+            error = InfeasiblePlan if outcome.status == "infeasible" else PlanningError
+            raise error(f"Stage 2 found no plan ({outcome.status}): "
+                        + ("; ".join(plan.binding if plan else ()) or "no reason given"))
         if outcome.problems:
             raise PlanningError("the plan failed the independent check: "
                                 + "; ".join(outcome.problems))

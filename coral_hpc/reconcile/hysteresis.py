@@ -32,6 +32,11 @@ class PlanHistory:
         self._plans = 0                       # plans observed
         self._last_named: dict[SlotKey, int] = {}
 
+    @property
+    def plans(self) -> int:
+        """Plans observed so far."""
+        return self._plans
+
     def observe(self, plan: DesiredPlan) -> None:
         """Count a newly adopted ``plan`` (call once per plan, not per cycle)."""
         self._plans += 1
