@@ -80,7 +80,7 @@ def plan(models_yaml: str, snapshot_file: str | None, as_json: bool, export_file
 
 
 def _known_architectures() -> set[str]:
-    from solver.catalog import load_models
+    from coral_solver.catalog import load_models
 
     return set(load_models())
 
