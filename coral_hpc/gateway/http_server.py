@@ -102,6 +102,20 @@ class StreamResponse:
 
     __slots__ = ("status", "headers", "_conn", "finished")
 
+    #: called when a client that was not reading reads again (see :meth:`send`)
+    @property
+    def on_resume(self) -> Callable[[], None] | None:
+        return self._conn.on_resume
+
+    @on_resume.setter
+    def on_resume(self, callback: Callable[[], None] | None) -> None:
+        self._conn.on_resume = callback
+
+    @property
+    def write_paused(self) -> bool:
+        """The client's socket buffer is full: stop producing until :attr:`on_resume`."""
+        return self._conn.write_paused
+
     def __init__(self, status: int = 200, headers: dict[str, str] | None = None) -> None:
         self.status = status
         self.headers = dict(headers or {})
@@ -128,6 +142,15 @@ class StreamResponse:
         conn.write(b"%x\r\n%b\r\n" % (len(data), data))
         if conn.write_paused:
             await conn.drain()
+
+    def send(self, data: bytes) -> bool:
+        """Send ``data`` as one chunk without waiting (for protocol callbacks, which cannot);
+        False when the client has gone. The caller watches :attr:`write_paused`."""
+        conn = self._conn
+        if conn.closed:
+            return False
+        conn.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+        return True
 
     async def write_eof(self) -> None:
         """End the answer."""
@@ -207,6 +230,7 @@ class HttpConnection(asyncio.Protocol):
         self.keep_alive = True
         self.write_paused = False
         self._drain: asyncio.Future | None = None
+        self.on_resume: Callable[[], None] | None = None   # a producer paused on our buffer
         self._task: asyncio.Task | None = None   # the request being answered
         self._pipeline: deque[tuple[Route, Request | Response]] = deque()   # parsed, waiting
         self._read_paused = False
@@ -247,6 +271,8 @@ class HttpConnection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.write_paused = False
+        if self.on_resume is not None:
+            self.on_resume()
         drain = self._drain
         if drain is not None and not drain.done():
             drain.set_result(None)
@@ -366,6 +392,7 @@ class HttpConnection(asyncio.Protocol):
         self._task = None
         if self.closed:
             return
+        self.on_resume = None
         if isinstance(response, Response):
             self.transport.write(response.encode(self.keep_alive))
         elif not response.finished:

@@ -614,20 +614,24 @@ class Gateway:
             wants_usage = isinstance(options, dict) and options.get("include_usage") is True
             usage = StreamUsage(count_chunks=not wants_usage)
             framer = SSEFramer()
-            chunk = first
             failure: str | None = None
+
+            def forward(chunk: bytes) -> None:
+                # called by the upstream connection for every read: no task wakes per chunk
+                block = framer.feed(chunk)
+                if block:
+                    usage.observe(block)
+                    if out.send(block) and out.write_paused:
+                        conn.pause()       # the client is not reading: neither do we
+
             try:
                 await out.prepare(request)
-                while chunk:
-                    block = framer.feed(chunk)
-                    if block:
-                        usage.observe(block)
-                        await out.write(block)
-                    try:
-                        chunk = await conn.read_chunk(timeout)
-                    except UpstreamError as exc:
-                        failure = f"UpstreamError: {exc}"
-                        break
+                out.on_resume = conn.resume
+                forward(first)
+                try:
+                    await conn.pipe(forward, timeout)
+                except UpstreamError as exc:
+                    failure = f"UpstreamError: {exc}"
                 if failure is not None:
                     self._mark_down(replica, failure)
                     replica.failures += 1
