@@ -158,6 +158,9 @@ class _Connection(asyncio.Protocol):
 
     # -- request API
     def send(self, data: bytes) -> None:
+        if self._paused and self.transport is not None:
+            # paused for the previous answer's slow client, as its last bytes came in
+            self.transport.resume_reading()
         self._reset()
         self.transport.write(data)  # type: ignore[union-attr]
 
