@@ -1,4 +1,4 @@
-"""Stage 2's certified small restriction (solver.allocate_bound): the dominance rule of the
+"""Stage 2's certified small restriction (coral_solver.allocate_bound): the dominance rule of the
 per-model relaxation, widening when GPUs make a dominated template necessary, and the same
 optimum as the whole model on random instances."""
 
@@ -9,13 +9,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from solver.allocate import allocate
-from solver.allocate_bound import _columns, _front
-from solver.allocate_model import prepare
-from solver.check import check_plan
-from solver.joint import random_instance
-from solver.templates import build_library
-from solver.types import (
+from coral_solver.allocate import allocate
+from coral_solver.allocate_bound import _columns, _front
+from coral_solver.allocate_model import prepare
+from coral_solver.check import check_plan
+from coral_solver.joint import random_instance
+from coral_solver.templates import build_library
+from coral_solver.types import (
     Cluster,
     ModelSpec,
     NodeGroup,

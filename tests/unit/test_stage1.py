@@ -1,4 +1,4 @@
-"""Stage 1 in shards (solver.stage1): parallel == serial == build_library, a partial or killed
+"""Stage 1 in shards (coral_solver.stage1): parallel == serial == build_library, a partial or killed
 run resumes from the shards it finished, the planner's cache is written, bad specs exit 2."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from solver import stage1
-from solver.templates import PerfThroughput, build_library
-from solver.types import ModelSpec, Policy
+from coral_solver import stage1
+from coral_solver.templates import PerfThroughput, build_library
+from coral_solver.types import ModelSpec, Policy
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -69,7 +69,7 @@ def test_a_killed_run_continues_from_the_shards_it_finished(tmp_path):
     spec_file = tmp_path / "spec.json"
     spec_file.write_text(json.dumps(SPEC.to_json()))
     work = tmp_path / "work"
-    proc = subprocess.Popen([sys.executable, "-m", "solver.stage1", "run", "--spec",
+    proc = subprocess.Popen([sys.executable, "-m", "coral_solver.stage1", "run", "--spec",
                              str(spec_file), "--work", str(work), "--workers", "1"],
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60

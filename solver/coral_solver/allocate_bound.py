@@ -3,11 +3,11 @@ per-model relaxations.
 
 Why: on the paper's extended library (thousands of templates, prefill/decode roles, two regions)
 the LP relaxation of Stage 2 is weak — integer replicas of large templates leave a 15-30 % gap —
-so the LP reduced-cost restriction of :mod:`solver.allocate` rarely certifies and falls back to
-MIPs over every column (seconds each). Models are coupled only through GPUs (packing, quotas)
-and the site's job and KV-fabric caps; without those, Stage 2 splits into one small problem per
-model, and that relaxation is tight in practice (the GPUs a cheap plan needs are rarely what
-binds its cost).
+so the LP reduced-cost restriction of :mod:`coral_solver.allocate` rarely certifies and falls
+back to MIPs over every column (seconds each). Models are coupled only through GPUs (packing,
+quotas) and the site's job and KV-fabric caps; without those, Stage 2 splits into one small
+problem per model, and that relaxation is tight in practice (the GPUs a cheap plan needs are
+rarely what binds its cost).
 
 The method, for the cost phase (phi = 1: every demand served):
 
@@ -21,10 +21,11 @@ The method, for the cost phase (phi = 1: every demand served):
    (coverage ≥, replica count equal) and costs no more, since a new replica of i costs at most
    (1+K)·c_i ≤ (1+K)·c_j. LB = Σ_m LB_m ≤ the full optimum (the full model only adds rows and
    non-negative wait costs).
-2. **Restriction**: the full Stage-2 model (the same :func:`solver.allocate_model.build_model`)
-   over the templates on those fronts *with ties kept* (another region's identical copy is what
-   lets the plan fit) and every running template; solved by HiGHS → plan z with its own proven
-   bound b_K (valid for every plan using only those templates).
+2. **Restriction**: the full Stage-2 model (the same
+   :func:`coral_solver.allocate_model.build_model`) over the templates on those fronts *with
+   ties kept* (another region's identical copy is what lets the plan fit) and every running
+   template; solved by HiGHS → plan z with its own proven bound b_K (valid for every plan using
+   only those templates).
 3. **Certificate**: a plan using an excluded template of model m costs at least
    B_m = Σ_{m'≠m} LB_{m'} + LB_m^E, where LB_m^E is R_m's optimum with "some excluded template
    of m is used" added (front pruning then applies within the excluded and within the kept
@@ -46,9 +47,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from solver.allocate_highs import HighsSolver, SolveResult
-from solver.allocate_model import LinearModel, Prepared, Stage2Model, build_model, prepare
-from solver.types import Cluster, ModelSpec, Policy, Template
+from coral_solver.allocate_highs import HighsSolver, SolveResult
+from coral_solver.allocate_model import LinearModel, Prepared, Stage2Model, build_model, prepare
+from coral_solver.types import Cluster, ModelSpec, Policy, Template
 
 #: rounds of "widen the restriction by what the forced relaxations used" before giving up
 MAX_ROUNDS = 4

@@ -2,19 +2,19 @@
 and runnable as a Slurm array job on CPU nodes.
 
 The work is cut into **shards** = (model, locality domain, role, TP degree). Each shard is the
-exact search of :func:`solver.templates.model_templates` (or
-:func:`solver.roles.phase_templates`) over that TP degree only, and its non-dominated templates
-are written to ``<work>/shards/<key>.json`` atomically (temp file + rename) the moment it ends.
-So a killed run loses only the shards in flight: the next run reads what is there and computes
-the rest. Shards are independent: a template uses configurations (GPU type, TP) of its own TP
-degree only, so dominance ("another template uses no more stages of every configuration and
-serves at least as much") never crosses TP degrees or roles, and concatenating the shards of a
-(model, domain, role) in TP order and dropping dominated templates once more gives exactly what
-the serial :func:`solver.templates.build_library` gives (tested).
+exact search of :func:`coral_solver.templates.model_templates` (or
+:func:`coral_solver.roles.phase_templates`) over that TP degree only, and its non-dominated
+templates are written to ``<work>/shards/<key>.json`` atomically (temp file + rename) the moment
+it ends. So a killed run loses only the shards in flight: the next run reads what is there and
+computes the rest. Shards are independent: a template uses configurations (GPU type, TP) of its
+own TP degree only, so dominance ("another template uses no more stages of every configuration
+and serves at least as much") never crosses TP degrees or roles, and concatenating the shards of
+a (model, domain, role) in TP order and dropping dominated templates once more gives exactly
+what the serial :func:`coral_solver.templates.build_library` gives (tested).
 
 :func:`merge` writes each (model, domain) library where :func:`build_library` caches it, under
 the same key, so ``coral-hpc plan`` / ``serve`` with that cache folder read it instead of
-recomputing. ``python -m solver.stage1 --help`` runs it from a JSON spec (:class:`Spec`);
+recomputing. ``python -m coral_solver.stage1 --help`` runs it from a JSON spec (:class:`Spec`);
 ``sbatch_templates/stage1-array.sbatch`` runs one array task per slice of the shards
 (INSTALL.md, "Stage 1 as a Slurm array job").
 """
@@ -35,8 +35,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from solver.roles import phase_templates, roles_for
-from solver.templates import (
+from coral_solver.roles import phase_templates, roles_for
+from coral_solver.templates import (
     ThroughputModel,
     _cache_key,
     _from_json,
@@ -45,7 +45,7 @@ from solver.templates import (
     drop_dominated,
     model_templates,
 )
-from solver.types import ModelSpec, Policy, Template
+from coral_solver.types import ModelSpec, Policy, Template
 
 SHARD_VERSION = 1
 
@@ -65,8 +65,9 @@ class Spec:
     models: tuple[ModelSpec, ...]
     domains: Mapping[str, GpuTypes]
     policy: Policy = field(default_factory=Policy)
-    #: ``module:Class`` of the throughput model (default :class:`solver.templates.PerfThroughput`)
-    throughput: str = "solver.templates:PerfThroughput"
+    #: ``module:Class`` of the throughput model
+    #: (default :class:`coral_solver.templates.PerfThroughput`)
+    throughput: str = "coral_solver.templates:PerfThroughput"
     #: folders of measured profiles the planner also reads (``solver.perf.configure``)
     measured_dirs: tuple[str, ...] = ()
 
@@ -126,13 +127,13 @@ class Spec:
             raise SpecError(f"{source}: policy: unknown field(s) {sorted(unknown)}; "
                             f"valid: {sorted(policy_fields)}")
         return cls(tuple(models), domains, Policy(**policy_raw),
-                   str(data.get("throughput") or "solver.templates:PerfThroughput"),
+                   str(data.get("throughput") or "coral_solver.templates:PerfThroughput"),
                    tuple(str(p) for p in data.get("measured_dirs") or ()))
 
     def throughput_model(self) -> ThroughputModel:
         """An instance of :attr:`throughput` (after pointing solver.perf at measured_dirs)."""
         if self.measured_dirs:
-            from solver import perf
+            from coral_solver import perf
 
             perf.configure(measured=[Path(p) for p in self.measured_dirs])
         module, _, name = self.throughput.partition(":")
@@ -186,7 +187,7 @@ def shard_plan(spec: Spec, tm: ThroughputModel) -> list[Shard]:
 
 def _cache_key_fixed(tm: ThroughputModel, model: ModelSpec, gpus: GpuTypes, policy: Policy,
                      fingerprint: str) -> str:
-    """:func:`solver.templates._cache_key` with the fingerprint computed once (it hashes every
+    """:func:`coral_solver.templates._cache_key` with the fingerprint computed once (it hashes every
     profile file)."""
     return _cache_key(_Fingerprinted(tm, fingerprint), model, gpus, policy)
 
@@ -331,7 +332,7 @@ def merge(spec: Spec, work: Path | str, tm: ThroughputModel | None = None
 def write_cache(spec: Spec, libraries: Mapping[str, Mapping[str, list[Template]]],
                 cache_dir: Path | str | None = None, tm: ThroughputModel | None = None
                 ) -> list[Path]:
-    """Write each (domain, model) library where :func:`solver.templates.build_library` looks
+    """Write each (domain, model) library where :func:`coral_solver.templates.build_library` looks
     for it (same key), so the planner reads it instead of computing it."""
     tm = tm if tm is not None else spec.throughput_model()
     folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
@@ -364,9 +365,9 @@ def _load_spec(path: str) -> Spec:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m solver.stage1 {shards,run,merge}`` (exit 2 on a bad spec)."""
-    parser = argparse.ArgumentParser(prog="python -m solver.stage1", description=__doc__.split(
-        "\n\n")[0])
+    """``python -m coral_solver.stage1 {shards,run,merge}`` (exit 2 on a bad spec)."""
+    parser = argparse.ArgumentParser(prog="python -m coral_solver.stage1",
+                                     description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     count = sub.add_parser("shards", help="print how many shards the spec has (array size)")
     count.add_argument("--spec", required=True)
