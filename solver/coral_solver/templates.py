@@ -256,16 +256,22 @@ def model_templates(
     model: ModelSpec,
     gpu_types: Mapping[str, tuple[int, float]],
     policy: Policy,
+    tps: Iterable[int] | None = None,
 ) -> list[Template]:
     """Every non-dominated template of one model (exact best layout per node multiset).
 
-    ``gpu_types``: GPU type → (most GPUs on one node, GPU memory GB).
+    ``gpu_types``: GPU type → (most GPUs on one node, GPU memory GB). ``tps``: only these TP
+    degrees (a shard of the work, :mod:`coral_solver.stage1`; dominance never crosses TP degrees,
+    since a template uses configurations of its own TP only, so shards concatenate exactly).
     """
     layers = tm.layers(model)
     budget = policy.rho * tm.weight_gb(model)
     usable = sorted(g for g in gpu_types if model.allows_gpu(g) and tm.runs_on(model, g))
     out: list[Template] = []
+    wanted = None if tps is None else set(tps)
     for tp in tm.tp_degrees(model, policy.max_tp):
+        if wanted is not None and tp not in wanted:
+            continue
         types = [g for g in usable if gpu_types[g][0] >= tp]
         if not types:
             continue
