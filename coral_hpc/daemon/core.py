@@ -42,6 +42,7 @@ from coral_hpc.reconcile.backoff import Backoff
 from coral_hpc.reconcile.hysteresis import PlanHistory
 from coral_hpc.reconcile.observe import Observed, Observer
 from coral_hpc.reconcile.startup import learned_startup_s
+from coral_hpc.slurm.budget import CallBudget
 from coral_hpc.store import Store
 from coral_hpc.types import ShapeExclusion, TemplateExclusion
 
@@ -53,20 +54,26 @@ log = logging.getLogger("coral_hpc.daemon")
 
 class Loop:
     """Run ``step`` every ``interval_s`` until ``stop`` is set. A step returning True asks to run
-    again at once (e.g. right after new exclusions). Errors are logged here and only here."""
+    again at once (e.g. right after new exclusions). ``pace`` (given the seconds since the step
+    began, the seconds the next one must still wait, e.g. for the Slurm call budget) can make
+    the wait longer, never shorter. Errors are logged here and only here."""
 
     def __init__(self, name: str, interval_s: float, step: Callable[[], Any],
-                 stop: threading.Event, on_error: Callable[[str], None] | None = None):
+                 stop: threading.Event, on_error: Callable[[str], None] | None = None,
+                 pace: Callable[[float], float] | None = None,
+                 monotonic: Callable[[], float] = time.monotonic):
         self.name = name
+        self.monotonic = monotonic
         self.interval_s = interval_s
         self.step = step
         self.stop = stop
         self.on_error = on_error
+        self.pace = pace or (lambda elapsed_s: 0.0)
         self.thread: threading.Thread | None = None
 
     def run(self) -> None:
         while not self.stop.is_set():
-            began = time.monotonic()
+            began = self.monotonic()
             again = False
             try:
                 again = bool(self.step())
@@ -74,9 +81,9 @@ class Loop:
                 log.exception("%s loop step failed", self.name)
                 if self.on_error:
                     self.on_error(self.name)
-            if again:
-                continue
-            self.stop.wait(max(0.0, self.interval_s - (time.monotonic() - began)))
+            elapsed = self.monotonic() - began
+            wait = 0.0 if again else self.interval_s - elapsed
+            self.stop.wait(max(0.0, wait, self.pace(elapsed)))
 
     def start(self) -> threading.Thread:
         self.thread = threading.Thread(target=self.run, name=f"coral-{self.name}", daemon=True)
@@ -108,8 +115,12 @@ class Daemon:
         may_act: Callable[[], bool] = lambda: True,
         on_cycle: Callable[[float], None] | None = None,
         config_path: Path | None = None,
+        budget: CallBudget | None = None,
     ):
         self.deployment = deployment
+        # the one Slurm call budget (coral_hpc.slurm.budget) the client charges: the reconcile
+        # loop waits for one observe cycle's tokens, so probes and acts never push it over
+        self.budget = budget
         self.store = store
         self.client = client
         self.planner = planner
@@ -328,16 +339,19 @@ class Daemon:
                 return float(row["throughput"])
         return None
 
-    def loops(self, stop: threading.Event) -> list[Loop]:
-        """The daemon's loops: reconcile (poll interval) and demand scrape (poll interval)."""
+    def loops(self, stop: threading.Event,
+              monotonic: Callable[[], float] = time.monotonic) -> list[Loop]:
+        """The daemon's loops: reconcile (poll interval, or longer while the Slurm call budget
+        has no tokens for a cycle) and demand scrape (poll interval)."""
         def on_error(name: str) -> None:
             self.metrics.loop_errors.labels(name).inc()
 
         self._stop = stop
-
+        pace = self.budget.observe_pace if self.budget is not None else None
         loops = [Loop("reconcile", self.settings.poll_interval_s, self.reconcile_once, stop,
-                      on_error)]
+                      on_error, pace=pace, monotonic=monotonic)]
         if self.demand_source is not None:
             loops.append(Loop("scrape", self.settings.poll_interval_s,
-                              lambda: self.scrape_once() and None, stop, on_error))
+                              lambda: self.scrape_once() and None, stop, on_error,
+                              monotonic=monotonic))
         return loops

@@ -147,14 +147,22 @@ class Planner:
         #: deployment's ``slurm.probe_calls_per_min``); off, the snapshot's saved estimates count
         self.probe = probe
         self.prober = prober
+        self.probe_client: Any = None
+
+    def use_client(self, client: Any) -> None:
+        """Probe through ``client`` (the daemon's own, so the probes are charged to its one Slurm
+        call budget, ``coral_hpc.slurm.budget``) instead of a client of the planner's own."""
+        self.probe_client = client
 
     def _prober(self, deployment: Deployment) -> Any:
         if self.prober is None and self.probe:
             from coral_hpc.slurm import client_for_deployment
             from coral_hpc.slurm.availability import StartProber
+            from coral_hpc.slurm.client import call_budget
 
+            client = self.probe_client or client_for_deployment(deployment)
             self.prober = StartProber(
-                client_for_deployment(deployment),
+                client, budget=call_budget(client),
                 calls_per_min=deployment.cluster.slurm.probe_calls_per_min,
                 ttl_s=deployment.policy.replan_interval_s)
         return self.prober
