@@ -27,7 +27,7 @@ from coral_hpc.config import Deployment
 from coral_hpc.plan.reservations import reservation_time_limit
 from coral_hpc.slurm.snapshot import ClusterSnapshot, JobShape, ShapeEstimate
 from coral_hpc.types import split_placement
-from solver.types import Cluster, JobLimits, NodeGroup, QueueOption, Quota, Template
+from coral_solver.types import Cluster, JobLimits, NodeGroup, QueueOption, Quota, Template
 
 
 def type_untyped_nodes(deployment: Deployment,

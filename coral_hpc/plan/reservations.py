@@ -36,8 +36,8 @@ from dataclasses import dataclass, replace
 from coral_hpc.config import Deployment
 from coral_hpc.slurm.snapshot import ClusterSnapshot, ReservationInfo
 from coral_hpc.types import placement_name, split_placement
-from solver.catalog import gpu_memory_gb
-from solver.types import Cluster, JobLimits, ModelSpec, NodeGroup, Quota
+from coral_solver.catalog import gpu_memory_gb
+from coral_solver.types import Cluster, JobLimits, ModelSpec, NodeGroup, Quota
 
 #: reservation names that may reach an ``#SBATCH --reservation=`` line unquoted (submitit
 #: writes its parameters as they are): Slurm's own name alphabet, nothing a shell reads

@@ -7,11 +7,11 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from solver.allocate import allocate
-from solver.check import check_plan
-from solver.joint import TableThroughput
-from solver.templates import build_library
-from solver.types import Cluster, ModelSpec, NodeGroup, Partition, Policy, QueueOption
+from coral_solver.allocate import allocate
+from coral_solver.check import check_plan
+from coral_solver.joint import TableThroughput
+from coral_solver.templates import build_library
+from coral_solver.types import Cluster, ModelSpec, NodeGroup, Partition, Policy, QueueOption
 
 EXACT = Policy(n_max=2, rho=math.inf, max_tp=1, startup_penalty=0.0, mip_gap=0.0,
                time_limit_s=30, replan_interval_s=60.0, max_queue_wait_s=1800.0)

@@ -160,7 +160,7 @@ def test_submitit_and_the_hetjob_script_pass_the_reservation():
                                             StageLayout("v100", "v100", 18)), "half")),
         Path("/tmp/spec.json"))
     # the layout a plan row gives names the reservation per stage
-    from solver.types import Stage, Template
+    from coral_solver.types import Stage, Template
 
     template = Template("qwen3-8b", 1, (Stage("a100", 36),), 1.0)
     layout = layout_of(template, ("a100@lab-res",), "qwen3-8b")
