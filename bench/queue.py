@@ -425,7 +425,8 @@ def main() -> None:
         args.trace_offset,
     )
     # a replica's last log line may land after the wait above: never lose the figures to it
-    with tempfile.TemporaryDirectory(prefix="coral-queue-bench-", ignore_cleanup_errors=True) as folder:
+    with tempfile.TemporaryDirectory(prefix="coral-queue-bench-",
+                                     ignore_cleanup_errors=True) as folder:
         tmp = Path(folder)
         cache = tmp / "templates"
         cache.mkdir()

@@ -19,6 +19,7 @@ from coral_hpc.launch.submit import submitit_parameters
 from coral_hpc.plan import availability
 from coral_hpc.plan.layout import layout_of
 from coral_hpc.plan.planner import Planner, PlanRequest
+from coral_hpc.plan.report import plan_json
 from coral_hpc.plan.reservations import usable_reservations
 from coral_hpc.slurm.parse_reservations import parse_reservations
 from coral_hpc.slurm.snapshot import ClusterSnapshot, ReservationInfo
@@ -84,6 +85,9 @@ def test_a_full_cluster_plans_on_the_users_active_reservation(cache):
     slot = outcome.desired.slots[0]
     assert slot.layout.stages[0].reservation == "lab-res"
     assert slot.time_limit_s == 7200 - 60
+    doc = plan_json(outcome)
+    assert {s["reservation"] for r in doc["replicas"] for s in r["stages"]} == {"lab-res"}
+    assert all(r["start"] == "now" and not r["preemptible"] for r in doc["replicas"])
     # without the reservation, the same full cluster has nothing now
     bare = solve(deployment, busy, cache)
     assert not bare.solved.plan.rows
