@@ -233,10 +233,12 @@ class PartitionConfig(_Frozen):
         description="partitions whose environment runs the same vLLM as this one's (e.g. one "
         "vLLM version built for two CUDA architectures): a pipeline may span them",
     )
-    preemptible: bool = Field(
-        default=False,
-        description="jobs here may be preempted (a scavenger partition or QOS): planned only "
-        "with the risk stated, and a preempted replica is resubmitted",
+    preemptible: bool | None = Field(
+        default=None,
+        description="jobs here may be preempted (a scavenger partition or QOS); unset = as "
+        "Slurm shows it (PreemptMode and a higher PriorityTier on shared nodes, or the "
+        "partition's QOS in another QOS's Preempt list). A model's replicas go there only "
+        "beside one elsewhere (never its only replica); a preempted one is resubmitted",
     )
 
     @field_validator("name")
