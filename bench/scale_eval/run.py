@@ -52,8 +52,8 @@ from coral_hpc.plan.planner import Planner, PlanningError, PlanRequest
 from coral_hpc.reconcile.settings import ReconcileSettings
 from coral_hpc.reconcile.triggers import replan_triggers
 from coral_hpc.records import DemandInterval
-from solver import catalog
-from solver.types import ModelSpec, Plan
+from coral_solver import catalog
+from coral_solver.types import ModelSpec, Plan
 
 HOURS = 24
 

@@ -34,7 +34,7 @@ from bench.paper_eval.setups import PRICES
 from coral_hpc.config import Deployment, parse_deployment
 from coral_hpc.slurm.build import build_node_groups
 from coral_hpc.slurm.snapshot import ClusterSnapshot, NodeInfo, PartitionInfo
-from solver import catalog
+from coral_solver import catalog
 
 #: Site name: the deployment name and the node-name prefix.
 SITE = "scale"

@@ -16,8 +16,8 @@ from bench.scale_eval import site as S
 from coral_hpc.demand import deployment_demand
 from coral_hpc.plan.planner import Planner, PlanRequest
 from coral_hpc.types import SIGNAL_LEAD_S
-from solver import catalog
-from solver.types import ModelSpec, Plan, PlanRow, Stage, Template
+from coral_solver import catalog
+from coral_solver.types import ModelSpec, Plan, PlanRow, Stage, Template
 
 
 def _trace(first_half_prompt: int = 100, second_half_prompt: int = 5000) -> D.TraceRows:
