@@ -331,7 +331,8 @@ def _aggregated(
         )
         weight = len(mine_all) / len(mine)  # every replica of the row, from replica 0's share
         for i, o in zip(mine, outcomes):
-            out.count(o.first_s - float(at[i]), _tpot(o), o.tokens, model, weight)
+            if at[i] >= 0.0:  # before 0: warm-up, served but not booked (serve_window)
+                out.count(o.first_s - float(at[i]), _tpot(o), o.tokens, model, weight)
 
 
 def _disaggregated(
@@ -385,20 +386,26 @@ def _disaggregated(
         )
         weight = len(mine_all) / len(mine)
         for i, o in zip(mine, outcomes):
-            out.count(o.first_s - float(at[i]), _tpot(o), o.tokens, model, weight)
+            if at[i] >= 0.0:  # before 0: warm-up, served but not booked (serve_window)
+                out.count(o.first_s - float(at[i]), _tpot(o), o.tokens, model, weight)
 
 
 def serve_window(
-    plan: Plan, model: ModelSpec, load: ModelWorkload, start: float, sim_s: float
+    plan: Plan, model: ModelSpec, load: ModelWorkload, start: float, sim_s: float,
+    warmup_s: float = 0.0,
 ) -> Served:
     """Route the model's requests of [start, start + sim_s) to the plan's replicas and serve them.
+
+    ``warmup_s``: the requests of the ``warmup_s`` seconds before ``start`` are served too, so
+    the replicas are not empty at ``start``, but not counted.
 
     Aggregated and disaggregated capacity share the requests in proportion; within each, rows
     share them in proportion to their capacity (the gateway's weights). When the plan serves
     less than the demand, the gateway admits that share (evenly spread) and refuses the rest."""
-    idx = load.window(start, start + sim_s)
+    idx = load.window(start - warmup_s, start + sim_s)
     at, prompt, output = load.at[idx] - start, load.prompt[idx], load.output[idx]
-    out = Served(requests=len(at), output_tokens=int(output.sum()))
+    counted = at >= 0.0
+    out = Served(requests=int(counted.sum()), output_tokens=int(output[counted].sum()))
     rows = [r for r in plan.rows if r.model == model.name and r.count > 0]
     by_role = {role: [r for r in rows if r.role == role] for role in ("both", "prefill", "decode")}
     both = sum(r.count * r.throughput for r in by_role["both"])
@@ -407,11 +414,11 @@ def serve_window(
     )
     capacity = both + split
     if capacity <= 0 or len(at) == 0:
-        out.refused = len(at)
+        out.refused = out.requests
         return out
     share = min(1.0, capacity / model.demand_rps) if model.demand_rps > 0 else 1.0
     admitted = [i for i in range(len(at)) if int((i + 1) * share) > int(i * share)]
-    out.refused = len(at) - len(admitted)
+    out.refused = out.requests - int(counted[admitted].sum())
     paths = _deal([both, split], len(admitted))
     aggregated = [admitted[j] for j in paths[0]]
     if aggregated:
