@@ -46,9 +46,54 @@ def test_written_profile_parses_and_answers_the_plan(tmp_path):
         perf.configure()
 
 
-def test_pipeline_profiles_go_where_the_solver_does_not_read(tmp_path):
+RECORDED_PP2 = REPO / "tests/data/profiles/pipelines/coral-tiny-llama__v100__tp1__pp2.yaml"
+
+
+def test_pipeline_profiles_go_under_pipelines_and_keep_their_split(tmp_path):
     path = profile_path(tmp_path, "coral-tiny-llama", "v100", 1, pp=2)
     assert path.parent.name == "pipelines"
+    # recorded by `coral-hpc profile --pp 2` on the real engine (bench/paper_pp_configs)
+    parsed = parse_measured(RECORDED_PP2)
+    assert (parsed.pp, parsed.layer_partition) == (2, (2, 2))
+
+
+def test_a_measured_pipeline_gives_its_template_the_measured_replica_figure(tmp_path):
+    """Stage 1 takes the engine's measured req/s for the exact pipeline layout (the per-stage
+    model's figure only estimates the pipeline), at the same mix and an SLO as loose or looser;
+    the plan's figures column says which file it came from."""
+    from coral_hpc.plan.figures import figures_used
+    from solver.templates import PerfThroughput, _with_measured_pipelines, model_templates
+    from solver.types import ModelSpec, Policy
+
+    (tmp_path / "pipelines").mkdir()
+    (tmp_path / "pipelines" / RECORDED_PP2.name).write_text(RECORDED_PP2.read_text())
+    policy = Policy(n_max=3, rho=1e5, max_tp=1)
+    gpus = {"v100": (4, 32.0)}
+
+    def model(ttft: float, tpot: float) -> ModelSpec:
+        return ModelSpec(name="tiny", arch="coral-tiny-llama", demand_rps=1.0, ttft_s=ttft,
+                         tpot_s=tpot, input_tokens=438, output_tokens=6)
+
+    try:
+        perf.configure(measured=[tmp_path])
+        tm = PerfThroughput()
+        loose, strict = model(4.0, 0.4), model(4.0, 0.2)
+        pipes = [t for t in _with_measured_pipelines(tm, loose, gpus, policy, []) if t.pp == 2]
+        assert [(t.stages[0].layers, t.stages[1].layers, t.throughput) for t in pipes] == [
+            (2, 2, pytest.approx(4.5789))]
+        assert figures_used(pipes[0], "coral-tiny-llama") == (
+            f"measured pipeline ({RECORDED_PP2.name})")
+        # in the library it competes: a single node serving more per GPU dominates it
+        library = model_templates(tm, loose, gpus, policy)
+        best_single = max(t.throughput for t in library if t.pp == 1)
+        kept = [t for t in library if t.pp == 2 and t.stages == pipes[0].stages]
+        assert kept == ([] if best_single >= 4.5789 else pipes)
+        # a stricter SLO than the one measured: the measurement says nothing
+        assert _with_measured_pipelines(tm, strict, gpus, policy, []) == []
+        assert all(figures_used(t, "coral-tiny-llama") != f"measured pipeline ({RECORDED_PP2.name})"
+                   for t in model_templates(tm, strict, gpus, policy))
+    finally:
+        perf.configure()
 
 
 def test_prompts_have_the_exact_length_and_differ_by_salt():
