@@ -125,8 +125,9 @@ def measured_pipeline_throughput(arch: ModelArch, gpu: GpuSpec, tp: int,
     real pipeline accounting, which the model's per-stage figure only estimates."""
     best: tuple[float, str] | None = None
     for profile in measured_pipelines().get((arch.name, gpu.name, tp), ()):
-        if profile.layer_partition != tuple(split):
-            continue
+        if profile.layer_partition != tuple(split) or (
+                profile.stage_gpus and set(profile.stage_gpus) != {gpu.name}):
+            continue  # another split, or a mixed-GPU pipeline (its first stage's type only)
         for p in profile.throughput:
             if (p.input_tokens, p.output_tokens) != (mix.input_tokens, mix.output_tokens):
                 continue

@@ -119,6 +119,8 @@ class MeasuredProfile:
     #: layers per stage; their throughput is the whole replica's, their steps end to end
     pp: int = 1
     layer_partition: tuple[int, ...] = ()
+    #: each stage's GPU type when they differ (a hetjob pipeline; ``gpu`` is the first stage's)
+    stage_gpus: tuple[str, ...] = ()
 
 
 def _num(path: Path, where: str, entry: dict[str, Any], field: str, kind: type, minimum: float):
@@ -264,10 +266,19 @@ def parse_measured(path: Path, profiles: Path | None = None) -> MeasuredProfile:
             raise CatalogError(
                 f"{path}: field 'layer_partition' = {data.get('layer_partition')!r}: expected {pp} "
                 f"positive layer counts separated by commas, summing to {arch.layers}")
+    stage_gpus: list[str] = []
+    for i, name in enumerate(data.get("stage_gpus") or []):
+        canonical = canonical_gpu_name(str(name), profiles)
+        if canonical is None:
+            raise CatalogError(f"{path}: stage_gpus[{i}]: unknown GPU type {name!r}")
+        stage_gpus.append(canonical)
+    if stage_gpus and len(stage_gpus) != pp:
+        raise CatalogError(f"{path}: field 'stage_gpus': {len(stage_gpus)} GPU types for {pp} "
+                           "stages; expected one per stage")
     return MeasuredProfile(
         path=str(path), arch=arch.name, gpu=gpu, tp=tp, layers=layers,
         source=str(data.get("source", "")), throughput=tuple(throughput), step_latency=tuple(steps),
-        pp=pp, layer_partition=split,
+        pp=pp, layer_partition=split, stage_gpus=tuple(stage_gpus),
     )
 
 

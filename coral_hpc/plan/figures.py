@@ -54,7 +54,7 @@ def figures_used(template: Template, arch: str) -> str:
         for profile in perf.measured_pipelines().get((model.name, gpu.name, template.tp), ()):
             # Stage 1 copies a measured point's req/s into the template when the point applies
             # (same mix, SLO as strict or stricter): the same figure means it came from there
-            if profile.layer_partition == split and any(
+            if profile.layer_partition == split and not profile.stage_gpus and any(
                     p.requests_per_s == template.throughput for p in profile.throughput):
                 return f"measured pipeline ({Path(profile.path).name})"
     profiles = perf.measured_profiles()

@@ -116,3 +116,37 @@ def test_tasks_follow_models_yaml_and_reject_unknown_names():
         profile_tasks(deployment, models=["nope"])
     assert [t.pp for t in profile_tasks(deployment, models=["tiny-chat"], pp_degrees=(1, 2))] \
         == [1, 2]
+
+
+def test_a_pipeline_over_named_partitions_is_one_task_with_a_stage_each():
+    """``--stages v100,v100,a100``: PP 3 where no partition has three nodes (a hetjob); the
+    profile's name says every stage's GPU type, so it never passes for a one-type pipeline."""
+    from coral_hpc.profile.run import pipeline_task
+
+    deployment = load_deployment(REPO / "examples" / "vllm-cpu.yaml")
+    task = pipeline_task(deployment, "tiny-qwen2", ["v100", "v100", "a100"])
+    assert (task.pp, task.stage_places) == (3, (("v100", "v100"), ("v100", "v100"),
+                                                ("a100", "a100")))
+    assert task.gpu_label == "v100+v100+a100"
+    assert profile_path(REPO, task.architecture, task.gpu_label, 1, task.pp).name == (
+        "coral-tiny-qwen2__v100+v100+a100__tp1__pp3.yaml")
+    with pytest.raises(ProfileError, match=r"partition 'h100' not in cluster.partitions"):
+        pipeline_task(deployment, "tiny-qwen2", ["v100", "h100"])
+    with pytest.raises(ProfileError, match="at least two partitions"):
+        pipeline_task(deployment, "tiny-qwen2", ["v100"])
+
+
+def test_a_mixed_gpu_pipeline_profile_never_answers_for_a_one_type_pipeline(tmp_path):
+    doc = RECORDED_PP2.read_text().replace("layer_partition: 2,2", "layer_partition: 2,2\n"
+                                           "stage_gpus: [v100, a100]")
+    (tmp_path / "pipelines").mkdir()
+    (tmp_path / "pipelines" / "coral-tiny-llama__v100+a100__tp1__pp2.yaml").write_text(doc)
+    try:
+        perf.configure(measured=[tmp_path])
+        arch, gpu = catalog.model_arch("coral-tiny-llama"), catalog.gpu_spec("v100")
+        (profile,) = perf.measured_pipelines()[(arch.name, gpu.name, 1)]
+        assert profile.stage_gpus == ("v100", "a100")
+        assert perf.measured_pipeline_throughput(
+            arch, gpu, 1, (2, 2), perf.Slo(4.0, 0.4), perf.Mix(438, 6)) is None
+    finally:
+        perf.configure()
