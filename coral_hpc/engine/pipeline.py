@@ -2,7 +2,7 @@
 
 A replica is ``S`` pipeline stages, one TP degree for all of them (vLLM requires it); stage ``k``
 runs ``layers[k]`` layers on GPUs of type ``gpu_types[k]`` (types may differ: heterogeneous
-pipelines). Everything here asks :mod:`solver.perf` — the same model the planner uses — so the
+pipelines). Everything here asks :mod:`coral_solver.perf` — the same model the planner uses — so the
 sim's latencies are exactly what the plan promised, and load tests check those promises.
 
 Pipeline timing, kept simple:
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from coral_hpc.engine.batching import Batch
-from solver import catalog, perf
+from coral_solver import catalog, perf
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ def default_layer_split(num_layers: int, stages: int) -> tuple[int, ...]:
 
 
 class StepModel:
-    """Per-stage step latency and KV capacity of a :class:`Layout`, from :mod:`solver.perf`.
+    """Per-stage step latency and KV capacity of a :class:`Layout`, from :mod:`coral_solver.perf`.
 
     Raises ValueError (from the catalog) when the architecture or a GPU type is unknown.
     """
@@ -79,7 +79,7 @@ class StepModel:
         prefill_ctx: float | None = None,
     ) -> tuple[float, ...]:
         """Seconds each stage spends on one step of this batch; ``prefill_ctx`` as
-        :func:`solver.perf.step_latency_s` takes it (None: one chunk from its start)."""
+        :func:`coral_solver.perf.step_latency_s` takes it (None: one chunk from its start)."""
         return tuple(
             perf.step_latency_s(
                 self._arch,
@@ -114,7 +114,7 @@ class StepModel:
 
     def kv_transfer_s(self, prompt_tokens: int) -> float:
         """Seconds to move one prompt's KV (all layers) from a prefill replica to this one, over
-        the inter-node link the planner prices (:func:`solver.perf.kv_transfer_s`)."""
+        the inter-node link the planner prices (:func:`coral_solver.perf.kv_transfer_s`)."""
         return perf.kv_transfer_s(self._arch, self._arch.layers, prompt_tokens)
 
     def kv_capacity_tokens(self) -> int:

@@ -1,5 +1,5 @@
 """``coral-hpc profile``'s output is what the solver reads: a written profile parses with
-:func:`solver.perf_profiles.parse_measured` and then drives the plan (its throughput point
+:func:`coral_solver.perf_profiles.parse_measured` and then drives the plan (its throughput point
 answers exactly for the same arch, GPU, TP, layers, mix and SLO); tasks are checked against
 models.yaml with errors that name the option and the valid values."""
 
@@ -13,8 +13,8 @@ from coral_hpc.config import load_deployment
 from coral_hpc.profile.measure import EngineMeasurements, prompt_ids
 from coral_hpc.profile.run import ProfileError, profile_tasks
 from coral_hpc.profile.write import profile_document, profile_path, write_profile
-from solver import catalog, perf
-from solver.perf_profiles import parse_measured
+from coral_solver import catalog, perf
+from coral_solver.perf_profiles import parse_measured
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -62,8 +62,8 @@ def test_a_measured_pipeline_gives_its_template_the_measured_replica_figure(tmp_
     model's figure only estimates the pipeline), at the same mix and an SLO as loose or looser;
     the plan's figures column says which file it came from."""
     from coral_hpc.plan.figures import figures_used
-    from solver.templates import PerfThroughput, _with_measured_pipelines, model_templates
-    from solver.types import ModelSpec, Policy
+    from coral_solver.templates import PerfThroughput, _with_measured_pipelines, model_templates
+    from coral_solver.types import ModelSpec, Policy
 
     (tmp_path / "pipelines").mkdir()
     (tmp_path / "pipelines" / RECORDED_PP2.name).write_text(RECORDED_PP2.read_text())
