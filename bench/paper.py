@@ -34,13 +34,13 @@ from bench.paper_eval.evaluate import (
     METHODS,
     PAPER_BASELINES,
     STARTUP_S,
+    WHAT_IF,
+    WHAT_IF_TEXT,
     RegionalThroughput,
     availability,
     cost_per_goodput,
     library_classes,
     library_for,
-    WHAT_IF,
-    WHAT_IF_TEXT,
     library_other_pp,
     model_specs,
     reference_plan,
@@ -168,7 +168,8 @@ def evaluate_setup(setup: S.Setup, args, policy: Policy, tm, folder: Path) -> di
             for m, d in library_classes(libraries[("off", False)], models).items()
         },
         "templates": {
-            f"{mode}{'' if ring else ' ' + WHAT_IF.removeprefix('coral-')}": {m: len(ts) for m, ts in lib.items()}
+            f"{mode}{'' if ring else ' ' + WHAT_IF.removeprefix('coral-')}": {
+                m: len(ts) for m, ts in lib.items()}
             for (mode, ring), lib in libraries.items()
         },
         "stage1_s": round(stage1, 2),
@@ -340,8 +341,8 @@ def summary_table(results: list[dict]) -> list[str]:
         (
             "| setup | paper | vs homo | vs cauchy | vs homo-ilp | vs melange-ilp | Coral het / "
             "multi | with disagg: homo ÷ Coral+d | cauchy+d ÷ Coral+d | Coral ÷ Coral+d | Coral+d "
-            f"het / multi / disagg | SLO Coral / Coral+d | {WHAT_IF_TEXT}: homo ÷ {WHAT_IF}, its het "
-            "/ multi, SLO |"
+            "het / multi / disagg | SLO Coral / Coral+d | "
+            f"{WHAT_IF_TEXT}: homo ÷ {WHAT_IF}, its het / multi, SLO |"
         ),
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]

@@ -295,11 +295,13 @@ def main(argv: list[str] | None = None) -> int:
     lines += ["", "Prompt penalty of PP (PP ÷ PP 1 at the prompt-heavy mix, divided by the same "
               "at the decode-heavy mix; see `prompt_penalties`):", ""]
     if penalties:
-        lines += ["| model | PP | split | mixes | measured | ring | own |", "|---|---|---|---|---|---|---|"]
+        lines += ["| model | PP | split | mixes | measured | ring | own |",
+                  "|---|---|---|---|---|---|---|"]
         for p in penalties:
             lines.append(
                 f"| {p['model']} | {p['pp']} | {p['split']} | "
-                f"{p['prompt_mix'][0]}/{p['prompt_mix'][1]} vs {p['decode_mix'][0]}/{p['decode_mix'][1]} | "
+                f"{p['prompt_mix'][0]}/{p['prompt_mix'][1]} vs "
+                f"{p['decode_mix'][0]}/{p['decode_mix'][1]} | "
                 f"{p['measured']:.3f} | "
                 + " | ".join(f"{p[k]:.3f}" if p[k] else "—" for k in ("ring", "own")) + " |")
     else:

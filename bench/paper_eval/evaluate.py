@@ -529,7 +529,7 @@ def run_setup(
             # re-verifies placement, prices, demand and limits, not the templates' throughput
             run.checker_problems += len(
                 check_plan(plan, models, replace(cluster, running=()),
-                           library if not spec.other_pp else None, tm if not spec.other_pp else None)
+                           None if spec.other_pp else library, None if spec.other_pp else tm)
             )
             now = Counter()
             for row in plan.rows:
