@@ -214,6 +214,41 @@ def prompt_penalties(rows: list[dict]) -> list[dict]:
     return out
 
 
+#: A decode "step" below this is no step: the engine streamed the request's tokens in one burst
+#: (seen at PP 1: 9 µs per token), so the gap between chunks measures nothing.
+MIN_STEP_S = 1e-3
+
+
+def handoffs(profiles: list[dict]) -> list[dict]:
+    """Per pipeline profile: the median over decode batch sizes of (its TPOT − the PP-1 TPOT of
+    the same model, GPU type and batch) ÷ (stages − 1): what each stage boundary adds to a
+    step on this host (activations sent over loopback between processes sharing its cores),
+    beside the calibration's inter-node hand-off. One micro-batch: all b requests start at once."""
+    cal = perf._calibration()
+    out = []
+    for doc in profiles:
+        if doc["pp"] < 2:
+            continue
+        base = {}
+        for d in profiles:
+            if d["pp"] == 1 and (d["model"], d["gpu"]) == (doc["model"], doc["gpu"]):
+                for p in d.get("step_latency", []):
+                    if p["prefill_tokens"] == 0 and p["seconds"] >= MIN_STEP_S:
+                        base.setdefault(p["decode_seqs"], []).append(p["seconds"])
+        extra = [
+            (p["seconds"] - statistics.median(base[p["decode_seqs"]])) / (doc["pp"] - 1)
+            for p in doc.get("step_latency", [])
+            if p["prefill_tokens"] == 0 and p["decode_seqs"] in base and p["seconds"] >= MIN_STEP_S
+        ]
+        if extra:
+            out.append({"model": doc["model"], "pp": doc["pp"],
+                        "split": doc.get("layer_partition"), "points": len(extra),
+                        "measured_ms": round(1e3 * statistics.median(extra), 2),
+                        "calibration_alpha_ms": round(1e3 * cal.pp_alpha_s, 3),
+                        "profile": doc["_path"]})
+    return out
+
+
 def _log_err(pred: float, meas: float) -> float:
     return abs(math.log(pred / meas)) if pred > 0 and meas > 0 else math.inf
 
@@ -241,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     penalties = prompt_penalties(rows)
+    hand = handoffs(profiles)
     verdict = {}
     basis = "penalty" if penalties else "ratio"
     for name, key in (("prompts stall the ring", "ring"), ("own micro-batch only", "own")):
@@ -262,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(
-        json.dumps({"rows": rows, "prompt_penalties": penalties, "basis": basis,
+        json.dumps({"rows": rows, "prompt_penalties": penalties, "handoffs": hand, "basis": basis,
                     "median_log_error": verdict, "fits_best": best}, indent=1) + "\n"
     )
     lines = [
@@ -312,6 +348,14 @@ def main(argv: list[str] | None = None) -> int:
         f"Median |log(predicted / measured)| over PP > 1 ({what}): "
         + "; ".join(f"{k}: {v:.3f}" for k, v in verdict.items())
         + f". Fits best: **{best}**.",
+        "",
+        "Hand-off per stage boundary (median over decode batches of (pipeline TPOT − PP-1 TPOT) "
+        "÷ (S − 1); decode steps under 1 ms, tokens streamed in one burst, are left out):",
+        "",
+        *([f"- {h['model']} PP {h['pp']} ({h['split']}): {h['measured_ms']:.2f} ms "
+           f"({h['points']} batch sizes); the calibration's inter-node alpha: "
+           f"{h['calibration_alpha_ms']:.3f} ms (GPU nodes, another link)" for h in hand]
+          or ["- none measured (no PP-1 decode step above 1 ms to compare with)"]),
         "",
         "How to read it. Predictions are for a closed loop (`poisson_tail=False`: no Poisson "
         "surge, no KV-slot queue), as `coral-hpc profile` loads the engine (a fixed number of "
