@@ -7,8 +7,8 @@ planner's own model), nothing here is self-consistent by construction.
     flock /tmp/coral-slurm.lock .venv/bin/python bench/slo_vllm.py \
         [--seconds 20] [--multipliers 1,3] [--record-metrics FILE]
 
-Writes bench/results/slo_vllm.{json,md}. Run on the 2-core dev machine with other work beside it:
-every node of the local cluster is the same two cores.
+Writes bench/results/slo_vllm.{json,md} (``--out``: another name). Run on the 2-core dev machine
+with other work beside it: every node of the local cluster is the same two cores.
 """
 
 from __future__ import annotations
@@ -192,6 +192,8 @@ def main() -> int:
     parser.add_argument("--multipliers", default="1,3")
     parser.add_argument("--idle-s", type=float, default=15.0,
                         help="seconds of idle footprint sampling once every model is READY")
+    parser.add_argument("--out", default="slo_vllm",
+                        help="results name: bench/results/OUT.{json,md}")
     parser.add_argument("--record-metrics", type=Path, default=None,
                         help="write one replica's /metrics (after the load) to this file")
     args = parser.parse_args()
@@ -270,9 +272,9 @@ def main() -> int:
                for name, rows in results["models"].items()}
     results["goal"], results["verdict"] = GOAL, verdict
     out_dir = REPO / "bench" / "results"
-    (out_dir / "slo_vllm.json").write_text(json.dumps(results, indent=1) + "\n")
-    lines = ["# SLO check on the real engine (vLLM CPU build, examples/vllm-cpu.yaml)", "",
-             f"`bench/slo_vllm.py`, {results['date']}: `coral-hpc serve` of the example on the "
+    (out_dir / f"{args.out}.json").write_text(json.dumps(results, indent=1) + "\n")
+    lines = [f"# SLO check on the real engine (vLLM CPU build, {results['config']})", "",
+             f"`bench/slo_vllm.py`, {results['date']}: `coral-hpc serve` of that file on the "
              "local cluster (every node is the same 2-core host, shared with other work), every "
              f"model's open-loop Poisson load at once through the gateway for {args.seconds:g} s, "
              "streaming, `ignore_eos`, at the demand the plan was made for (from the measured "
@@ -294,7 +296,7 @@ def main() -> int:
     for phase, f in results["footprint"].items():
         lines.append(f"| {phase} | {f['processes']} | {f['mean_rss_gib']:.1f} | "
                      f"{f['peak_rss_gib']:.1f} | {f['cores']:.2f} |")
-    (out_dir / "slo_vllm.md").write_text("\n".join(lines) + "\n")
+    (out_dir / f"{args.out}.md").write_text("\n".join(lines) + "\n")
     return 0
 
 
