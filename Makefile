@@ -14,7 +14,7 @@ export SLURM_CONF ?= /var/tmp/coral-dev-cluster/etc/slurm.conf
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	@$(PYTHON) -m venv --help >/dev/null 2>&1 && $(PYTHON) -c 'import ensurepip' 2>/dev/null || \
 		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv python3-pip; }
 	$(PYTHON) -m venv $(VENV)

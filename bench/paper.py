@@ -47,7 +47,7 @@ from bench.paper_eval.evaluate import (
     workloads,
 )
 from bench.paper_eval.workload import RUN_S
-from solver.types import Policy
+from coral_solver.types import Policy
 
 
 def trace_folder() -> Path:
@@ -273,7 +273,7 @@ def findings(results: list[dict]) -> list[str]:
         f"{_span([x[0] for x in rel])}x and the best heterogeneous one "
         f"{_span([x[1] for x in rel])}x the requests per dollar of the best single-node one, with "
         f"the model charging every prompt to every pipeline stage "
-        f"(`solver.perf.PROMPTS_STALL_RING`; no accounting fits the first real-engine "
+        f"(`coral_solver.perf.PROMPTS_STALL_RING`; no accounting fits the first real-engine "
         f"measurement yet, bench/results/paper_pp.md). Without that "
         f"charge they would serve {_span([x[2] for x in rel])}x and {_span([x[3] for x in rel])}x; "
         f"Coral planning on that library makes Homo cost "
@@ -408,7 +408,8 @@ def markdown(
         (
             f"- **Serving**: every request of {args.sim_seconds:g} s in the middle of each epoch "
             f"is served in virtual time by the sim engine's scheduler (continuous batching, "
-            f"chunked prefill, KV limit, preemption) with step times from `solver/perf.py`; one "
+            f"chunked prefill, KV limit, preemption) with step times from "
+            f"`solver/coral_solver/perf.py`; one "
             f"replica per plan row is simulated (its siblings get statistically identical shares); "
             f"a plan serving less than the demand has its gateway refuse the rest (counted as "
             f"missed). The sample's SLO attainment and goodput share are applied to all of the "
@@ -438,7 +439,7 @@ def markdown(
             "templates, in multi-node (pipeline) templates, in templates resting on uncalibrated "
             "performance entries (a GPU without its own fitted factors — L40S, A10G — or an MoE / "
             "MXFP4 model: no public per-layer measured data for them; "
-            "`solver.perf.is_calibrated`), and in prefill- or decode-only replicas."
+            "`coral_solver.perf.is_calibrated`), and in prefill- or decode-only replicas."
         ),
         "- **Prices** (USD per GPU-hour): "
         + ", ".join(f"{g} {p:.3f}" for g, p in S.PRICES.items())
@@ -450,10 +451,12 @@ def markdown(
             "next); `homo-strict` = one strategy per model, no fallback; `cauchy` = the paper's "
             "Cauchy adaptation (per-phase ranking; identical to `homo` while no template has a "
             "prefill- or decode-only role); `homo-ilp` / `melange-ilp` = the project's ILP "
-            "baselines (`solver/baselines.py`: one GPU type per model, optimal counts / "
+            "baselines (`solver/coral_solver/baselines.py`: one GPU type per model, optimal counts "
+            "/ "
             "Mélange-style per-model ILPs on what is left); `coral-no-ring-stall` = Coral planning "
             "on Stage 1 as if a prompt did not stall the pipeline ring "
-            "(`solver.perf.PROMPTS_STALL_RING`, the model's unmeasured PP assumption): a what-if, "
+            "(`coral_solver.perf.PROMPTS_STALL_RING`, the model's unmeasured PP assumption): "
+            "a what-if, "
             "its replicas served by the same simulation."
         ),
         "",
@@ -494,7 +497,8 @@ def markdown(
         (
             "**With and without disaggregation.** `coral+disagg` and `cauchy+disagg` plan with "
             "every model's `disaggregation: auto` (Stage 1 adds prefill-only and decode-only "
-            "templates, `solver/roles.py`, `solver/perf_roles.py`; Stage 2 picks the cheaper mix; "
+            "templates, `solver/coral_solver/roles.py`, `solver/coral_solver/perf_roles.py`; "
+            "Stage 2 picks the cheaper mix; "
             "the Cauchy adaptation ranks prefill templates by prompt tokens per cost and decode "
             "templates by output tokens per cost). A disaggregated request is served by a prefill "
             "replica (every one simulated), moved after `perf_roles.kv_transfer_s` (the "

@@ -1,8 +1,8 @@
-"""Fit the pipeline accounting of solver/perf.py to the real engine (issue 13 item 5).
+"""Fit the pipeline accounting of solver/coral_solver/perf.py to the real engine (issue 13 item 5).
 
 The question: under pipeline parallelism, does a prompt stall the whole ring of S micro-batches
-(each stage then pays S x b / n_out prompts per step: ``solver.perf.PROMPTS_STALL_RING = True``,
-the model's assumption so far), or does each stage pay only its own micro-batch's b / n_out?
+(each stage then pays S x b / n_out prompts per step: ``coral_solver.perf.PROMPTS_STALL_RING =
+True``, the model's assumption so far), or does each stage pay only its own micro-batch's b / n_out?
 
 Measure first, on the real engine (vLLM's CPU build and the generated test models, in Slurm jobs,
 under the shared lock), at a prompt-heavy and a decode-heavy mix, PP 1, 2 and 3 (the 4-layer model
@@ -19,14 +19,14 @@ then ``python bench/paper_pp.py`` reads the measured profiles (each deployment's
 1. fits the per-step time of the whole model to the PP-1 ``step_latency`` points (least squares,
    non-negative): t = overhead + a x (decode seqs + prompt tokens) + k x (KV context + prompt
    tokens); a stage of l of L layers takes l/L of the a and k terms (the layer-proportional work)
-   and its share of the overhead, as ``solver.perf_model.step_time`` splits it;
+   and its share of the overhead, as ``coral_solver.perf_model.step_time`` splits it;
 2. for every measured throughput point (PP 1, 2, 3; its mix, TTFT and TPOT), predicts the
-   requests/s of the layout with ``solver.perf.throughput_from_coeffs`` under both accountings
+   requests/s of the layout with ``coral_solver.perf.throughput_from_coeffs`` under both accountings
    (slowest stage; KV capacity from the profile);
 3. writes predicted vs measured, also as ratios to PP 1 of the same mix (errors of the step fit
    common to all layouts cancel there), and the median |log(predicted / measured)| of each
    accounting to bench/results/paper_pp.md and .json. The accounting that fits is what
-   ``solver.perf.PROMPTS_STALL_RING`` should say, citing this result.
+   ``coral_solver.perf.PROMPTS_STALL_RING`` should say, citing this result.
 
 Without measured profiles it says what is missing and exits 2, writing nothing.
 """
@@ -46,8 +46,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from solver import catalog, perf
-from solver.perf_model import StageCoeffs
+from coral_solver import catalog, perf
+from coral_solver.perf_model import StageCoeffs
 
 CONFIGS = ROOT / "bench/paper_pp_configs"
 
@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         (
             "Measured: `coral-hpc profile` on vLLM's CPU build (see the module doc). Predicted: "
-            "`solver.perf.throughput_from_coeffs` on step times fitted to each model's PP-1 "
+            "`coral_solver.perf.throughput_from_coeffs` on step times fitted to each model's PP-1 "
             "steps."
         ),
         "",

@@ -13,7 +13,7 @@ For load factors (default 0.5, 1, 1.5, 2, 3) × the demand the plan serves, per 
   (no HTTP, no CPU contention): the engine's own answer, which the plan promised. Once with the
   trace slice, once with every request exactly the declared mix (Poisson arrivals).
 * **prefill charge**: per planned stage, what one mean prompt costs the engine (one whole-prompt
-  step, as vLLM and the sim schedule it) and what solver.perf charges for it (chunks spread over
+  step, as vLLM and the sim schedule it) and what coral_solver.perf charges for it (chunks spread over
   decode steps at the planned batch) — the cause of any gap found.
 
 Writes bench/results/slo.json and bench/results/slo.md.
@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from coral_hpc.config import load_deployment
-from solver import catalog, perf
+from coral_solver import catalog, perf
 from tests.support.replay import ReplaySummary, Slo, replay_jobs
 from tests.support.slo_stack import EXAMPLE, plan_for, start_stack
 from tests.support.trace_slice import Arrival, Mix, Workload, poisson_workload, workload
@@ -172,7 +172,7 @@ def write_md(path: Path, data: dict) -> None:
                      f"| {r['decode_step_ms']:.1f} | {r['engine_prompt_ms']:.1f} | "
                      f"{r['perf_prompt_ms']:.1f} |")
     lines += ["", ("The engine (like vLLM with an 8192-token budget) prefills a whole prompt in "
-              "one step; solver.perf.stage_throughput spreads b·in/out prompt tokens over every "
+              "one step; coral_solver.perf.stage_throughput spreads b·in/out prompt tokens over every "
               "decode step, where the roofline's compute/memory overlap hides most of their "
               "compute on GPUs with overlap < 1. Where the two columns differ, the plan "
               "over-promises that stage's throughput."), ""]

@@ -1,6 +1,6 @@
 """Solver benchmark: Stage-1 build time, Stage-2 re-solve times with proven gaps, cost vs baselines.
 
-Two instances on the real performance model (solver.perf):
+Two instances on the real performance model (coral_solver.perf):
   core      3 models, 12 configurations (v100, a100, a100-80g nodes of 8 GPUs; TP 1/2/4/8)
   extended  6 models, 20 configurations (adds h100 ×8, l40s ×4 (TP 1/2/4) and t4 ×1)
 each with default and scarce availability (others' jobs hold most GPUs; demand cannot be met).
@@ -27,11 +27,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from solver import baselines
-from solver.allocate import allocate
-from solver.check import check_plan
-from solver.templates import PerfThroughput, build_library
-from solver.types import (
+from coral_solver import baselines
+from coral_solver.allocate import allocate
+from coral_solver.check import check_plan
+from coral_solver.templates import PerfThroughput, build_library
+from coral_solver.types import (
     Cluster,
     ModelSpec,
     NodeGroup,
@@ -70,7 +70,7 @@ def configurations(groups) -> int:
 
 def cluster_for(groups, rng: random.Random, scarce: bool, running=()) -> Cluster:
     """Node groups whose per-node free counts reflect other users' jobs this epoch."""
-    from solver.catalog import gpu_memory_gb
+    from coral_solver.catalog import gpu_memory_gb
 
     node_groups, partitions = [], []
     for gpu, size, count in groups:

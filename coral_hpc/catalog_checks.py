@@ -3,20 +3,20 @@
 A ``models.yaml`` can be well-formed and still name an architecture or GPU type the performance
 model does not know, or ask for an SLO no layout can meet; ``plan`` and ``serve`` would then fail
 (or serve nothing) later. These checks need no Slurm: only ``profiles/`` through
-:mod:`solver.catalog` and :mod:`solver.perf`. Checks that need Slurm (a partition Slurm lacks,
-capacity for ``min_replicas``) live with the cluster snapshot.
+:mod:`coral_solver.catalog` and :mod:`coral_solver.perf`. Checks that need Slurm (a partition Slurm
+lacks, capacity for ``min_replicas``) live with the cluster snapshot.
 """
 
 from __future__ import annotations
 
 from coral_hpc.config import Deployment
 
-#: Largest TP degree considered, as Stage 1 does (solver.types.Policy.max_tp).
+#: Largest TP degree considered, as Stage 1 does (coral_solver.types.Policy.max_tp).
 MAX_TP = 8
 
 
 def _gpu_problems(deployment: Deployment, known: dict[str, object]) -> list[str]:
-    from solver.catalog import canonical_gpu_name
+    from coral_solver.catalog import canonical_gpu_name
 
     names = ", ".join(sorted(known))
     problems = []
@@ -46,7 +46,7 @@ def candidate_gpus(deployment: Deployment, model_index: int) -> list[str]:
     """Canonical GPU types a model's replicas could use, as far as the file says: the types its
     allowed partitions list (every catalogued type when one of them leaves it to Slurm), within
     the model's own ``gpu_types``."""
-    from solver.catalog import canonical_gpu_name, load_gpus
+    from coral_solver.catalog import canonical_gpu_name, load_gpus
 
     model = deployment.models[model_index]
     parts = [p for p in deployment.cluster.partitions
@@ -68,7 +68,7 @@ def slo_feasible(arch, gpus: list[str], slo, mix, n_max: int) -> bool:
     its rate is at most that of the best GPU type holding ceil(L/S) (a stage's rate never grows
     with more layers), and a pipeline's rate is that of its slowest stage. So when this is False,
     Stage 1 finds no template either."""
-    from solver import catalog, perf
+    from coral_solver import catalog, perf
 
     for gpu_name in gpus:
         gpu = catalog.gpu_spec(gpu_name)
@@ -83,7 +83,7 @@ def slo_feasible(arch, gpus: list[str], slo, mix, n_max: int) -> bool:
 def catalog_problems(deployment: Deployment) -> list[str]:
     """Every catalogue problem of ``deployment``, one line each (file, line, field, what's valid):
     unknown GPU types, unknown architectures, and SLOs no layout on the allowed GPUs can meet."""
-    from solver import catalog, perf
+    from coral_solver import catalog, perf
 
     known_gpus = catalog.load_gpus()
     problems = _gpu_problems(deployment, known_gpus)

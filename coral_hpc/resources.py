@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from solver.resources import profiles_dir
+from coral_solver.resources import profiles_dir
 
 __all__ = ["templates_dir", "profiles_dir"]
 

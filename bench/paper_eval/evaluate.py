@@ -2,15 +2,15 @@
 
 One run (the paper's): 30 minutes, a re-plan at the start of every 6-minute epoch with that epoch's
 demand (requests in the window / 360 s: an oracle forecast, the same for every method). Each plan
-is re-verified by the independent checker (:mod:`solver.check`). Then every request of the epoch
-is served in virtual time by the replica it is routed to:
+is re-verified by the independent checker (:mod:`coral_solver.check`). Then every request of the
+epoch is served in virtual time by the replica it is routed to:
 
 * **Routing**: a model's requests go to its plan rows in proportion to their planned capacity
   (smooth weighted round robin, as the gateway's weights), and round robin over a row's replicas.
   When a plan serves less than the demand, the gateway admits that share of the requests (evenly
   spread) and refuses the rest: refused requests count as missed.
 * **Replica**: the sim engine's own scheduler (``coral_hpc.engine.batching``: continuous batching,
-  whole prompts in a step, KV-cache limit, preemption) and step times from :mod:`solver.perf`,
+  whole prompts in a step, KV-cache limit, preemption) and step times from :mod:`coral_solver.perf`,
   driven in virtual time (:mod:`bench.paper_eval.replica`). Replicas of one row receive
   statistically identical shares, so one per row is simulated and its figures count ``count``
   times. Each epoch's replicas start empty (the 6-minute epochs dwarf the warm-up).
@@ -44,12 +44,12 @@ from bench.paper_eval.setups import (
 )
 from bench.paper_eval.workload import RUN_S, ModelWorkload, model_workload
 from coral_hpc.engine.pipeline import Layout
-from solver import baselines, catalog, perf, perf_roles
-from solver.allocate import allocate
-from solver.catalog import gpu_memory_gb
-from solver.check import check_plan
-from solver.templates import PerfThroughput, build_library
-from solver.types import (
+from coral_solver import baselines, catalog, perf, perf_roles
+from coral_solver.allocate import allocate
+from coral_solver.catalog import gpu_memory_gb
+from coral_solver.check import check_plan
+from coral_solver.templates import PerfThroughput, build_library
+from coral_solver.types import (
     Cluster,
     ModelSpec,
     NodeGroup,
@@ -234,7 +234,7 @@ class MethodSpec:
 
 #: The paper's Homo ("per model the homogeneous strategy with the best goodput per cost,
 #: greedily") read two ways: "homo" adds replicas of the best strategy that still fits, falling
-#: back to the next when one runs out (= solver.baselines.cauchy); "homo-strict" keeps one
+#: back to the next when one runs out (= coral_solver.baselines.cauchy); "homo-strict" keeps one
 #: strategy per model and stops when it fits no more. Cauchy's adaptation ranks per phase; with
 #: no prefill/decode-only templates (disaggregation off) it is "homo". "+disagg": the same
 #: method when every model may be disaggregated (Stage 1 builds prefill and decode templates).
@@ -349,7 +349,7 @@ def _disaggregated(
     Every prefill replica is simulated (prompt-only steps are few), so every request has its
     hand-off time; replica 0 of each decode row is simulated, with vLLM's disaggregated timing:
     the client's first token comes from the decode replica (computing the last prompt token).
-    The KV transfer takes ``solver.perf_roles.kv_transfer_s`` of the prefill replica's largest
+    The KV transfer takes ``coral_solver.perf_roles.kv_transfer_s`` of the prefill replica's largest
     stage (stages send their layers' KV at once)."""
     arch = catalog.model_arch(model.arch)
     ready: dict[int, float] = {}

@@ -2,7 +2,8 @@
 
 The same parts as ``tests/support/virtual_engine.py`` (the sim engine's
 :class:`~coral_hpc.engine.batching.Scheduler` and :class:`~coral_hpc.engine.pipeline.PipelineClock`,
-one step loop per pipeline stage, step times from :mod:`solver.perf`), driven by a discrete-event
+one step loop per pipeline stage, step times from :mod:`coral_solver.perf`), driven by a
+discrete-event
 loop, with what a disaggregated replica needs besides: each request may arrive with ``external``
 prompt tokens whose KV a prefill replica computed (the decode role: admitted with them in the
 cache, computing only the last prompt token, as vLLM's KV connector does), and the result is each
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 
 from coral_hpc.engine.batching import Batch, Scheduler, Sequence
 from coral_hpc.engine.pipeline import Layout, PipelineClock, StepModel
-from solver import catalog, perf
+from coral_solver import catalog, perf
 
 #: The sim engine's (= vLLM's) scheduler defaults.
 MAX_NUM_SEQS = 256

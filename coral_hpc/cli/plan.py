@@ -99,7 +99,7 @@ def infeasible_problems(path: str, deployment) -> list[str]:
 
 
 def _known_architectures() -> set[str]:
-    from solver.catalog import load_models
+    from coral_solver.catalog import load_models
 
     return set(load_models())
 

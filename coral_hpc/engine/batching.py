@@ -5,7 +5,8 @@ Policy (vLLM's scheduler, simplified; first come first served):
 * **KV cache.** Capacity is counted in blocks of ``block_size`` tokens, like vLLM's paged cache.
   Blocks are allocated as a sequence grows (the prompt chunk a step processes, then one token per
   decode step) and freed when it finishes or is aborted, so a running sequence holds its prompt
-  plus the tokens generated so far — on average input + output/2, what ``solver.perf`` assumes.
+  plus the tokens generated so far — on average input + output/2, what ``coral_solver.perf``
+  assumes.
   When a running sequence needs a block and none is free, the most recently admitted sequence of
   that engine is **preempted** (vLLM's recompute mode): its blocks are freed, it goes back to the
   front of the waiting queue, and when readmitted it prefills its prompt plus what it had generated

@@ -2,7 +2,7 @@
 
 A replica is ``S`` pipeline stages, one TP degree for all of them (vLLM requires it); stage ``k``
 runs ``layers[k]`` layers on GPUs of type ``gpu_types[k]`` (types may differ: heterogeneous
-pipelines). Everything here asks :mod:`solver.perf` — the same model the planner uses — so the
+pipelines). Everything here asks :mod:`coral_solver.perf` — the same model the planner uses — so the
 sim's latencies are exactly what the plan promised, and load tests check those promises.
 
 Pipeline timing, kept simple:
@@ -22,7 +22,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from solver import catalog, perf
+from coral_solver import catalog, perf
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ def default_layer_split(num_layers: int, stages: int) -> tuple[int, ...]:
 
 
 class StepModel:
-    """Per-stage step latency and KV capacity of a :class:`Layout`, from :mod:`solver.perf`.
+    """Per-stage step latency and KV capacity of a :class:`Layout`, from :mod:`coral_solver.perf`.
 
     Raises ValueError (from the catalog) when the architecture or a GPU type is unknown.
     """
@@ -93,7 +93,7 @@ class StepModel:
 
     def kv_transfer_s(self, prompt_tokens: int) -> float:
         """Seconds to move one prompt's KV (all layers) from a prefill replica to this one, over
-        the inter-node link the planner prices (:func:`solver.perf.kv_transfer_s`)."""
+        the inter-node link the planner prices (:func:`coral_solver.perf.kv_transfer_s`)."""
         return perf.kv_transfer_s(self._arch, self._arch.layers, prompt_tokens)
 
     def kv_capacity_tokens(self) -> int:

@@ -1,7 +1,7 @@
 """The sim engine server: ``python -m coral_hpc.engine.sim MODEL --sim-gpu-types a100 ...``.
 
 A stand-in for ``vllm serve`` on machines without GPUs: same flags, same OpenAI API and metrics,
-latencies and KV capacity from :mod:`solver.perf` for the replica's GPU types and layout, text
+latencies and KV capacity from :mod:`coral_solver.perf` for the replica's GPU types and layout, text
 that is filler. It starts in well under a second.
 
 Start-up checks mirror where vLLM itself fails to start (exit 1, one clear line on stderr): unknown
@@ -66,7 +66,7 @@ def prepare(args: SimArgs) -> Prepared:
 
     Raises :class:`StartupError` with vLLM's reason when the layout could not start.
     """
-    from solver import catalog, perf  # the catalog reads profiles/ once, here
+    from coral_solver import catalog, perf  # the catalog reads profiles/ once, here
 
     try:
         arch = catalog.model_arch(args.arch)

@@ -25,7 +25,7 @@ from dataclasses import replace
 
 from coral_hpc.config import Deployment
 from coral_hpc.slurm.snapshot import ClusterSnapshot, JobShape, ShapeEstimate
-from solver.types import Cluster, JobLimits, NodeGroup, QueueOption, Quota, Template
+from coral_solver.types import Cluster, JobLimits, NodeGroup, QueueOption, Quota, Template
 
 
 def type_untyped_nodes(deployment: Deployment,

@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from coral_hpc.config import Deployment
-from solver import catalog, perf
-from solver.resources import profiles_dir
-from solver.types import Template
+from coral_solver import catalog, perf
+from coral_solver.resources import profiles_dir
+from coral_solver.types import Template
 
 
 def measured_profile_dirs(deployment: Deployment) -> tuple[Path, ...]:
@@ -27,8 +27,8 @@ _configured: tuple | None = None
 
 
 def use_measured_profiles(deployment: Deployment) -> None:
-    """Point :mod:`solver.perf` at ``deployment``'s measured profiles; re-read them when a file
-    was added or changed since the last call (a profile written while ``serve`` runs counts at
+    """Point :mod:`coral_solver.perf` at ``deployment``'s measured profiles; re-read them when a
+    file was added or changed since the last call (a profile written while ``serve`` runs counts at
     the next plan)."""
     global _configured
     dirs = measured_profile_dirs(deployment)

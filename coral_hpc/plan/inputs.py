@@ -22,8 +22,8 @@ from dataclasses import replace
 
 from coral_hpc.config import Deployment
 from coral_hpc.slurm.snapshot import ClusterSnapshot, JobInfo
-from solver.catalog import gpu_memory_gb
-from solver.types import (
+from coral_solver.catalog import gpu_memory_gb
+from coral_solver.types import (
     Billing,
     Cluster,
     ModelSpec,
@@ -33,7 +33,7 @@ from solver.types import (
     RunningReplica,
     Template,
 )
-from solver.types import Partition as SolverPartition
+from coral_solver.types import Partition as SolverPartition
 
 
 def model_specs(deployment: Deployment, demand_rps: Mapping[str, float] | None = None,

@@ -6,13 +6,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from coral_hpc.types import ReplicaLayout, StageLayout
-from solver import catalog, perf
-from solver.types import Template
+from coral_solver import catalog, perf
+from coral_solver.types import Template
 
 
 def layout_dtype(arch: str, gpu_types: Sequence[str]) -> str:
     """vLLM ``--dtype`` for ``arch`` on these stages, from the solver's own rule
-    (:func:`solver.perf.engine_dtype`): ``half`` when any stage's GPU lacks bf16 (V100, T4:
+    (:func:`coral_solver.perf.engine_dtype`): ``half`` when any stage's GPU lacks bf16 (V100, T4:
     vLLM refuses bf16 there, and every stage of a pipeline must agree), else ``auto`` (the
     checkpoint's own dtype)."""
     model = catalog.model_arch(arch)

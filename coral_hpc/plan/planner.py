@@ -5,7 +5,7 @@ check → :class:`PlanOutcome`.
    to plan for; the cluster's available GPUs (free + held by the replicas that go on serving,
    capped by the CPUs and memory a replica asks per GPU), partitions, prices and quotas; the
    policy with K = start-up time ÷ re-plan interval.
-2. Stage 1, :func:`solver.templates.build_library`, cached on disk by a hash of everything it
+2. Stage 1, :func:`coral_solver.templates.build_library`, cached on disk by a hash of everything it
    depends on (so a re-plan that only moved demand, prices or free GPUs reads JSON files).
 3. Templates on crash cool-down leave the library, and so do templates some stage of which finds
    no node with room; (template, partitions) shapes that sat pending past the timeout, or that
@@ -15,9 +15,10 @@ check → :class:`PlanOutcome`.
    snapshot) turns busy nodes Slurm gives us within ``policy.max_queue_wait_s`` into capacity
    with a wait, which Stage 2 prices; site limits (MaxTRES, MaxNodes, MaxJobs/MaxSubmit,
    partition QOS) and engine-environment groups bind.
-5. Stage 2, :func:`solver.allocate.allocate`, with the replicas that go on serving as ``running``;
+5. Stage 2, :func:`coral_solver.allocate.allocate`, with the replicas that go on serving as
+   ``running``;
    a model left with nothing gets one replica queued where Slurm expects to start it first.
-6. The independent checker (:func:`solver.check.check_plan`) re-verifies the plan, re-checking
+6. The independent checker (:func:`coral_solver.check.check_plan`) re-verifies the plan, re-checking
    every planned template's throughput with the same throughput model.
 
 :meth:`Planner.solve` returns every outcome (``coral-hpc plan`` prints a rejected plan and exits
@@ -42,10 +43,10 @@ from coral_hpc.plan.desired import DesiredPlan, Slot
 from coral_hpc.plan.figures import use_measured_profiles
 from coral_hpc.plan.layout import layout_of
 from coral_hpc.slurm.snapshot import ClusterSnapshot
-from solver.allocate import allocate
-from solver.check import check_plan
-from solver.templates import PerfThroughput, ThroughputModel, build_library
-from solver.types import Cluster, ModelSpec, Plan, Policy, Template
+from coral_solver.allocate import allocate
+from coral_solver.check import check_plan
+from coral_solver.templates import PerfThroughput, ThroughputModel, build_library
+from coral_solver.types import Cluster, ModelSpec, Plan, Policy, Template
 
 
 class PlanningError(CoralError):

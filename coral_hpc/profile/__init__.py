@@ -5,7 +5,7 @@ launch path (the partition's environment, the same entrypoint, readiness and dra
 ``serve``), then this side measures it over HTTP: start-up time, KV capacity (vLLM's
 ``/metrics``), prefill and decode step times over batch sizes and lengths, and the most
 requests/s that meet the model's SLO for its mix. Results are written as measured profiles
-(:mod:`solver.perf_profiles` schema) under the deployment's ``profiles_dir`` (default
+(:mod:`coral_solver.perf_profiles` schema) under the deployment's ``profiles_dir`` (default
 ``<state_dir>/<deployment>/profiles``), never into the installed package; ``plan`` and ``serve``
 read them from there. A task whose result file exists is skipped (resumable, reused) unless
 ``force``. Pipelines (``pp`` > 1, a multi-node job of one partition) are measured the same way

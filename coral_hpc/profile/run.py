@@ -145,7 +145,7 @@ def run_profiles(deployment: Deployment, tasks: Sequence[ProfileTask], client: P
             written.append(path)
             continue
         progress(f"[{index}/{len(tasks)}] {task.name}: starting the engine in a Slurm job")
-        from solver.catalog import model_arch
+        from coral_solver.catalog import model_arch
 
         layers = model_arch(task.architecture).layers
         split = [layers // task.pp + (1 if i < layers % task.pp else 0) for i in range(task.pp)]

@@ -1,6 +1,6 @@
 """Measured profiles on disk: one YAML file per (architecture, GPU type, TP[, PP]) in the
-schema :mod:`solver.perf_profiles` reads, plus what the solver does not use yet (start-up time,
-KV capacity, where and how it was measured)."""
+schema :mod:`coral_solver.perf_profiles` reads, plus what the solver does not use yet (start-up
+time, KV capacity, where and how it was measured)."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def write_profile(path: Path, document: dict[str, Any]) -> Path:
     """Write ``document`` atomically (a half-written profile is never read as a result)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    header = "# measured by `coral-hpc profile` (coral_hpc.profile); read by solver.perf\n"
+    header = "# measured by `coral-hpc profile` (coral_hpc.profile); read by coral_solver.perf\n"
     tmp.write_text(header + yaml.safe_dump(document, sort_keys=False))
     tmp.replace(path)
     return path

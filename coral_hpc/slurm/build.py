@@ -249,7 +249,7 @@ def gpu_memory_lookup(gpu_type: str) -> float | None:
     """GPU memory (GB) of ``gpu_type`` from the solver's GPU catalog; None when the catalog does
     not know the type (or is not installed). Cached: the catalog is read from disk."""
     try:
-        from solver.catalog import gpu_memory_gb
+        from coral_solver.catalog import gpu_memory_gb
     except ImportError:  # the catalog is optional for observing Slurm
         return None
     try:

@@ -100,7 +100,7 @@ def catalogue_lookup() -> tuple[Callable[[str], str | None], Callable[[str], flo
     """The solver catalogue's name and memory lookups; lookups that know nothing when the
     catalogue is not installed (observing Slurm does not need it)."""
     try:
-        from solver.catalog import canonical_gpu_name, gpu_memory_gb
+        from coral_solver.catalog import canonical_gpu_name, gpu_memory_gb
     except ImportError:
         return (lambda _name: None), (lambda _name: None)
 

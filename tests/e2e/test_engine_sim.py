@@ -22,7 +22,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from coral_hpc.engine.runner import CATCH_UP_S
-from solver import catalog, perf
+from coral_solver import catalog, perf
 
 _LISTEN_RE = re.compile(r"on http://[^:]+:(\d+)")
 

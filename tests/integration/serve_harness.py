@@ -27,7 +27,7 @@ from coral_hpc.plan.planner import PlanOutcome, PlanRequest
 from coral_hpc.slurm import make_client
 from coral_hpc.store import open_store
 from coral_hpc.types import ReplicaLayout, StageLayout
-from solver.catalog import model_arch
+from coral_solver.catalog import model_arch
 
 
 def slot(model: str, arch: str, partition: str, gpu: str, tp: int = 1, count: int = 1,

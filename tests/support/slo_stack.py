@@ -35,10 +35,10 @@ import yaml
 
 from coral_hpc.config import Deployment, load_deployment
 from coral_hpc.demand import deployment_demand
-from solver import catalog
-from solver.allocate import allocate
-from solver.templates import build_library
-from solver.types import Billing, Cluster, ModelSpec, NodeGroup, Partition, Plan, PlanRow
+from coral_solver import catalog
+from coral_solver.allocate import allocate
+from coral_solver.templates import build_library
+from coral_solver.types import Billing, Cluster, ModelSpec, NodeGroup, Partition, Plan, PlanRow
 from tests.support.gateway_harness import REPO, Proc, start_gateway, write_table
 from tests.support.replay import ReplayJob, Slo
 from tests.support.trace_slice import Mix, workload

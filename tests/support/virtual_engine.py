@@ -4,7 +4,7 @@ measure with an infinitely fast CPU and network.
 The HTTP replay (:mod:`tests.support.replay`) measures the real processes on a small machine, where
 the gateway, the client and the engines share two cores. This module runs the very same
 :class:`coral_hpc.engine.batching.Scheduler`, :class:`coral_hpc.engine.pipeline.PipelineClock` and
-:class:`coral_hpc.engine.pipeline.StepModel` (the step latencies from :mod:`solver.perf`) as a
+:class:`coral_hpc.engine.pipeline.StepModel` (the step latencies from :mod:`coral_solver.perf`) as a
 discrete-event simulation, mirroring :class:`coral_hpc.engine.runner.SimEngine`: one step loop per
 virtual engine (one per pipeline stage), a step booked on every stage in turn, its tokens delivered
 when it leaves the last stage. The difference between the two is what the machine adds; where
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from coral_hpc.engine.batching import Batch, Scheduler, Sequence
 from coral_hpc.engine.pipeline import Layout, PipelineClock, StepModel
-from solver.types import PlanRow
+from coral_solver.types import PlanRow
 from tests.support.replay import ReplaySummary, RequestResult, Slo
 from tests.support.trace_slice import Workload
 

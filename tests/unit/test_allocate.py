@@ -7,11 +7,11 @@ from dataclasses import replace
 
 import pytest
 
-from solver.allocate import allocate
-from solver.check import check_plan
-from solver.joint import TableThroughput, random_instance
-from solver.templates import build_library
-from solver.types import (
+from coral_solver.allocate import allocate
+from coral_solver.check import check_plan
+from coral_solver.joint import TableThroughput, random_instance
+from coral_solver.templates import build_library
+from coral_solver.types import (
     Billing,
     Cluster,
     ModelSpec,

@@ -7,11 +7,11 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from solver.allocate import allocate
-from solver.check import check_plan
-from solver.joint import TableThroughput
-from solver.templates import build_library
-from solver.types import (
+from coral_solver.allocate import allocate
+from coral_solver.check import check_plan
+from coral_solver.joint import TableThroughput
+from coral_solver.templates import build_library
+from coral_solver.types import (
     Cluster,
     JobLimits,
     ModelSpec,
@@ -137,7 +137,7 @@ def test_with_nothing_free_each_model_gets_its_best_replica_queued_where_slurm_s
 
 
 def test_a_queued_replica_respects_quotas_and_is_checked():
-    from solver.types import Quota
+    from coral_solver.types import Quota
 
     tm = _tm()
     models = [ModelSpec("m", "m", 100, 100, 1.0, 0.1, demand_rps=5.0)]

@@ -6,11 +6,11 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from solver.allocate import allocate
-from solver.check import check_plan
-from solver.joint import TableThroughput
-from solver.templates import build_library
-from solver.types import Cluster, ModelSpec, NodeGroup, Partition, Policy
+from coral_solver.allocate import allocate
+from coral_solver.check import check_plan
+from coral_solver.joint import TableThroughput
+from coral_solver.templates import build_library
+from coral_solver.types import Cluster, ModelSpec, NodeGroup, Partition, Policy
 
 EXACT = Policy(n_max=1, rho=math.inf, max_tp=1, startup_penalty=0.0, mip_gap=0.0, time_limit_s=30)
 

@@ -7,11 +7,11 @@ from dataclasses import replace
 
 import pytest
 
-from solver import baselines
-from solver.allocate import allocate
-from solver.check import check_plan
-from solver.joint import random_instance
-from solver.templates import build_library
+from coral_solver import baselines
+from coral_solver.allocate import allocate
+from coral_solver.check import check_plan
+from coral_solver.joint import random_instance
+from coral_solver.templates import build_library
 
 
 @pytest.mark.parametrize("seed", [0, 2, 5, 7, 10, 11])

@@ -7,9 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from solver import catalog
-from solver.catalog import CatalogError, gpu_memory_gb, gpu_spec, load_gpus, load_models, model_arch
-from solver.resources import profiles_dir
+from coral_solver import catalog
+from coral_solver.catalog import (
+    CatalogError,
+    gpu_memory_gb,
+    gpu_spec,
+    load_gpus,
+    load_models,
+    model_arch,
+)
+from coral_solver.resources import profiles_dir
 
 REQUIRED_GPUS = {"v100", "v100-32g", "t4", "a10", "a10g", "l4", "l40s", "a40", "a100", "a100-80g",
                  "h100", "h200"}

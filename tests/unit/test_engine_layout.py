@@ -1,5 +1,5 @@
 """The sim engine's layout: command line, start-up checks against the catalog, step times from
-solver.perf, pipeline timing, token counting."""
+coral_solver.perf, pipeline timing, token counting."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from coral_hpc.engine.args import UsageError, parse_args
 from coral_hpc.engine.pipeline import Layout, PipelineClock, StepModel, default_layer_split
 from coral_hpc.engine.sim import StartupError, prepare
 from coral_hpc.engine.text import Filler, count_text_tokens, render_chat
-from solver import catalog, perf
+from coral_solver import catalog, perf
 
 
 # ---------------------------------------------------------------------- command line
@@ -155,7 +155,7 @@ def test_stage_times_come_from_perf_per_stage():
     arch = catalog.model_arch("llama-3.1-8b")
     times = model.stage_times(8, 256, 4000)
     # a two-stage pipeline: each stage pays its share of the engine overhead and its hand-off,
-    # the same accounting solver.perf.stage_throughput uses for the plan's promise
+    # the same accounting coral_solver.perf.stage_throughput uses for the plan's promise
     assert times == (
         perf.step_latency_s(arch, catalog.gpu_spec("a100"), 1, 20, 8, 256, 4000, n_stages=2),
         perf.step_latency_s(arch, catalog.gpu_spec("v100"), 1, 12, 8, 256, 4000, n_stages=2),

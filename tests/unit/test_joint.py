@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from solver.allocate import allocate
-from solver.check import check_plan
-from solver.joint import random_instance, solve_joint
-from solver.templates import build_library
+from coral_solver.allocate import allocate
+from coral_solver.check import check_plan
+from coral_solver.joint import random_instance, solve_joint
+from coral_solver.templates import build_library
 
 SEEDS = range(50)
 

@@ -13,7 +13,7 @@ from coral_hpc.launch.render import render_engine_script
 from coral_hpc.launch.spec import ReplicaSpec, SpecError, kv_transfer_config, replica_spec
 from coral_hpc.plan.layout import layout_of
 from coral_hpc.types import ReplicaLayout, StageLayout
-from solver.types import Stage, Template
+from coral_solver.types import Stage, Template
 from tests.unit.test_launch_spec import YAML
 from tests.unit.test_launch_vllm_flags import RECORDED, VERSIONS, _flags_passed
 

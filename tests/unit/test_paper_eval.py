@@ -18,7 +18,7 @@ from bench.paper_eval.evaluate import (
 )
 from bench.paper_eval.workload import model_workload
 from coral_hpc.engine.pipeline import Layout
-from solver.types import Policy
+from coral_solver.types import Policy
 
 _ROOT = Path(__file__).resolve().parents[2]
 TRACES = next(
@@ -92,7 +92,7 @@ def test_availability_is_the_reference_plans_use_plus_margin_and_a_node_per_type
     unlimited = cluster_for(
         setup, {f"{g}@{r}": 64 for g in setup.setting.gpu_types for r in setups.REGIONS}
     )
-    from solver.allocate import allocate
+    from coral_solver.allocate import allocate
 
     plan = allocate(models, library, unlimited, Policy(n_max=2))
     gpus = availability(setup, plan)

@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from solver import perf
-from solver.catalog import gpu_spec, load_gpus, model_arch
-from solver.perf import (
+from coral_solver import perf
+from coral_solver.catalog import gpu_spec, load_gpus, model_arch
+from coral_solver.perf import (
     Mix,
     Slo,
     engine_dtype,
@@ -185,7 +185,7 @@ step_latency:
 
 
 def test_bad_measured_profile_names_file_and_field(tmp_path):
-    from solver.catalog import CatalogError
+    from coral_solver.catalog import CatalogError
     _write_measured(tmp_path, """
 arch: llama-3.1-8b
 gpu: a100
@@ -201,7 +201,7 @@ throughput:
 
 def test_pipeline_steps_charge_the_engine_overhead_once_in_total():
     """A pipeline's stages split the per-step overhead instead of each paying it in full."""
-    from solver import catalog, perf
+    from coral_solver import catalog, perf
 
     arch, gpu = catalog.model_arch("llama-3.1-8b"), catalog.gpu_spec("a100")
     alone = perf.step_latency_s(arch, gpu, 1, 16, 1, 0, 0)

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from solver.catalog import ModelArch, gpu_spec
-from solver.perf_model import build_coeffs, compute_time
-from solver.perf_profiles import load_calibration
+from coral_solver.catalog import ModelArch, gpu_spec
+from coral_solver.perf_model import build_coeffs, compute_time
+from coral_solver.perf_profiles import load_calibration
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 HELIX_T4 = DATA / "profiles-helix" / "llama2_70b" / "t4"

@@ -12,7 +12,7 @@ from coral_hpc.config import load_deployment
 from coral_hpc.demand import Mix, ModelDemand, deployment_demand
 from coral_hpc.plan.inputs import excluded_stages, placeable
 from coral_hpc.plan.planner import Planner, PlanningError, PlanRequest
-from solver.types import Cluster, NodeGroup, Stage, Template
+from coral_solver.types import Cluster, NodeGroup, Stage, Template
 from tests.conftest import REPO
 from tests.unit.test_slurm_snapshot import client
 

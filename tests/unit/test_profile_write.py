@@ -1,5 +1,5 @@
 """``coral-hpc profile``'s output is what the solver reads: a written profile parses with
-:func:`solver.perf_profiles.parse_measured` and then drives the plan (its throughput point
+:func:`coral_solver.perf_profiles.parse_measured` and then drives the plan (its throughput point
 answers exactly for the same arch, GPU, TP, layers, mix and SLO); tasks are checked against
 models.yaml with errors that name the option and the valid values."""
 
@@ -13,8 +13,8 @@ from coral_hpc.config import load_deployment
 from coral_hpc.profile.measure import EngineMeasurements, prompt_ids
 from coral_hpc.profile.run import ProfileError, profile_tasks
 from coral_hpc.profile.write import profile_document, profile_path, write_profile
-from solver import catalog, perf
-from solver.perf_profiles import parse_measured
+from coral_solver import catalog, perf
+from coral_solver.perf_profiles import parse_measured
 
 REPO = Path(__file__).resolve().parents[2]
 

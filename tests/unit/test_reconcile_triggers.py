@@ -151,7 +151,7 @@ def test_plan_rows_round_trip_through_plain_data():
 def test_slots_from_a_solver_plan_keep_layout_throughput_and_cost():
     from coral_hpc.plan.planner import desired_plan
     from coral_hpc.types import ReplicaLayout, StageLayout
-    from solver.types import ModelSpec, Plan, PlanRow, Stage, Template
+    from coral_solver.types import ModelSpec, Plan, PlanRow, Stage, Template
 
     hetero = Template("m", tp=2, stages=(Stage("a100", 20), Stage("v100", 12)), throughput=3.5)
     single = Template("n", tp=1, stages=(Stage("a100", 36),), throughput=2.0)

@@ -8,13 +8,13 @@ from dataclasses import replace
 
 import pytest
 
-from solver import catalog, perf, perf_roles
-from solver.allocate import allocate
-from solver.check import check_plan
-from solver.joint import TableThroughput
-from solver.roles import phase_templates, roles_for
-from solver.templates import _from_json, _to_json, build_library
-from solver.types import (
+from coral_solver import catalog, perf, perf_roles
+from coral_solver.allocate import allocate
+from coral_solver.check import check_plan
+from coral_solver.joint import TableThroughput
+from coral_solver.roles import phase_templates, roles_for
+from coral_solver.templates import _from_json, _to_json, build_library
+from coral_solver.types import (
     Cluster,
     ModelSpec,
     NodeGroup,

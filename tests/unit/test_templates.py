@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from solver.joint import TableThroughput, random_instance
-from solver.templates import best_layouts, build_library, drop_dominated, model_templates
-from solver.types import ModelSpec, Policy, Stage, Template
+from coral_solver.joint import TableThroughput, random_instance
+from coral_solver.templates import best_layouts, build_library, drop_dominated, model_templates
+from coral_solver.types import ModelSpec, Policy, Stage, Template
 
 
 def _brute_best(tm, model, types, tp, counts, layers):
@@ -166,7 +166,7 @@ def test_a_model_too_big_for_every_layout_gets_no_templates():
 def _min_layer_instance():
     """A 12-layer model, two GPU types: 'big' is infeasible below 5 layers (a stage with a
     minimum layer count), 'small' holds at most 4 layers."""
-    from solver.joint import TableThroughput
+    from coral_solver.joint import TableThroughput
 
     model = ModelSpec("m", "m", 512, 128, 2.0, 0.1)
     big = [0.0] * 4 + [60.0 / l for l in range(5, 12)]
@@ -180,7 +180,7 @@ def _min_layer_instance():
 def test_a_stage_with_a_minimum_layer_count_keeps_its_table():
     import numpy as np
 
-    from solver.templates import _stage_tables
+    from coral_solver.templates import _stage_tables
 
     model, tm = _min_layer_instance()
     table = _stage_tables(tm, model, ["big", "small"], 1, 2, 12)
@@ -209,7 +209,7 @@ def test_templates_with_a_minimum_layer_stage_are_the_exact_best_layouts():
 
 
 def test_qwen3_235b_on_two_4xh100_stages_gets_a_template_with_the_azure_code_mix():
-    from solver.templates import PerfThroughput, _stage_tables
+    from coral_solver.templates import PerfThroughput, _stage_tables
 
     model = ModelSpec("q235", "qwen3-235b-a22b", 2048, 28, 4.0, 0.2)
     tm = PerfThroughput()

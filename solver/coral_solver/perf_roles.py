@@ -3,12 +3,12 @@
 A disaggregated model runs prefill replicas (prompt in, KV cache out, one token) and decode
 replicas (KV cache in, output tokens out); vLLM's KV connector moves the cache between them
 (../shared/VLLM-CPU.md). Both are priced on the same step-time model as an aggregated replica
-(:mod:`solver.perf_model`, with the same calibration and measured corrections), so the three
+(:mod:`coral_solver.perf_model`, with the same calibration and measured corrections), so the three
 roles compare like with like:
 
 - **prefill**: one prompt per engine step (vLLM schedules whole prompts; batching several in a
   step only helps, so this is conservative). Prompt lengths are exponential with the mix's mean
-  (as :func:`solver.perf._concurrent_slots` takes them), so a stage is an M/M/1 queue whose
+  (as :func:`coral_solver.perf._concurrent_slots` takes them), so a stage is an M/M/1 queue whose
   sojourn time is exponential with rate mu − lambda. A request's TTFT share on one of S stages
   is TTFT/S, less its KV hand-off over the node's link, less one TPOT for the decode replica's
   first token (the client sees the first token from the decode side):
@@ -35,9 +35,9 @@ from __future__ import annotations
 
 import math
 
-from solver import perf
-from solver.catalog import GpuSpec, ModelArch
-from solver.perf_model import step_time
+from coral_solver import perf
+from coral_solver.catalog import GpuSpec, ModelArch
+from coral_solver.perf_model import step_time
 
 __all__ = ["kv_bytes_per_request", "kv_transfer_s", "phase_throughput"]
 
@@ -53,7 +53,7 @@ def kv_bytes_per_request(arch: ModelArch, mix: perf.Mix) -> float:
 
 def kv_transfer_s(arch: ModelArch, layers: int, mix: perf.Mix) -> float:
     """Seconds to move one mean prompt's KV of ``layers`` layers off (or onto) one stage's node
-    (:func:`solver.perf.kv_transfer_s`)."""
+    (:func:`coral_solver.perf.kv_transfer_s`)."""
     return perf.kv_transfer_s(arch, layers, mix.input_tokens)
 
 
@@ -95,7 +95,7 @@ def _decode(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_stages: int,
     S = n_stages
     tpot = slo.tpot_s / S
     c = perf._stage_coeffs(arch, gpu, tp, layers)
-    ctx = float(n_in + n_out)  # KV read per sequence: length-biased, as in solver.perf
+    ctx = float(n_in + n_out)  # KV read per sequence: length-biased, as in coral_solver.perf
     link = _link_cap(arch, layers, mix)
 
     def step(b: float) -> float:
@@ -145,8 +145,8 @@ def phase_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_stag
 
     ``role`` "prefill": prompts under TTFT/n_stages (KV hand-off and the decode side's first
     token included); "decode": output tokens under TPOT/n_stages with each sequence's prompt
-    and output KV held; "both": :func:`solver.perf.stage_throughput`. 0.0 when the stage cannot
-    run, does not fit or misses the SLO; non-increasing in ``layers``.
+    and output KV held; "both": :func:`coral_solver.perf.stage_throughput`. 0.0 when the stage
+    cannot run, does not fit or misses the SLO; non-increasing in ``layers``.
     """
     if role == "both":
         return perf.stage_throughput(arch, gpu, tp, layers, n_stages, slo, mix)

@@ -1,9 +1,9 @@
-"""The reference path: the same :class:`~solver.allocate_model.LinearModel` as a Pyomo model.
+"""The reference path: the same :class:`~coral_solver.allocate_model.LinearModel` as a Pyomo model.
 
 Variables and constraints keep the definition's family names and labels
 (``nu[template]``, ``sigma[template, gpu, partition]``, ``cover[model]`` …) so a reader can print
 or inspect the model. Solved by HiGHS through Pyomo's APPSI interface. Building through Pyomo is
-slower than the matrix hand-off, which is why :mod:`solver.allocate` uses that by default; the
+slower than the matrix hand-off, which is why :mod:`coral_solver.allocate` uses that by default; the
 tests check both reach the same optimum.
 """
 
@@ -17,8 +17,8 @@ from pyomo.contrib.appsi.base import TerminationCondition
 from pyomo.contrib.appsi.solvers import Highs
 from pyomo.core.expr.numeric_expr import LinearExpression
 
-from solver.allocate_highs import SolveResult, _gap
-from solver.allocate_model import LinearModel
+from coral_solver.allocate_highs import SolveResult, _gap
+from coral_solver.allocate_model import LinearModel
 
 
 def _bound(value: float) -> float | None:

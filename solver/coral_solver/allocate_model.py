@@ -2,8 +2,8 @@
 
 :func:`build_model` is a flat recipe of ``define_*`` calls over prepared arrays
 (:class:`Prepared`); the result, a :class:`LinearModel`, is handed to HiGHS either as a matrix
-(:mod:`solver.allocate_highs`, the fast path) or as a Pyomo model with the same index names
-(:mod:`solver.allocate_pyomo`, the readable reference path). Both read this one definition.
+(:mod:`coral_solver.allocate_highs`, the fast path) or as a Pyomo model with the same index names
+(:mod:`coral_solver.allocate_pyomo`, the readable reference path). Both read this one definition.
 
 Sets: models m; templates j of model m(j), TP t_j, n_{j,g} stages of GPU type g, throughput T_j;
 partitions p; node classes k = identical (GPU type g_k, free GPUs f_k, partitions P_k) with N_k
@@ -28,7 +28,7 @@ from itertools import combinations_with_replacement
 
 import numpy as np
 
-from solver.types import Cluster, JobLimits, ModelSpec, Partition, Policy, Template
+from coral_solver.types import Cluster, JobLimits, ModelSpec, Partition, Policy, Template
 
 INF = math.inf
 

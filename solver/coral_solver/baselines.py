@@ -14,7 +14,7 @@
   ranked by prompt tokens per cost and decode replicas by output tokens per cost, each sized to the
   demand; without them (every replica serves both phases) it is :func:`cauchy`.
 
-Each returns a :class:`~solver.types.Plan` the checker (:mod:`solver.check`) accepts.
+Each returns a :class:`~coral_solver.types.Plan` the checker (:mod:`coral_solver.check`) accepts.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from collections import Counter
 from collections.abc import Callable, Hashable
 from dataclasses import replace
 
-from solver.allocate import allocate
-from solver.types import (
+from coral_solver.allocate import allocate
+from coral_solver.types import (
     Cluster,
     ModelSpec,
     NodeGroup,

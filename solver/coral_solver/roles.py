@@ -1,7 +1,7 @@
 """Stage 1 for disaggregated serving: prefill-only and decode-only templates of a model.
 
 Each phase is its own template family, found by the same exact best-layout search as an
-aggregated template (:func:`solver.templates.model_templates`), over a view of the throughput
+aggregated template (:func:`coral_solver.templates.model_templates`), over a view of the throughput
 model that answers for that phase. So each phase picks its own GPU type, TP degree, pipeline
 stages and layer split: prefill where compute per cost is cheapest, decode where memory
 bandwidth per cost is. Which templates a model gets follows ``ModelSpec.disaggregation``:
@@ -14,19 +14,19 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Protocol, TypeGuard
 
-from solver.types import ModelSpec, Policy, Role, Template
+from coral_solver.types import ModelSpec, Policy, Role, Template
 
 #: the roles a disaggregated model's replicas take
 PHASES: tuple[Role, Role] = ("prefill", "decode")
 
 
 class PhaseThroughputModel(Protocol):
-    """A throughput model (:class:`solver.templates.ThroughputModel`) that also knows the
+    """A throughput model (:class:`coral_solver.templates.ThroughputModel`) that also knows the
     phases apart."""
 
     def phase_throughput(self, model: ModelSpec, gpu_type: str, tp: int, layers: int,
                          stages: int, role: Role) -> float:
-        """Requests/s one stage of a ``role`` replica sustains (see solver.perf_roles)."""
+        """Requests/s one stage of a ``role`` replica sustains (see coral_solver.perf_roles)."""
 
     def kv_bytes_per_request(self, model: ModelSpec) -> float:
         """KV bytes one request moves from its prefill to its decode replica."""
@@ -69,7 +69,7 @@ def phase_templates(tm: PhaseThroughputModel, model: ModelSpec,
                     role: Role) -> list[Template]:
     """Every non-dominated ``role`` template of one model (exact best layout per multiset);
     dominance is decided among templates of the same role only."""
-    from solver.templates import model_templates  # here: templates imports this module
+    from coral_solver.templates import model_templates  # here: templates imports this module
 
     if role not in PHASES:
         raise ValueError(f"role {role!r}: expected one of {PHASES}")
@@ -80,7 +80,7 @@ def phase_templates(tm: PhaseThroughputModel, model: ModelSpec,
 
 def check_phase_template(t: Template, model: ModelSpec, tm, rel_tol: float) -> list[str]:
     """Every stage of a role template sustains its throughput in that role (the checker's
-    counterpart of ``solver.check._check_template`` for roles)."""
+    counterpart of ``coral_solver.check._check_template`` for roles)."""
     out = []
     for stage in t.stages:
         speed = tm.phase_throughput(model, stage.gpu_type, t.tp, stage.layers, t.pp, t.role)

@@ -1,7 +1,8 @@
 """Where the shipped performance profiles live.
 
 In an installed wheel the top-level ``profiles/`` folder is packaged inside this package as
-``solver/profiles``; in a checkout it sits beside this package. Callers ask here instead of
+``coral_solver/profiles``; in a checkout it is the top-level ``profiles/`` folder, two levels up
+(``solver/coral_solver/`` → the checkout). Callers ask here instead of
 guessing paths.
 """
 
@@ -15,4 +16,4 @@ _HERE = Path(__file__).resolve().parent
 def profiles_dir() -> Path:
     """Return the directory holding GPU specs, model architectures and calibration files."""
     installed = _HERE / "profiles"
-    return installed if installed.is_dir() else _HERE.parent / "profiles"
+    return installed if installed.is_dir() else _HERE.parents[1] / "profiles"

@@ -18,7 +18,7 @@ import yaml
 # them at start-up); fall back to the pure-Python safe loader where libyaml is missing.
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
-from solver.resources import profiles_dir
+from coral_solver.resources import profiles_dir
 
 #: bytes per parameter of a served checkpoint, by quantization
 BYTES_PER_PARAM = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "mxfp4": 4.25 / 8}

@@ -34,7 +34,7 @@ class ModelSpec:
     """One served model as the planner sees it."""
 
     name: str
-    arch: str  #: key of the architecture in profiles (``solver.catalog.model_arch``)
+    arch: str  #: key of the architecture in profiles (``coral_solver.catalog.model_arch``)
     input_tokens: int  #: mean input tokens of the mix
     output_tokens: int  #: mean output tokens of the mix
     ttft_s: float  #: SLO: time to first token

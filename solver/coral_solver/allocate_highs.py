@@ -1,4 +1,4 @@
-"""The fast path: a :class:`~solver.allocate_model.LinearModel` handed to HiGHS as a matrix.
+"""The fast path: a :class:`~coral_solver.allocate_model.LinearModel` handed to HiGHS as a matrix.
 
 One persistent ``highspy.Highs`` per model: the scarce-demand phases and the column restriction
 change costs and bounds in place instead of rebuilding anything.
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import highspy
 import numpy as np
 
-from solver.allocate_model import LinearModel
+from coral_solver.allocate_model import LinearModel
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """The analytic step-time model, pure arithmetic (no files, no caches).
 
-Shared by :mod:`solver.perf` (which feeds it the shipped calibration) and ``bench/calibrate.py``
+Shared by :mod:`coral_solver.perf` (which feeds it the shipped calibration) and
+``bench/calibrate.py``
 (which feeds it trial factors while fitting), so fitted numbers mean exactly what the model uses.
 Roofline with calibrated efficiencies, ../shared/data/GPU-AND-MODEL-FACTS.md §7.
 """
@@ -9,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from solver.catalog import GpuSpec, ModelArch
-from solver.perf_profiles import Factors
+from coral_solver.catalog import GpuSpec, ModelArch
+from coral_solver.perf_profiles import Factors
 
 
 def stage_weight_bytes_per_gpu(arch: ModelArch, tp: int, layers: int) -> float:

@@ -1,7 +1,7 @@
 """Stage 2: integer replicas per (template, partition of each stage) at least cost.
 
-:func:`allocate` prepares the data (:func:`solver.allocate_model.prepare`), builds the model once
-(:func:`solver.allocate_model.build_model`) and solves it with HiGHS:
+:func:`allocate` prepares the data (:func:`coral_solver.allocate_model.prepare`), builds the model once
+(:func:`coral_solver.allocate_model.build_model`) and solves it with HiGHS:
 
 1. **Served fraction** first: maximise phi, the smallest fraction of any model's demand served
    (deciding "all demand can be met" this way avoids a slow proof of infeasibility).
@@ -32,10 +32,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from solver.allocate_highs import HighsSolver, SolveResult
-from solver.allocate_model import Prepared, Stage2Model, build_model, job_cap, prepare
-from solver.queue import queue_unplaced
-from solver.types import Cluster, ModelSpec, Plan, PlanRow, Policy, Template, served_capacity
+from coral_solver.allocate_highs import HighsSolver, SolveResult
+from coral_solver.allocate_model import Prepared, Stage2Model, build_model, job_cap, prepare
+from coral_solver.queue import queue_unplaced
+from coral_solver.types import Cluster, ModelSpec, Plan, PlanRow, Policy, Template, served_capacity
 
 #: relative slack when a phase's optimum becomes the next phase's constraint: as loose as HiGHS's
 #: own feasibility tolerances (1e-7 primal, 1e-6 MIP), since the served amounts behind the
@@ -94,7 +94,7 @@ class _Runner:
         optimum) is HiGHS's first incumbent, and its columns stay in the restriction."""
         gap = self.policy.mip_gap
         if self.backend == "pyomo":
-            from solver.allocate_pyomo import solve_pyomo
+            from coral_solver.allocate_pyomo import solve_pyomo
 
             result = solve_pyomo(self.sm.lm, self.left(), gap, cost, self.col_lower, self.col_upper)
             return _Outcome(result, result.bound, len(self.sm.nu))
@@ -171,7 +171,7 @@ def allocate(
     ``policy.prune``); ``backend="pyomo"`` builds the same model through Pyomo (full, slower).
     GPUs Slurm gives only after a wait (node groups with ``wait_s``) pay for the wait; a model
     left with no replica gets one queued where Slurm expects to start it first
-    (:func:`solver.queue.queue_unplaced`, ``Plan.queued``), from ``queue_library`` when given
+    (:func:`coral_solver.queue.queue_unplaced`, ``Plan.queued``), from ``queue_library`` when given
     (a library not narrowed to what fits in the GPUs available now: a queued job waits for its
     nodes).
     """
@@ -288,7 +288,7 @@ def _fallback(models, library, cluster: Cluster, policy: Policy, data: Prepared,
     daemon still has something safe to act on, flagged with an unknown gap."""
     if word == "infeasible":
         return _empty(data, word, time.perf_counter() - began, None)
-    from solver.baselines import cauchy  # here: baselines builds on this module
+    from coral_solver.baselines import cauchy  # here: baselines builds on this module
 
     # the greedy plan knows aggregated replicas only: a model planned disaggregated-only gets
     # none from it and shows as unserved

@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 
-from solver.allocate_model import job_cap
-from solver.types import Cluster, ModelSpec, Plan, PlanRow, QueueOption, Template
+from coral_solver.allocate_model import job_cap
+from coral_solver.types import Cluster, ModelSpec, Plan, PlanRow, QueueOption, Template
 
 #: a queued replica of ours moves to another shape only when that one is expected to start at
 #: least this much sooner: Slurm's estimates move by minutes as jobs end early, and a job that

@@ -5,7 +5,7 @@ GPU-AND-MODEL-FACTS.md §7): prefill is compute-bound, decode reads the weights 
 KV capacity bounds the batch, tensor parallelism adds two all-reduces per layer priced by the
 node's interconnect, and pipeline stages on different nodes add a hand-off per step. Efficiency
 factors come from ``profiles/calibration.yaml`` (fitted by ``bench/calibrate.py``); measured
-profiles in ``profiles/measured/`` override the model (see :mod:`solver.perf_profiles`).
+profiles in ``profiles/measured/`` override the model (see :mod:`coral_solver.perf_profiles`).
 
 Units: seconds, tokens, requests per second of the model's mix (ARCHITECTURE "Units").
 Everything public is memoised: Stage 1 calls :func:`stage_throughput` 10^4-10^5 times.
@@ -21,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from solver import catalog
-from solver.catalog import GpuSpec, ModelArch
-from solver.perf_model import (
+from coral_solver import catalog
+from coral_solver.catalog import GpuSpec, ModelArch
+from coral_solver.perf_model import (
     StageCoeffs,
     build_coeffs,
     kv_bytes_per_token_per_gpu,
@@ -31,8 +31,8 @@ from solver.perf_model import (
     step_time,
     with_correction,
 )
-from solver.perf_profiles import Calibration, MeasuredProfile, load_calibration, load_measured
-from solver.resources import profiles_dir
+from coral_solver.perf_profiles import Calibration, MeasuredProfile, load_calibration, load_measured
+from coral_solver.resources import profiles_dir
 
 __all__ = [
     "PROMPTS_STALL_RING",

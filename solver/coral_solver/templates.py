@@ -29,8 +29,8 @@ from typing import Protocol
 
 import numpy as np
 
-from solver.roles import phase_templates, roles_for, supports_phases
-from solver.types import ModelSpec, Policy, Stage, Template
+from coral_solver.roles import phase_templates, roles_for, supports_phases
+from coral_solver.types import ModelSpec, Policy, Stage, Template
 
 #: progress(model name, models done, models total)
 Progress = Callable[[str, int, int], None]
@@ -70,10 +70,13 @@ class ThroughputModel(Protocol):
 
 
 class PerfThroughput:
-    """The real performance model (:mod:`solver.perf` over :mod:`solver.catalog`)."""
+    """The real performance model (:mod:`coral_solver.perf` over :mod:`coral_solver.catalog`)."""
 
     def __init__(self) -> None:
-        from solver import catalog, perf  # imported here: Stage 1 can run on a synthetic model
+        from coral_solver import (  # imported here: Stage 1 can run on a synthetic model
+            catalog,
+            perf,
+        )
 
         self._catalog = catalog
         self._perf = perf
@@ -115,7 +118,7 @@ class PerfThroughput:
     def phase_throughput(self, model: ModelSpec, gpu_type: str, tp: int, layers: int,
                          stages: int, role: str) -> float:
         """Requests/s one stage of a prefill-only or decode-only replica sustains."""
-        from solver import perf_roles
+        from coral_solver import perf_roles
 
         slo = self._perf.Slo(ttft_s=model.ttft_s, tpot_s=model.tpot_s)
         mix = self._perf.Mix(input_tokens=model.input_tokens, output_tokens=model.output_tokens)
@@ -124,14 +127,14 @@ class PerfThroughput:
 
     def kv_bytes_per_request(self, model: ModelSpec) -> float:
         """KV bytes one request moves from its prefill to its decode replica."""
-        from solver import perf_roles
+        from coral_solver import perf_roles
 
         mix = self._perf.Mix(input_tokens=model.input_tokens, output_tokens=model.output_tokens)
         return perf_roles.kv_bytes_per_request(self._arch(model), mix)
 
     def fingerprint(self) -> str:
-        from solver import perf_roles
-        from solver.resources import profiles_dir
+        from coral_solver import perf_roles
+        from coral_solver.resources import profiles_dir
 
         digest = hashlib.sha256()
         digest.update(Path(perf_roles.__file__).read_bytes())
@@ -297,8 +300,8 @@ def library_templates(
     policy: Policy,
 ) -> list[Template]:
     """The model's templates for every role its disaggregation policy allows
-    (:func:`solver.roles.roles_for`): aggregated from :func:`model_templates`, prefill and
-    decode from :func:`solver.roles.phase_templates`."""
+    (:func:`coral_solver.roles.roles_for`): aggregated from :func:`model_templates`, prefill and
+    decode from :func:`coral_solver.roles.phase_templates`."""
     roles = roles_for(model)
     out = model_templates(tm, model, gpu_types, policy) if "both" in roles else []
     phases = [r for r in roles if r != "both"]
@@ -381,7 +384,7 @@ def build_library(
     """Stage 1 for every model: model name → its non-dominated templates.
 
     ``gpu_types`` maps each GPU type present to (most GPUs on one node, GPU memory GB), e.g. from
-    :meth:`solver.types.Cluster.gpu_types`. Results are cached in ``cache_dir`` (default
+    :meth:`coral_solver.types.Cluster.gpu_types`. Results are cached in ``cache_dir`` (default
     :func:`default_cache_dir`) under a hash of the model's SLO and mix, the GPU types, the policy
     and the throughput model's fingerprint; ``use_cache=False`` neither reads nor writes it.
     """

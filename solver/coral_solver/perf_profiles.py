@@ -1,4 +1,4 @@
-"""Efficiency factors and measured profiles that parameterise :mod:`solver.perf`.
+"""Efficiency factors and measured profiles that parameterise :mod:`coral_solver.perf`.
 
 ``profiles/calibration.yaml`` holds per-GPU-class and per-GPU efficiency factors fitted by
 ``bench/calibrate.py``; ``profiles/measured/*.yaml`` hold measurements written by
@@ -30,8 +30,8 @@ import yaml
 # them at start-up); fall back to the pure-Python safe loader where libyaml is missing.
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
-from solver.catalog import CatalogError, GpuSpec, canonical_gpu_name, model_arch
-from solver.resources import profiles_dir
+from coral_solver.catalog import CatalogError, GpuSpec, canonical_gpu_name, model_arch
+from coral_solver.resources import profiles_dir
 
 
 @dataclass(frozen=True)
@@ -165,7 +165,7 @@ def load_calibration(profiles: Path | None = None) -> Calibration:
     classes = {str(k): factors(f"classes.{k}", v, None) for k, v in (data.get("classes") or {}).items()}
     if "hbm" not in classes:
         raise CatalogError(f"{path}: classes: the default class 'hbm' is missing")
-    from solver.catalog import gpu_spec
+    from coral_solver.catalog import gpu_spec
 
     gpus: dict[str, Factors] = {}
     for name, entry in (data.get("gpus") or {}).items():

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from solver.types import Cluster, ModelSpec, Plan, Template
+from coral_solver.types import Cluster, ModelSpec, Plan, Template
 
 
 def check_plan(
@@ -196,7 +196,7 @@ def _check_template(t: Template, model: ModelSpec, tm, rel_tol: float) -> list[s
     if t.tp not in tm.tp_degrees(model, max(t.tp, 1)):
         out.append(f"template {t.id}: TP {t.tp} not valid for {model.arch}")
     if t.role != "both":
-        from solver.roles import check_phase_template
+        from coral_solver.roles import check_phase_template
 
         return out + check_phase_template(t, model, tm, rel_tol)
     for stage in t.stages:

@@ -10,7 +10,7 @@ With MIP gap 0 its optimum must equal the two-stage optimum; ``tests/unit/test_j
 on random instances from :func:`random_instance`.
 
 Also here: :class:`TableThroughput`, a plain-data throughput model (so the proof does not depend on
-the calibration of :mod:`solver.perf`), and the instance generator.
+the calibration of :mod:`coral_solver.perf`), and the instance generator.
 """
 
 from __future__ import annotations
@@ -22,11 +22,19 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from solver.allocate import PHASE_TOLERANCE
-from solver.allocate_highs import HighsSolver
-from solver.allocate_model import INF, LinearModel
-from solver.roles import roles_for
-from solver.types import Cluster, Disaggregation, ModelSpec, NodeGroup, Partition, Policy, Quota
+from coral_solver.allocate import PHASE_TOLERANCE
+from coral_solver.allocate_highs import HighsSolver
+from coral_solver.allocate_model import INF, LinearModel
+from coral_solver.roles import roles_for
+from coral_solver.types import (
+    Cluster,
+    Disaggregation,
+    ModelSpec,
+    NodeGroup,
+    Partition,
+    Policy,
+    Quota,
+)
 
 
 @dataclass
@@ -361,7 +369,7 @@ def _append_row(lm: LinearModel, family: str, label: tuple, lower: float = 0.0, 
     lm.row_upper.append(float(upper))
     fam = lm.row_families.get(family)
     if fam is None:
-        from solver.allocate_model import Family
+        from coral_solver.allocate_model import Family
 
         lm.row_families[family] = Family(family, [label], row)
     else:
