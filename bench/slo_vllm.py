@@ -89,9 +89,18 @@ async def load(url: str, model: str, rate: float, seconds: float, n_in: int, n_o
             if t >= seconds:
                 break
             await asyncio.sleep(max(0.0, began + t - time.perf_counter()))
-            tasks.append(asyncio.create_task(one_request(c, url, model, n_in, n_out,
-                                                         len(tasks))))
+            tasks.append(asyncio.create_task(_bounded(
+                one_request(c, url, model, n_in, n_out, len(tasks)))))
         return await asyncio.gather(*tasks)
+
+
+async def _bounded(request) -> tuple[float, float] | None:
+    """A request unanswered after REQUEST_TIMEOUT_S in all is a failure (httpx's timeout bounds
+    each read, so a stream trickling tokens could otherwise run on for minutes)."""
+    try:
+        return await asyncio.wait_for(request, REQUEST_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        return None
 
 
 async def load_every_model(url: str, loads: list[tuple[str, float, int, int]], seconds: float,
@@ -136,45 +145,62 @@ def _tree(root_marker: str, exclude: int) -> list[int]:
     return sorted(descendants(roots) - descendants([exclude]))
 
 
-def footprint(root_marker: str, exclude: int) -> tuple[int, float, int]:
-    """(RSS bytes, CPU seconds so far, process count) of the replica jobs' process tree."""
-    rss, ticks, pids = 0, 0, _tree(root_marker, exclude)
+def footprint(root_marker: str, exclude: int) -> tuple[int, int, float, int]:
+    """(RSS bytes, PSS bytes, CPU seconds so far, process count) of the replica jobs' process
+    tree. RSS counts the pages processes share (torch's libraries) once per process; PSS splits
+    them between the sharers, so the tree's PSS is what it takes of the machine."""
+    rss = pss = ticks = 0
+    pids = _tree(root_marker, exclude)
     for pid in pids:
         try:
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
             status = Path(f"/proc/{pid}/status").read_text()
+            rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
         except OSError:
             continue
         ticks += int(fields[11]) + int(fields[12])  # utime + stime
-        rss += next((int(line.split()[1]) * 1024 for line in status.splitlines()
-                     if line.startswith("VmRSS:")), 0)
-    return rss, ticks / os.sysconf("SC_CLK_TCK"), len(pids)
+        rss += _kib(status, "VmRSS:")
+        pss += _kib(rollup, "Pss:")
+    return rss, pss, ticks / os.sysconf("SC_CLK_TCK"), len(pids)
+
+
+def _kib(text: str, key: str) -> int:
+    """Bytes of the ``key`` line (``VmRSS:  123 kB``) of a /proc file."""
+    return next((int(line.split()[1]) * 1024 for line in text.splitlines()
+                 if line.startswith(key)), 0)
 
 
 class FootprintSampler(threading.Thread):
-    """Samples the process tree's RSS every second; CPU use as the CPU seconds between start
-    and stop over the wall time between them."""
+    """Samples the process tree's RSS and PSS every second; CPU use as the CPU seconds between
+    start and stop over the wall time between them."""
 
     def __init__(self, root_marker: str, exclude: int) -> None:
         super().__init__(daemon=True)
-        self.root_marker, self.exclude, self.peak_rss, self.rss = root_marker, exclude, 0, []
+        self.root_marker, self.exclude = root_marker, exclude
+        self.rss: list[int] = []
+        self.pss: list[int] = []
         self._stop_event = threading.Event()
 
     def run(self) -> None:
         self.began = time.monotonic()
-        _, self.cpu0, self.processes = footprint(self.root_marker, self.exclude)
+        _, _, self.cpu0, self.processes = footprint(self.root_marker, self.exclude)
+        self.cpu1 = self.cpu0
         while not self._stop_event.wait(1.0):
-            rss, self.cpu1, n = footprint(self.root_marker, self.exclude)
+            rss, pss, self.cpu1, n = footprint(self.root_marker, self.exclude)
             self.rss.append(rss)
-            self.peak_rss = max(self.peak_rss, rss)
+            self.pss.append(pss)
             self.processes = max(self.processes, n)
         self.ended = time.monotonic()
 
     def result(self) -> dict:
         self._stop_event.set()
         self.join()
-        return {"processes": self.processes, "peak_rss_gib": self.peak_rss / 2**30,
-                "mean_rss_gib": sum(self.rss) / max(len(self.rss), 1) / 2**30,
+        gib = 2**30
+        return {"processes": self.processes,
+                "peak_rss_gib": max(self.rss, default=0) / gib,
+                "mean_rss_gib": sum(self.rss) / max(len(self.rss), 1) / gib,
+                "peak_pss_gib": max(self.pss, default=0) / gib,
+                "mean_pss_gib": sum(self.pss) / max(len(self.pss), 1) / gib,
                 "cores": (self.cpu1 - self.cpu0) / max(self.ended - self.began, 1e-9)}
 
 
@@ -291,11 +317,15 @@ def main() -> int:
                          f"{'/'.join(map(str, row['ttft_ms']))} | "
                          f"{'/'.join(map(str, row['tpot_ms']))} |")
     lines += ["", "Engine processes (every replica job's process tree):", "",
-              "| phase | processes | mean RSS GiB | peak RSS GiB | cores used |",
+              "| phase | processes | mean / peak RSS GiB | mean / peak PSS GiB | cores used |",
               "|---|---|---|---|---|"]
     for phase, f in results["footprint"].items():
-        lines.append(f"| {phase} | {f['processes']} | {f['mean_rss_gib']:.1f} | "
-                     f"{f['peak_rss_gib']:.1f} | {f['cores']:.2f} |")
+        lines.append(f"| {phase} | {f['processes']} | {f['mean_rss_gib']:.1f} / "
+                     f"{f['peak_rss_gib']:.1f} | {f['mean_pss_gib']:.1f} / "
+                     f"{f['peak_pss_gib']:.1f} | {f['cores']:.2f} |")
+    lines += ["", "RSS counts the pages the engine processes share once per process; PSS "
+              "splits them between the sharers: the tree's PSS is what it takes of the machine. "
+              "Cores: CPU seconds of the tree over the phase's wall time (the host has 2)."]
     (out_dir / f"{args.out}.md").write_text("\n".join(lines) + "\n")
     return 0
 
