@@ -6,11 +6,11 @@ that one session, one after the other:
    there gets a successor elsewhere and keeps serving until that successor is READY, then drains
    and its job ends by itself, never requeued;
 2. **scancel** of a READY replica: the daemon replaces it;
-3. **walltime rotation**: the deployment's time limit is short (7 min), so a replica's successor
+3. **walltime rotation**: the deployment's time limit is short (9 min), so a replica's successor
    is started ``walltime_lead_s`` ahead of Slurm's warning, and the old one drains once it is
    READY — before the time limit, so its job ends COMPLETED, not TIMEOUT.
 
-Before them, the daemon's engine gauges (``coral_engine_*`` on its /metrics) show both replicas'
+After them, the daemon's engine gauges (``coral_engine_*`` on its /metrics) show both replicas'
 load, read from the real engine's /metrics names (coral_hpc.engine.vllm_metrics).
 
 Throughout, the model keeps at least one READY replica, and a request sent through the gateway
@@ -19,7 +19,10 @@ model's *only* replica cannot avoid a gap (nothing serves until a successor has 
 why the model has two replicas: ``min_replicas: 2``.
 
 One session carries all three checks, so the lane pays for one set of engine start-ups (about
-four engine processes at the peak, ~7 min in all on the 2-core machine).
+four engine processes at the peak, ~8-11 min in all on the 2-core machine). With a short time
+limit every replica rotates 4.5 min into its life, so the checks overlap in time; each is told apart
+by its cause: a drained node's replica gets its successor *before* its walltime is due, and the
+rotation is a replica on another node drained for its walltime.
 """
 
 from __future__ import annotations
@@ -50,9 +53,10 @@ pytestmark = [pytest.mark.slurm, pytest.mark.vllm]
 CLI = [sys.executable, "-c", "from coral_hpc.cli import main; main()"]
 MODEL = "tiny-llama"
 #: the deployment's time limit and the walltime lead: a replica's successor is due
-#: 7 min − 90 s (Slurm's USR2 warning) − 150 s after it starts, i.e. at 3 min of its life,
-#: and has 150 s to become READY (one CPU engine starts in ~60-120 s here)
-TIME_LIMIT, WALLTIME_LEAD_S = "00:07:00", 150
+#: 9 min − 90 s (Slurm's USR2 warning) − 180 s after it starts, i.e. at 4.5 min of its life,
+#: and has 180 s to become READY (one CPU engine starts in ~60-150 s here)
+TIME_LIMIT, TIME_LIMIT_S, WALLTIME_LEAD_S = "00:09:00", 540, 180
+SIGNAL_LEAD_S = 90  # coral_hpc.launch.submit: --signal=USR2@90
 READY_S = 360  # one replacement, submit → READY, on a loaded 2-core machine
 
 
@@ -123,6 +127,14 @@ class Session:
     def ready(self) -> list[dict]:
         return [r for r in self.replicas() if r["state"] == "READY"]
 
+    def records(self) -> dict:
+        """Every replica row, ended ones included, by id."""
+        store = open_store(self.deployment.db_path, readonly=True)
+        try:
+            return {r.id: r for r in store.replicas(live_only=False)}
+        finally:
+            store.close()
+
     def events(self, kind: str) -> list:
         store = open_store(self.deployment.db_path, readonly=True)
         try:
@@ -192,9 +204,61 @@ def test_drain_scancel_and_walltime_replace_with_no_ready_gap(
         watch = Watch(session, gateway)
         watch.start()
 
+        # 1. node drain: every replica on the node moves, each serving until its successor is up
+        node = first[0]["nodes"].split(",")[0]
+        on_node = [r for r in first if node in r["nodes"].split(",")]
+        on_node_ids = {r["id"] for r in on_node}
+        node_restorer.drain_node(node, reason="coral-vllm-test")
+        wait_until(lambda: (r := session.ready()) and len(r) == 2
+                   and not on_node_ids & {x["id"] for x in session.replicas()}
+                   and r, len(on_node) * READY_S + 60,
+                   f"the replicas on {node} replaced (two READY elsewhere, none left there)")
+        records = session.records()
+        for replica_id in on_node_ids:
+            # the daemon reacted to the drain, not to the walltime that falls due later
+            submitted = [e.time for e in session.events("submit")
+                         if f"successor of {replica_id}" in e.message]
+            due = records[replica_id].started_at + TIME_LIMIT_S - SIGNAL_LEAD_S - WALLTIME_LEAD_S
+            assert submitted and min(submitted) < due, (replica_id, submitted, due)
+        drained_jobs = [records[i].job_id for i in on_node_ids]
+        runs = wait_until(lambda: ended(env, drained_jobs), 90, "the drained jobs ended")
+        assert sorted(j for j, _ in runs) == sorted(drained_jobs), f"requeued or lost: {runs}"
+        assert all(s == "COMPLETED" for _, s in runs), f"drained, each job ended by itself: {runs}"
+        drains = {e.replica_id for e in session.events("drain")}
+        assert on_node_ids <= drains, "each replica left by a drain, not killed"
+        assert all(node not in r["nodes"].split(",") for r in session.replicas()
+                   if r["nodes"]), "nothing new placed on the drained node"
+        subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], check=True,
+                       env=env, timeout=30)
+
+        # 2. scancel of a READY replica: the other one serves while a successor starts
+        victim = max(session.ready(), key=lambda r: r["time_left_s"] or 0)
+        client.cancel([victim["job_id"]])
+        wait_until(lambda: (r := session.ready()) and len(r) == 2
+                   and victim["id"] not in {x["id"] for x in session.replicas()} and r,
+                   READY_S + 30, "a READY successor of the scancelled replica")
+        assert [e for e in session.events("failed") if e.replica_id == victim["id"]]
+
+        # 3. walltime rotation: a replica not on the drained node drained for its walltime once
+        #    its successor was READY, its job ending by itself before the time limit (COMPLETED,
+        #    not TIMEOUT)
+        def rotated() -> set[str] | None:
+            done = {e.replica_id for e in session.events("drain")
+                    if "walltime" in e.message and e.replica_id not in on_node_ids}
+            return done or None
+
+        rotated_ids = wait_until(rotated, TIME_LIMIT_S, "a replica drained for its walltime")
+        wait_until(lambda: (r := session.ready()) and len(r) == 2
+                   and not rotated_ids & {x["id"] for x in session.replicas()} and r,
+                   READY_S, "the rotated replica gone and two READY")
+        records = session.records()
+        rotated_jobs = [records[i].job_id for i in rotated_ids]
+        runs = wait_until(lambda: ended(env, rotated_jobs), 90, "the rotated jobs ended")
+        assert sorted(j for j, _ in runs) == sorted(rotated_jobs), f"requeued or lost: {runs}"
+        assert all(s == "COMPLETED" for _, s in runs), f"ended before its limit, drained: {runs}"
         # the names the daemon reads are the real engine's: each replica's /metrics parses, and
         # the daemon's own /metrics shows both replicas' load and the tokens they generated
-        for replica in first:
+        for replica in session.ready():
             load = vllm_metrics.parse_engine_metrics(
                 vllm_metrics.fetch_metrics_text(replica["endpoint"]))
             assert load.kv_capacity_tokens and load.kv_capacity_tokens > 0
@@ -213,52 +277,6 @@ def test_drain_scancel_and_walltime_replace_with_no_ready_gap(
         assert gauges["coral_engine_replicas_unscraped"] == 0
         assert gauges["coral_engine_prompt_tokens"] > 0
 
-        # 1. node drain: every replica on the node moves, each serving until its successor is up
-        node = first[0]["nodes"].split(",")[0]
-        on_node = [r for r in first if node in r["nodes"].split(",")]
-        node_restorer.drain_node(node, reason="coral-vllm-test")
-        wait_until(lambda: (r := session.ready()) and len(r) == 2
-                   and not {x["id"] for x in on_node} & {x["id"] for x in session.replicas()}
-                   and r, len(on_node) * READY_S + 60,
-                   f"the replicas on {node} replaced (two READY elsewhere, none left there)")
-        drained_jobs = [r["job_id"] for r in on_node]
-        runs = wait_until(lambda: ended(env, drained_jobs), 90, "the drained jobs ended")
-        assert sorted(j for j, _ in runs) == sorted(drained_jobs), f"requeued or lost: {runs}"
-        assert all(s == "COMPLETED" for _, s in runs), f"drained, each job ended by itself: {runs}"
-        drains = {e.replica_id for e in session.events("drain")}
-        assert {r["id"] for r in on_node} <= drains, "each replica left by a drain, not killed"
-        assert all(node not in r["nodes"].split(",") for r in session.replicas()
-                   if r["nodes"]), "nothing new placed on the drained node"
-        subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], check=True,
-                       env=env, timeout=30)
-
-        # 2. scancel of a READY replica: the other one serves while a successor starts
-        victim = max(session.ready(), key=lambda r: r["time_left_s"] or 0)
-        client.cancel([victim["job_id"]])
-        wait_until(lambda: (r := session.ready()) and len(r) == 2
-                   and victim["id"] not in {x["id"] for x in session.replicas()} and r,
-                   READY_S + 30, "a READY successor of the scancelled replica")
-        assert [e for e in session.events("failed") if e.replica_id == victim["id"]]
-
-        # 3. walltime rotation: some replica drained for its walltime, its job ending by itself
-        #    before the time limit (COMPLETED, not TIMEOUT)
-        def rotated() -> list | None:
-            done = [e for e in session.events("drain") if "walltime" in e.message]
-            return done or None
-
-        rotations = wait_until(rotated, 7 * 60, "a replica drained for its walltime")
-        rotated_ids = {e.replica_id for e in rotations}
-        wait_until(lambda: (r := session.ready()) and len(r) == 2
-                   and not rotated_ids & {x["id"] for x in session.replicas()} and r,
-                   READY_S, "the rotated replica gone and two READY")
-        store = open_store(deployment.db_path, readonly=True)
-        try:
-            rotated_jobs = [r.job_id for r in store.replicas() if r.id in rotated_ids]
-        finally:
-            store.close()
-        runs = wait_until(lambda: ended(env, rotated_jobs), 90, "the rotated jobs ended")
-        assert sorted(j for j, _ in runs) == sorted(rotated_jobs), f"requeued or lost: {runs}"
-        assert all(s == "COMPLETED" for _, s in runs), f"ended before its limit, drained: {runs}"
         watch.stop()
 
         # throughout: never without a READY replica, and the gateway never without a replica
