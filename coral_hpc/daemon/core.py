@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from coral_hpc.daemon.metrics import DaemonMetrics
 from coral_hpc.daemon.routing import TablePublisher, ready_routes
 from coral_hpc.daemon.scrape import DemandScraper
 from coral_hpc.demand import ModelDemand, changed_models, deployment_demand
+from coral_hpc.engine.vllm_metrics import fetch_engine_load
 from coral_hpc.errors import ConfigError
 from coral_hpc.plan.desired import DesiredPlan, plan_from_rows, slot_rows
 from coral_hpc.plan.planner import InfeasiblePlan, PlanOutcome, PlanRequest
@@ -31,6 +33,8 @@ from coral_hpc.reconcile import (
     Decision,
     Drain,
     ReconcileSettings,
+    ReplicaFacts,
+    ReplicaState,
     Submit,
     decide,
     goes_on_serving,
@@ -47,6 +51,9 @@ from coral_hpc.store import Store
 from coral_hpc.types import ShapeExclusion, TemplateExclusion
 
 log = logging.getLogger("coral_hpc.daemon")
+
+#: seconds between two reads of the READY replicas' engine /metrics (at least the poll interval)
+ENGINE_SCRAPE_S = 5.0
 
 
 # --------------------------------------------------------------------------- loops
@@ -153,6 +160,7 @@ class Daemon:
         self.last_decision: Decision | None = None
         self.last_observed: Observed | None = None
         self._lock = threading.RLock()
+        self._engine_pool: ThreadPoolExecutor | None = None
 
     # ------------------------------------------------------------------ configuration
 
@@ -319,6 +327,24 @@ class Daemon:
         self.store.add_demand(rows)
         return len(rows)
 
+    def scrape_engines_once(self) -> int:
+        """Read every READY replica's engine ``/metrics`` (vLLM's names, read through
+        :mod:`coral_hpc.engine.vllm_metrics`) into the daemon's per-model engine gauges (load:
+        running / waiting requests, KV-cache use; the live replicas' token counters). Returns
+        how many replicas answered. A replica that does not answer is only counted as a failed
+        scrape: ``/health`` (the observe step) decides whether it serves."""
+        now = self.clock()
+        with self._lock:
+            ready = [r for r in self.store.replicas(live_only=True) if r.endpoint
+                     and replica_status(ReplicaFacts(r), now, self.settings).state
+                     is ReplicaState.READY]
+        if self._engine_pool is None:
+            self._engine_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="engine")
+        loads = list(self._engine_pool.map(lambda r: fetch_engine_load(r.endpoint), ready))
+        self.metrics.set_engine_loads([m.name for m in self.deployment.models],
+                                      [(r.model, load) for r, load in zip(ready, loads)])
+        return sum(load is not None for load in loads)
+
     # ------------------------------------------------------------------ helpers
 
     def resume_plan(self) -> None:
@@ -342,7 +368,8 @@ class Daemon:
     def loops(self, stop: threading.Event,
               monotonic: Callable[[], float] = time.monotonic) -> list[Loop]:
         """The daemon's loops: reconcile (poll interval, or longer while the Slurm call budget
-        has no tokens for a cycle) and demand scrape (poll interval)."""
+        has no tokens for a cycle), demand scrape (poll interval) and the engines' load
+        (:data:`ENGINE_SCRAPE_S`)."""
         def on_error(name: str) -> None:
             self.metrics.loop_errors.labels(name).inc()
 
@@ -354,4 +381,8 @@ class Daemon:
             loops.append(Loop("scrape", self.settings.poll_interval_s,
                               lambda: self.scrape_once() and None, stop, on_error,
                               monotonic=monotonic))
+        # engine load is for people and dashboards: every few seconds is fresh enough
+        loops.append(Loop("engines", max(self.settings.poll_interval_s, ENGINE_SCRAPE_S),
+                          lambda: self.scrape_engines_once() and None, stop, on_error,
+                          monotonic=monotonic))
         return loops
