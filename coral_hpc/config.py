@@ -233,10 +233,12 @@ class PartitionConfig(_Frozen):
         description="partitions whose environment runs the same vLLM as this one's (e.g. one "
         "vLLM version built for two CUDA architectures): a pipeline may span them",
     )
-    preemptible: bool = Field(
-        default=False,
-        description="jobs here may be preempted (a scavenger partition or QOS): planned only "
-        "with the risk stated, and a preempted replica is resubmitted",
+    preemptible: bool | None = Field(
+        default=None,
+        description="jobs here may be preempted (a scavenger partition or QOS); unset = as "
+        "Slurm shows it (PreemptMode and a higher PriorityTier on shared nodes, or the "
+        "partition's QOS in another QOS's Preempt list). A model's replicas go there only "
+        "beside one elsewhere (never its only replica); a preempted one is resubmitted",
     )
 
     @field_validator("name")
@@ -586,9 +588,12 @@ class PolicyConfig(_Frozen):
     n_max: int = Field(default=6, ge=1, le=16, description="Stage 1: nodes per template at most")
     rho: float = Field(default=12.0, gt=1, description="Stage 1: GPU memory ≤ ρ × model size")
     heterogeneous: bool = Field(default=True, description="allow stages on different GPU types")
+    # At most a week: Slurm's backfill plans 1 day ahead by default (bf_window), so a start
+    # estimate much further out is no estimate to plan capacity on.
     max_queue_wait_s: float = Field(
-        default=1800.0, ge=0,
-        description="horizon: GPUs Slurm expects to give us within this count as available",
+        default=1800.0, ge=0, le=7 * 86400,
+        description="horizon: GPUs Slurm expects to give us within this count as available "
+                    "(0 .. 7 days)",
     )
 
     max_tp: int = Field(default=8, ge=1, le=64,

@@ -117,6 +117,7 @@ def serve(
             instance=instance, may_act=lease.ours, budget=call_budget(client),
             on_cycle=lambda now: write_status(status_file(deployment.state_path),
                                               status_data(deployment, store, now)),
+            config_path=config_path,
         )
         daemon.resume_plan()
         info = {
@@ -169,6 +170,8 @@ def serve(
                 lease.publish(gateway=gateway.address)
         for thread in threads:
             thread.join(timeout=30)
+        if daemon.fatal is not None:
+            raise daemon.fatal  # the CLI exits 2 with its lines; the finally cleans up
         store.add_event(time.time(), "stop", "daemon stopped; replicas left running")
     finally:
         if gateway is not None:
