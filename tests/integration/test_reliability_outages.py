@@ -150,7 +150,6 @@ class Session:
 
     def __init__(self, config: Path, models: tuple[str, ...]) -> None:
         from coral_hpc.daemon import serve
-        from coral_hpc.daemon.process import info_path, read_info
 
         self.deployment = load_deployment(config)
         self.models = models
@@ -160,14 +159,22 @@ class Session:
             kwargs={"gateway_listen": "127.0.0.1:0", "stop": self.stop_event}, daemon=True)
         self.thread.start()
         self.traffic: Traffic | None = None
+
+    def wait_serving(self) -> Session:
+        """Until every model has a READY replica and the gateway answered a first request."""
+        from coral_hpc.daemon.process import info_path, read_info
+
+        models = self.models
         wait_until(lambda: {r["model"] for r in ready(self.deployment)} >= set(models), 150,
                    "a READY replica of every model")
         info = wait_until(lambda: read_info(info_path(self.deployment)), 10, "the info file")
         self.traffic = Traffic(info["gateway"], models)
         # the gateway routes once it has read the table: from the first answered request on,
         # every request must be answered
-        wait_until(lambda: [a for a in self.traffic.answers if a.status == 200], 30,
+        traffic = self.traffic
+        wait_until(lambda: [a for a in traffic.answers if a.status == 200], 30,
                    "a first answer through the gateway")
+        return self
 
     def failures_since(self, t: float) -> list[Answer]:
         assert self.traffic is not None
@@ -202,13 +209,11 @@ def session(slurm_cluster, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("outages")
     config = write_config(tmp, "00:20:00", (A, B))
     deployment = load_deployment(config)
-    served = None
+    served = Session(config, (A, B))
     try:
-        served = Session(config, (A, B))
-        yield served
+        yield served.wait_serving()
     finally:
-        if served is not None:
-            served.close()
+        served.close()
         _cancel(slurm_cluster, deployment)
 
 
@@ -342,20 +347,20 @@ def test_walltime_rotation_at_a_3_minute_limit_fails_no_request(slurm_cluster, t
     os.environ["SLURM_CONF"] = slurm_cluster["SLURM_CONF"]
     config = write_config(tmp_path, "00:03:00", (A,), walltime_lead_s=45)
     deployment = load_deployment(config)
-    served = None
+    served = Session(config, (A,))
     try:
-        served = Session(config, (A,))
+        served.wait_serving()
         first = _replica(deployment, A)
         began = time.time()
         wait_until(lambda: first["id"] not in {r["id"] for r in replicas(deployment)}, 200,
                    "the first replica rotated out")
         time.sleep(3)
+        assert served.traffic is not None
         answers = served.traffic.since(began)
         failures = served.failures_since(began)
         successor = _replica(deployment, A)
     finally:
-        if served is not None:
-            served.close()
+        served.close()
         _cancel(slurm_cluster, deployment)
     assert failures == [], failures
     assert len(answers) > 50 and successor["id"] != first["id"]
