@@ -130,8 +130,9 @@ class Traffic:
                 with urllib.request.urlopen(request, timeout=30) as resp:
                     answer = Answer(time.time(), model, resp.status)
             except urllib.error.HTTPError as exc:
-                answer = Answer(time.time(), model, exc.code, exc.read()[:200].decode("replace"))
-            except OSError as exc:
+                answer = Answer(time.time(), model, exc.code,
+                                exc.read()[:200].decode("utf-8", "replace"))
+            except Exception as exc:  # noqa: BLE001 - every failure is a failed request
                 answer = Answer(time.time(), model, 0, repr(exc))
             self.answers.append(answer)
             self._stop.wait(0.25)
