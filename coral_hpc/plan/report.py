@@ -43,7 +43,10 @@ def plan_json(outcome: PlanOutcome) -> dict[str, Any]:
             "calibrated": row.template.calibrated,
             "figures": figures_used(row.template, arch[row.model]),
             "stages": [{"gpu_type": s.gpu_type, "gpus": layout.tp, "layers": s.layers,
-                        "partition": s.partition} for s in layout.stages],
+                        "partition": s.partition, "reservation": s.reservation}
+                       for s in layout.stages],
+            # Slurm may preempt it (a preemptible partition): the model has a replica elsewhere
+            "preemptible": bool(set(row.partitions) & solved.cluster.preemptible()),
             "nodes": [list(n) for n in row.nodes],
             # Slurm's estimate when the replica starts: now, within the horizon, or queued
             "expected_wait_s": row.wait_s,

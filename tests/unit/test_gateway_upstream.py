@@ -223,3 +223,87 @@ def test_a_burst_of_new_connections_is_bounded_so_a_slow_accepting_replica_never
         assert all(answered)
     else:
         assert answered.count(False) > 20      # the control: the setup does overflow the queue
+
+
+def test_pipe_hands_every_byte_to_the_sink_and_times_out_only_on_silence():
+    """Piped reads: the body, byte-identical, in as many sink calls as reads; a stream whose
+    events come more often than the timeout lives longer than it, silence past it fails."""
+    events = [b"data: {\"n\": %d}\n\n" % i for i in range(6)]
+
+    async def handler(reader, writer):
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                     b"Transfer-Encoding: chunked\r\n\r\n")
+        for event in events:
+            writer.write(b"%x\r\n%s\r\n" % (len(event), event))
+            await writer.drain()
+            await asyncio.sleep(0.1)            # 0.6 s in all, each gap under the 0.25 s timeout
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(1)
+
+    async def main():
+        server, url = await _serve(handler)
+        pool = UpstreamPool(url, 2.0, 0.25)
+        conn = await pool.post("/v1/completions", HEADERS, b"{}")
+        got: list[bytes] = []
+        await conn.pipe(got.append, 0.25)
+        assert b"".join(got) == b"".join(events) and len(got) >= 2
+        pool.release(conn)
+        assert pool.idle_count == 1              # read whole: back to the pool
+        server.close()
+
+    asyncio.run(main())
+
+
+def test_a_piped_stream_that_goes_silent_fails_after_the_timeout():
+    async def handler(reader, writer):
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                     b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
+        await writer.drain()
+        await asyncio.sleep(5)
+
+    async def main():
+        server, url = await _serve(handler)
+        pool = UpstreamPool(url, 2.0, 2.0)
+        conn = await pool.post("/x", HEADERS, b"{}")
+        got: list[bytes] = []
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with pytest.raises(UpstreamError, match="sent nothing for 0.3 s"):
+            await conn.pipe(got.append, 0.3)
+        waited = loop.time() - started
+        pool.release(conn)
+        server.close()
+        return got, waited
+
+    got, waited = asyncio.run(main())
+    assert got == [b"hello"] and 0.25 <= waited < 2.0
+
+
+def test_a_connection_paused_as_its_answer_ended_reads_again_when_reused():
+    """Found in bench/gateway_stream.py: a slow client paused the replica connection just as the
+    last chunk came in; pooled while paused, its next request never got an answer."""
+    async def handler(reader, writer):
+        for _ in range(2):
+            await _read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                         b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
+            await writer.drain()
+        await asyncio.sleep(1)
+
+    async def main():
+        server, url = await _serve(handler)
+        pool = UpstreamPool(url, 2.0, 2.0)
+        conn = await pool.post("/x", HEADERS, b"{}")
+        first = conn
+        await conn.pipe(lambda chunk: conn.pause(), 2.0)     # the client stopped reading
+        pool.release(conn)
+        conn = await pool.post("/x", HEADERS, b"{}")
+        assert conn is first                                 # the pooled connection
+        assert await conn.read_body(2.0) == b"hello"
+        pool.release(conn)
+        server.close()
+
+    asyncio.run(main())
