@@ -248,6 +248,7 @@ def test_one_node_drained_replaces_only_that_nodes_replica(session):
     finally:
         _resume(runner, [node])
     assert failures == [], failures
+    print(f"one node drained: {len(session.traffic.since(began))} requests, 0 failed")
     # B's replica on another node was neither drained nor replaced
     assert _replica(session.deployment, B)["id"] == b["id"]
     drains = [e for e in events(session.deployment, "drain") if e.time >= began]
@@ -282,6 +283,7 @@ def test_a_maintenance_drain_of_every_node_keeps_every_replica_serving(session):
     finally:
         _resume(runner, nodes)
     assert during == [], during
+    print(f"maintenance drain: {len(session.traffic.since(began))} requests, 0 failed")
     assert still == {m: r["id"] for m, r in before.items()}
     assert drained == [] and cancelled == [] and submitted == []
     # resumed: the next plans place both models where they are; nothing moves
@@ -338,7 +340,8 @@ def test_a_controller_outage_fails_nothing_cancels_nothing_and_converges(session
     assert sorted(j.job_id for j in tagged_jobs(runner.env, session.deployment)) == jobs
     for kind in ("cancel", "drain", "submit"):
         assert not [e for e in events(session.deployment, kind) if e.time >= began], kind
-    print(f"controller outage: converged {converged_s:.1f} s after its return")
+    print(f"controller outage: {len(session.traffic.since(began))} requests, 0 failed; "
+          f"converged {converged_s:.1f} s after its return")
 
 
 def test_walltime_rotation_at_a_3_minute_limit_fails_no_request(slurm_cluster, tmp_path):
@@ -365,6 +368,7 @@ def test_walltime_rotation_at_a_3_minute_limit_fails_no_request(slurm_cluster, t
         _cancel(slurm_cluster, deployment)
     assert failures == [], failures
     assert len(answers) > 50 and successor["id"] != first["id"]
+    print(f"walltime rotation: {len(answers)} requests, {len(failures)} failed")
 
 
 def test_serve_with_an_infeasible_min_replicas_exits_2_naming_it_and_submits_nothing(
