@@ -4,6 +4,7 @@ timeouts. (The end-to-end behaviour through the gateway is in tests/e2e/test_gat
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -154,6 +155,74 @@ def test_a_replica_dying_mid_body_is_an_error_not_a_short_answer():
         server.close()
 
     asyncio.run(main())
+
+
+def _slow_accepting_server(backlog: int, accept_every_s: float):
+    """A replica whose event loop is busy: a listen queue of ``backlog`` and one ``accept`` per
+    ``accept_every_s``; each accepted connection answers one request at once (thread per
+    connection). Returns (base URL, stop)."""
+    import socket
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(backlog)
+    listener.settimeout(0.1)
+    stopped = threading.Event()
+
+    def answer(sock: socket.socket) -> None:
+        with sock:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += sock.recv(4096)
+            sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+
+    def accept_loop() -> None:
+        while not stopped.is_set():
+            try:
+                sock, _ = listener.accept()
+            except OSError:
+                continue
+            threading.Thread(target=answer, args=(sock,), daemon=True).start()
+            time.sleep(accept_every_s)
+        listener.close()
+
+    threading.Thread(target=accept_loop, daemon=True).start()
+    return f"http://127.0.0.1:{listener.getsockname()[1]}", stopped.set
+
+
+@pytest.mark.parametrize("max_opening, all_answered", [(4, True), (10_000, False)])
+def test_a_burst_of_new_connections_is_bounded_so_a_slow_accepting_replica_never_drops_a_syn(
+        max_opening, all_answered):
+    # 120 requests at once to a replica with a listen queue of 8 accepting one connection per
+    # 10 ms (its event loop busy). Unbounded, the kernel drops the SYNs (or handshake ACKs)
+    # beyond the queue and the requests wait for TCP retransmits past the 1.5 s connect and
+    # 2.5 s read timeouts (the soak's 502s); with at most 4 connections opening at once the
+    # queue never overflows and every request is answered.
+    url, stop = _slow_accepting_server(backlog=8, accept_every_s=0.01)
+
+    async def one(pool: UpstreamPool) -> bool:
+        try:
+            conn = await pool.post("/x", HEADERS, b"{}")
+        except UpstreamError:
+            return False
+        try:
+            return await conn.read_body(2.5) == b"ok"
+        finally:
+            pool.release(conn)
+
+    async def main() -> list[bool]:
+        pool = UpstreamPool(url, 1.5, 2.5, max_opening=max_opening)
+        return await asyncio.gather(*(one(pool) for _ in range(120)))
+
+    try:
+        answered = asyncio.run(main())
+    finally:
+        stop()
+    if all_answered:
+        assert all(answered)
+    else:
+        assert answered.count(False) > 20      # the control: the setup does overflow the queue
 
 
 def test_pipe_hands_every_byte_to_the_sink_and_times_out_only_on_silence():
