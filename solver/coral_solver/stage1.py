@@ -364,6 +364,17 @@ def _load_spec(path: str) -> Spec:
     return Spec.from_json(data, path)
 
 
+def array_task(env: Mapping[str, str]) -> tuple[int, int]:
+    """(task index from 0, tasks) of a Slurm array task: ``--array=1-16`` or ``0-30:2`` count
+    from the array's first index in its steps; (0, 1) outside an array job."""
+    if "SLURM_ARRAY_TASK_ID" not in env:
+        return 0, 1
+    first = int(env.get("SLURM_ARRAY_TASK_MIN", 0))
+    step = max(int(env.get("SLURM_ARRAY_TASK_STEP", 1)), 1)
+    index = (int(env["SLURM_ARRAY_TASK_ID"]) - first) // step
+    return index, int(env.get("SLURM_ARRAY_TASK_COUNT", index + 1))
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m coral_solver.stage1 {shards,run,merge}`` (exit 2 on a bad spec)."""
     parser = argparse.ArgumentParser(prog="python -m coral_solver.stage1",
@@ -375,9 +386,10 @@ def main(argv: list[str] | None = None) -> int:
     go.add_argument("--spec", required=True)
     go.add_argument("--work", required=True, help="folder of finished shards (shared by tasks)")
     go.add_argument("--workers", type=int, default=os.cpu_count() or 1)
-    go.add_argument("--task", type=int, default=int(os.environ.get("SLURM_ARRAY_TASK_ID", 0)))
-    go.add_argument("--tasks", type=int,
-                    default=int(os.environ.get("SLURM_ARRAY_TASK_COUNT", 1)))
+    task, tasks = array_task(os.environ)
+    go.add_argument("--task", type=int, default=task,
+                    help="this array task's index (default: from SLURM_ARRAY_TASK_*)")
+    go.add_argument("--tasks", type=int, default=tasks, help="array tasks in all")
     done = sub.add_parser("merge", help="join finished shards into the planner's cache")
     done.add_argument("--spec", required=True)
     done.add_argument("--work", required=True)
