@@ -246,53 +246,72 @@ def _write_shard(work: Path, shard: Shard, templates: list[Template], seconds: f
 _WORKER: dict[str, Any] = {}
 
 
-def _work_one(index: int) -> int:
+def _work_group(indices: list[int]) -> int:
+    """Shards of one (model, role, TP) in every domain, in one process: domains with the same
+    GPU types ask the throughput model the same questions, which its memo tables answer."""
     spec, shards, tm, work = (_WORKER[k] for k in ("spec", "shards", "tm", "work"))
-    shard = shards[index]
-    began = time.perf_counter()
-    templates = compute_shard(spec, shard, tm)
-    _write_shard(work, shard, templates, time.perf_counter() - began)
-    return index
+    for index in indices:
+        shard = shards[index]
+        began = time.perf_counter()
+        templates = compute_shard(spec, shard, tm)
+        _write_shard(work, shard, templates, time.perf_counter() - began)
+    return len(indices)
+
+
+def _groups(shards: list[Shard]) -> list[list[int]]:
+    """Shard indices by (model, role, TP), in plan order."""
+    out: dict[tuple[int, str, int], list[int]] = {}
+    for i, shard in enumerate(shards):
+        out.setdefault((shard.model, shard.role, shard.tp), []).append(i)
+    return list(out.values())
 
 
 def run(spec: Spec, work: Path | str, tm: ThroughputModel | None = None, workers: int = 1,
         task: int = 0, tasks: int = 1, limit: int | None = None,
         progress: Callable[[int, int], None] | None = None) -> RunReport:
-    """Compute this task's unfinished shards (every ``tasks``-th from ``task``), ``workers``
-    processes at once; ``limit``: stop after that many (a deliberately partial run)."""
+    """Compute this task's unfinished shards, ``workers`` processes at once; ``limit``: stop
+    after that many (a deliberately partial run). Work goes out in groups — one (model, role,
+    TP) in every domain — and array task ``task`` of ``tasks`` takes every ``tasks``-th group."""
     began = time.perf_counter()
     if not 0 <= task < tasks:
         raise ValueError(f"task {task}: expected 0 ≤ task < tasks ({tasks})")
     work = Path(work)
     tm = tm if tm is not None else spec.throughput_model()
     shards = shard_plan(spec, tm)
-    mine = list(range(task, len(shards), tasks))
-    todo = [i for i in mine if read_shard(work, shards[i]) is None]
-    done_before = len(mine) - len(todo)
+    mine = _groups(shards)[task::tasks]
+    assigned = sum(len(g) for g in mine)
+    todo = [[i for i in group if read_shard(work, shards[i]) is None] for group in mine]
+    todo = [group for group in todo if group]
+    done_before = assigned - sum(len(g) for g in todo)
     if limit is not None:
-        todo = todo[:limit]
+        kept, left = [], limit
+        for group in todo:
+            if left > 0:
+                kept.append(group[:left])
+                left -= len(kept[-1])
+        todo = kept
+    total = sum(len(g) for g in todo)
     _WORKER.update(spec=spec, shards=shards, tm=tm, work=work)
     finished = 0
     try:
         if workers <= 1 or len(todo) <= 1:
-            for i in todo:
-                _work_one(i)
-                finished += 1
+            for group in todo:
+                finished += _work_group(group)
                 if progress:
-                    progress(finished, len(todo))
+                    progress(finished, total)
         else:
             # fork: the throughput model (module handles, memo tables) is inherited, not
             # pickled; each worker writes its own shard files, so a kill loses only those in
-            # flight. Largest TP first would not help much: shards are small and many
+            # flight
             context = multiprocessing.get_context("fork")
             with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-                for _ in pool.map(_work_one, todo, chunksize=1):
-                    finished += 1
+                for count in pool.map(_work_group, todo, chunksize=1):
+                    finished += count
                     if progress:
-                        progress(finished, len(todo))
+                        progress(finished, total)
     finally:
         _WORKER.clear()
-    return RunReport(len(shards), len(mine), done_before, finished,
+    return RunReport(len(shards), assigned, done_before, finished,
                      time.perf_counter() - began, max(1, workers))
 
 

@@ -47,10 +47,9 @@ def test_the_array_job_computes_the_shards_and_the_merge_fills_the_planners_cach
                if name.startswith("s1-")]
     assert len(reports) == 3, logs
     total = reports[0]["shards"]
-    # every task took its own third of the shards, and together they computed all of them
-    assert sorted(r["assigned"] for r in reports) == sorted(
-        len(range(i, total, 3)) for i in range(3))
-    assert sum(r["computed"] for r in reports) == total
+    # every task took its own share of the shards, and together they computed all of them
+    assert all(r["assigned"] > 0 for r in reports)
+    assert sum(r["assigned"] for r in reports) == sum(r["computed"] for r in reports) == total
     merged = json.loads(next(t for n, t in logs.items() if n.startswith("merge-"))
                         .strip().splitlines()[-1])
     assert merged["cache_files"] == 2
