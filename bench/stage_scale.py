@@ -308,7 +308,8 @@ def markdown(results: dict) -> str:
         f"2 cores: {'met' if s1['parallel']['wall_s'] <= GOALS['stage1_s'] else 'MISSED'}.", "",
         "The space, per model and role over both regions. *Paper's node sets*: multisets of ≤ 6 "
         "nodes over the 20 configurations (C(26, 6) − 1 = 230,229 per region), TP free per "
-        "node. *One-TP node sets*: those vLLM can run — one TP degree t for every stage "
+        "node. *One-TP node sets*: (node set, TP degree t) pairs vLLM can run — one TP "
+        "degree t for every stage "
         "(vLLM requires it), each node of a shape ≥ t. *Within ρ*: GPU memory ≤ 12 × weights. "
         "*Feasible*: the best layout meets the SLO. *Classes evaluated*: Stage 1 evaluates "
         "each (t, GPU-type counts) once, exactly — a TP-t stage uses t GPUs of one node of any "
