@@ -551,6 +551,21 @@ def binding_constraints(data: Prepared, rows: list[PlanRow], served: dict[str, f
                  f"MaxSubmit={limits.max_submit}" if limits.max_submit is not None else ""]
         out.append(f"site limit {' / '.join(n for n in names if n)}: {sum(replicas.values())} "
                    f"replica jobs planned, {limits.other_jobs} other job(s) of this user")
+    preemptible = data.cluster.preemptible()
+    if preemptible:
+        offered = {data.models[int(data.model_of[j])].name for j, parts in
+                   enumerate(data.stage_parts) if any(p in preemptible for ps in parts.values()
+                                                       for p in ps)}
+        for row in rows:
+            if any(p in preemptible for p in row.partitions):
+                out.append(f"risk: {row.count} replica(s) of {row.model} on preemptible "
+                           f"{', '.join(sorted(set(row.partitions) & preemptible))}: Slurm may "
+                           "preempt them (resubmitted when it does); the model keeps a replica "
+                           "elsewhere")
+        for name in sorted(offered):
+            if not any(r.model == name and not (set(r.partitions) & preemptible) for r in rows):
+                out.append(f"model {name}: preemptible partitions unused: never a model's only "
+                           "replica")
     for model in data.models:
         if model.max_replicas is not None and replicas[model.name] >= model.max_replicas:
             out.append(f"model {model.name}: max_replicas {model.max_replicas} reached")
