@@ -1,7 +1,12 @@
 """Planning on a busy site: examples/university.yaml on a snapshot with every GPU held by other
-users (tests/data/plan/university-busy-snapshot.json, constructed by make_university_busy.py:
-no such site is at hand) plans only runnable replicas with their expected start; GPU types,
-partitions and limits the site has are turned into solver inputs and warnings."""
+users plans only runnable replicas with their expected start; GPU types, partitions and limits
+the site has are turned into solver inputs and warnings.
+
+Two snapshots: tests/data/plan/local-busy-snapshot.json is recorded (the local cluster made
+busy, Slurm's own estimates; the example renamed to its partitions, tests/support/
+university_local.py); tests/data/plan/university-busy-snapshot.json is constructed by
+make_university_busy.py for what no local recording shows: the example's own partition names
+and GRES types as NVML autodetect writes them (``nvidia_a100-sxm4-80gb``)."""
 
 from __future__ import annotations
 
