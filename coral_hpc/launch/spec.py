@@ -259,6 +259,29 @@ class ReplicaSpec:
         return self.spec_file
 
 
+def spec_path(state_path: Path, replica_id: str) -> Path:
+    """Where a replica's ``spec.json`` lives under the deployment's state folder."""
+    return Path(state_path) / "replicas" / replica_id / "spec.json"
+
+
+def is_pre_instance_job_of(tag: JobTag, state_path: Path, deployment: str) -> bool:
+    """Whether a job submitted before instance tags existed (its tag names no instance) belongs
+    to the deployment served from ``state_path``: its ``spec.json`` there is readable, names
+    this deployment, this replica and no instance, and was written for this very state folder.
+    The state folder is what makes an instance (its instance id lives there), so a job that
+    ran from it is this instance's; a job of another copy of the deployment has its spec in
+    that copy's folder and stays left alone."""
+    if tag.instance:
+        return False
+    try:
+        spec = ReplicaSpec.from_json(spec_path(state_path, tag.replica_id).read_text())
+    except (OSError, ValueError, TypeError, KeyError, PermanentError):
+        return False
+    return (spec.instance == "" and spec.deployment == deployment == tag.deployment
+            and spec.replica_id == tag.replica_id
+            and Path(spec.state_path).resolve() == Path(state_path).resolve())
+
+
 def _env_dict(environment: Environment | None) -> dict[str, Any] | None:
     return None if environment is None else environment.model_dump(mode="json")
 

@@ -55,6 +55,11 @@ class PlanningError(CoralError):
     """No plan the daemon may act on: the solver found none, or the checker rejected it."""
 
 
+class InfeasiblePlan(PlanningError):
+    """Stage 2 proved that no plan meets the deployment's hard demands (``min_replicas``) within
+    its quotas and limits on this cluster: an input problem, not a transient one."""
+
+
 @dataclass(frozen=True)
 class PlanRequest:
     """What the planner is asked each time the plan is out of date."""
@@ -144,14 +149,22 @@ class Planner:
         #: deployment's ``slurm.probe_calls_per_min``); off, the snapshot's saved estimates count
         self.probe = probe
         self.prober = prober
+        self.probe_client: Any = None
+
+    def use_client(self, client: Any) -> None:
+        """Probe through ``client`` (the daemon's own, so the probes are charged to its one Slurm
+        call budget, ``coral_hpc.slurm.budget``) instead of a client of the planner's own."""
+        self.probe_client = client
 
     def _prober(self, deployment: Deployment) -> Any:
         if self.prober is None and self.probe:
             from coral_hpc.slurm import client_for_deployment
             from coral_hpc.slurm.availability import StartProber
+            from coral_hpc.slurm.client import call_budget
 
+            client = self.probe_client or client_for_deployment(deployment)
             self.prober = StartProber(
-                client_for_deployment(deployment),
+                client, budget=call_budget(client),
                 calls_per_min=deployment.cluster.slurm.probe_calls_per_min,
                 ttl_s=deployment.policy.replan_interval_s)
         return self.prober
@@ -243,8 +256,9 @@ class Planner:
         outcome = self.solve(request)
         if outcome.status in ("infeasible", "no_solution"):
             plan = outcome.solved.plan if outcome.solved else None
-            raise PlanningError(f"Stage 2 found no plan ({outcome.status}): "
-                                + ("; ".join(plan.binding if plan else ()) or "no reason given"))
+            error = InfeasiblePlan if outcome.status == "infeasible" else PlanningError
+            raise error(f"Stage 2 found no plan ({outcome.status}): "
+                        + ("; ".join(plan.binding if plan else ()) or "no reason given"))
         if outcome.problems:
             raise PlanningError("the plan failed the independent check: "
                                 + "; ".join(outcome.problems))
