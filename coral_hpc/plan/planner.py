@@ -222,7 +222,7 @@ class Planner:
         snapshot, warnings = availability.type_untyped_nodes(deployment, request.snapshot)
         warnings += availability.config_warnings(deployment, snapshot)
         warnings += reservations.usable_reservations(deployment, snapshot)[1]
-        warnings += availability.with_preemption(deployment, snapshot, cluster)[1]
+        warnings += availability.preemption_warnings(deployment, snapshot)
         base, full_library = cluster, library
         excluded_shapes = request.excluded_shapes
 
