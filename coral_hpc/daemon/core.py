@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +23,18 @@ from coral_hpc.daemon.metrics import DaemonMetrics
 from coral_hpc.daemon.routing import TablePublisher, ready_routes
 from coral_hpc.daemon.scrape import DemandScraper
 from coral_hpc.demand import ModelDemand, changed_models, deployment_demand
+from coral_hpc.engine.vllm_metrics import fetch_engine_load
+from coral_hpc.errors import ConfigError
 from coral_hpc.plan.desired import DesiredPlan, plan_from_rows, slot_rows
-from coral_hpc.plan.planner import PlanOutcome, PlanRequest
+from coral_hpc.plan.planner import InfeasiblePlan, PlanOutcome, PlanRequest
+from coral_hpc.plan.report import infeasible_problems
 from coral_hpc.reconcile import (
     Cancel,
     Decision,
     Drain,
     ReconcileSettings,
+    ReplicaFacts,
+    ReplicaState,
     Submit,
     decide,
     goes_on_serving,
@@ -37,12 +43,17 @@ from coral_hpc.reconcile import (
 )
 from coral_hpc.reconcile.act import Actor
 from coral_hpc.reconcile.backoff import Backoff
+from coral_hpc.reconcile.hysteresis import PlanHistory
 from coral_hpc.reconcile.observe import Observed, Observer
 from coral_hpc.reconcile.startup import learned_startup_s
+from coral_hpc.slurm.budget import CallBudget
 from coral_hpc.store import Store
 from coral_hpc.types import ShapeExclusion, TemplateExclusion
 
 log = logging.getLogger("coral_hpc.daemon")
+
+#: seconds between two reads of the READY replicas' engine /metrics (at least the poll interval)
+ENGINE_SCRAPE_S = 5.0
 
 
 # --------------------------------------------------------------------------- loops
@@ -50,20 +61,26 @@ log = logging.getLogger("coral_hpc.daemon")
 
 class Loop:
     """Run ``step`` every ``interval_s`` until ``stop`` is set. A step returning True asks to run
-    again at once (e.g. right after new exclusions). Errors are logged here and only here."""
+    again at once (e.g. right after new exclusions). ``pace`` (given the seconds since the step
+    began, the seconds the next one must still wait, e.g. for the Slurm call budget) can make
+    the wait longer, never shorter. Errors are logged here and only here."""
 
     def __init__(self, name: str, interval_s: float, step: Callable[[], Any],
-                 stop: threading.Event, on_error: Callable[[str], None] | None = None):
+                 stop: threading.Event, on_error: Callable[[str], None] | None = None,
+                 pace: Callable[[float], float] | None = None,
+                 monotonic: Callable[[], float] = time.monotonic):
         self.name = name
+        self.monotonic = monotonic
         self.interval_s = interval_s
         self.step = step
         self.stop = stop
         self.on_error = on_error
+        self.pace = pace or (lambda elapsed_s: 0.0)
         self.thread: threading.Thread | None = None
 
     def run(self) -> None:
         while not self.stop.is_set():
-            began = time.monotonic()
+            began = self.monotonic()
             again = False
             try:
                 again = bool(self.step())
@@ -71,9 +88,9 @@ class Loop:
                 log.exception("%s loop step failed", self.name)
                 if self.on_error:
                     self.on_error(self.name)
-            if again:
-                continue
-            self.stop.wait(max(0.0, self.interval_s - (time.monotonic() - began)))
+            elapsed = self.monotonic() - began
+            wait = 0.0 if again else self.interval_s - elapsed
+            self.stop.wait(max(0.0, wait, self.pace(elapsed)))
 
     def start(self) -> threading.Thread:
         self.thread = threading.Thread(target=self.run, name=f"coral-{self.name}", daemon=True)
@@ -104,8 +121,13 @@ class Daemon:
         instance: str = "",
         may_act: Callable[[], bool] = lambda: True,
         on_cycle: Callable[[float], None] | None = None,
+        config_path: Path | None = None,
+        budget: CallBudget | None = None,
     ):
         self.deployment = deployment
+        # the one Slurm call budget (coral_hpc.slurm.budget) the client charges: the reconcile
+        # loop waits for one observe cycle's tokens, so probes and acts never push it over
+        self.budget = budget
         self.store = store
         self.client = client
         self.planner = planner
@@ -124,7 +146,13 @@ class Daemon:
             instance=instance)
         self.actor = actor or Actor(deployment, store, client, self.settings, clock, api_key_file,
                                     instance=instance)
+        self.config_path = config_path  # named in errors about the file
+        #: set when serving cannot begin (the first plan is infeasible): the loops stop and
+        #: ``serve`` raises it (exit 2) — nothing was submitted
+        self.fatal: ConfigError | None = None
+        self._stop: threading.Event | None = None
         self.plan: DesiredPlan | None = None
+        self.plan_history = PlanHistory()  # the plans this daemon made: hysteresis (decide)
         self.plan_time: float | None = None
         self.planned_demand: dict[str, ModelDemand] = {}
         self.unavailable_at_plan: frozenset[str] | None = None
@@ -132,6 +160,7 @@ class Daemon:
         self.last_decision: Decision | None = None
         self.last_observed: Observed | None = None
         self._lock = threading.RLock()
+        self._engine_pool: ThreadPoolExecutor | None = None
 
     # ------------------------------------------------------------------ configuration
 
@@ -162,10 +191,13 @@ class Daemon:
                 log.warning("%s", observed.error)
             now = self.clock()
             self._maybe_plan(observed, now)
+            if self.fatal is not None:
+                return False  # nothing decided or acted on: serve stops with the error
             decision = decide(self.plan, observed.facts, now, self.settings,
                               exclusions=self.store.exclusions(now),
                               observation=observed.observation,
-                              configured=frozenset(m.name for m in self.deployment.models))
+                              configured=frozenset(m.name for m in self.deployment.models),
+                              history=self.plan_history)
             self.last_decision = decision
             if decision.held_back and any(isinstance(a, (Submit, Drain, Cancel))
                                           for a in decision.actions) is False:
@@ -223,15 +255,26 @@ class Daemon:
         )
         try:
             outcome = self.planner(request)
+        except InfeasiblePlan as exc:
+            if self.plan_history.plans == 0:
+                # the first plan: the file asks for what this cluster can never give
+                # (min_replicas beyond any capacity); stop before submitting anything, as
+                # `coral-hpc plan` does. Later, a cluster that shrank keeps the current plan.
+                path = str(self.config_path or "models.yaml")
+                self.fatal = ConfigError(path, infeasible_problems(
+                    path, self.deployment, done="nothing was submitted; serve stops"))
+                self.store.add_event(now, "plan_error", f"no feasible plan: {exc}; stopping")
+                if self._stop is not None:
+                    self._stop.set()
+                return
+            self._plan_failed(now, exc)
+            return
         except Exception as exc:
-            delay = self.plan_backoff.failed(now)
-            self.metrics.loop_errors.labels("plan").inc()
-            self.store.add_event(now, "plan_error",
-                                 f"planning failed: {exc}; retry in {delay:.0f}s")
-            log.exception("planning failed")
+            self._plan_failed(now, exc)
             return
         self.plan_backoff.succeeded()
         self.plan = outcome.desired
+        self.plan_history.observe(outcome.desired)
         self.plan_time = now
         self.planned_demand = demand
         self.unavailable_at_plan = observed.unavailable
@@ -248,6 +291,12 @@ class Daemon:
                             for s in outcome.desired.slots) or "no replicas"
         self.store.add_event(now, "plan", f"{outcome.status}, {outcome.cost_per_hour:.3g}/h: "
                              f"{summary} (because: {'; '.join(t.reason for t in triggers)})")
+
+    def _plan_failed(self, now: float, exc: Exception) -> None:
+        delay = self.plan_backoff.failed(now)
+        self.metrics.loop_errors.labels("plan").inc()
+        self.store.add_event(now, "plan_error", f"planning failed: {exc}; retry in {delay:.0f}s")
+        log.error("planning failed: %s", exc, exc_info=not isinstance(exc, InfeasiblePlan))
 
     # ------------------------------------------------------------------ publishing
 
@@ -278,6 +327,24 @@ class Daemon:
         self.store.add_demand(rows)
         return len(rows)
 
+    def scrape_engines_once(self) -> int:
+        """Read every READY replica's engine ``/metrics`` (vLLM's names, read through
+        :mod:`coral_hpc.engine.vllm_metrics`) into the daemon's per-model engine gauges (load:
+        running / waiting requests, KV-cache use; the live replicas' token counters). Returns
+        how many replicas answered. A replica that does not answer is only counted as a failed
+        scrape: ``/health`` (the observe step) decides whether it serves."""
+        now = self.clock()
+        with self._lock:
+            ready = [r for r in self.store.replicas(live_only=True) if r.endpoint
+                     and replica_status(ReplicaFacts(r), now, self.settings).state
+                     is ReplicaState.READY]
+        if self._engine_pool is None:
+            self._engine_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="engine")
+        loads = list(self._engine_pool.map(lambda r: fetch_engine_load(r.endpoint), ready))
+        self.metrics.set_engine_loads([m.name for m in self.deployment.models],
+                                      [(r.model, load) for r, load in zip(ready, loads)])
+        return sum(load is not None for load in loads)
+
     # ------------------------------------------------------------------ helpers
 
     def resume_plan(self) -> None:
@@ -298,14 +365,24 @@ class Daemon:
                 return float(row["throughput"])
         return None
 
-    def loops(self, stop: threading.Event) -> list[Loop]:
-        """The daemon's loops: reconcile (poll interval) and demand scrape (poll interval)."""
+    def loops(self, stop: threading.Event,
+              monotonic: Callable[[], float] = time.monotonic) -> list[Loop]:
+        """The daemon's loops: reconcile (poll interval, or longer while the Slurm call budget
+        has no tokens for a cycle), demand scrape (poll interval) and the engines' load
+        (:data:`ENGINE_SCRAPE_S`)."""
         def on_error(name: str) -> None:
             self.metrics.loop_errors.labels(name).inc()
 
+        self._stop = stop
+        pace = self.budget.observe_pace if self.budget is not None else None
         loops = [Loop("reconcile", self.settings.poll_interval_s, self.reconcile_once, stop,
-                      on_error)]
+                      on_error, pace=pace, monotonic=monotonic)]
         if self.demand_source is not None:
             loops.append(Loop("scrape", self.settings.poll_interval_s,
-                              lambda: self.scrape_once() and None, stop, on_error))
+                              lambda: self.scrape_once() and None, stop, on_error,
+                              monotonic=monotonic))
+        # engine load is for people and dashboards: every few seconds is fresh enough
+        loops.append(Loop("engines", max(self.settings.poll_interval_s, ENGINE_SCRAPE_S),
+                          lambda: self.scrape_engines_once() and None, stop, on_error,
+                          monotonic=monotonic))
         return loops

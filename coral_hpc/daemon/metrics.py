@@ -6,6 +6,7 @@ from collections import Counter as Tally
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from coral_hpc.engine.vllm_metrics import EngineLoad
 from coral_hpc.reconcile.status import ReplicaState
 
 
@@ -38,6 +39,39 @@ class DaemonMetrics:
                                    ["loop"], registry=self.registry)
         self.demand = Gauge("coral_demand_rps", "Demand planned for (requests/s, with headroom)",
                             ["model"], registry=self.registry)
+
+        # from the READY replicas' own /metrics (vLLM's names, coral_hpc.engine.vllm_metrics)
+        engine = [
+            ("requests_running", "Requests in the engines' running batches (READY replicas)"),
+            ("requests_waiting", "Requests queued in the engines (READY replicas)"),
+            ("kv_cache_usage", "KV-cache use of the model's most used READY replica, 0..1"),
+            ("prompt_tokens", "Prompt tokens the live READY replicas' engines counted"),
+            ("generation_tokens", "Tokens the live READY replicas' engines generated"),
+            ("preemptions", "Preemptions the live READY replicas' engines counted"),
+            ("replicas_scraped", "READY replicas whose engine /metrics answered"),
+            ("replicas_unscraped", "READY replicas whose engine /metrics did not answer"),
+        ]
+        self.engine = {key: Gauge(f"coral_engine_{key}", doc, ["model"], registry=self.registry)
+                       for key, doc in engine}
+
+    def set_engine_loads(self, models: list[str],
+                         loads: list[tuple[str, EngineLoad | None]]) -> None:
+        """Replace the per-model engine gauges with the sums over the READY replicas' loads
+        (zeros for a model with none; the KV use is the most used replica's)."""
+        for model in models:
+            mine = [load for name, load in loads if name == model]
+            read = [load for load in mine if load is not None]
+            values = {
+                "requests_running": sum(x.running for x in read),
+                "requests_waiting": sum(x.waiting for x in read),
+                "kv_cache_usage": max((x.kv_cache_usage for x in read), default=0.0),
+                "prompt_tokens": sum(x.prompt_tokens for x in read),
+                "generation_tokens": sum(x.generation_tokens for x in read),
+                "preemptions": sum(x.preemptions for x in read),
+                "replicas_scraped": len(read), "replicas_unscraped": len(mine) - len(read),
+            }
+            for key, value in values.items():
+                self.engine[key].labels(model).set(value)
 
     def set_replicas(self, models: list[str], states: list[tuple[str, ReplicaState]]) -> None:
         """Replace the replicas-by-state gauge with the current counts (zeros included)."""

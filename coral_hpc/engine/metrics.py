@@ -1,5 +1,7 @@
 """Prometheus metrics of the sim engine under vLLM's names, so anything that scrapes a vLLM
-replica (the gateway, the daemon, a dashboard) reads a sim replica the same way.
+replica (the gateway, the daemon, a dashboard) reads a sim replica the same way. The names the
+daemon reads come from :mod:`coral_hpc.engine.vllm_metrics`, checked there against the real
+engine's output.
 
 Names and histogram buckets follow vLLM's ``vllm/engine/metrics.py`` / ``vllm/v1/metrics``:
 gauges ``vllm:num_requests_running``, ``vllm:num_requests_waiting``, ``vllm:gpu_cache_usage_perc``
@@ -23,6 +25,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from coral_hpc.engine import vllm_metrics as names
 from coral_hpc.engine.batching import Scheduler, TokenEvent
 from coral_hpc.engine.runner import RequestHandle
 
@@ -56,26 +59,27 @@ class _SchedulerGauges(Collector):
         s = self._scheduler
         labels = ["model_name"]
         for name, doc, value in (
-            ("vllm:num_requests_running", "Number of requests in model execution batches.",
+            (names.REQUESTS_RUNNING, "Number of requests in model execution batches.",
              s.num_running),
-            ("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
+            (names.REQUESTS_WAITING, "Number of requests waiting to be processed.",
              s.num_waiting),
-            ("vllm:gpu_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
+            (names.KV_CACHE_USAGE[1], "KV-cache usage. 1 means 100 percent usage.",
              s.kv_usage),
-            ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
+            (names.KV_CACHE_USAGE[0], "KV-cache usage. 1 means 100 percent usage.",
              s.kv_usage),
         ):  # fmt: skip
             family = GaugeMetricFamily(name, doc, labels=labels)
             family.add_metric([self._model], float(value))
             yield family
         preemptions = CounterMetricFamily(
-            "vllm:num_preemptions", "Cumulative number of preemption from the engine.",
+            names.PREEMPTIONS.removesuffix("_total"),
+            "Cumulative number of preemption from the engine.",
             labels=labels,
         )  # fmt: skip
         preemptions.add_metric([self._model], float(s.preemptions))
         yield preemptions
         cache = GaugeMetricFamily(
-            "vllm:cache_config_info",
+            names.CACHE_CONFIG,
             "Information of the LLMEngine CacheConfig",
             labels=["block_size", "num_gpu_blocks"],
         )
@@ -103,10 +107,12 @@ class EngineMetrics:
             return Histogram(name, doc, labels, registry=r, buckets=buckets)
 
         self.prompt_tokens = Counter(
-            "vllm:prompt_tokens", "Number of prefill tokens processed.", labels, registry=r
+            names.PROMPT_TOKENS.removesuffix("_total"), "Number of prefill tokens processed.",
+            labels, registry=r
         ).labels(model_name)
         self.generation_tokens = Counter(
-            "vllm:generation_tokens", "Number of generation tokens processed.", labels, registry=r
+            names.GENERATION_TOKENS.removesuffix("_total"),
+            "Number of generation tokens processed.", labels, registry=r
         ).labels(model_name)
         self.success = Counter(
             "vllm:request_success",

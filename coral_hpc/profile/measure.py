@@ -8,7 +8,6 @@ its time per output token (TPOT: the gaps between streamed tokens).
 from __future__ import annotations
 
 import json
-import re
 import statistics
 import threading
 import time
@@ -16,9 +15,10 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from coral_hpc.engine import vllm_metrics
+
 #: token ids the prompts are made of: above the tokenizer's special tokens, below its vocabulary
 _PROMPT_IDS = range(16, 480)
-_BLOCKS_RE = re.compile(r'^vllm:cache_config_info\{(?P<labels>[^}]*)\}', re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -137,17 +137,8 @@ def run_load(url: str, model: str, concurrency: int, input_tokens: int, output_t
 
 def kv_capacity_tokens(url: str, api_key: str | None = None) -> int | None:
     """KV-cache tokens from vLLM's ``vllm:cache_config_info`` (num_gpu_blocks × block_size)."""
-    request = urllib.request.Request(f"{url}/metrics", headers=_headers(api_key))
-    with urllib.request.urlopen(request, timeout=10) as response:
-        text = response.read().decode("utf-8", "replace")
-    match = _BLOCKS_RE.search(text)
-    if not match:
-        return None
-    labels = dict(re.findall(r'(\w+)="([^"]*)"', match.group("labels")))
-    try:
-        return int(labels["num_gpu_blocks"]) * int(labels["block_size"])
-    except (KeyError, ValueError):
-        return None
+    return vllm_metrics.kv_capacity_tokens(
+        vllm_metrics.fetch_metrics_text(url, timeout=10, headers=_headers(api_key)))
 
 
 def measure_engine(
