@@ -66,6 +66,8 @@ class Config:
     total_rps: float = 500.0
     seed: int = 0
     replan_interval_s: float = 900.0
+    #: policy.demand_change_threshold (the daemon's default is 0.25)
+    demand_change_threshold: float = 0.5
     sample_every_h: int = 3
     sim_s: float = 30.0
     warmup_s: float = 15.0
@@ -123,6 +125,12 @@ class DayResult:
     refusals: list[str] = field(default_factory=list)  #: PlanningError messages
 
 
+def policy_of(cfg: Config) -> dict:
+    """The ``policy:`` section of the site's models.yaml."""
+    return {"replan_interval_s": cfg.replan_interval_s,
+            "demand_change_threshold": cfg.demand_change_threshold}
+
+
 def rotation_overhead(deployment) -> float:
     """Fraction of a replica's cost walltime rotation adds: its successor overlaps it for
     start-up + drain grace once per usable life (see the module doc)."""
@@ -168,7 +176,7 @@ def run_day(cfg: Config, traces_dir: Path, log: Callable[[str], None] = print) -
     log(f"  {len(models)} models' days drawn in {result.seconds['trace']:.1f} s: "
         f"{sum(int(d.counts.sum()) for d in days.values()):,} requests")
 
-    deployment = S.deployment(models, mixes, {"replan_interval_s": cfg.replan_interval_s})
+    deployment = S.deployment(models, mixes, policy_of(cfg))
     settings = ReconcileSettings.from_policy(deployment.policy)
     tau = deployment.policy.replan_interval_s
     history_min = int(10 * tau // D.MINUTE_S)
@@ -179,10 +187,7 @@ def run_day(cfg: Config, traces_dir: Path, log: Callable[[str], None] = print) -
     startup_s = deployment.policy.startup_time_s
 
     def interval(minute: int, start: float) -> list[DemandInterval]:
-        return [DemandInterval(start, start + D.MINUTE_S, m.name, int(days[m.name].counts[minute]),
-                               int(days[m.name].prompt_sums[minute]),
-                               int(days[m.name].output_sums[minute]), 0)
-                for m in models]
+        return gateway_intervals(models, days, minute, start)
 
     store: deque[list[DemandInterval]] = deque(maxlen=history_min)
     for minute in range(D.MINUTES - history_min, D.MINUTES):  # yesterday's end: the day wraps
@@ -275,6 +280,16 @@ def run_day(cfg: Config, traces_dir: Path, log: Callable[[str], None] = print) -
     result.seconds["stage1"] = sum(r.stage1_s for r in result.replans)
     result.seconds["stage2"] = sum(r.stage2_s for r in result.replans)
     return result
+
+
+def gateway_intervals(models: list[S.SiteModel], days: dict[str, D.ModelDay], minute: int,
+                      start: float) -> list[DemandInterval]:
+    """The gateway's counters of minute ``minute`` of the day, stamped from ``start``: every
+    request counted, none rejected (the gateway refuses only with no READY replica)."""
+    return [DemandInterval(start, start + D.MINUTE_S, m.name, int(days[m.name].counts[minute]),
+                           int(days[m.name].prompt_sums[minute]),
+                           int(days[m.name].output_sums[minute]), 0)
+            for m in models]
 
 
 def _done(value) -> Future:
@@ -399,3 +414,41 @@ def figures(result: DayResult) -> dict:
         },
         "seconds": {k: round(v, 1) for k, v in result.seconds.items()},
     }
+
+
+def count_replans(cfg: Config, traces_dir: Path) -> Counter:
+    """The re-plans the daemon's triggers ask for over the day, by trigger kind, without
+    solving: what a threshold costs before a run spends the Stage-2 time (same models, same day,
+    same demand meter as :func:`run_day`; a refused plan cannot happen here)."""
+    models = S.draw_models(cfg.models, cfg.total_rps, cfg.seed)
+    rows = {t: D.load_rows(t, traces_dir) for t in sorted({m.trace for m in models})}
+    mixes = {m.name: rows[m.trace].mean_mix() for m in models}
+    days = {m.name: D.ModelDay(rows[m.trace], m.phase, m.mean_rps, i, cfg.seed,
+                               catalog.model_arch(m.arch).max_context)
+            for i, m in enumerate(models)}
+    deployment = S.deployment(models, mixes, policy_of(cfg))
+    settings = ReconcileSettings.from_policy(deployment.policy)
+    tau = deployment.policy.replan_interval_s
+    history_min = int(10 * tau // D.MINUTE_S)
+
+    def interval(minute: int, start: float) -> list[DemandInterval]:
+        return gateway_intervals(models, days, minute, start)
+
+    store: deque[list[DemandInterval]] = deque(maxlen=history_min)
+    for minute in range(D.MINUTES - history_min, D.MINUTES):
+        store.append(interval(minute, (minute - D.MINUTES) * D.MINUTE_S))
+    kinds: Counter = Counter()
+    plan_time: float | None = None
+    planned: dict = {}
+    for minute in range(D.MINUTES):
+        now = minute * D.MINUTE_S
+        demand = deployment_demand(deployment, (i for batch in store for i in batch), tau)
+        changed = changed_models(planned, demand, settings.demand_change_threshold) \
+            if planned else []
+        triggers = replan_triggers(plan_time, now, settings, (), changed, frozenset(),
+                                   frozenset(), ())
+        if triggers:
+            kinds[triggers[0].kind.value] += 1
+            plan_time, planned = now, demand
+        store.append(interval(minute, now))
+    return kinds
