@@ -382,11 +382,14 @@ def _first_feasible_batch(feasible: Callable[[int], tuple[bool, float]], b_max: 
 
 #: Pipeline accounting of prompts: True, a prompt stalls the whole ring of S micro-batches, so
 #: each stage pays S x b / n_out prompts per step of its own; False, each stage pays its own
-#: micro-batch's b / n_out. ASSUMED: bench/paper_pp.py fits it to the real engine (issue 13
-#: item 5). First measurement (bench/results/paper_pp.md, vLLM's CPU build, coral-tiny-llama at
-#: 438 in / 6 out): PP 2 serves 0.62 x PP 1 within the SLO, but the model's tail test predicts 0
-#: for both at the fitted step times, so neither accounting is confirmed or ruled out yet.
-PROMPTS_STALL_RING = True
+#: micro-batch's b / n_out (vLLM schedules a prompt into one micro-batch, and every stage runs
+#: each micro-batch once per round). MEASURED False (bench/results/paper_pp.md, bench/paper_pp.py,
+#: vLLM 0.32.0's CPU build, coral-tiny-llama, PP 2 ÷ PP 1 at 438/6 and at 32/64 tokens): PP cost
+#: the prompt-heavy mix less than the decode-heavy one (0.62 vs 0.17 of PP 1: a prompt penalty of
+#: 3.7, where the ring charge predicts 0.69 and the own-micro-batch charge 1.07), so the ring
+#: charge is dropped. What PP cost there is a per-step hand-off (55-83 ms per stage boundary on
+#: that shared 2-core host, not the GPU link the calibration prices).
+PROMPTS_STALL_RING = False
 
 
 def _model_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_stages: int,
@@ -445,9 +448,9 @@ def throughput_from_coeffs(c: StageCoeffs, cap: int, n_stages: int, slo: Slo, mi
     def feasible(b: int) -> tuple[bool, float]:
         # A sequence advances one token per round of all S micro-batches; the S x b sequences
         # in flight see about S x b prompts arrive during one request's n_out rounds (Little),
-        # and if a prompt stalls the whole pipeline ring (every stage waits for its long step),
-        # each stage pays S x b / n_out prompts per step of its own, else its own micro-batch's
-        # b / n_out (R = S or 1: PROMPTS_STALL_RING, assumed until measured).
+        # and if a prompt stalled the whole pipeline ring (every stage waits for its long step),
+        # each stage would pay S x b / n_out prompts per step of its own; measured, it pays its
+        # own micro-batch's b / n_out (R = S or 1: PROMPTS_STALL_RING, False).
         mean_prompts = R * b / n_out
         t = step(b, mean_prompts)
         if t > tpot:
@@ -529,7 +532,7 @@ def stage_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_stag
     The stage is one node's ``tp`` GPUs holding ``layers`` layers of ``arch``, one of ``n_stages``
     stages, so it gets TTFT/n_stages and TPOT/n_stages. Finds the largest decode batch B per
     micro-batch such that, with prompts processed whole in one step (as vLLM schedules them) and
-    each prompt stalling the whole pipeline ring (n_stages x B / output prompts per step):
+    each stage paying its own micro-batch's prompts (B / output per step; PROMPTS_STALL_RING):
     the TPOT of a request whose lifetime sees the 1 - MISS_PER_OBJECTIVE quantile of (Poisson)
     prompt arrivals meets the TPOT share; the wait for one of the KV cache's concurrent slots
     (M/M/c, Erlang C, slots sized for exponential token counts) exceeds what the TTFT leaves
