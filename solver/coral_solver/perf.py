@@ -402,13 +402,16 @@ def _model_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_sta
 def throughput_from_coeffs(c: StageCoeffs, cap: int, n_stages: int, slo: Slo, mix: Mix,
                            prompts_stall_ring: bool | None = None,
                            overhead_s: float | None = None,
-                           poisson_tail: bool = True) -> float:
+                           poisson_tail: bool = True,
+                           handoff_s: float | None = None) -> float:
     """Requests/s one stage with step-time coefficients ``c`` and ``cap`` KV tokens sustains
     (the search :func:`stage_throughput` runs, on any coefficients: e.g. ones fitted to a
     measured engine). ``prompts_stall_ring`` None: :data:`PROMPTS_STALL_RING`;
     ``overhead_s`` None: the calibration's per-step engine overhead. ``poisson_tail`` False:
     only the mean TPOT and TTFT tests, for a closed-loop load (a fixed number of clients, as
-    ``coral-hpc profile`` measures), which has no Poisson surge and no queue for KV slots."""
+    ``coral-hpc profile`` measures), which has no Poisson surge and no queue for KV slots.
+    ``handoff_s``: seconds per stage hand-off in place of the calibration's link (e.g. one
+    measured on the engine's own host)."""
     cal = _calibration()
     ring = PROMPTS_STALL_RING if prompts_stall_ring is None else prompts_stall_ring
     n_in, n_out = mix.input_tokens, mix.output_tokens
@@ -424,7 +427,7 @@ def throughput_from_coeffs(c: StageCoeffs, cap: int, n_stages: int, slo: Slo, mi
     R = S if ring else 1  # micro-batches whose prompts each stage's step pays for
     tpot = slo.tpot_s / S
     over = cal.step_overhead_s if overhead_s is None else overhead_s
-    alpha, bw = cal.pp_alpha_s, cal.pp_bw
+    alpha, bw = (cal.pp_alpha_s, cal.pp_bw) if handoff_s is None else (handoff_s, math.inf)
     # KV tokens a decode step reads per running sequence: in + out for exponential outputs
     # (a sequence seen mid-flight is length-biased: long outputs stay longer), not in + out/2
     ctx = float(n_in + n_out)
