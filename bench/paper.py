@@ -34,12 +34,14 @@ from bench.paper_eval.evaluate import (
     METHODS,
     PAPER_BASELINES,
     STARTUP_S,
+    WHAT_IF,
+    WHAT_IF_TEXT,
     RegionalThroughput,
     availability,
     cost_per_goodput,
     library_classes,
     library_for,
-    library_without_ring_stall,
+    library_other_pp,
     model_specs,
     reference_plan,
     run_setup,
@@ -47,6 +49,7 @@ from bench.paper_eval.evaluate import (
     workloads,
 )
 from bench.paper_eval.workload import RUN_S
+from coral_solver import perf
 from coral_solver.types import Policy
 
 
@@ -94,9 +97,9 @@ _NO_RING: dict[str, dict] = {}
 
 
 def _no_ring(setup: S.Setup, models, policy: Policy) -> dict:
-    """The what-if library without the ring stall, once per setting (same models and mixes)."""
+    """The what-if library on the other PP accounting, once per setting (same models, mixes)."""
     if setup.setting.name not in _NO_RING:
-        _NO_RING[setup.setting.name] = library_without_ring_stall(models, setup, policy)
+        _NO_RING[setup.setting.name] = library_other_pp(models, setup, policy)
     return _NO_RING[setup.setting.name]
 
 
@@ -160,12 +163,13 @@ def evaluate_setup(setup: S.Setup, args, policy: Policy, tm, folder: Path) -> di
             m: {k: round(v, 5) for k, v in d.items()}
             for m, d in library_classes(library, models).items()
         },
-        "library_best_rps_per_usd_no_ring_stall": {
+        "library_best_rps_per_usd_other_pp": {
             m: {k: round(v, 5) for k, v in d.items()}
             for m, d in library_classes(libraries[("off", False)], models).items()
         },
         "templates": {
-            f"{mode}{'' if ring else ' no-ring-stall'}": {m: len(ts) for m, ts in lib.items()}
+            f"{mode}{'' if ring else ' ' + WHAT_IF.removeprefix('coral-')}": {
+                m: len(ts) for m, ts in lib.items()}
             for (mode, ring), lib in libraries.items()
         },
         "stage1_s": round(stage1, 2),
@@ -230,7 +234,7 @@ def findings(results: list[dict]) -> list[str]:
         )
         for r in results
         for m, b in r["library_best_rps_per_usd"].items()
-        for a in [r["library_best_rps_per_usd_no_ring_stall"][m]]
+        for a in [r["library_best_rps_per_usd_other_pp"][m]]
         if b["single-node"] > 0
     ]
     pct = "{:.0f} %"
@@ -241,9 +245,9 @@ def findings(results: list[dict]) -> list[str]:
         if slo(r, "coral") is not None and slo(r, "coral+disagg") is not None
     ]
     nrs_gap = [
-        slo(r, "coral") - slo(r, "coral-no-ring-stall")
+        slo(r, "coral") - slo(r, WHAT_IF)
         for r in results
-        if slo(r, "coral") is not None and slo(r, "coral-no-ring-stall") is not None
+        if slo(r, "coral") is not None and slo(r, WHAT_IF) is not None
     ]
     missing = sorted(
         {
@@ -271,17 +275,14 @@ def findings(results: list[dict]) -> list[str]:
         ),
         f"- **Why**: in the library the best multi-node template serves "
         f"{_span([x[0] for x in rel])}x and the best heterogeneous one "
-        f"{_span([x[1] for x in rel])}x the requests per dollar of the best single-node one, with "
-        f"the model charging every prompt to every pipeline stage "
-        f"(`coral_solver.perf.PROMPTS_STALL_RING`; no accounting fits the first real-engine "
-        f"measurement yet, bench/results/paper_pp.md). Without that "
-        f"charge they would serve {_span([x[2] for x in rel])}x and {_span([x[3] for x in rel])}x; "
-        f"Coral planning on that library makes Homo cost "
-        f"{_span([ratio(r, 'coral-no-ring-stall', 'homo') for r in results])}x its cost, and the "
-        f"same simulation keeps {_span([slo(r, 'coral-no-ring-stall') for r in results], pct)} of "
+        f"{_span([x[1] for x in rel])}x the requests per dollar of the best single-node one, "
+        f"{_pp_accounting()}. If {WHAT_IF_TEXT} they would serve {_span([x[2] for x in rel])}x "
+        f"and {_span([x[3] for x in rel])}x; Coral planning on that library (`{WHAT_IF}`) makes "
+        f"Homo cost {_span([ratio(r, WHAT_IF, 'homo') for r in results])}x its cost, and the "
+        f"same simulation keeps {_span([slo(r, WHAT_IF) for r in results], pct)} of "
         f"those requests within SLO (Coral: {_span(coral_slo, pct)})"
         + (
-            ": the simulated pipeline does not deliver what the no-stall accounting promises."
+            ": the simulated pipeline does not deliver what that accounting promises."
             if nrs_gap and min(nrs_gap) > 2
             else "."
         ),
@@ -318,6 +319,20 @@ def findings(results: list[dict]) -> list[str]:
     return out
 
 
+def _pp_accounting() -> str:
+    """How the model charges prompts under PP, and what the real-engine measurement said
+    (bench/results/paper_pp.json, written by bench/paper_pp.py)."""
+    how = ("with the model charging every prompt to every pipeline stage (prompts stall the "
+           "ring" if perf.PROMPTS_STALL_RING else
+           "with the model charging each stage only its own micro-batch's prompts (no ring stall")
+    try:
+        fitted = json.loads((ROOT / "bench/results/paper_pp.json").read_text())["fits_best"]
+    except (OSError, ValueError, KeyError):
+        fitted = "not measured"
+    return (f"{how}, `coral_solver.perf.PROMPTS_STALL_RING`; on the real engine the accounting "
+            f"that fits best is: {fitted}, bench/results/paper_pp.md)")
+
+
 def summary_table(results: list[dict]) -> list[str]:
     """One line per setup: the paper's ratio beside ours (baseline cost ÷ Coral cost)."""
     lines = [
@@ -326,15 +341,15 @@ def summary_table(results: list[dict]) -> list[str]:
         (
             "| setup | paper | vs homo | vs cauchy | vs homo-ilp | vs melange-ilp | Coral het / "
             "multi | with disagg: homo ÷ Coral+d | cauchy+d ÷ Coral+d | Coral ÷ Coral+d | Coral+d "
-            "het / multi / disagg | SLO Coral / Coral+d | no ring stall: homo ÷ Coral-nrs, its het "
-            "/ multi, SLO |"
+            "het / multi / disagg | SLO Coral / Coral+d | "
+            f"{WHAT_IF_TEXT}: homo ÷ {WHAT_IF}, its het / multi, SLO |"
         ),
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         m = r["methods"]
         paper = ", ".join(f"{k} {v:g}" for k, v in r["paper"].items()) or "—"
-        c, d, n = m.get("coral", {}), m.get("coral+disagg", {}), m.get("coral-no-ring-stall", {})
+        c, d, n = m.get("coral", {}), m.get("coral+disagg", {}), m.get(WHAT_IF, {})
         lines.append(
             f"| {r['setup']} | {paper} | {_cost_ratio(m, 'coral', 'homo')} | "
             f"{_cost_ratio(m, 'coral', 'cauchy')} | {_cost_ratio(m, 'coral', 'homo-ilp')} | "
@@ -352,7 +367,7 @@ def summary_table(results: list[dict]) -> list[str]:
             + f"{c.get('slo_attainment', 0):.0%} / "
             + (f"{d.get('slo_attainment', 0):.0%} | " if d else "— | ")
             + (
-                f"{_cost_ratio(m, 'coral-no-ring-stall', 'homo')}, "
+                f"{_cost_ratio(m, WHAT_IF, 'homo')}, "
                 f"{n.get('share_heterogeneous', 0):.0%} / {n.get('share_multinode', 0):.0%}, "
                 f"{n.get('slo_attainment', 0):.0%} |"
                 if n
@@ -453,10 +468,10 @@ def markdown(
             "prefill- or decode-only role); `homo-ilp` / `melange-ilp` = the project's ILP "
             "baselines (`solver/coral_solver/baselines.py`: one GPU type per model, optimal counts "
             "/ "
-            "Mélange-style per-model ILPs on what is left); `coral-no-ring-stall` = Coral planning "
-            "on Stage 1 as if a prompt did not stall the pipeline ring "
-            "(`coral_solver.perf.PROMPTS_STALL_RING`, the model's unmeasured PP assumption): "
-            "a what-if, "
+            f"Mélange-style per-model ILPs on what is left); `{WHAT_IF}` = Coral planning "
+            f"on Stage 1 as if {WHAT_IF_TEXT} (the other value of "
+            "`coral_solver.perf.PROMPTS_STALL_RING`, the model's PP accounting of prompts, "
+            "bench/results/paper_pp.md): a what-if, "
             "its replicas served by the same simulation."
         ),
         "",
@@ -580,12 +595,12 @@ def markdown(
         lines += [
             (
                 "| model | single-node req/s per $/h | multi-node homogeneous | heterogeneous | "
-                "multi-node if prompts did not stall the ring | heterogeneous if not |"
+                f"multi-node if {WHAT_IF_TEXT} | heterogeneous if so |"
             ),
             "|---|---|---|---|---|---|",
         ]
         for model, best in r["library_best_rps_per_usd"].items():
-            alt = r["library_best_rps_per_usd_no_ring_stall"][model]
+            alt = r["library_best_rps_per_usd_other_pp"][model]
             single = best["single-node"]
             rel = [
                 f"{d[k] / single:.2f}" if single else ("—" if not d[k] else "only")

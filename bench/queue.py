@@ -354,6 +354,12 @@ def run_coral(
         if left:
             client.cancel(left)
         busy_cluster.cancel_other()
+        # cancelled replicas still write their logs into the state folder for a moment: wait
+        # until Slurm holds none of them, so the folder can go
+        for _ in range(30):
+            if not any(j.end_kind is None for j in client.snapshot(deployment.deployment).jobs):
+                break
+            time.sleep(1)
     summary = _summary({m: {} for m in models}, first_run, serving_s, phase_s, len(seen_jobs), lab)
     summary["first_ready_s"] = {m: round(first_ready[m], 1) for m in sorted(first_ready)}
     summary["all_ready_s"] = (
@@ -418,7 +424,9 @@ def main() -> None:
         max(n.gpus for n in nodes),
         args.trace_offset,
     )
-    with tempfile.TemporaryDirectory(prefix="coral-queue-bench-") as folder:
+    # a replica's last log line may land after the wait above: never lose the figures to it
+    with tempfile.TemporaryDirectory(prefix="coral-queue-bench-",
+                                     ignore_cleanup_errors=True) as folder:
         tmp = Path(folder)
         cache = tmp / "templates"
         cache.mkdir()

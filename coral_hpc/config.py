@@ -233,10 +233,12 @@ class PartitionConfig(_Frozen):
         description="partitions whose environment runs the same vLLM as this one's (e.g. one "
         "vLLM version built for two CUDA architectures): a pipeline may span them",
     )
-    preemptible: bool = Field(
-        default=False,
-        description="jobs here may be preempted (a scavenger partition or QOS): planned only "
-        "with the risk stated, and a preempted replica is resubmitted",
+    preemptible: bool | None = Field(
+        default=None,
+        description="jobs here may be preempted (a scavenger partition or QOS); unset = as "
+        "Slurm shows it (PreemptMode and a higher PriorityTier on shared nodes, or the "
+        "partition's QOS in another QOS's Preempt list). A model's replicas go there only "
+        "beside one elsewhere (never its only replica); a preempted one is resubmitted",
     )
 
     @field_validator("name")
@@ -312,12 +314,48 @@ class SlurmSettings(_Frozen):
     command_timeout_s: float = Field(
         default=30.0, gt=0, le=3600, description="per Slurm command (at most an hour)"
     )
-    # sbatch --test-only is one slurmctld RPC per job shape; the observe cycle already spends
-    # ~30 calls a minute (bench/results/reaction.md), so start estimates get a budget of their own
+    # One budget for every Slurm command the daemon runs (coral_hpc.slurm.budget): observe
+    # reads, sacct/sacctmgr, start-estimate probes and acts. 30 a minute is the goal a site's
+    # slurmctld should see from one service (issue 6; bench/results/bigcluster.md measures it).
+    calls_per_min: float | None = Field(
+        default=None, gt=0, le=600,
+        description="Slurm commands in any 60 s at most, all of the daemon's together (observe, "
+        "start estimates, limits, acts); the poll interval stretches to keep to it. Default: 30 "
+        "at the default 6 s poll, scaled up when policy.poll_interval_s asks to poll faster",
+    )
+    # sbatch --test-only is one slurmctld RPC per job shape: probes take this share of
+    # calls_per_min first, the observe cycle gets the rest
     probe_calls_per_min: float = Field(
         default=6.0, gt=0, le=60,
-        description="sbatch --test-only start estimates per minute at most (busy clusters)",
+        description="of calls_per_min, sbatch --test-only start estimates per minute at most "
+        "(busy clusters)",
     )
+
+    @model_validator(mode="after")
+    def _probes_leave_room_to_observe(self) -> SlurmSettings:
+        # an observe cycle is 3 commands: probes must leave at least one cycle a minute
+        if self.calls_per_min is not None and self.probe_calls_per_min > self.calls_per_min - 3:
+            raise ValueError(
+                f"probe_calls_per_min ({self.probe_calls_per_min:g}) must leave at least 3 of "
+                f"calls_per_min ({self.calls_per_min:g}) to observe the cluster"
+            )
+        return self
+
+
+#: Slurm calls a minute a daemon polling at the default interval keeps to (issue 6's goal)
+DEFAULT_SLURM_CALLS_PER_MIN = 30.0
+
+
+def slurm_calls_per_min(deployment: Deployment) -> float:
+    """The daemon's Slurm call budget: ``cluster.slurm.calls_per_min`` when set, else 30 at the
+    default 6 s poll, scaled by how much faster ``policy.poll_interval_s`` asks to poll (a site
+    that sets a 2 s poll has asked for three times the calls; the budget then does not stretch
+    it back to 6 s)."""
+    explicit = deployment.cluster.slurm.calls_per_min
+    if explicit is not None:
+        return explicit
+    default_poll = PolicyConfig.model_fields["poll_interval_s"].default
+    return DEFAULT_SLURM_CALLS_PER_MIN * max(1.0, default_poll / deployment.policy.poll_interval_s)
 
 
 #: CPUs and memory (GB) a replica job asks per GPU unless models.yaml says otherwise: a modest
@@ -550,9 +588,12 @@ class PolicyConfig(_Frozen):
     n_max: int = Field(default=6, ge=1, le=16, description="Stage 1: nodes per template at most")
     rho: float = Field(default=12.0, gt=1, description="Stage 1: GPU memory ≤ ρ × model size")
     heterogeneous: bool = Field(default=True, description="allow stages on different GPU types")
+    # At most a week: Slurm's backfill plans 1 day ahead by default (bf_window), so a start
+    # estimate much further out is no estimate to plan capacity on.
     max_queue_wait_s: float = Field(
-        default=1800.0, ge=0,
-        description="horizon: GPUs Slurm expects to give us within this count as available",
+        default=1800.0, ge=0, le=7 * 86400,
+        description="horizon: GPUs Slurm expects to give us within this count as available "
+                    "(0 .. 7 days)",
     )
 
     max_tp: int = Field(default=8, ge=1, le=64,

@@ -73,6 +73,9 @@ class ModelDemand:
     planned_rps: float  # estimate × (1 + headroom): the Stage-2 demand
     mix: Mix  # bucketed when measured
     source: Literal["declared", "measured", "unmeasured"]
+    #: the measured mix before bucketing (None: declared or nothing served yet), so change
+    #: detection can tell a mix that moved from one that wobbles across a bucket boundary
+    measured_mix: Mix | None = None
 
 
 def bucket_tokens(tokens: float) -> int:
@@ -153,7 +156,7 @@ def model_demand(model: ModelConfig, measured: Measured | None, headroom: float)
         else declared_mix
     )
     rps = measured.requests_per_s
-    return ModelDemand(model.name, rps, rps * (1.0 + headroom), mix, "measured")
+    return ModelDemand(model.name, rps, rps * (1.0 + headroom), mix, "measured", raw_mix)
 
 
 def deployment_demand(
@@ -178,11 +181,15 @@ def changed_models(
     floor_rps: float = DEFAULT_CHANGE_FLOOR_RPS,
 ) -> list[str]:
     """Models whose demand moved by more than ``threshold`` (a fraction) since ``planned``, or
-    whose mix bucket changed, or that appeared or disappeared.
+    whose mix moved to another bucket, or that appeared or disappeared.
 
     The change is relative to ``max(planned, floor_rps)``, and a model below ``floor_rps``
     before and after has not changed (its mix is a handful of requests): near-idle models do not
-    flap.
+    flap. A new mix bucket counts only when the measured mean itself moved more than
+    ``threshold`` from the planned bucket: a mean near a bucket boundary (the Azure code trace's
+    28 output tokens sits at the 24/32 boundary) crosses it back and forth every few minutes,
+    and at 50 models some model always did, so the daemon re-planned every minute
+    (bench/results/scale_day.md).
     """
     changed = []
     for name in sorted(set(planned) | set(current)):
@@ -193,6 +200,14 @@ def changed_models(
         if old.planned_rps <= floor_rps and new.planned_rps <= floor_rps:
             continue
         base = max(old.planned_rps, floor_rps)
-        if abs(new.planned_rps - old.planned_rps) / base > threshold or old.mix != new.mix:
+        if abs(new.planned_rps - old.planned_rps) / base > threshold or (
+                old.mix != new.mix and _mix_moved(old.mix, new.measured_mix or new.mix, threshold)):
             changed.append(name)
     return changed
+
+
+def _mix_moved(planned: Mix, now: Mix, threshold: float) -> bool:
+    """True when either token count of ``now`` is more than ``threshold`` away from ``planned``."""
+    return any(abs(n - p) / p > threshold
+               for p, n in ((planned.input_tokens, now.input_tokens),
+                            (planned.output_tokens, now.output_tokens)))

@@ -111,14 +111,39 @@ def slurm_duration_s(text: str) -> int:
 ROLES = ("both", "prefill", "decode")
 
 
+#: Between a partition and a reservation in a placement name (``a100@lab-maint``): a character
+#: cluster.partitions names may not hold (coral_hpc.config), so the split is unambiguous
+PLACEMENT_SEP = "@"
+
+
+def placement_name(partition: str, reservation: str | None = None) -> str:
+    """Where a stage runs as the planner and the daemon name it: the partition, or
+    ``partition@reservation`` for a stage that runs in a reservation (``--reservation``)."""
+    return f"{partition}{PLACEMENT_SEP}{reservation}" if reservation else partition
+
+
+def split_placement(name: str) -> tuple[str, str | None]:
+    """Inverse of :func:`placement_name`: ``"a100@res"`` → ``("a100", "res")``,
+    ``"a100"`` → ``("a100", None)``."""
+    partition, sep, reservation = name.partition(PLACEMENT_SEP)
+    return partition, (reservation or None) if sep else None
+
+
 @dataclass(frozen=True)
 class StageLayout:
     """One pipeline stage of a replica: one node of ``partition`` with TP GPUs of ``gpu_type``,
-    holding ``layers`` consecutive layers of the model."""
+    holding ``layers`` consecutive layers of the model; in ``reservation`` when the plan put it
+    on a reservation's nodes (the job is submitted with ``--reservation``)."""
 
     partition: str
     gpu_type: str
     layers: int
+    reservation: str | None = None
+
+    @property
+    def placement(self) -> str:
+        """The partition, or ``partition@reservation`` (:func:`placement_name`)."""
+        return placement_name(self.partition, self.reservation)
 
 
 @dataclass(frozen=True)
@@ -152,8 +177,10 @@ class ReplicaLayout:
 
     @property
     def partitions(self) -> tuple[str, ...]:
-        """The partition of each stage, in pipeline order."""
-        return tuple(s.partition for s in self.stages)
+        """Where each stage runs, in pipeline order: its partition, ``partition@reservation``
+        for a stage in a reservation (:func:`placement_name`). A replica's identity in plans,
+        the store and exclusions, so one in a reservation never stands in for one outside."""
+        return tuple(s.placement for s in self.stages)
 
     @property
     def gpu_types(self) -> tuple[str, ...]:
@@ -176,21 +203,23 @@ class ReplicaLayout:
         heterogeneous job)."""
         if self.pp == 1:
             return "single"
-        if len({(s.partition, s.gpu_type) for s in self.stages}) == 1:
+        if len({(s.partition, s.reservation, s.gpu_type) for s in self.stages}) == 1:
             return "multinode"
         return "hetero"
 
     def to_dict(self) -> dict:
         """Plain JSON data; :meth:`from_dict` reads it back equal."""
         return {"tp": self.tp, "dtype": self.dtype, "role": self.role,
-                "stages": [{"partition": s.partition, "gpu_type": s.gpu_type, "layers": s.layers}
+                "stages": [{"partition": s.partition, "gpu_type": s.gpu_type, "layers": s.layers,
+                            **({"reservation": s.reservation} if s.reservation else {})}
                            for s in self.stages]}
 
     @classmethod
     def from_dict(cls, data: dict) -> ReplicaLayout:
         """Inverse of :meth:`to_dict`. Raises ValueError naming the missing or bad field."""
         try:
-            stages = tuple(StageLayout(str(s["partition"]), str(s["gpu_type"]), int(s["layers"]))
+            stages = tuple(StageLayout(str(s["partition"]), str(s["gpu_type"]), int(s["layers"]),
+                                       str(s["reservation"]) if s.get("reservation") else None)
                            for s in data["stages"])
             # rows written before the layout carried its dtype: "auto", what every replica
             # on a bf16-capable GPU was launched with then

@@ -222,14 +222,15 @@ class MethodSpec:
     plan: Method
     told_running: bool
     disaggregation: str = "off"
-    #: False: plan on Stage 1 as if a prompt did not stall the pipeline ring (a what-if on the
-    #: unmeasured PP term; single-node templates are the same either way)
-    ring_stall: bool = True
+    #: True: plan on Stage 1 with the other PP accounting of prompts than the model's
+    #: (``perf.PROMPTS_STALL_RING`` flipped): a what-if on that term; single-node templates are
+    #: the same either way
+    other_pp: bool = False
 
     @property
     def library(self) -> tuple[str, bool]:
         """Key of the Stage-1 library this method plans on."""
-        return (self.disaggregation, self.ring_stall)
+        return (self.disaggregation, not self.other_pp)
 
 
 #: The paper's Homo ("per model the homogeneous strategy with the best goodput per cost,
@@ -238,8 +239,13 @@ class MethodSpec:
 #: strategy per model and stops when it fits no more. Cauchy's adaptation ranks per phase; with
 #: no prefill/decode-only templates (disaggregation off) it is "homo". "+disagg": the same
 #: method when every model may be disaggregated (Stage 1 builds prefill and decode templates).
-#: "coral-no-ring-stall": Coral planning as if prompts did not stall the pipeline ring, its
-#: replicas served by the same sim scheduler (a what-if until the real engine says which holds).
+#: WHAT_IF: Coral planning on the other PP accounting of prompts (``coral-no-ring-stall`` while
+#: the model says prompts stall the pipeline ring, ``coral-ring-stall`` while it says they do
+#: not), its replicas served by the same sim scheduler: how much that one term decides.
+WHAT_IF = "coral-no-ring-stall" if perf.PROMPTS_STALL_RING else "coral-ring-stall"
+#: what the what-if assumes, in words
+WHAT_IF_TEXT = ("prompts did not stall the ring" if perf.PROMPTS_STALL_RING
+                else "prompts stalled the ring")
 METHODS: dict[str, MethodSpec] = {
     "coral": MethodSpec(allocate, True),
     "homo": MethodSpec(baselines.cauchy, False),
@@ -249,7 +255,7 @@ METHODS: dict[str, MethodSpec] = {
     "melange-ilp": MethodSpec(baselines.melange, False),
     "coral+disagg": MethodSpec(allocate, True, "auto"),
     "cauchy+disagg": MethodSpec(baselines.cauchy_adapted, False, "auto"),
-    "coral-no-ring-stall": MethodSpec(allocate, True, "off", ring_stall=False),
+    WHAT_IF: MethodSpec(allocate, True, "off", other_pp=True),
 }
 PAPER_BASELINES = ("homo", "homo-strict", "cauchy")
 ILP_BASELINES = ("homo-ilp", "melange-ilp")
@@ -331,7 +337,8 @@ def _aggregated(
         )
         weight = len(mine_all) / len(mine)  # every replica of the row, from replica 0's share
         for i, o in zip(mine, outcomes):
-            out.count(o.first_s - float(at[i]), _tpot(o), o.tokens, model, weight)
+            if at[i] >= 0.0:  # before 0: warm-up, served but not booked (serve_window)
+                out.count(o.first_s - float(at[i]), _tpot(o), o.tokens, model, weight)
 
 
 def _disaggregated(
@@ -385,20 +392,26 @@ def _disaggregated(
         )
         weight = len(mine_all) / len(mine)
         for i, o in zip(mine, outcomes):
-            out.count(o.first_s - float(at[i]), _tpot(o), o.tokens, model, weight)
+            if at[i] >= 0.0:  # before 0: warm-up, served but not booked (serve_window)
+                out.count(o.first_s - float(at[i]), _tpot(o), o.tokens, model, weight)
 
 
 def serve_window(
-    plan: Plan, model: ModelSpec, load: ModelWorkload, start: float, sim_s: float
+    plan: Plan, model: ModelSpec, load: ModelWorkload, start: float, sim_s: float,
+    warmup_s: float = 0.0,
 ) -> Served:
     """Route the model's requests of [start, start + sim_s) to the plan's replicas and serve them.
+
+    ``warmup_s``: the requests of the ``warmup_s`` seconds before ``start`` are served too, so
+    the replicas are not empty at ``start``, but not counted.
 
     Aggregated and disaggregated capacity share the requests in proportion; within each, rows
     share them in proportion to their capacity (the gateway's weights). When the plan serves
     less than the demand, the gateway admits that share (evenly spread) and refuses the rest."""
-    idx = load.window(start, start + sim_s)
+    idx = load.window(start - warmup_s, start + sim_s)
     at, prompt, output = load.at[idx] - start, load.prompt[idx], load.output[idx]
-    out = Served(requests=len(at), output_tokens=int(output.sum()))
+    counted = at >= 0.0
+    out = Served(requests=int(counted.sum()), output_tokens=int(output[counted].sum()))
     rows = [r for r in plan.rows if r.model == model.name and r.count > 0]
     by_role = {role: [r for r in rows if r.role == role] for role in ("both", "prefill", "decode")}
     both = sum(r.count * r.throughput for r in by_role["both"])
@@ -407,11 +420,11 @@ def serve_window(
     )
     capacity = both + split
     if capacity <= 0 or len(at) == 0:
-        out.refused = len(at)
+        out.refused = out.requests
         return out
     share = min(1.0, capacity / model.demand_rps) if model.demand_rps > 0 else 1.0
     admitted = [i for i in range(len(at)) if int((i + 1) * share) > int(i * share)]
-    out.refused = len(at) - len(admitted)
+    out.refused = out.requests - int(counted[admitted].sum())
     paths = _deal([both, split], len(admitted))
     aggregated = [admitted[j] for j in paths[0]]
     if aggregated:
@@ -523,7 +536,7 @@ def run_setup(
             # re-verifies placement, prices, demand and limits, not the templates' throughput
             run.checker_problems += len(
                 check_plan(plan, models, replace(cluster, running=()),
-                           library if spec.ring_stall else None, tm if spec.ring_stall else None)
+                           None if spec.other_pp else library, None if spec.other_pp else tm)
             )
             now = Counter()
             for row in plan.rows:
@@ -589,13 +602,13 @@ def library_classes(
     return out
 
 
-def library_without_ring_stall(
+def library_other_pp(
     models: list[ModelSpec], setup: Setup, policy: Policy
 ) -> dict[str, list[Template]]:
-    """Stage 1 as if a prompt did not stall the pipeline ring (``perf.PROMPTS_STALL_RING``
-    False): how much the unmeasured PP term decides (not cached: the flag is no file)."""
+    """Stage 1 on the other PP accounting of prompts (``perf.PROMPTS_STALL_RING`` flipped): how
+    much that term decides (not cached: the flag is no file)."""
     saved = perf.PROMPTS_STALL_RING
-    perf.PROMPTS_STALL_RING = False
+    perf.PROMPTS_STALL_RING = not saved
     perf.configure()
     try:
         return library_for(models, setup, policy, RegionalThroughput(), use_cache=False)
@@ -658,7 +671,9 @@ __all__ = [
     "cluster_for",
     "library_classes",
     "library_for",
-    "library_without_ring_stall",
+    "library_other_pp",
+    "WHAT_IF",
+    "WHAT_IF_TEXT",
     "model_specs",
     "reference_plan",
     "run_setup",

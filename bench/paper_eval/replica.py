@@ -9,10 +9,8 @@ prompt tokens whose KV a prefill replica computed (the decode role: admitted wit
 cache, computing only the last prompt token, as vLLM's KV connector does), and the result is each
 request's first- and last-token times, so a prefill replica's output can feed a decode one.
 
-One difference from the sim engine's ``StepModel.stage_times``: a step's prompt chunks attend per
-sequence (Σ chunk·(computed + chunk/2)), as attention kernels do; ``StepModel`` passes the batch's
-prompt tokens as one chunk, which charges k chunks k times their attention (for 8,192 prompt
-tokens of gpt-oss-20b on 2xH100 a step of 70.7 ms instead of 48.6 ms).
+Step times are the sim engine's own (:meth:`~coral_hpc.engine.pipeline.StepModel.batch_times`:
+a step's prompt chunks attend per sequence, Σ chunk·(computed + chunk/2)).
 """
 
 from __future__ import annotations
@@ -22,7 +20,6 @@ from dataclasses import dataclass
 
 from coral_hpc.engine.batching import Batch, Scheduler, Sequence
 from coral_hpc.engine.pipeline import Layout, PipelineClock, StepModel
-from coral_solver import catalog, perf
 
 #: The sim engine's (= vLLM's) scheduler defaults.
 MAX_NUM_SEQS = 256
@@ -48,31 +45,11 @@ class Outcome:
     tokens: int
 
 
-def stage_times(layout: Layout, batch: Batch, arch=None, gpus=None) -> tuple[float, ...]:
-    """Seconds each stage spends on ``batch``, prompt chunks attending per sequence.
-
-    KV read: decodes read their context (computed + the new token), chunks the KV of their
-    earlier chunks; attention: each chunk's tokens attend to its earlier tokens and half of
-    itself on average. ``arch``/``gpus``: the layout's catalogue entries, when already looked up."""
-    arch = arch if arch is not None else catalog.model_arch(layout.arch)
-    gpus = gpus if gpus is not None else [catalog.gpu_spec(g) for g in layout.gpu_types]
-    prefill = batch.prefill_tokens
-    pairs = sum(chunk * (seq.computed + chunk / 2.0) for seq, chunk in batch.prefill)
-    context = sum(s.computed + 1 for s in batch.decode) + sum(s.computed for s, _ in batch.prefill)
-    return tuple(
-        perf.step_latency_s(
-            arch,
-            gpu,
-            layout.tp,
-            layers,
-            batch.decode_seqs,
-            prefill,
-            context,
-            layout.stages,
-            prefill_ctx=pairs / prefill if prefill else 0.0,
-        )
-        for gpu, layers in zip(gpus, layout.layers)
-    )
+def stage_times(layout: Layout, batch: Batch, model: StepModel | None = None
+                ) -> tuple[float, ...]:
+    """Seconds each stage spends on ``batch``: the sim engine's ``StepModel.batch_times``
+    (``model``: the layout's step model, when already built)."""
+    return (model if model is not None else StepModel(layout)).batch_times(batch)
 
 
 def serve(layout: Layout, requests: list[Request]) -> list[Outcome]:
@@ -80,8 +57,6 @@ def serve(layout: Layout, requests: list[Request]) -> list[Outcome]:
 
     A request the KV cache could never hold is answered at its arrival with no tokens."""
     model = StepModel(layout)
-    arch = catalog.model_arch(layout.arch)
-    gpus = [catalog.gpu_spec(g) for g in layout.gpu_types]
     engines = layout.stages
     scheduler = Scheduler(
         kv_capacity_tokens=model.kv_capacity_tokens(),
@@ -110,7 +85,7 @@ def serve(layout: Layout, requests: list[Request]) -> list[Outcome]:
             if batch is None:
                 continue
             busy[e] = batch
-            end = clock.reserve(now, stage_times(layout, batch, arch, gpus))
+            end = clock.reserve(now, stage_times(layout, batch, model))
             order += 1
             heapq.heappush(events, (end, order, 0, e))
 

@@ -27,6 +27,7 @@ def down(file: str, grace: float, as_json: bool) -> None:
     """Stop serving FILE: stop the daemon, drain and cancel its replicas."""
     from coral_hpc.daemon.process import info_path, lock_is_held, lock_path, read_info
     from coral_hpc.instance import read_instance
+    from coral_hpc.launch.spec import is_pre_instance_job_of
     from coral_hpc.launch.stop import stop_replicas
     from coral_hpc.slurm import client_for_deployment
     from coral_hpc.store import open_store
@@ -67,8 +68,11 @@ def down(file: str, grace: float, as_json: bool) -> None:
         instance = read_instance(deployment.state_path) or ""
     except PermanentError as exc:
         fail(f"{exc}; nothing was cancelled")
+    # this instance's jobs, and its jobs from before instance tags (their spec.json says so)
     job_ids = [j.job_id for j in snapshot.jobs
-               if j.end_kind is None and j.tag is not None and j.tag.instance == instance]
+               if j.end_kind is None and j.tag is not None and (
+                   j.tag.instance == instance or is_pre_instance_job_of(
+                       j.tag, deployment.state_path, deployment.deployment))]
     if not Path(deployment.db_path).exists():
         # the daemon's database is on another host: Slurm is the record here
         outcome = stop_replicas(client, job_ids, grace) if job_ids else {}

@@ -45,7 +45,7 @@ def plan(models_yaml: str, snapshot_file: str | None, as_json: bool, export_file
     from coral_hpc.config import load_deployment
     from coral_hpc.errors import ConfigError
     from coral_hpc.plan.planner import Planner, PlanRequest
-    from coral_hpc.plan.report import plan_json, templates_json
+    from coral_hpc.plan.report import infeasible_problems, plan_json, templates_json
 
     try:
         deployment = load_deployment(models_yaml)
@@ -77,25 +77,6 @@ def plan(models_yaml: str, snapshot_file: str | None, as_json: bool, export_file
         fail(infeasible_problems(models_yaml, deployment))
     if outcome.problems:
         fail([f"checker: {p}" for p in outcome.problems], status=EXIT_REJECTED)
-
-
-def infeasible_problems(path: str, deployment) -> list[str]:
-    """Why no plan exists, as invalid input: only ``min_replicas`` is a hard demand on the
-    cluster, so each model that sets it is named with its file, line and field."""
-    from coral_hpc.config import field_line
-
-    lines = []
-    for index, model in enumerate(deployment.models):
-        if model.min_replicas:
-            loc = ("models", index, "min_replicas")
-            lines.append(
-                f"{path}:{field_line(path, loc)}: models[{index}].min_replicas: "
-                f"{model.min_replicas} replica(s) of {model.name} cannot all be placed on the "
-                "GPUs available now; lower min_replicas or widen its partitions / gpu_types"
-            )
-    if not lines:
-        lines.append(f"{path}: no plan satisfies the deployment's quotas and limits")
-    return lines + [f"{path}: no feasible plan; nothing was submitted"]
 
 
 def _known_architectures() -> set[str]:

@@ -20,15 +20,20 @@ from coral_hpc.cli._output import EXIT_UNAVAILABLE, err_console, fail, print_jso
 @click.option("--pp", "pp_degrees", multiple=True, type=click.IntRange(1, 16),
               help="Pipeline degrees to measure (repeatable; default 1). PP > 1 runs a multi-node "
                    "job of one partition; results go under pipelines/.")
+@click.option("--stages", "stage_lists", multiple=True, metavar="P1,P2[,...]",
+              help="Measure one pipeline with a stage on each named partition, in order (a "
+                   "partition named twice gets two nodes; different partitions: a Slurm "
+                   "hetjob); needs exactly one --model. Repeatable.")
 @click.option("--force", is_flag=True, help="Measure again even where a profile exists.")
 @click.option("--json", "as_json", is_flag=True, help="Print the profile files written as JSON.")
 def profile(models_yaml: str, partitions: tuple[str, ...], models: tuple[str, ...],
-            pp_degrees: tuple[int, ...], force: bool, as_json: bool) -> None:
+            pp_degrees: tuple[int, ...], stage_lists: tuple[str, ...], force: bool,
+            as_json: bool) -> None:
     """Measure the engine on each partition for MODELS_YAML's models; write measured profiles."""
     from coral_hpc.config import load_deployment
     from coral_hpc.errors import ConfigError, TransientError
     from coral_hpc.profile import profile_tasks, run_profiles
-    from coral_hpc.profile.run import ProfileError
+    from coral_hpc.profile.run import ProfileError, pipeline_task
     from coral_hpc.slurm import client_for_deployment
 
     try:
@@ -39,7 +44,14 @@ def profile(models_yaml: str, partitions: tuple[str, ...], models: tuple[str, ..
         fail(f"{models_yaml}: engine.kind is {deployment.engine.kind!r}; profiling measures the "
              "real engine: set engine.kind: vllm")
     try:
-        tasks = profile_tasks(deployment, partitions, models, pp_degrees or (1,))
+        if stage_lists:
+            if len(models) != 1 or partitions or pp_degrees:
+                raise ProfileError("--stages takes exactly one --model and no --partition or "
+                                   "--pp (the stages name the partitions and the degree)")
+            tasks = [pipeline_task(deployment, models[0], [p.strip() for p in s.split(",")])
+                     for s in stage_lists]
+        else:
+            tasks = profile_tasks(deployment, partitions, models, pp_degrees or (1,))
     except ProfileError as exc:
         fail(f"{models_yaml}: {exc}")
     if not tasks:

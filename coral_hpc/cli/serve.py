@@ -15,7 +15,7 @@ import click
 from coral_hpc.cli._logging import configure_logging
 from coral_hpc.cli._output import EXIT_UNAVAILABLE, Stage1Progress, fail
 from coral_hpc.cli.validate import checked_deployment
-from coral_hpc.errors import PermanentError
+from coral_hpc.errors import ConfigError, PermanentError
 
 
 def _listen(option: str, value: str) -> str:
@@ -60,6 +60,8 @@ def serve(file: str, listen: str | None, metrics_listen: str, cache_dir: str | N
         run_daemon(file, planner, gateway_listen=listen, metrics_listen=metrics)
     except (AlreadyRunning, LeaseHeld) as exc:  # a second daemon: exit 2, naming the first
         fail(f"{file}: {exc}")
+    except ConfigError as exc:  # found once serving began: the first plan is infeasible
+        fail(exc.problems)
     except PermanentError as exc:  # the gateway cannot start, Slurm refuses the backend
         fail(f"{file}: {exc}")
     except OSError as exc:  # the metrics port is taken

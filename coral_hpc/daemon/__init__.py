@@ -66,7 +66,7 @@ def serve(
     from coral_hpc.daemon.stop_request import StopRequests
     from coral_hpc.gateway.table import default_replica_key_path, default_table_path
     from coral_hpc.instance import ensure_instance
-    from coral_hpc.slurm.client import client_for_deployment
+    from coral_hpc.slurm.client import call_budget, client_for_deployment
     from coral_hpc.store import open_store
 
     config_path = Path(config_path).resolve()
@@ -90,7 +90,10 @@ def serve(
             store.add_event(time.time(), "lease", "took over the stale lease of the daemon on "
                             f"{taken.get('host')} (pid {taken.get('pid')})")
         key_file = ensure_replica_key(default_replica_key_path(deployment))
-        client = client_for_deployment(deployment)
+        # every Slurm call of this daemon is charged to one budget (cluster.slurm.calls_per_min)
+        client = client_for_deployment(deployment, budgeted=True)
+        if hasattr(planner, "use_client"):  # its start-estimate probes: the same budget
+            planner.use_client(client)
         gateway = GatewayProcess(config_path, deployment, listen=gateway_listen)
         # a gateway left by a daemon killed with -9 is still routing: keep it (no gap, no leak)
         address = gateway.adopt()
@@ -111,9 +114,10 @@ def serve(
             api_key_file=key_file, table_path=default_table_path(deployment),
             metrics=metrics, demand_source=lambda: fetch_demand(gateway.url,
                                                      tls_cert=gateway.deployment.gateway.tls_cert),
-            instance=instance, may_act=lease.ours,
+            instance=instance, may_act=lease.ours, budget=call_budget(client),
             on_cycle=lambda now: write_status(status_file(deployment.state_path),
                                               status_data(deployment, store, now)),
+            config_path=config_path,
         )
         daemon.resume_plan()
         info = {
@@ -166,6 +170,8 @@ def serve(
                 lease.publish(gateway=gateway.address)
         for thread in threads:
             thread.join(timeout=30)
+        if daemon.fatal is not None:
+            raise daemon.fatal  # the CLI exits 2 with its lines; the finally cleans up
         store.add_event(time.time(), "stop", "daemon stopped; replicas left running")
     finally:
         if gateway is not None:

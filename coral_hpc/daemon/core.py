@@ -25,8 +25,10 @@ from coral_hpc.daemon.routing import TablePublisher, ready_routes
 from coral_hpc.daemon.scrape import DemandScraper
 from coral_hpc.demand import ModelDemand, changed_models, deployment_demand
 from coral_hpc.engine.vllm_metrics import fetch_engine_load
+from coral_hpc.errors import ConfigError
 from coral_hpc.plan.desired import DesiredPlan, plan_from_rows, slot_rows
-from coral_hpc.plan.planner import PlanOutcome, PlanRequest
+from coral_hpc.plan.planner import InfeasiblePlan, PlanOutcome, PlanRequest
+from coral_hpc.plan.report import infeasible_problems
 from coral_hpc.reconcile import (
     Cancel,
     Decision,
@@ -42,8 +44,10 @@ from coral_hpc.reconcile import (
 )
 from coral_hpc.reconcile.act import Actor
 from coral_hpc.reconcile.backoff import Backoff
+from coral_hpc.reconcile.hysteresis import PlanHistory
 from coral_hpc.reconcile.observe import Observed, Observer
 from coral_hpc.reconcile.startup import learned_startup_s
+from coral_hpc.slurm.budget import CallBudget
 from coral_hpc.store import Store
 from coral_hpc.types import ShapeExclusion, TemplateExclusion
 
@@ -58,20 +62,26 @@ ENGINE_SCRAPE_S = 5.0
 
 class Loop:
     """Run ``step`` every ``interval_s`` until ``stop`` is set. A step returning True asks to run
-    again at once (e.g. right after new exclusions). Errors are logged here and only here."""
+    again at once (e.g. right after new exclusions). ``pace`` (given the seconds since the step
+    began, the seconds the next one must still wait, e.g. for the Slurm call budget) can make
+    the wait longer, never shorter. Errors are logged here and only here."""
 
     def __init__(self, name: str, interval_s: float, step: Callable[[], Any],
-                 stop: threading.Event, on_error: Callable[[str], None] | None = None):
+                 stop: threading.Event, on_error: Callable[[str], None] | None = None,
+                 pace: Callable[[float], float] | None = None,
+                 monotonic: Callable[[], float] = time.monotonic):
         self.name = name
+        self.monotonic = monotonic
         self.interval_s = interval_s
         self.step = step
         self.stop = stop
         self.on_error = on_error
+        self.pace = pace or (lambda elapsed_s: 0.0)
         self.thread: threading.Thread | None = None
 
     def run(self) -> None:
         while not self.stop.is_set():
-            began = time.monotonic()
+            began = self.monotonic()
             again = False
             try:
                 again = bool(self.step())
@@ -79,9 +89,9 @@ class Loop:
                 log.exception("%s loop step failed", self.name)
                 if self.on_error:
                     self.on_error(self.name)
-            if again:
-                continue
-            self.stop.wait(max(0.0, self.interval_s - (time.monotonic() - began)))
+            elapsed = self.monotonic() - began
+            wait = 0.0 if again else self.interval_s - elapsed
+            self.stop.wait(max(0.0, wait, self.pace(elapsed)))
 
     def start(self) -> threading.Thread:
         self.thread = threading.Thread(target=self.run, name=f"coral-{self.name}", daemon=True)
@@ -112,8 +122,13 @@ class Daemon:
         instance: str = "",
         may_act: Callable[[], bool] = lambda: True,
         on_cycle: Callable[[float], None] | None = None,
+        config_path: Path | None = None,
+        budget: CallBudget | None = None,
     ):
         self.deployment = deployment
+        # the one Slurm call budget (coral_hpc.slurm.budget) the client charges: the reconcile
+        # loop waits for one observe cycle's tokens, so probes and acts never push it over
+        self.budget = budget
         self.store = store
         self.client = client
         self.planner = planner
@@ -132,7 +147,13 @@ class Daemon:
             instance=instance)
         self.actor = actor or Actor(deployment, store, client, self.settings, clock, api_key_file,
                                     instance=instance)
+        self.config_path = config_path  # named in errors about the file
+        #: set when serving cannot begin (the first plan is infeasible): the loops stop and
+        #: ``serve`` raises it (exit 2) — nothing was submitted
+        self.fatal: ConfigError | None = None
+        self._stop: threading.Event | None = None
         self.plan: DesiredPlan | None = None
+        self.plan_history = PlanHistory()  # the plans this daemon made: hysteresis (decide)
         self.plan_time: float | None = None
         self.planned_demand: dict[str, ModelDemand] = {}
         self.unavailable_at_plan: frozenset[str] | None = None
@@ -172,10 +193,13 @@ class Daemon:
             now = self.clock()
             self._learn_startup()
             self._maybe_plan(observed, now)
+            if self.fatal is not None:
+                return False  # nothing decided or acted on: serve stops with the error
             decision = decide(self.plan, observed.facts, now, self.settings,
                               exclusions=self.store.exclusions(now),
                               observation=observed.observation,
-                              configured=frozenset(m.name for m in self.deployment.models))
+                              configured=frozenset(m.name for m in self.deployment.models),
+                              history=self.plan_history)
             self.last_decision = decision
             if decision.held_back and any(isinstance(a, (Submit, Drain, Cancel))
                                           for a in decision.actions) is False:
@@ -241,15 +265,26 @@ class Daemon:
         )
         try:
             outcome = self.planner(request)
+        except InfeasiblePlan as exc:
+            if self.plan_history.plans == 0:
+                # the first plan: the file asks for what this cluster can never give
+                # (min_replicas beyond any capacity); stop before submitting anything, as
+                # `coral-hpc plan` does. Later, a cluster that shrank keeps the current plan.
+                path = str(self.config_path or "models.yaml")
+                self.fatal = ConfigError(path, infeasible_problems(
+                    path, self.deployment, done="nothing was submitted; serve stops"))
+                self.store.add_event(now, "plan_error", f"no feasible plan: {exc}; stopping")
+                if self._stop is not None:
+                    self._stop.set()
+                return
+            self._plan_failed(now, exc)
+            return
         except Exception as exc:
-            delay = self.plan_backoff.failed(now)
-            self.metrics.loop_errors.labels("plan").inc()
-            self.store.add_event(now, "plan_error",
-                                 f"planning failed: {exc}; retry in {delay:.0f}s")
-            log.exception("planning failed")
+            self._plan_failed(now, exc)
             return
         self.plan_backoff.succeeded()
         self.plan = outcome.desired
+        self.plan_history.observe(outcome.desired)
         self.plan_time = now
         self.planned_demand = demand
         self.unavailable_at_plan = observed.unavailable
@@ -266,6 +301,12 @@ class Daemon:
                             for s in outcome.desired.slots) or "no replicas"
         self.store.add_event(now, "plan", f"{outcome.status}, {outcome.cost_per_hour:.3g}/h: "
                              f"{summary} (because: {'; '.join(t.reason for t in triggers)})")
+
+    def _plan_failed(self, now: float, exc: Exception) -> None:
+        delay = self.plan_backoff.failed(now)
+        self.metrics.loop_errors.labels("plan").inc()
+        self.store.add_event(now, "plan_error", f"planning failed: {exc}; retry in {delay:.0f}s")
+        log.error("planning failed: %s", exc, exc_info=not isinstance(exc, InfeasiblePlan))
 
     # ------------------------------------------------------------------ publishing
 
@@ -334,18 +375,24 @@ class Daemon:
                 return float(row["throughput"])
         return None
 
-    def loops(self, stop: threading.Event) -> list[Loop]:
-        """The daemon's loops: reconcile (poll interval), demand scrape (poll interval) and the
-        engines' load (:data:`ENGINE_SCRAPE_S`)."""
+    def loops(self, stop: threading.Event,
+              monotonic: Callable[[], float] = time.monotonic) -> list[Loop]:
+        """The daemon's loops: reconcile (poll interval, or longer while the Slurm call budget
+        has no tokens for a cycle), demand scrape (poll interval) and the engines' load
+        (:data:`ENGINE_SCRAPE_S`)."""
         def on_error(name: str) -> None:
             self.metrics.loop_errors.labels(name).inc()
 
+        self._stop = stop
+        pace = self.budget.observe_pace if self.budget is not None else None
         loops = [Loop("reconcile", self.settings.poll_interval_s, self.reconcile_once, stop,
-                      on_error)]
+                      on_error, pace=pace, monotonic=monotonic)]
         if self.demand_source is not None:
             loops.append(Loop("scrape", self.settings.poll_interval_s,
-                              lambda: self.scrape_once() and None, stop, on_error))
+                              lambda: self.scrape_once() and None, stop, on_error,
+                              monotonic=monotonic))
         # engine load is for people and dashboards: every few seconds is fresh enough
         loops.append(Loop("engines", max(self.settings.poll_interval_s, ENGINE_SCRAPE_S),
-                          lambda: self.scrape_engines_once() and None, stop, on_error))
+                          lambda: self.scrape_engines_once() and None, stop, on_error,
+                          monotonic=monotonic))
         return loops

@@ -21,14 +21,14 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from coral_hpc.engine.batching import Scheduler, Sequence, TokenEvent
+from coral_hpc.engine.batching import Batch, Scheduler, Sequence, TokenEvent
 from coral_hpc.engine.pipeline import PipelineClock
 
 #: Largest timer lag (seconds) made up by starting the next step in the past.
 CATCH_UP_S = 0.02
 
-#: (decode_seqs, prefill_tokens, context_tokens) -> seconds per pipeline stage
-StageTimes = Callable[[int, int, int], Seq[float]]
+#: a batch (before its step runs) -> seconds per pipeline stage, e.g. StepModel.batch_times
+StageTimes = Callable[[Batch], Seq[float]]
 
 
 @dataclass(eq=False)
@@ -173,9 +173,7 @@ class SimEngine:
                 continue
             times = [
                 t / self._speed
-                for t in self._stage_times(
-                    batch.decode_seqs, batch.prefill_tokens, batch.context_tokens
-                )
+                for t in self._stage_times(batch)
             ]
             if self._clock is None:
                 self._clock = PipelineClock(len(times))

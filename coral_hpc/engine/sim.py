@@ -161,7 +161,7 @@ async def serve(prep: Prepared, api_key: str | None) -> int:
         "speed": repr(args.speed),
     }
     metrics = EngineMetrics(scheduler, args.served_model_names[0], info)
-    engine = SimEngine(scheduler, prep.step_model.stage_times, args.speed, metrics)
+    engine = SimEngine(scheduler, prep.step_model.batch_times, args.speed, metrics)
     served = ServedModel(
         names=args.served_model_names,
         root=args.model,

@@ -30,9 +30,9 @@ import logging
 import uuid
 from typing import TYPE_CHECKING
 
-from aiohttp import web
 from prometheus_client import Counter
 
+from coral_hpc.gateway.http_server import Request, Response, StreamResponse
 from coral_hpc.gateway.routing import ReplicaState, Router
 
 if TYPE_CHECKING:  # the gateway imports this module; no cycle at run time
@@ -70,19 +70,19 @@ def _capacity(router: Router, model: str, role: str) -> float:
     return sum(s.weight for s in router.replicas(model) if s.healthy and s.role == role)
 
 
-def _raise_if_server_error(gw: Gateway, response: web.StreamResponse) -> None:
+def _raise_if_server_error(gw: Gateway, response: Response | StreamResponse) -> None:
     """A whole (not yet sent) 5xx answer from a decode-side replica counts as that replica
     failing: the prefill replica took the request, so it is valid, and a replica that is going
     away (vLLM answers 500 once its engine has shut down) must not hand its error to the
     client while another replica could answer."""
-    if isinstance(response, web.Response) and response.status >= 500:
+    if isinstance(response, Response) and response.status >= 500:
         raise gw.upstream_failed(f"answered {response.status}")
 
 
 class _PhaseFailed(Exception):
     """A phase could not be served on any replica; ``response`` is what the client gets."""
 
-    def __init__(self, response: web.Response) -> None:
+    def __init__(self, response: Response) -> None:
         super().__init__(response.status)
         self.response = response
 
@@ -122,8 +122,8 @@ class Disaggregation:
         credit[pick] -= both + split
         return pick == 1
 
-    async def serve(self, request: web.Request, model: str, payload: dict, key: str, children,
-                    started: float) -> web.StreamResponse:
+    async def serve(self, request: Request, model: str, payload: dict, key: str, children,
+                    started: float) -> Response | StreamResponse:
         """Answer one request through a prefill and then a decode replica (module docstring)."""
         gw = self._gw
         stream = payload.get("stream", False)
@@ -167,9 +167,9 @@ class Disaggregation:
         return await self._whole(request, model, payload, key, children, started,
                                  failed_prefill + failed_decode, last)
 
-    async def _whole(self, request: web.Request, model: str, payload: dict, key: str, children,
+    async def _whole(self, request: Request, model: str, payload: dict, key: str, children,
                      started: float, failed: list[ReplicaState], last: str
-                     ) -> web.StreamResponse:
+                     ) -> Response | StreamResponse:
         """No decode replica could answer: the request as it came, to an aggregated replica or,
         failing that, a prefill replica (vLLM's kv_both engines serve whole requests too), so
         losing the decode side does not lose the request."""
@@ -204,7 +204,7 @@ class Disaggregation:
         return gw.error_response(502, f"decode replica(s) of {model!r} failed: {last}",
                                  "upstream_error")
 
-    async def _prefill(self, request: web.Request, model: str, body: bytes, request_id: str,
+    async def _prefill(self, request: Request, model: str, body: bytes, request_id: str,
                        failed: list[ReplicaState]) -> object:
         """Prefill on a replica (another one after a transport failure); the answer's
         ``kv_transfer_params``. A non-200 answer is the client's answer (its request is bad)."""
@@ -231,8 +231,7 @@ class Disaggregation:
                 gw._done_with(replica)
             if status != 200:
                 gw.metrics.errors.labels(model, f"upstream_{status}").inc()
-                raise _PhaseFailed(web.Response(status=status, body=data,
-                                                headers={"Content-Type": "application/json"}))
+                raise _PhaseFailed(Response(status=status, body=data))
             try:
                 answer = json.loads(data)
             except ValueError:

@@ -2,7 +2,7 @@
 
 Request path (``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``)::
 
-    key (401) → size (413) → JSON (400) → model known (404) → a READY replica (503 + Retry-After)
+    key (401, on the head) → size (413, on the head or while reading) → JSON (400) → model known (404) → a READY replica (503 + Retry-After)
     → forward; on a transport failure before any byte reached the client, mark the replica down
       and retry on another one (at most ``max_retries`` times); once a stream has started, a failure
       ends it with an SSE error event.
@@ -25,11 +25,17 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from coral_hpc.gateway.auth import KeyChecker, KeysFileError, is_loopback, read_keys_file
 from coral_hpc.gateway.disagg import Disaggregation
+from coral_hpc.gateway.http_server import (
+    Request,
+    Response,
+    Route,
+    ServerSettings,
+    StreamResponse,
+)
 from coral_hpc.gateway.metering import DemandMeter, GatewayMetrics
 from coral_hpc.gateway.routing import ReplicaState, Router
 from coral_hpc.gateway.streaming import SSEFramer, StreamUsage, error_event
@@ -87,10 +93,13 @@ class _UpstreamFailed(Exception):
 
 
 def _error(status: int, message: str, kind: str, headers: dict[str, str] | None = None
-           ) -> web.Response:
+           ) -> Response:
     body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
-    return web.Response(status=status, body=json.dumps(body).encode(),
-                        content_type="application/json", headers=headers)
+    return Response(status=status, body=json.dumps(body).encode(), headers=headers)
+
+
+def _json(obj: Any) -> Response:
+    return Response(body=json.dumps(obj).encode())
 
 
 def _estimate_prompt_tokens(payload: dict) -> int:
@@ -152,8 +161,9 @@ class _Reloadable:
 
 
 class Gateway:
-    """The gateway's state and handlers. Construct, then :meth:`build_app`; nothing starts until
-    the app does (no threads, no I/O in the constructor)."""
+    """The gateway's state and handlers. Construct, then :meth:`start` and serve
+    :meth:`server_settings` (:mod:`~coral_hpc.gateway.server`); nothing starts before (no
+    threads, no I/O in the constructor)."""
 
     #: for :mod:`coral_hpc.gateway.disagg`, which forwards through this gateway's machinery
     upstream_failed = _UpstreamFailed
@@ -180,21 +190,30 @@ class Gateway:
 
     # ------------------------------------------------------------------ app and lifecycle
 
-    def build_app(self) -> web.Application:
-        """The aiohttp application; its start-up hook starts the poller and the prober."""
-        app = web.Application(client_max_size=self.settings.max_body_bytes)
-        for path in PROXIED_PATHS:
-            app.router.add_post(path, self.handle_proxy)
-        app.router.add_get("/v1/models", self.handle_models)
-        app.router.add_get("/health", self.handle_health)
-        app.router.add_get("/metrics", self.handle_metrics)
-        app.router.add_get("/internal/demand", self.handle_demand)
-        app.router.add_get("/internal/routing", self.handle_routing)
-        app.on_startup.append(self._on_startup)
-        app.on_cleanup.append(self._on_cleanup)
-        return app
+    def server_settings(self) -> ServerSettings:
+        """The routes and limits of the HTTP server (:mod:`coral_hpc.gateway.http_server`)."""
+        routes = {("POST", path): Route(self.handle_proxy, self.check_proxy_head)
+                  for path in PROXIED_PATHS}
+        routes.update({
+            ("GET", "/v1/models"): Route(self.handle_models),
+            ("GET", "/health"): Route(self.handle_health),
+            ("GET", "/metrics"): Route(self.handle_metrics),
+            ("GET", "/internal/demand"): Route(self.handle_demand),
+            ("GET", "/internal/routing"): Route(self.handle_routing),
+        })
+        s = self.settings
+        return ServerSettings(routes, error=self._server_error, max_body_bytes=s.max_body_bytes,
+                              idle_timeout_s=s.client_idle_timeout_s,
+                              body_timeout_s=s.body_timeout_s)
 
-    async def _on_startup(self, app: web.Application) -> None:
+    def _server_error(self, status: int, message: str, kind: str) -> Response:
+        """An error the HTTP server answers itself (400, 404, 408, 413, 431, …), counted."""
+        if status < 500:
+            self.metrics.client_errors.labels(str(status)).inc()
+        return _error(status, message, kind)
+
+    async def start(self) -> None:
+        """Load the files and start the poller, the prober and the idle-connection reaper."""
         self._reload_files()
         self._probe_session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=self.settings.probe_timeout_s),
@@ -206,7 +225,8 @@ class Gateway:
             asyncio.create_task(self._loop(1.0, self._reap_idle)),
         ]
 
-    async def _on_cleanup(self, app: web.Application) -> None:
+    async def stop(self) -> None:
+        """Stop the background tasks and close every upstream connection."""
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -349,39 +369,39 @@ class Gateway:
 
     # ------------------------------------------------------------------ small endpoints
 
-    def _authorized_internal(self, request: web.Request) -> bool:
+    def _authorized_internal(self, request: Request) -> bool:
         """Metrics and internal JSON: open to this machine, else a valid key."""
-        if self._keys is None or is_loopback(request.remote or ""):
+        if self._keys is None or is_loopback(request.remote):
             return True
-        return self._keys.name_for(request.headers.get("Authorization")) is not None
+        return self._keys.name_for(request.headers.get("authorization")) is not None
 
-    async def handle_health(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok", "table_version": self.router.version})
+    async def handle_health(self, request: Request) -> Response:
+        return _json({"status": "ok", "table_version": self.router.version})
 
-    async def handle_models(self, request: web.Request) -> web.Response:
-        if self._keys is not None and self._keys.name_for(request.headers.get("Authorization")) is None:
+    async def handle_models(self, request: Request) -> Response:
+        if self._keys is not None and self._keys.name_for(request.headers.get("authorization")) is None:
             return _error(401, "missing or invalid API key", "authentication_error")
         data = [{"id": m, "object": "model", "created": 0, "owned_by": "coral-hpc"}
                 for m in sorted(self._known)]
-        return web.json_response({"object": "list", "data": data})
+        return _json({"object": "list", "data": data})
 
-    async def handle_metrics(self, request: web.Request) -> web.Response:
+    async def handle_metrics(self, request: Request) -> Response:
         if not self._authorized_internal(request):
             return _error(401, "missing or invalid API key", "authentication_error")
-        return web.Response(body=generate_latest(self.metrics.registry),
-                            headers={"Content-Type": CONTENT_TYPE_LATEST})
+        return Response(body=generate_latest(self.metrics.registry),
+                        content_type=CONTENT_TYPE_LATEST)
 
-    async def handle_demand(self, request: web.Request) -> web.Response:
+    async def handle_demand(self, request: Request) -> Response:
         if not self._authorized_internal(request):
             return _error(401, "missing or invalid API key", "authentication_error")
         snapshot = self.meter.snapshot(self.router.ready_count, tuple(sorted(self._known)))
         snapshot["table_version"] = self.router.version
-        return web.json_response(snapshot)
+        return _json(snapshot)
 
-    async def handle_routing(self, request: web.Request) -> web.Response:
+    async def handle_routing(self, request: Request) -> Response:
         if not self._authorized_internal(request):
             return _error(401, "missing or invalid API key", "authentication_error")
-        return web.json_response({
+        return _json({
             "version": self.router.version,
             "models": {m: [s.describe() for s in self.router.replicas(m)]
                        for m in sorted(self._known)},
@@ -389,32 +409,21 @@ class Gateway:
 
     # ------------------------------------------------------------------ the proxy
 
-    async def handle_proxy(self, request: web.Request) -> web.StreamResponse:
-        """Check, route and forward one OpenAI request."""
-        key = ANONYMOUS
+    def check_proxy_head(self, request: Request) -> Response | None:
+        """Before the body is read: the API key (401); the server checks the size after."""
         if self._keys is not None:
-            key = self._keys.name_for(request.headers.get("Authorization"))
+            key = self._keys.name_for(request.headers.get("authorization"))
             if key is None:
                 self.metrics.client_errors.labels("401").inc()
                 return _error(401, "missing or invalid API key: send 'Authorization: Bearer <key>'",
                               "authentication_error")
-        limit = self.settings.max_body_bytes
-        if request.content_length is not None and request.content_length > limit:
-            self.metrics.client_errors.labels("413").inc()
-            return _error(413, f"request body over {limit} bytes", "invalid_request_error")
-        try:
-            if request.content.is_eof():
-                body = await request.read()          # it came with the head: nothing to wait for
-            else:
-                # wait_for costs a task and a timer per call: only for a body still to arrive
-                body = await asyncio.wait_for(request.read(), self.settings.body_timeout_s)
-        except web.HTTPRequestEntityTooLarge:
-            self.metrics.client_errors.labels("413").inc()
-            return _error(413, f"request body over {limit} bytes", "invalid_request_error")
-        except asyncio.TimeoutError:
-            self.metrics.client_errors.labels("408").inc()
-            return _error(408, f"request body not received within {self.settings.body_timeout_s:g}"
-                          " s", "invalid_request_error", headers={"Connection": "close"})
+            request.key = key
+        return None
+
+    async def handle_proxy(self, request: Request) -> Response | StreamResponse:
+        """Check, route and forward one OpenAI request (key and size were checked on its head)."""
+        key = request.key or ANONYMOUS
+        body = request.body
         try:
             payload = json.loads(body)
         except (ValueError, UnicodeDecodeError) as exc:
@@ -512,8 +521,8 @@ class Gateway:
             pool.release(conn)
         return conn.status, data
 
-    async def _forward(self, request: web.Request, replica: ReplicaState, body: bytes,
-                       payload: dict, key: str) -> web.Response:
+    async def _forward(self, request: Request, replica: ReplicaState, body: bytes,
+                       payload: dict, key: str) -> Response:
         pool, conn = await self._post(replica, request.path, body)
         try:
             data = await conn.read_body(pool.read_timeout_s)
@@ -527,7 +536,7 @@ class Gateway:
             self._count_answer(replica.model, key, payload, data, replica.role)
         else:
             self.metrics.errors.labels(replica.model, f"upstream_{status}").inc()
-        return web.Response(status=status, body=data, headers={"Content-Type": content_type})
+        return Response(status=status, body=data, content_type=content_type)
 
     def _count_answer(self, model: str, key: str, payload: dict, data: bytes,
                       role: str = "both") -> None:
@@ -572,9 +581,9 @@ class Gateway:
         children.generated.inc(generated)
         self.meter.record_tokens(model, key, prompt, generated, estimated)
 
-    async def _forward_stream(self, request: web.Request, replica: ReplicaState, body: bytes,
+    async def _forward_stream(self, request: Request, replica: ReplicaState, body: bytes,
                               payload: dict, key: str, children, started: float
-                              ) -> web.StreamResponse:
+                              ) -> Response | StreamResponse:
         pool, conn = await self._post(replica, request.path, body)
         timeout = pool.read_timeout_s
         try:
@@ -587,8 +596,8 @@ class Gateway:
                     raise _UpstreamFailed(f"UpstreamError: {exc}") from None
                 if conn.status != 200:
                     self.metrics.errors.labels(replica.model, f"upstream_{conn.status}").inc()
-                return web.Response(status=conn.status, body=data,
-                                    headers={"Content-Type": content_type or "application/json"})
+                return Response(status=conn.status, body=data,
+                                content_type=content_type or "application/json")
             # Nothing reaches the client before the first chunk, so a replica that dies before
             # it can still be retried elsewhere.
             try:
@@ -598,27 +607,31 @@ class Gateway:
             if not first:
                 raise _UpstreamFailed("the replica closed the stream before its first chunk")
             children.ttft.observe(time.perf_counter() - started)
-            out = web.StreamResponse(status=200, headers={
+            out = StreamResponse(status=200, headers={
                 "Content-Type": content_type, "Cache-Control": "no-cache",
                 "X-Accel-Buffering": "no"})
             options = payload.get("stream_options")
             wants_usage = isinstance(options, dict) and options.get("include_usage") is True
             usage = StreamUsage(count_chunks=not wants_usage)
             framer = SSEFramer()
-            chunk = first
             failure: str | None = None
+
+            def forward(chunk: bytes) -> None:
+                # called by the upstream connection for every read: no task wakes per chunk
+                block = framer.feed(chunk)
+                if block:
+                    usage.observe(block)
+                    if out.send(block) and out.write_paused:
+                        conn.pause()       # the client is not reading: neither do we
+
             try:
                 await out.prepare(request)
-                while chunk:
-                    block = framer.feed(chunk)
-                    if block:
-                        usage.observe(block)
-                        await out.write(block)
-                    try:
-                        chunk = await conn.read_chunk(timeout)
-                    except UpstreamError as exc:
-                        failure = f"UpstreamError: {exc}"
-                        break
+                out.on_resume = conn.resume
+                forward(first)
+                try:
+                    await conn.pipe(forward, timeout)
+                except UpstreamError as exc:
+                    failure = f"UpstreamError: {exc}"
                 if failure is not None:
                     self._mark_down(replica, failure)
                     replica.failures += 1

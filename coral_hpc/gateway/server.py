@@ -9,11 +9,10 @@ import signal
 import ssl
 from pathlib import Path
 
-from aiohttp import web
-
 from coral_hpc.atomic import write_atomic
 from coral_hpc.errors import PermanentError
 from coral_hpc.gateway.auth import KeyChecker, is_loopback, read_keys_file
+from coral_hpc.gateway.http_server import HttpServer
 from coral_hpc.gateway.proxy import Gateway, GatewaySettings
 from coral_hpc.gateway.tls import check_private_file, server_context
 
@@ -62,17 +61,14 @@ async def serve_gateway(settings: GatewaySettings, host: str, port: int,
         # hashes of random keys are no secret, but whoever may write the file may add a key
         check_private_file(settings.api_keys_file, "gateway.api_keys_file", forbidden=0o022)
     gateway = Gateway(settings, keys=keys)
-    # handler_cancellation: a client that disconnects cancels its handler, which closes the
-    # upstream request, so a replica does not keep generating for nobody.
-    # keepalive_timeout: aiohttp closes a connection whose next request head is not complete
-    # this long after it opened or after the previous answer — the idle and the header timeout.
-    runner = web.AppRunner(gateway.build_app(), handler_cancellation=True, access_log=None,
-                           keepalive_timeout=settings.client_idle_timeout_s)
-    await runner.setup()
+    await gateway.start()
+    server = HttpServer(gateway.server_settings())
     _tune_gc()
-    site = web.TCPSite(runner, host, port, backlog=2048, reuse_address=True, ssl_context=tls)
-    await site.start()
-    bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        bound = await server.start(host, port, ssl_context=tls, backlog=2048)
+    except BaseException:
+        await gateway.stop()
+        raise
     address = f"{host}:{bound}"
     log.info("gateway listening on %s://%s (models: %s)", "https" if tls else "http", address,
              ", ".join(settings.models))
@@ -86,7 +82,8 @@ async def serve_gateway(settings: GatewaySettings, host: str, port: int,
         await stop.wait()
     finally:
         log.info("gateway stopping")
-        await runner.cleanup()
+        await server.close()
+        await gateway.stop()
 
 
 #: Young-generation size of the cyclic garbage collector. The default (700 allocations) makes

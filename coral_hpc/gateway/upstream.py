@@ -9,6 +9,10 @@ protocol and the llhttp parser (``httptools``, the one uvicorn uses), nothing mo
 Failures raise :class:`UpstreamError` and say whether any response byte had arrived; a connection
 reused from the pool that fails before answering is retried once on a fresh connection (the replica
 had closed an idle keep-alive connection, which says nothing about its health).
+
+New connections are opened at most ``max_opening`` at a time per replica (see
+:data:`MAX_OPENING`): a burst must not flood a replica's listen queue, where Linux drops the SYN
+and the connect then waits for retransmits at 1 s and 3 s — past the connect timeout.
 """
 
 from __future__ import annotations
@@ -16,9 +20,23 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import httptools
+
+#: New connections per replica that may be *opening* at once: connected but not yet answered, so
+#: possibly still in the replica's accept queue. Half of the 128-connection listen backlog of
+#: aiohttp's server (the sim engine's) — vLLM's uvicorn allows 2048 — so our own burst never
+#: overflows it. Measured: ~2,000 unbounded connects to two aiohttp replicas gave 90 connect
+#: timeouts (502) in the hour soak of bench/results/gateway_soak.md.
+MAX_OPENING = 64
+#: A connection stops counting as opening when the replica's first byte arrives or after this
+#: long: a replica slower than this to answer is generating (vLLM sends a non-streamed answer's
+#: head only when it is done), and holding its slot longer would cap a burst of long requests
+#: at ``MAX_OPENING`` per answer time. 1 s is Linux's initial SYN retransmit timeout: a queue that
+#: overflowed still costs no more than one retransmit.
+OPENING_GRACE_S = 1.0
 
 
 class UpstreamError(Exception):
@@ -34,6 +52,7 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.idle_since = 0.0
         self.used = False               # has answered a request before (it came from the pool)
+        self._answered: asyncio.Future | None = None   # see :meth:`wait_answer_started`
         self._parser = httptools.HttpResponseParser(self)
         self._reset()
 
@@ -52,6 +71,8 @@ class _Connection(asyncio.Protocol):
         self._paused = False
         self._buffered = 0
         self._may_pause = False         # only a chunk-by-chunk reader drains the buffer
+        self._sink: Callable[[bytes], None] | None = None   # see :meth:`pipe`
+        self.last_read = 0.0            # loop time of the last bytes (piped reads time out on it)
 
     # -- protocol callbacks
     def connection_made(self, transport) -> None:  # type: ignore[override]
@@ -59,12 +80,24 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.got_bytes = True
+        self._answer_started()
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self._fail("the replica tried to upgrade the connection")
         except httptools.HttpParserError as exc:
             self._fail(f"malformed answer from the replica: {exc}")
+        sink = self._sink
+        if sink is not None:
+            self.last_read = self._loop.time()
+            if self._chunks:
+                # everything this read brought, in one piece: one write downstream
+                chunks = self._chunks
+                chunk = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+                chunks.clear()
+                self._buffered = 0
+                sink(chunk)
+            return
         # flow control: a client reading slowly must not let a fast replica fill our memory
         if (self._may_pause and not self._paused and self._buffered > 1 << 20
                 and self.transport is not None):
@@ -101,7 +134,8 @@ class _Connection(asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         self._chunks.append(body)
         self._buffered += len(body)
-        self._wake()
+        if self._sink is None:
+            self._wake()
 
     def on_message_complete(self) -> None:
         if not self.headers_done:
@@ -116,9 +150,15 @@ class _Connection(asyncio.Protocol):
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
+    def _answer_started(self) -> None:
+        answered = self._answered
+        if answered is not None and not answered.done():
+            answered.set_result(None)
+
     def _fail(self, why: str) -> None:
         if self._error is None:
             self._error = why
+        self._answer_started()
         self.keep_alive = False
         if self.transport is not None:
             self.transport.close()
@@ -143,8 +183,22 @@ class _Connection(asyncio.Protocol):
 
     # -- request API
     def send(self, data: bytes) -> None:
+        if self._paused and self.transport is not None:
+            # paused for the previous answer's slow client, as its last bytes came in
+            self.transport.resume_reading()
         self._reset()
         self.transport.write(data)  # type: ignore[union-attr]
+
+    async def wait_answer_started(self, timeout: float) -> None:
+        """Wait until the first answer byte, a failure, or ``timeout``; never raises (the
+        caller's :meth:`read_head` reports failures)."""
+        if self.got_bytes or self._error is not None:
+            return
+        self._answered = answered = self._loop.create_future()
+        try:
+            await asyncio.wait((answered,), timeout=timeout)
+        finally:
+            self._answered = None
 
     async def read_head(self, timeout: float) -> None:
         """Wait until the status line and headers have arrived."""
@@ -171,6 +225,62 @@ class _Connection(asyncio.Protocol):
             self.transport.resume_reading()
         return chunk
 
+    async def pipe(self, sink: Callable[[bytes], None], timeout: float) -> None:
+        """Hand every piece of the body to ``sink`` as it arrives, from the protocol's own
+        callback (no task wakes per piece: at 1,000 streams that was most of a chunk's cost),
+        and return once the body is complete. Raises :class:`UpstreamError` on a failure or
+        after ``timeout`` s without a byte; ``sink`` may call :meth:`pause` and
+        :meth:`resume` for flow control."""
+        self._sink = sink
+        self._may_pause = False
+        if self._paused and self.transport is not None:
+            self._paused = False
+            self.transport.resume_reading()
+        if self._chunks:
+            chunk = b"".join(self._chunks)
+            self._chunks.clear()
+            self._buffered = 0
+            sink(chunk)
+        self.last_read = self._loop.time()
+        if self._error is not None:
+            raise UpstreamError(self._error)
+        if self.complete:
+            return
+        self._waiter = waiter = self._loop.create_future()
+        # one timer for the whole body, pushed back lazily: no timer per piece
+        timer = self._loop.call_later(timeout, self._on_pipe_timer, waiter, timeout)
+        self._pipe_timer = timer
+        try:
+            await waiter
+        finally:
+            self._pipe_timer.cancel()
+            self._waiter = None
+            self._sink = None
+        if self._error is not None:
+            raise UpstreamError(self._error)
+
+    def _on_pipe_timer(self, waiter: asyncio.Future, timeout: float) -> None:
+        if waiter.done():
+            return
+        silent = self._loop.time() - self.last_read
+        if silent >= timeout:
+            self._fail(f"the replica sent nothing for {timeout:g} s")
+        else:
+            self._pipe_timer = self._loop.call_later(timeout - silent, self._on_pipe_timer,
+                                                     waiter, timeout)
+
+    def pause(self) -> None:
+        """Stop reading from the replica (the client is not reading)."""
+        if not self._paused and self.transport is not None and not self.closed:
+            self._paused = True
+            self.transport.pause_reading()
+
+    def resume(self) -> None:
+        """Read from the replica again."""
+        if self._paused and self.transport is not None and not self.closed:
+            self._paused = False
+            self.transport.resume_reading()
+
     async def read_body(self, timeout: float) -> bytes:
         """The whole body."""
         if self._paused and self.transport is not None:
@@ -195,7 +305,8 @@ class UpstreamPool:
 
     def __init__(self, base_url: str, connect_timeout_s: float, read_timeout_s: float,
                  max_connections: int = 1024, keepalive_s: float = 4.0,
-                 max_idle: int = 128) -> None:
+                 max_idle: int = 128, max_opening: int = MAX_OPENING,
+                 opening_grace_s: float = OPENING_GRACE_S) -> None:
         parts = urlsplit(base_url)
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"replica URL {base_url!r}: only http://host:port is supported")
@@ -209,6 +320,8 @@ class UpstreamPool:
         self.max_idle = max_idle
         self._idle: list[_Connection] = []   # oldest first; taken from the end (warmest)
         self._slots = asyncio.Semaphore(max_connections)
+        self._opening = asyncio.Semaphore(max_opening)
+        self.opening_grace_s = opening_grace_s
         self._heads: dict[tuple[str, bytes], bytes] = {}
         self.closed = False
 
@@ -254,18 +367,9 @@ class UpstreamPool:
         try:
             data = self.request_head(path, extra_headers, len(body)) + body
             conn = self._take_idle()
-            if conn is not None:
-                conn.send(data)
-                try:
-                    await conn.read_head(self.read_timeout_s)
-                    return conn
-                except BaseException as exc:
-                    conn.close()
-                    if conn.got_bytes or not isinstance(exc, UpstreamError):
-                        raise
-                    # a stale keep-alive connection: try once on a fresh one
-            conn = await self._connect()
-            conn.send(data)
+            if conn is not None and await self._send_reused(conn, data):
+                return conn
+            conn = await self._open(data)
             try:
                 await conn.read_head(self.read_timeout_s)
             except BaseException:
@@ -275,6 +379,38 @@ class UpstreamPool:
         except BaseException:
             self._slots.release()
             raise
+
+    async def _send_reused(self, conn: _Connection, data: bytes) -> bool:
+        """Send on a pooled connection and wait for the head: False when the connection was
+        stale (closed before any answer byte: the caller opens a fresh one)."""
+        conn.send(data)
+        try:
+            await conn.read_head(self.read_timeout_s)
+            return True
+        except BaseException as exc:
+            conn.close()
+            if conn.got_bytes or not isinstance(exc, UpstreamError):
+                raise
+            return False
+
+    async def _open(self, data: bytes) -> _Connection:
+        """A new connection with ``data`` sent on it, opened within the :data:`MAX_OPENING`
+        bound: its slot is held until the answer starts or the grace passes. A connection
+        another request gave back while this one waited for a slot is used instead."""
+        while True:
+            async with self._opening:
+                conn = self._take_idle()
+                if conn is None:
+                    conn = await self._connect()
+                    conn.send(data)
+                    try:
+                        await conn.wait_answer_started(self.opening_grace_s)
+                    except BaseException:       # cancelled: the client went away
+                        conn.close()
+                        raise
+                    return conn
+            if await self._send_reused(conn, data):
+                return conn
 
     def release(self, conn: _Connection) -> None:
         """Give ``conn`` back: to the pool when its answer was read whole, else closed (which

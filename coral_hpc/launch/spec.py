@@ -54,6 +54,8 @@ class StageSpec:
     layers: int
     #: how vLLM starts on this partition; None for the sim engine
     environment: Environment | None = None
+    #: the reservation the stage runs in (``--reservation``), when the plan put it in one
+    reservation: str | None = None
 
     @property
     def shape(self) -> tuple[str, str, int]:
@@ -70,6 +72,7 @@ class StageRequest:
     gres: str  #: ``gpu:TYPE:N``
     cpus: int  #: ``--cpus-per-task``
     mem: str  #: ``--mem``, whole GB (``32G``)
+    reservation: str | None = None  #: ``--reservation``
 
 
 @dataclass(frozen=True)
@@ -149,7 +152,8 @@ class ReplicaSpec:
         """The replica's layout, equal to the one :func:`replica_spec` was built from (its
         ``kind``: ``single``, ``multinode`` or ``hetero`` picks how the job is submitted)."""
         return ReplicaLayout(
-            self.tp, tuple(StageLayout(s.partition, s.gpu_type, s.layers) for s in self.stages),
+            self.tp, tuple(StageLayout(s.partition, s.gpu_type, s.layers, s.reservation)
+                           for s in self.stages),
             self.dtype, self.role)
 
     @property
@@ -162,7 +166,8 @@ class ReplicaSpec:
         per GPU (the shape the planner prices and fits on nodes)."""
         gpus = stage.gpus_per_node
         return StageRequest(stage.partition, f"gpu:{stage.gpu_type}:{gpus}",
-                            self.cpus_per_gpu * gpus, f"{self.mem_per_gpu_gb * gpus}G")
+                            self.cpus_per_gpu * gpus, f"{self.mem_per_gpu_gb * gpus}G",
+                            stage.reservation)
 
     @property
     def environment(self) -> Environment | None:
@@ -254,6 +259,29 @@ class ReplicaSpec:
         return self.spec_file
 
 
+def spec_path(state_path: Path, replica_id: str) -> Path:
+    """Where a replica's ``spec.json`` lives under the deployment's state folder."""
+    return Path(state_path) / "replicas" / replica_id / "spec.json"
+
+
+def is_pre_instance_job_of(tag: JobTag, state_path: Path, deployment: str) -> bool:
+    """Whether a job submitted before instance tags existed (its tag names no instance) belongs
+    to the deployment served from ``state_path``: its ``spec.json`` there is readable, names
+    this deployment, this replica and no instance, and was written for this very state folder.
+    The state folder is what makes an instance (its instance id lives there), so a job that
+    ran from it is this instance's; a job of another copy of the deployment has its spec in
+    that copy's folder and stays left alone."""
+    if tag.instance:
+        return False
+    try:
+        spec = ReplicaSpec.from_json(spec_path(state_path, tag.replica_id).read_text())
+    except (OSError, ValueError, TypeError, KeyError, PermanentError):
+        return False
+    return (spec.instance == "" and spec.deployment == deployment == tag.deployment
+            and spec.replica_id == tag.replica_id
+            and Path(spec.state_path).resolve() == Path(state_path).resolve())
+
+
 def _env_dict(environment: Environment | None) -> dict[str, Any] | None:
     return None if environment is None else environment.model_dump(mode="json")
 
@@ -294,7 +322,8 @@ def replica_spec(
             )
         env = (partitions[stage.partition].environment if deployment.engine.kind == "vllm"
                else None)
-        built.append(StageSpec(stage.partition, stage.gpu_type, layout.tp, stage.layers, env))
+        built.append(StageSpec(stage.partition, stage.gpu_type, layout.tp, stage.layers, env,
+                               stage.reservation))
     names = {s.partition for s in built}
     if len(names) > 1 and any(names <= set(g) for g in deployment.environment_groups()):
         # declared interchangeable (compatible_with): every stage runs the first stage's vLLM

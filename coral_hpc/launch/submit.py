@@ -7,7 +7,8 @@ express: their batch script is rendered from ``sbatch_templates/hetjob.sbatch.j2
 through ``coral_hpc.slurm`` (the only layer that runs Slurm commands; submitit running sbatch
 itself is the one accepted exception).
 
-Every job: partition, ``gpu:TYPE:N`` GRES, nodes, time limit, account/QOS, the :class:`JobTag`
+Every job: partition, ``gpu:TYPE:N`` GRES, nodes, time limit, account/QOS, the reservation
+when the plan put the replica in one, the :class:`JobTag`
 in name and comment, ``--no-requeue`` (the daemon resubmits by itself), ``--signal=USR2@90``, and
 logs under ``<state_dir>/<deployment>/logs/``.
 """
@@ -74,6 +75,9 @@ def submitit_parameters(spec: ReplicaSpec) -> dict[str, Any]:
         "wckey": None,  # submitit would tag every job with the wckey "submitit"
         "additional_parameters": {"no_requeue": True},
     }
+    if request.reservation:
+        # the plan put this replica on a reservation's nodes: only jobs naming it run there
+        params["additional_parameters"]["reservation"] = str(slurm_word(request.reservation))
     # a daemon killed between sbatch and submitit's pickle rename must not leave a job that
     # fails at start: the job writes the (known) call itself (coral_hpc.launch.pickle_guard)
     params["setup"] = [" ".join(shell_word(word) for word in (

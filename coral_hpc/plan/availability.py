@@ -24,7 +24,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from coral_hpc.config import Deployment
+from coral_hpc.plan.reservations import reservation_time_limit
 from coral_hpc.slurm.snapshot import ClusterSnapshot, JobShape, ShapeEstimate
+from coral_hpc.types import split_placement
 from coral_solver.types import Cluster, JobLimits, NodeGroup, QueueOption, Quota, Template
 
 
@@ -79,25 +81,81 @@ def config_warnings(deployment: Deployment, snapshot: ClusterSnapshot) -> list[s
         if missing and info.gpu_types:
             out.append(f"{where}: gpu_types {missing} not on any node of the partition "
                        f"(Slurm has {list(info.gpu_types)})")
-        if part.preemptible:
-            out.append(f"{where}: preemptible: replicas there may be preempted at any time "
-                       "(resubmitted when they are)")
     return out
+
+
+def preemptible_partitions(deployment: Deployment, snapshot: ClusterSnapshot) -> dict[str, str]:
+    """Configured partitions whose jobs may be preempted → why, in words:
+
+    - ``cluster.partitions[].preemptible: true`` (the site says so);
+    - PreemptType=preempt/partition_prio as Slurm shows it: the partition's PreemptMode is not
+      OFF and a partition of a higher PriorityTier shares a node with it (scontrol does not show
+      PreemptType; on a preempt/qos site whose partitions differ in tier this reads as
+      preemption too: set ``preemptible: false`` there to say it is not);
+    - the partition's own QOS is in another QOS's Preempt list (preempt/qos).
+    """
+    known = {p.name: p for p in snapshot.partitions}
+    preempted_by = snapshot.limits.qos_preempted_by if snapshot.limits else {}
+    out = {}
+    for index, part in enumerate(deployment.cluster.partitions):
+        info = known.get(part.name)
+        if part.preemptible is False:
+            continue
+        if part.preemptible:
+            out[part.name] = f"cluster.partitions[{index}].preemptible"
+            continue
+        if info is None:
+            continue
+        if info.preempt_mode not in ("off", ""):
+            nodes = set(info.nodes)
+            above = sorted(q.name for q in snapshot.partitions
+                           if q.priority_tier > info.priority_tier and nodes & set(q.nodes))
+            if above:
+                out[part.name] = (f"PreemptMode {info.preempt_mode.upper()}, PriorityTier "
+                                  f"{info.priority_tier} below {', '.join(above)} on shared nodes")
+                continue
+        if info.qos and preempted_by.get(info.qos):
+            out[part.name] = (f"partition QOS {info.qos} is preempted by QOS "
+                              f"{', '.join(preempted_by[info.qos])}")
+    return out
+
+
+def with_preemption(deployment: Deployment, snapshot: ClusterSnapshot,
+                    cluster: Cluster) -> tuple[Cluster, list[str]]:
+    """``cluster`` with its preemptible partitions marked (Stage 2 then puts a model's
+    replicas there only beside one that is not: never its only replica), and a warning per
+    preemptible partition and for a job QOS others may preempt (every replica at risk: planned,
+    the risk stated). A partition's placements in a reservation are not marked: only the
+    reservation's jobs run on its nodes."""
+    why = preemptible_partitions(deployment, snapshot)
+    partitions = tuple(replace(p, preemptible=p.name in why) for p in cluster.partitions)
+    warnings = [f"partition {name}: preemptible ({reason}): a model's replicas go there only "
+                "beside one elsewhere; preempted ones are resubmitted" for name, reason in
+                sorted(why.items())]
+    limits = snapshot.limits
+    if limits is not None and limits.qos and limits.qos_preempted_by.get(limits.qos):
+        warnings.append(f"QOS {limits.qos} (this deployment's jobs) is preempted by QOS "
+                        f"{', '.join(limits.qos_preempted_by[limits.qos])}: every replica may "
+                        "be preempted (resubmitted when it is); set cluster.qos to one that "
+                        "is not")
+    return replace(cluster, partitions=partitions), warnings
 
 
 def time_limit_for(deployment: Deployment, snapshot: ClusterSnapshot | None,
                    partitions: Iterable[str]) -> int:
     """The replica job time limit: the configured one, clipped to the tightest MaxTime of the
-    partitions the replica's stages run in (Slurm would refuse, or hold, a longer job)."""
+    partitions the replica's stages run in (Slurm would refuse, or hold, a longer job), and to
+    what is left of a reservation a stage runs in (``partition@reservation``)."""
     limit = deployment.cluster.time_limit_s
     if snapshot is None:
         return limit
+    partitions = tuple(partitions)
     by_name = {p.name: p for p in snapshot.partitions}
     for name in partitions:
-        info = by_name.get(name)
+        info = by_name.get(split_placement(name)[0])
         if info is not None and info.max_time_s is not None:
             limit = min(limit, info.max_time_s)
-    return limit
+    return reservation_time_limit(snapshot, partitions, limit)
 
 
 def probe_shapes(deployment: Deployment, snapshot: ClusterSnapshot,
@@ -226,12 +284,23 @@ def job_limits(deployment: Deployment, snapshot: ClusterSnapshot) -> JobLimits:
         max_gpus_per_job_by_partition=max_gpus,
         max_jobs=limits.max_jobs if limits else None,
         max_submit=limits.max_submit_jobs if limits else None,
-        # squeue does not tell us which account the user's other jobs are charged to: with
-        # cluster.account set, the deployment is taken to have that association to itself
-        # (Slurm still holds any job beyond the limit: AssocMaxJobsLimit); without, the
-        # user's other jobs share the default association and count
-        other_jobs=0 if deployment.cluster.account else snapshot.other_user_jobs,
+        other_jobs=other_jobs_counted(deployment, snapshot),
     )
+
+
+def other_jobs_counted(deployment: Deployment, snapshot: ClusterSnapshot) -> int:
+    """This user's live jobs, not this deployment's, that count against MaxJobs/MaxSubmit: with
+    ``cluster.account`` set, those charged to that account (squeue's Account; the limits are
+    the user's association in it, so jobs in the user's other accounts do not count), plus
+    any whose account squeue did not say (counted, to be safe); without, all of them (they
+    share the user's default association as far as coral-hpc can tell). Other users' jobs in
+    the account are not seen (squeue is asked for this user only): a GrpJobs they fill is
+    Slurm's to enforce (the job pends with AssocGrpJobsLimit)."""
+    account = deployment.cluster.account
+    by_account = snapshot.other_user_jobs_by_account
+    if not account or not by_account:
+        return snapshot.other_user_jobs
+    return by_account.get(account, 0) + by_account.get("", 0)
 
 
 def environment_groups(deployment: Deployment) -> tuple[tuple[str, ...], ...]:

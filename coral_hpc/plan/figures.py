@@ -20,7 +20,7 @@ def measured_profile_dirs(deployment: Deployment) -> tuple[Path, ...]:
 
 def _signature(dirs: tuple[Path, ...]) -> tuple:
     return tuple((str(p), p.stat().st_mtime_ns) for d in dirs if d.is_dir()
-                 for p in sorted(d.glob("*.yaml")))
+                 for p in sorted(d.glob("*.yaml")) + sorted(d.glob("pipelines/*.yaml")))
 
 
 _configured: tuple | None = None
@@ -39,18 +39,37 @@ def use_measured_profiles(deployment: Deployment) -> None:
 
 
 def figures_used(template: Template, arch: str) -> str:
-    """``measured (FILE, ...)`` when every stage's (arch, GPU type, TP) has a measured profile,
-    ``partly measured (...)`` when some has, else ``analytic``."""
+    """Where a template's throughput comes from.
+
+    One stage: ``measured (FILE, ...)`` when its (arch, GPU type, TP) has a measured profile,
+    else ``analytic``. A pipeline: ``measured pipeline (FILE)`` when that exact layout was
+    measured (``coral-hpc profile --pp N``); otherwise the per-stage model, ``analytic pipeline,
+    steps scaled to measured (FILE, ...)`` when its stages' single-process step times were
+    measured (that is all they were), ``partly`` so when only some GPU types' were, else
+    ``analytic``."""
     model = catalog.model_arch(arch)
+    if template.pp > 1 and len({s.gpu_type for s in template.stages}) == 1:
+        gpu = catalog.gpu_spec(template.stages[0].gpu_type)
+        split = tuple(s.layers for s in template.stages)
+        for profile in perf.measured_pipelines().get((model.name, gpu.name, template.tp), ()):
+            # Stage 1 copies a measured point's req/s into the template when the point applies
+            # (same mix, SLO as strict or stricter): the same figure means it came from there
+            if profile.layer_partition == split and not profile.stage_gpus and any(
+                    p.requests_per_s == template.throughput for p in profile.throughput):
+                return f"measured pipeline ({Path(profile.path).name})"
     profiles = perf.measured_profiles()
     files, analytic = [], 0
-    for gpu in dict.fromkeys(s.gpu_type for s in template.stages):
-        found = profiles.get((model.name, catalog.gpu_spec(gpu).name, template.tp), ())
+    for gpu_type in dict.fromkeys(s.gpu_type for s in template.stages):
+        found = profiles.get((model.name, catalog.gpu_spec(gpu_type).name, template.tp), ())
         if found:
             files += [Path(p.path).name for p in found]
         else:
             analytic += 1
     if not files:
         return "analytic"
+    if template.pp > 1:
+        kind = "analytic pipeline, steps scaled to measured" if analytic == 0 else (
+            "analytic pipeline, steps partly scaled to measured")
+        return f"{kind} ({', '.join(files)})"
     kind = "measured" if analytic == 0 else "partly measured"
     return f"{kind} ({', '.join(files)})"

@@ -22,6 +22,7 @@ from dataclasses import replace
 
 from coral_hpc.config import Deployment
 from coral_hpc.slurm.snapshot import ClusterSnapshot, JobInfo
+from coral_hpc.types import placement_name
 from coral_solver.catalog import gpu_memory_gb
 from coral_solver.types import (
     Billing,
@@ -72,11 +73,12 @@ ReplicaKey = tuple[str, tuple[str, ...]]
 
 
 def job_partitions(job: JobInfo) -> tuple[str, ...]:
-    """The partition of each stage of one of our jobs: a hetjob's components, or one partition
-    per node of a homogeneous job (one stage per node)."""
+    """Where each stage of one of our jobs runs: a hetjob's components, or one per node of a
+    homogeneous job (one stage per node); ``partition@reservation`` for one in a reservation
+    (:func:`coral_hpc.types.placement_name`), as the replica's layout names it."""
     if job.components:
-        return tuple(c.partition for c in job.components)
-    return (job.partition,) * max(job.num_nodes, 1)
+        return tuple(placement_name(c.partition, c.reservation) for c in job.components)
+    return (placement_name(job.partition, job.reservation),) * max(job.num_nodes, 1)
 
 
 def running_of(snapshot: ClusterSnapshot) -> tuple[ReplicaKey, ...]:
@@ -206,6 +208,10 @@ def fit_job_shape(cluster: Cluster, snapshot: ClusterSnapshot, held: dict[str, i
             back = held.get(name, 0)
             cpus = node.cpus - node.cpus_alloc + back * cpus_per_gpu
             mem = node.mem_gb - node.mem_alloc_gb + back * mem_per_gpu_gb
+            if group.wait_s > 0:
+                # GPUs given later (a reservation that has not started): what runs there now
+                # is gone by then, so the node's whole CPUs and memory bound the stages
+                cpus, mem = node.cpus, node.mem_gb
             fit = min(gpus, int(cpus // cpus_per_gpu), int(mem // mem_per_gpu_gb + 1e-9))
             free.append(max(0, min(fit, group.gpus_per_node)))
         groups.append(replace(group, free=tuple(free)))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from coral_hpc.types import ReplicaLayout, StageLayout
+from coral_hpc.types import ReplicaLayout, StageLayout, split_placement
 from coral_solver import catalog, perf
 from coral_solver.types import Template
 
@@ -24,13 +24,16 @@ def layout_dtype(arch: str, gpu_types: Sequence[str]) -> str:
 
 def layout_of(template: Template, partitions: Sequence[str], arch: str,
               role: str | None = None) -> ReplicaLayout:
-    """The layout of ``template`` with stage ``i`` on ``partitions[i]``; its role is the
+    """The layout of ``template`` with stage ``i`` on ``partitions[i]`` (a partition, or a
+    placement ``partition@reservation``: that stage runs in the reservation); its role is the
     template's (prefill / decode for a disaggregated model) unless ``role`` says otherwise."""
     role = template.role if role is None else role
     if len(partitions) != len(template.stages):
         raise ValueError(f"{template.id}: {len(template.stages)} stages but partitions "
                          f"{list(partitions)}")
-    stages = tuple(StageLayout(p, s.gpu_type, int(s.layers))
-                   for s, p in zip(template.stages, partitions))
-    return ReplicaLayout(int(template.tp), stages,
+    stages = []
+    for stage, placement in zip(template.stages, partitions):
+        partition, reservation = split_placement(placement)
+        stages.append(StageLayout(partition, stage.gpu_type, int(stage.layers), reservation))
+    return ReplicaLayout(int(template.tp), tuple(stages),
                          layout_dtype(arch, [s.gpu_type for s in template.stages]), role)

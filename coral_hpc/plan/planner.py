@@ -10,15 +10,17 @@ check → :class:`PlanOutcome`.
 3. Templates on crash cool-down leave the library, and so do templates some stage of which finds
    no node with room; (template, partitions) shapes that sat pending past the timeout, or that
    Slurm refused, leave the cluster (``Cluster.excluded_stages``).
-4. Availability on a busy cluster (:mod:`coral_hpc.plan.availability`): Slurm's start estimate
+4. Reservations the account may use become placements ``partition@reservation`` with their
+   own nodes and window (:mod:`coral_hpc.plan.reservations`).
+5. Availability on a busy cluster (:mod:`coral_hpc.plan.availability`): Slurm's start estimate
    per job shape (``sbatch --test-only`` within the probe budget, or those saved in the
    snapshot) turns busy nodes Slurm gives us within ``policy.max_queue_wait_s`` into capacity
    with a wait, which Stage 2 prices; site limits (MaxTRES, MaxNodes, MaxJobs/MaxSubmit,
    partition QOS) and engine-environment groups bind.
-5. Stage 2, :func:`coral_solver.allocate.allocate`, with the replicas that go on serving as
-   ``running``;
-   a model left with nothing gets one replica queued where Slurm expects to start it first.
-6. The independent checker (:func:`coral_solver.check.check_plan`) re-verifies the plan, re-checking
+6. Stage 2, :func:`coral_solver.allocate.allocate`, with the replicas that go on serving as
+   ``running``; a model left with nothing gets one replica queued where Slurm expects to
+   start it first.
+7. The independent checker (:func:`coral_solver.check.check_plan`) re-verifies the plan, re-checking
    every planned template's throughput with the same throughput model.
 
 :meth:`Planner.solve` returns every outcome (``coral-hpc plan`` prints a rejected plan and exits
@@ -38,7 +40,7 @@ from typing import Any
 from coral_hpc.config import Deployment
 from coral_hpc.demand import ModelDemand, deployment_demand
 from coral_hpc.errors import CoralError
-from coral_hpc.plan import availability, inputs
+from coral_hpc.plan import availability, inputs, reservations
 from coral_hpc.plan.desired import DesiredPlan, Slot
 from coral_hpc.plan.figures import use_measured_profiles
 from coral_hpc.plan.layout import layout_of
@@ -51,6 +53,11 @@ from coral_solver.types import Cluster, ModelSpec, Plan, Policy, Template
 
 class PlanningError(CoralError):
     """No plan the daemon may act on: the solver found none, or the checker rejected it."""
+
+
+class InfeasiblePlan(PlanningError):
+    """Stage 2 proved that no plan meets the deployment's hard demands (``min_replicas``) within
+    its quotas and limits on this cluster: an input problem, not a transient one."""
 
 
 @dataclass(frozen=True)
@@ -142,14 +149,22 @@ class Planner:
         #: deployment's ``slurm.probe_calls_per_min``); off, the snapshot's saved estimates count
         self.probe = probe
         self.prober = prober
+        self.probe_client: Any = None
+
+    def use_client(self, client: Any) -> None:
+        """Probe through ``client`` (the daemon's own, so the probes are charged to its one Slurm
+        call budget, ``coral_hpc.slurm.budget``) instead of a client of the planner's own."""
+        self.probe_client = client
 
     def _prober(self, deployment: Deployment) -> Any:
         if self.prober is None and self.probe:
             from coral_hpc.slurm import client_for_deployment
             from coral_hpc.slurm.availability import StartProber
+            from coral_hpc.slurm.client import call_budget
 
+            client = self.probe_client or client_for_deployment(deployment)
             self.prober = StartProber(
-                client_for_deployment(deployment),
+                client, budget=call_budget(client),
                 calls_per_min=deployment.cluster.slurm.probe_calls_per_min,
                 ttl_s=deployment.policy.replan_interval_s)
         return self.prober
@@ -172,10 +187,13 @@ class Planner:
         held = inputs.held_gpus(snapshot, request.running)
         cluster = inputs.cluster_from_snapshot(deployment, snapshot,
                                                inputs.running_replicas(request.running), held)
+        cluster = availability.with_site_rules(deployment, snapshot, cluster)
+        cluster, _ = reservations.with_reservations(deployment, snapshot, cluster, held)
+        cluster, _ = availability.with_preemption(deployment, snapshot, cluster)
         cluster = inputs.fit_job_shape(cluster, snapshot, held,
                                        deployment.cluster.cpus_per_gpu,
                                        deployment.cluster.mem_per_gpu_gb)
-        cluster = availability.with_site_rules(deployment, snapshot, cluster)
+        models = reservations.models_with(models, cluster)
         return models, cluster, inputs.policy_of(deployment, request.startup_s)
 
     def solve(self, request: PlanRequest) -> PlanOutcome:
@@ -190,6 +208,8 @@ class Planner:
         deployment = request.deployment
         snapshot, warnings = availability.type_untyped_nodes(deployment, request.snapshot)
         warnings += availability.config_warnings(deployment, snapshot)
+        warnings += reservations.usable_reservations(deployment, snapshot)[1]
+        warnings += availability.with_preemption(deployment, snapshot, cluster)[1]
         base, full_library = cluster, library
         excluded_shapes = request.excluded_shapes
 
@@ -236,8 +256,9 @@ class Planner:
         outcome = self.solve(request)
         if outcome.status in ("infeasible", "no_solution"):
             plan = outcome.solved.plan if outcome.solved else None
-            raise PlanningError(f"Stage 2 found no plan ({outcome.status}): "
-                                + ("; ".join(plan.binding if plan else ()) or "no reason given"))
+            error = InfeasiblePlan if outcome.status == "infeasible" else PlanningError
+            raise error(f"Stage 2 found no plan ({outcome.status}): "
+                        + ("; ".join(plan.binding if plan else ()) or "no reason given"))
         if outcome.problems:
             raise PlanningError("the plan failed the independent check: "
                                 + "; ".join(outcome.problems))

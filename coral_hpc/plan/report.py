@@ -1,9 +1,11 @@
-"""The ``coral-hpc plan --json`` and ``--export-templates`` documents of a :class:`PlanOutcome`."""
+"""The ``coral-hpc plan --json`` and ``--export-templates`` documents of a :class:`PlanOutcome`,
+and the lines saying why no plan exists (``plan`` and ``serve`` exit 2 with them)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from coral_hpc.config import Deployment, field_line
 from coral_hpc.plan.availability import start_label
 from coral_hpc.plan.figures import figures_used
 from coral_hpc.plan.layout import layout_of
@@ -41,7 +43,10 @@ def plan_json(outcome: PlanOutcome) -> dict[str, Any]:
             "calibrated": row.template.calibrated,
             "figures": figures_used(row.template, arch[row.model]),
             "stages": [{"gpu_type": s.gpu_type, "gpus": layout.tp, "layers": s.layers,
-                        "partition": s.partition} for s in layout.stages],
+                        "partition": s.partition, "reservation": s.reservation}
+                       for s in layout.stages],
+            # Slurm may preempt it (a preemptible partition): the model has a replica elsewhere
+            "preemptible": bool(set(row.partitions) & solved.cluster.preemptible()),
             "nodes": [list(n) for n in row.nodes],
             # Slurm's estimate when the replica starts: now, within the horizon, or queued
             "expected_wait_s": row.wait_s,
@@ -91,3 +96,21 @@ def templates_json(outcome: PlanOutcome) -> dict[str, Any]:
             "models": [{"name": m.name, "demand": m.demand_rps, "architecture": m.arch}
                        for m in solved.models],
             "templates": out}
+
+
+def infeasible_problems(path: str, deployment: Deployment, done: str = "nothing was submitted"
+                        ) -> list[str]:
+    """Why no plan exists, as invalid input: only ``min_replicas`` is a hard demand on the
+    cluster, so each model that sets it is named with its file, line and field."""
+    lines = []
+    for index, model in enumerate(deployment.models):
+        if model.min_replicas:
+            loc = ("models", index, "min_replicas")
+            lines.append(
+                f"{path}:{field_line(path, loc)}: models[{index}].min_replicas: "
+                f"{model.min_replicas} replica(s) of {model.name} cannot all be placed on the "
+                "GPUs available now; lower min_replicas or widen its partitions / gpu_types"
+            )
+    if not lines:
+        lines.append(f"{path}: no plan satisfies the deployment's quotas and limits")
+    return lines + [f"{path}: no feasible plan; {done}"]

@@ -50,11 +50,55 @@ class ProfileTask:
     gpu_type: str
     tp: int = 1
     pp: int = 1
+    #: a pipeline over several partitions (one Slurm hetjob): (partition, GPU type) per stage,
+    #: in pipeline order; empty: every stage on ``partition``
+    stages: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def stage_places(self) -> tuple[tuple[str, str], ...]:
+        """(partition, GPU type) of every stage."""
+        return self.stages or ((self.partition, self.gpu_type),) * self.pp
+
+    @property
+    def gpu_label(self) -> str:
+        """The GPU type, or the stages' types joined by ``+`` for a mixed pipeline."""
+        gpus = [g for _, g in self.stage_places]
+        return gpus[0] if len(set(gpus)) == 1 else "+".join(gpus)
 
     @property
     def name(self) -> str:
+        if self.stages:
+            where = "+".join(p for p, _ in self.stages)
+            return f"{self.model} on {where} ({self.gpu_label}) tp{self.tp} pp{self.pp}"
         suffix = f" pp{self.pp}" if self.pp > 1 else ""
         return f"{self.model} on {self.partition} ({self.gpu_type}) tp{self.tp}{suffix}"
+
+
+def pipeline_task(deployment: Deployment, model: str, partitions: Sequence[str]) -> ProfileTask:
+    """One pipeline over ``partitions`` (one stage per entry, in order; a partition named twice
+    gets two nodes), each stage on its partition's first GPU type: a Slurm hetjob when the
+    partitions differ (``coral-hpc profile --stages``)."""
+    known_parts = {p.name: p for p in deployment.cluster.partitions}
+    known_models = {m.name: m for m in deployment.models}
+    if model not in known_models:
+        raise ProfileError(f"--model {model!r}: not in models of models.yaml "
+                           f"(valid: {sorted(known_models)})")
+    if len(partitions) < 2:
+        raise ProfileError(f"--stages {','.join(partitions)!r}: name at least two partitions, "
+                           "one per stage")
+    places = []
+    for name in partitions:
+        part = known_parts.get(name)
+        if part is None:
+            raise ProfileError(f"--stages: partition {name!r} not in cluster.partitions of "
+                               f"models.yaml (valid: {sorted(known_parts)})")
+        if not part.gpu_types:
+            raise ProfileError(f"partition {name!r}: name its gpu_types in models.yaml to "
+                               "profile it")
+        places.append((name, part.gpu_types[0]))
+    spec = known_models[model]
+    return ProfileTask(model, spec.architecture, places[0][0], places[0][1], 1, len(places),
+                       tuple(places))
 
 
 def profile_tasks(deployment: Deployment, partitions: Sequence[str] = (),
@@ -139,7 +183,7 @@ def run_profiles(deployment: Deployment, tasks: Sequence[ProfileTask], client: P
     api_key = key_file.read_text().strip()
     written = []
     for index, task in enumerate(tasks, 1):
-        path = profile_path(folder, task.architecture, task.gpu_type, task.tp, task.pp)
+        path = profile_path(folder, task.architecture, task.gpu_label, task.tp, task.pp)
         if path.exists() and not force:
             progress(f"[{index}/{len(tasks)}] {task.name}: reused {path}")
             written.append(path)
@@ -149,9 +193,10 @@ def run_profiles(deployment: Deployment, tasks: Sequence[ProfileTask], client: P
 
         layers = model_arch(task.architecture).layers
         split = [layers // task.pp + (1 if i < layers % task.pp else 0) for i in range(task.pp)]
+        places = task.stage_places
         layout = ReplicaLayout(
-            task.tp, tuple(StageLayout(task.partition, task.gpu_type, n) for n in split),
-            layout_dtype(task.architecture, [task.gpu_type]),
+            task.tp, tuple(StageLayout(part, gpu, n) for (part, gpu), n in zip(places, split)),
+            layout_dtype(task.architecture, sorted({g for _, g in places})),
         )
         spec = replica_spec(deployment, task.model, f"profile-{secrets.token_hex(3)}", "profile",
                             layout, api_key_file=key_file)
@@ -177,7 +222,8 @@ def run_profiles(deployment: Deployment, tasks: Sequence[ProfileTask], client: P
             else layers, pp=task.pp, layer_partition=",".join(map(str, split)),
             source=f"coral-hpc profile on {endpoint.node} ({task.partition}), vLLM {version}, "
                    f"{day}",
-            model=task.model, partition=task.partition,
+            model=task.model, partition="+".join(dict.fromkeys(p for p, _ in places)),
+            stage_gpus=[g for _, g in places] if task.gpu_label != task.gpu_type else None,
             startup_s=endpoint.ready_at - endpoint.started_at, submit_to_ready_s=ready_after,
             measured=measured,
         )
@@ -186,4 +232,5 @@ def run_profiles(deployment: Deployment, tasks: Sequence[ProfileTask], client: P
     return written
 
 
-__all__ = ["CoralError", "ProfileError", "ProfileTask", "profile_tasks", "run_profiles"]
+__all__ = ["CoralError", "ProfileError", "ProfileTask", "pipeline_task", "profile_tasks",
+           "run_profiles"]

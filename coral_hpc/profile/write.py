@@ -23,9 +23,10 @@ def profile_path(folder: Path, arch: str, gpu: str, tp: int, pp: int = 1) -> Pat
 def profile_document(
     *, arch: str, gpu: str, tp: int, layers: int, pp: int, layer_partition: str, source: str,
     model: str, partition: str, startup_s: float, submit_to_ready_s: float,
-    measured: EngineMeasurements,
+    measured: EngineMeasurements, stage_gpus: list[str] | None = None,
 ) -> dict[str, Any]:
-    """The YAML document of one measured profile."""
+    """The YAML document of one measured profile (``stage_gpus``: each stage's GPU type, for a
+    pipeline whose stages' types differ; ``gpu`` is then the first stage's)."""
     steps = [{"decode_seqs": 0, "prefill_tokens": n, "context_tokens": n, "seconds": round(s, 6)}
              for n, s in measured.prefill]
     steps += [{"decode_seqs": b, "prefill_tokens": 0, "context_tokens": c, "seconds": round(s, 6)}
@@ -45,6 +46,8 @@ def profile_document(
     if pp > 1:
         doc["pp"] = pp
         doc["layer_partition"] = layer_partition
+    if stage_gpus:
+        doc["stage_gpus"] = list(stage_gpus)
     return doc
 
 

@@ -3,6 +3,7 @@
 - :mod:`.status` — ``replica_status(facts, now)``: the one function that derives a replica's state.
 - :mod:`.decide` — ``decide(plan, replicas, now, …)``: pure; returns Submit/Drain/Cancel/… actions
   (make-before-break, scale-down drains then cancels, nothing destructive on stale data).
+- :mod:`.hysteresis` — ``PlanHistory``: plans in a row without a slot (READY replicas stay put).
 - :mod:`.triggers` — ``replan_triggers(…)``: when the plan is out of date, and why (typed kinds).
 - :mod:`.startup`, :mod:`.backoff` — learnt start-up time (K) and backoff on transient errors.
 """
@@ -23,6 +24,7 @@ from coral_hpc.reconcile.decide import (
     decide,
     goes_on_serving,
 )
+from coral_hpc.reconcile.hysteresis import PlanHistory
 from coral_hpc.reconcile.settings import ReconcileSettings
 from coral_hpc.reconcile.status import ReplicaFacts, ReplicaState, ReplicaStatus, replica_status
 from coral_hpc.reconcile.triggers import Trigger, TriggerKind, replan_triggers
@@ -38,6 +40,7 @@ __all__ = [
     "Forget",
     "Keep",
     "Observation",
+    "PlanHistory",
     "ReconcileSettings",
     "ReplicaFacts",
     "ReplicaState",

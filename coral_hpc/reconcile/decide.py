@@ -22,7 +22,12 @@ Rules, in the order they are applied:
    live replicas of that slot that will go on serving — READY first, then STARTING, then
    PENDING — then, for what is still missing, replicas of the same model still pending or
    starting in a slot the plan no longer names (hysteresis: a changed plan never cancels work in
-   flight), and submit the rest. Replicas that need a successor (walltime near, node or
+   flight), and submit the rest. Before those, a READY replica whose slot the plan no longer names
+   stands in for a missing replica of its model and role while its slot has been absent from
+   fewer than ``replace_after_plans`` consecutive plans, the plan's slot is not cheaper per
+   request/s by ``replace_margin`` and the replica sustains at least the slot's requests/s
+   (:mod:`coral_hpc.reconcile.hysteresis`): a plan that alternates never replaces a READY
+   replica. Replicas that need a successor (walltime near, node or
    partition draining or down, unhealthy too long) do not count as matching: their successors are
    submitted now, ahead of time.
 5. **Make-before-break.** Every other live replica is surplus. Surplus that serves nothing
@@ -47,6 +52,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from coral_hpc.plan.desired import DesiredPlan, Slot
+from coral_hpc.reconcile.hysteresis import PlanHistory
 from coral_hpc.reconcile.settings import ReconcileSettings
 from coral_hpc.reconcile.status import ReplicaFacts, ReplicaState, ReplicaStatus, replica_status
 from coral_hpc.records import Exclusion, ReplicaRecord
@@ -175,11 +181,14 @@ def decide(
     exclusions: Sequence[Exclusion] = (),
     observation: Observation | None = None,
     configured: frozenset[str] | None = None,
+    history: PlanHistory | None = None,
 ) -> Decision:
     """Compare ``plan`` with ``replicas`` (live ones, plus recently ended ones for crash counting)
     and return the actions to take at ``now``. See the module docstring for the rules.
     ``configured``: the models of models.yaml (None: every model with replicas); a model no
-    longer configured may lose its last READY replica."""
+    longer configured may lose its last READY replica. ``history``: the plans so far, for the
+    hysteresis on READY replicas (None: no history, a READY replica follows the plan at once,
+    make-before-break)."""
     settings = settings or ReconcileSettings()
     observation = observation or Observation(jobs_at=now, cluster_at=now)
     statuses = {f.record.id: replica_status(f, now, settings) for f in replicas}
@@ -270,6 +279,17 @@ def decide(
         if ((record.template_id, record.partitions) not in slot_keys and goes_on_serving(status)
                 and status.state in (ReplicaState.PENDING, ReplicaState.STARTING)):
             in_flight[_role_key(record)].append(record)
+    # READY replicas that may stand in for a new slot of their model (hysteresis, rule 4),
+    # the cheapest per request/s first
+    standing: dict[tuple[str, str], list[ReplicaRecord]] = defaultdict(list)
+    if history is not None:
+        for record in sorted(live, key=lambda r: (_cost_per_rps(r.cost_per_hour, r.throughput),
+                                                  r.created_at, r.id)):
+            own = (record.template_id, record.partitions)
+            if (own not in slot_keys and statuses[record.id].state is ReplicaState.READY
+                    and goes_on_serving(statuses[record.id])
+                    and history.absent_for(own) < settings.replace_after_plans):
+                standing[_role_key(record)].append(record)
     for slot in slots:
         candidates = [r for r in by_key.get(slot.key, []) if goes_on_serving(statuses[r.id])]
         candidates.sort(key=lambda r: (_KEEP_ORDER[statuses[r.id].state],
@@ -278,6 +298,14 @@ def decide(
         keep = candidates[: slot.count]
         kept.update(r.id for r in keep)
         missing = slot.count - len(keep)
+        ready_in = standing[(slot.model, slot.layout.role)]
+        for record in list(ready_in):
+            if missing <= 0:
+                break
+            if _stands_in(record, slot, settings):
+                ready_in.remove(record)
+                kept.add(record.id)
+                missing -= 1
         flight = in_flight[(slot.model, slot.layout.role)]
         while missing > 0 and flight:
             kept.add(flight.pop(0).id)
@@ -378,6 +406,19 @@ def _worth_waiting(record: ReplicaRecord, plan: DesiredPlan, settings: Reconcile
         return True
     key = (record.template_id, record.partitions)
     return any(s.queued and s.key == key for s in plan.slots)
+
+
+def _cost_per_rps(cost_per_hour: float, throughput: float) -> float:
+    return cost_per_hour / max(throughput, 1e-9)
+
+
+def _stands_in(record: ReplicaRecord, slot: Slot, settings: ReconcileSettings) -> bool:
+    """A READY replica may serve in place of one replica of ``slot``: it sustains at least the
+    slot's requests/s, and the slot is not cheaper per request/s by ``replace_margin``."""
+    if record.throughput + 1e-9 < slot.throughput:
+        return False
+    ours = _cost_per_rps(record.cost_per_hour, record.throughput)
+    return _cost_per_rps(slot.cost_per_hour, slot.throughput) > (1 - settings.replace_margin) * ours
 
 
 def _time_left(status: ReplicaStatus) -> float:

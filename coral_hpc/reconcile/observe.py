@@ -25,7 +25,7 @@ from pathlib import Path
 from coral_hpc.config import Deployment
 from coral_hpc.errors import CoralError
 from coral_hpc.launch.endpoint import http_health, read_endpoint
-from coral_hpc.launch.spec import ReplicaSpec
+from coral_hpc.launch.spec import ReplicaSpec, is_pre_instance_job_of
 from coral_hpc.reconcile.decide import Observation
 from coral_hpc.reconcile.settings import ReconcileSettings
 from coral_hpc.reconcile.status import TERMINAL_STATES, ReplicaFacts
@@ -126,6 +126,14 @@ class Observer:
             )
         events: list[str] = []
         snapshot, foreign = split_instance(snapshot, self.instance)
+        if self.instance:
+            # jobs from before instance tags existed: ours when their spec.json in our state
+            # folder says so (an upgrade must not orphan the replicas serving at that moment)
+            legacy = tuple(j for j in foreign if j.tag is not None and is_pre_instance_job_of(
+                j.tag, self.deployment.state_path, self.deployment.deployment))
+            if legacy:
+                snapshot = replace(snapshot, jobs=snapshot.jobs + legacy)
+                foreign = tuple(j for j in foreign if j not in legacy)
         for other in foreign:
             theirs = other.tag.instance if other.tag is not None else None
             self._leave_alone(other, now, "belongs to another instance of this deployment name "
@@ -262,7 +270,9 @@ class Observer:
             # we cannot read is not one we may cancel either
             self._leave_alone(job, now, f"its {spec_file} cannot be read ({exc})", events)
             return
-        if spec.instance != self.instance or spec.replica_id != tag.replica_id:
+        # a pre-instance job (checked by is_pre_instance_job_of) has a spec without an instance
+        expected = self.instance if tag.instance else ""
+        if spec.instance != expected or spec.replica_id != tag.replica_id:
             self._leave_alone(job, now, f"its {spec_file} names another replica or instance",
                               events)
             return

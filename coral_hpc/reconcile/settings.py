@@ -78,6 +78,14 @@ class ReconcileSettings:
     submit_lost_s: float = 30.0
     #: Observations older than this many polls are stale: nothing destructive is done on them.
     stale_after_polls: int = 3
+    #: Hysteresis (coral_hpc.reconcile.hysteresis): a READY replica whose slot the plan no
+    #: longer names keeps serving in place of the plan's new slot until its slot has been
+    #: absent from this many consecutive plans: three plans in a row naming another layout are
+    #: a decision, not the alternation every other plan that issue 16 measured after a drain.
+    replace_after_plans: int = 3
+    #: ... or at once when the plan's slot is cheaper per request/s by at least this fraction:
+    #: a saving worth a new replica's start-up (a policy choice, not a measured constant).
+    replace_margin: float = 0.10
     #: Slurm calls one cycle may make for submissions and for cancellations (each).
     max_submits_per_cycle: int = 8
     max_cancels_per_cycle: int = 8

@@ -8,10 +8,12 @@ submitted."). That is the one estimate a planner can trust more than its own gue
 what the scheduler will do.
 
 Each probe is one slurmctld RPC, so :class:`StartProber` keeps to a budget: a token bucket of
-``calls_per_min`` probes a minute (default 6; the daemon's observe cycle spends about 30 a
-minute, bench/results/reaction.md), and an estimate is reused until it is ``ttl_s`` old (one
-plan epoch by default). Shapes are probed in the order given (the caller puts the most useful
-first); a shape the budget does not reach keeps its last estimate, or has none.
+``calls_per_min`` probes a minute (default 6), which is the probes' share of the daemon's one
+Slurm call budget (``coral_hpc.slurm.budget``: a probe runs only when that budget has room, and
+the observe cycle leaves the share to the probes while they run). An estimate is reused until
+it is ``ttl_s`` old (one plan epoch by default). Shapes are probed in the order given (the
+caller puts the most useful first); a shape the budget does not reach keeps its last estimate,
+or has none.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from coral_hpc.errors import PermanentError, TransientError
+from coral_hpc.slurm.budget import CallBudget
 from coral_hpc.slurm.snapshot import JobShape, ShapeEstimate
 
 
@@ -31,13 +34,14 @@ class StartProber:
     """Cached, budgeted start estimates per job shape (see the module docstring)."""
 
     def __init__(self, client, *, calls_per_min: float = 6.0, ttl_s: float = 60.0,  # type: ignore[no-untyped-def]
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, budget: CallBudget | None = None):
         if calls_per_min <= 0:
             raise ValueError("calls_per_min must be > 0")
         self.client = client
         self.calls_per_min = float(calls_per_min)
         self.ttl_s = float(ttl_s)
         self.clock = clock
+        self.budget = budget  # the daemon's whole Slurm call budget, when it has one
         self._tokens = float(calls_per_min)
         self._refilled = clock()
         self._cache: dict[tuple, ShapeEstimate] = {}
@@ -71,7 +75,7 @@ class StartProber:
                 out.append(cached)
                 continue
             self._refill(now)
-            if self._tokens < 1.0:
+            if self._tokens < 1.0 or (self.budget is not None and not self.budget.has_room(1)):
                 if cached is not None:
                     out.append(cached)  # older than an epoch, still Slurm's last word
                 continue

@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 import functools
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 
@@ -163,6 +163,7 @@ def build_partitions(
                 max_nodes=raw.max_nodes,
                 qos=raw.qos,
                 preempt_mode=raw.preempt_mode,
+                priority_tier=raw.priority_tier,
             )
         )
     return tuple(partitions)
@@ -221,6 +222,8 @@ def build_snapshot(
     jobs = list(jobs)
     own = own_jobs(jobs, deployment)
     own_ids = {id(j) for j in own}
+    others = [j for j in jobs
+              if id(j) not in own_ids and j.state.split()[0] not in FINISHED_JOB_STATES]
     typed, warnings, site_names = resolve_gpu_types(raw_nodes, gpu_type_map)
     nodes = tuple(replace(n, site_gpu_type=site_names.get(n.name), features=raw.features)
                   for n, raw in zip(build_nodes(typed, gpu_memory), typed))
@@ -239,8 +242,8 @@ def build_snapshot(
         jobs=own,
         limits=limits,
         warnings=tuple(warnings),
-        other_user_jobs=sum(1 for j in jobs if id(j) not in own_ids
-                            and j.state.split()[0] not in FINISHED_JOB_STATES),
+        other_user_jobs=len(others),
+        other_user_jobs_by_account=dict(Counter(j.account or "" for j in others)),
     )
 
 

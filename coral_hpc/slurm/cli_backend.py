@@ -33,7 +33,6 @@ from coral_hpc.slurm.parse_limits import (
     ASSOC_FIELDS,
     QOS_FIELDS,
     build_limits,
-    choose_qos,
     parse_assoc,
     parse_qos,
     qos_limits,
@@ -182,15 +181,13 @@ class CliSlurmClient:
                 ["sacctmgr", "-n", "-P", "show", "assoc", "where", *where, "format=" + ",".join(ASSOC_FIELDS)]
             ).stdout
         )
-        qos_name = choose_qos([r for r in assoc if r["User"] == self.user], self.qos)
-        qos_rows = []
-        if qos_name:
-            qos_rows = parse_qos(
-                self.runner.run(
-                    ["sacctmgr", "-n", "-P", "show", "qos", "where", f"names={qos_name}",
-                     "format=" + ",".join(QOS_FIELDS)]
-                ).stdout
-            )
+        # every QOS, not only ours: which of them may preempt ours (or a partition's) is in
+        # their Preempt lists; one call either way
+        qos_rows = parse_qos(
+            self.runner.run(
+                ["sacctmgr", "-n", "-P", "show", "qos", "format=" + ",".join(QOS_FIELDS)]
+            ).stdout
+        )
         self._limits = build_limits(assoc, qos_rows, self.user, self.account, self.qos, now)
         return self._limits
 

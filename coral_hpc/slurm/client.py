@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from coral_hpc.errors import PermanentError
+from coral_hpc.slurm.budget import CallBudget
 from coral_hpc.slurm.cli_backend import CliSlurmClient
 from coral_hpc.slurm.runner import CommandRunner
 from coral_hpc.slurm.snapshot import (
@@ -91,12 +92,14 @@ def make_client(
     qos: str | None = None,
     user: str | None = None,
     gpu_type_map: Mapping[str, str] | None = None,
+    budget: CallBudget | None = None,
 ) -> SlurmClient:
     """The client for ``backend`` (``auto | cli | pyslurm``). ``auto`` takes pyslurm only when it
     imports and its major version matches the cluster's (asked through ``sinfo --version``);
-    ``pyslurm`` raises :class:`BackendUnavailable` with the reason when it cannot be used."""
-    cli = CliSlurmClient(CommandRunner(env=env, timeout_s=timeout_s), account=account, qos=qos,
-                         user=user, gpu_type_map=gpu_type_map)
+    ``pyslurm`` raises :class:`BackendUnavailable` with the reason when it cannot be used.
+    Every Slurm call is charged to ``budget`` when one is given (``coral_hpc.slurm.budget``)."""
+    cli = CliSlurmClient(CommandRunner(env=env, timeout_s=timeout_s, budget=budget),
+                         account=account, qos=qos, user=user, gpu_type_map=gpu_type_map)
     if backend == "cli":
         return cli
     if backend not in ("auto", "pyslurm"):
@@ -111,9 +114,17 @@ def make_client(
     return cli
 
 
-def client_for_deployment(deployment, env: Mapping[str, str] | None = None) -> SlurmClient:  # type: ignore[no-untyped-def]
-    """:func:`make_client` configured from a :class:`coral_hpc.config.Deployment`."""
+def client_for_deployment(deployment, env: Mapping[str, str] | None = None,  # type: ignore[no-untyped-def]
+                          *, budgeted: bool = False) -> SlurmClient:
+    """:func:`make_client` configured from a :class:`coral_hpc.config.Deployment`; with
+    ``budgeted`` (the daemon), its calls are charged to a :class:`CallBudget` of
+    :func:`coral_hpc.config.slurm_calls_per_min` (the client's ``runner.budget``)."""
+    from coral_hpc.config import slurm_calls_per_min
+
     cluster = deployment.cluster
+    budget = (CallBudget(slurm_calls_per_min(deployment),
+                         probe_calls_per_min=cluster.slurm.probe_calls_per_min)
+              if budgeted else None)
     return make_client(
         cluster.slurm.backend,
         env=env,
@@ -121,4 +132,12 @@ def client_for_deployment(deployment, env: Mapping[str, str] | None = None) -> S
         account=cluster.account,
         qos=cluster.qos,
         gpu_type_map=cluster.gpu_type_map,
+        budget=budget,
     )
+
+
+def call_budget(client: object) -> CallBudget | None:
+    """The :class:`CallBudget` ``client``'s commands are charged to, if any (the CLI client's
+    runner's; the pyslurm client's CLI client's)."""
+    runner = getattr(client, "runner", None) or getattr(getattr(client, "cli", None), "runner", None)
+    return getattr(runner, "budget", None)

@@ -3,8 +3,9 @@
 squeue is read through a fixed ``--Format`` list rather than ``--json``: the field names are the
 same from Slurm 20.11 to 25.x, the answer for 10,000 jobs is a tenth of the JSON's size, and
 ``StartTime`` of a pending job is the expected start ``squeue --start`` shows, so one call gives
-state, reason, nodes, times and the tag. Every field ends in ``|``; the free-text Comment comes
-last so a ``|`` inside it cannot shift the other columns.
+state, reason, nodes, times and the tag. Every field ends in ``|``; the free-text Comment sits
+between the fixed fields and two trailing Slurm names (Account, Reservation, which hold no
+``|``), so a ``|`` inside it cannot shift the other columns: the row splits from both ends.
 """
 
 from __future__ import annotations
@@ -23,10 +24,16 @@ from coral_hpc.types import JobTag
 SQUEUE_FIELDS: tuple[str, ...] = (
     "JobID", "HetJobID", "HetJobOffset", "ArrayJobID", "ArrayTaskID", "State", "Reason",
     "Partition", "NodeList", "NumNodes", "SubmitTime", "StartTime", "EndTime", "TimeLeft",
-    "TimeLimit", "RestartCnt", "tres-alloc", "Name", "Comment",
+    "TimeLimit", "RestartCnt", "tres-alloc", "Name", "Comment", "Account", "Reservation",
 )
 #: the ``squeue -O`` argument for :data:`SQUEUE_FIELDS`
 SQUEUE_FORMAT = ",".join(f"{name}:|" for name in SQUEUE_FIELDS)
+#: fields after the free-text Comment: Slurm names, never holding a ``|``
+_AFTER_COMMENT = SQUEUE_FIELDS[SQUEUE_FIELDS.index("Comment") + 1:]
+#: a row of the format before Account and Reservation were asked for (the 22.05 recordings of
+#: tests/data/slurm): the fixed fields and the Comment only. A row of today's format always has
+#: more fields, so the two never read alike
+_LEGACY_FIELDS = len(SQUEUE_FIELDS) - len(_AFTER_COMMENT)
 
 SACCT_FIELDS: tuple[str, ...] = (
     "JobID", "JobIDRaw", "JobName", "Partition", "State", "ExitCode", "Reason", "AllocTRES",
@@ -127,14 +134,18 @@ def parse_squeue(text: str, cache: RowCache | None = None) -> list[JobInfo]:
 
 
 def _split_row(line: str, number: int, n_fields: int) -> list[str]:
+    """The row's fields in :data:`SQUEUE_FIELDS` order; a legacy row (no Account, Reservation)
+    gets them empty."""
     if not line.endswith("|"):
         raise SlurmParseError(f"squeue line {number}: not a '|'-terminated row: {line[:80]!r}")
     items = line[:-1].split("|")
+    after = len(_AFTER_COMMENT)
+    if len(items) == _LEGACY_FIELDS:
+        return items + [""] * after
     if len(items) < n_fields:
         raise SlurmParseError(f"squeue line {number}: {len(items)} fields, expected {n_fields}: {line[:80]!r}")
-    if len(items) > n_fields:
-        items = items[: n_fields - 1] + ["|".join(items[n_fields - 1:])]
-    return items
+    comment = _LEGACY_FIELDS - 1
+    return items[:comment] + ["|".join(items[comment:len(items) - after])] + items[len(items) - after:]
 
 
 def _job_from_row(row: dict[str, str]) -> JobInfo:
@@ -169,6 +180,8 @@ def _job_from_row(row: dict[str, str]) -> JobInfo:
         gpu_type=gpu_type,
         array_job_id=array_job if array_task is not None else None,
         array_task_id=array_task,
+        account=_none(row["Account"]),
+        reservation=_none(row["Reservation"]),
     )
 
 
@@ -185,6 +198,7 @@ def _fold_het(het_id: str, parts: list[tuple[int, JobInfo]]) -> JobInfo:
             num_nodes=job.num_nodes,
             gpus=job.gpus,
             gpu_type=job.gpu_type,
+            reservation=job.reservation,
         )
         for offset, job in parts
     )
@@ -211,6 +225,8 @@ def _fold_het(het_id: str, parts: list[tuple[int, JobInfo]]) -> JobInfo:
         gpus=sum(c.gpus for c in components),
         gpu_type=types.pop() if len(types) == 1 else None,
         components=components,
+        account=leader.account,
+        reservation=leader.reservation,
     )
 
 

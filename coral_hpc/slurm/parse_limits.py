@@ -8,15 +8,23 @@ from coral_hpc.slurm.snapshot import Limits
 
 ASSOC_FIELDS = ("Account", "User", "Partition", "QOS", "DefaultQOS", "GrpTRES", "MaxTRES",
                 "GrpJobs", "MaxJobs", "MaxSubmit")
-QOS_FIELDS = ("Name", "GrpTRES", "MaxTRES", "MaxTRESPU", "GrpJobs", "MaxJobsPU", "MaxSubmitPU")
+QOS_FIELDS = ("Name", "GrpTRES", "MaxTRES", "MaxTRESPU", "GrpJobs", "MaxJobsPU", "MaxSubmitPU",
+              "Preempt", "PreemptMode")
+#: QOS rows recorded before Preempt/PreemptMode were asked for (tests/data/slurm/22.05)
+_QOS_LEGACY_FIELDS = 7
 
 
-def _rows(text: str, fields: tuple[str, ...], what: str) -> list[dict[str, str]]:
+def _rows(text: str, fields: tuple[str, ...], what: str,
+          legacy: int | None = None) -> list[dict[str, str]]:
+    """Rows as dicts; a row of ``legacy`` fields (an older format, a prefix of ``fields``) gets
+    the fields it lacks empty."""
     rows = []
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         items = line.split("|")
+        if legacy is not None and len(items) == legacy:
+            items += [""] * (len(fields) - legacy)
         if len(items) != len(fields):
             raise SlurmParseError(f"{what} line {number}: {len(items)} fields, expected {len(fields)}")
         rows.append(dict(zip(fields, (i.strip() for i in items))))
@@ -30,7 +38,20 @@ def parse_assoc(text: str) -> list[dict[str, str]]:
 
 def parse_qos(text: str) -> list[dict[str, str]]:
     """Rows of ``sacctmgr -n -P show qos format=<QOS_FIELDS>``."""
-    return _rows(text, QOS_FIELDS, "sacctmgr show qos")
+    return _rows(text, QOS_FIELDS, "sacctmgr show qos", legacy=_QOS_LEGACY_FIELDS)
+
+
+def qos_preemptors(qos_rows: list[dict[str, str]]) -> dict[str, tuple[str, ...]]:
+    """QOS name → the QOS whose jobs may preempt its jobs (their ``Preempt`` lists name it;
+    PreemptType=preempt/qos), for each QOS whose own PreemptMode is not OFF (``cluster`` = the
+    cluster's mode, counted: the partitions' PreemptMode tells whether that is OFF)."""
+    out: dict[str, list[str]] = {}
+    modes = {q["Name"]: q.get("PreemptMode", "").lower() for q in qos_rows}
+    for row in qos_rows:
+        for victim in (v.strip() for v in row.get("Preempt", "").split(",")):
+            if victim and modes.get(victim, "cluster") != "off":
+                out.setdefault(victim, []).append(row["Name"])
+    return {k: tuple(sorted(v)) for k, v in out.items()}
 
 
 def _min(values: list[int | None]) -> int | None:
@@ -71,7 +92,7 @@ def choose_qos(assoc_rows: list[dict[str, str]], qos: str | None) -> str | None:
     return allowed.pop() if len(allowed) == 1 else None
 
 
-def build_limits(
+def build_limits(  # noqa: PLR0913 - each input is one sacctmgr answer or a config value
     assoc_rows: list[dict[str, str]],
     qos_rows: list[dict[str, str]],
     user: str,
@@ -110,6 +131,7 @@ def build_limits(
         observed_at=observed_at,
         max_gpus_per_user=per_user,
         max_nodes_per_job=max_nodes,
+        qos_preempted_by=qos_preemptors(qos_rows),
     )
 
 

@@ -63,6 +63,9 @@ class RawPartition:
     qos: str | None = None
     #: PreemptMode (``off``, ``requeue``, ``cancel``, ``suspend`` ...), lower case
     preempt_mode: str = "off"
+    #: PriorityTier: with PreemptType=preempt/partition_prio, jobs of a higher tier preempt
+    #: jobs of a lower one on the nodes they share
+    priority_tier: int = 1
 
 
 def split_key_values(line: str) -> dict[str, str]:
@@ -205,6 +208,7 @@ def parse_partitions_text(text: str) -> list[RawPartition]:
                 max_nodes=_limit(rec.get("MaxNodes")),
                 qos=_qos_name(rec.get("QoS")),
                 preempt_mode=(rec.get("PreemptMode") or "OFF").lower(),
+                priority_tier=_tier(_limit(rec.get("PriorityTier"))),
             )
         )
     return partitions
@@ -213,6 +217,11 @@ def parse_partitions_text(text: str) -> list[RawPartition]:
 def _limit(value: str | None) -> int | None:
     """``"UNLIMITED"`` → None, ``"4"`` → 4."""
     return int(value) if value and value.strip().isdigit() else None
+
+
+def _tier(value: int | None) -> int:
+    """PriorityTier, Slurm's default (1) when not shown."""
+    return 1 if value is None else value
 
 
 def _qos_name(value: Any) -> str | None:
@@ -324,6 +333,8 @@ def parse_partitions_json(text: str) -> list[RawPartition]:
                 qos=_qos_name((raw.get("qos") or {}).get("assigned") if isinstance(raw.get("qos"), dict)
                               else raw.get("qos")),
                 preempt_mode=_preempt_mode(raw.get("preempt_mode")),
+                priority_tier=_tier(_number(raw["priority"].get("tier"))
+                                    if isinstance(raw.get("priority"), dict) else None),
             )
         )
     return partitions

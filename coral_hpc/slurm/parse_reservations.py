@@ -45,6 +45,8 @@ def parse_reservations(text: str, user: str, account: str | None) -> tuple[Reser
                 end=parse_timestamp(rec.get("EndTime")),
                 partition=None if partition in (None, "", "(null)") else partition,
                 state=(rec.get("State") or "INACTIVE").lower(),
+                flags=tuple(f.strip().upper() for f in (rec.get("Flags") or "").split(",")
+                            if f.strip() and f.strip() != "(null)"),
             )
         )
     return tuple(out)

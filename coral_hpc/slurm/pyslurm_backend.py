@@ -230,6 +230,8 @@ class PyslurmClient:
         finally:
             runner.calls[f"pyslurm {what}"] += 1
             runner.slurm_seconds += time.perf_counter() - started
+            if runner.budget is not None:  # an RPC like the command it replaces
+                runner.budget.spend(1)
 
     def snapshot(self, deployment: str) -> ClusterSnapshot:
         """Nodes and partitions through pyslurm, this deployment's jobs and the limits through the

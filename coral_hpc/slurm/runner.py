@@ -1,6 +1,7 @@
 """The one seam where coral-hpc runs Slurm commands: argv lists, timeouts, typed errors, retries
-with backoff for transient failures, and a count of calls per command kind (the observe bench
-checks one call per kind per cycle)."""
+with backoff for transient failures, a count of calls per command kind (the observe bench
+checks one call per kind per cycle), and the charge of every call to the daemon's one Slurm call
+budget (``coral_hpc.slurm.budget``) when it has one."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from coral_hpc.slurm.budget import CallBudget
 from coral_hpc.slurm.errors import (
     SlurmNotInstalled,
     SlurmTimeout,
@@ -42,7 +44,8 @@ def command_kind(argv: Sequence[str]) -> str:
 
 class CommandRunner:
     """Runs Slurm commands. ``env`` defaults to this process's environment (``SLURM_CONF``
-    included); ``sleep`` is injectable so tests of the retry policy need not wait."""
+    included); ``sleep`` is injectable so tests of the retry policy need not wait; every command
+    run (retries too) is charged to ``budget`` when one is given."""
 
     def __init__(
         self,
@@ -51,7 +54,9 @@ class CommandRunner:
         attempts: int = 3,
         backoff_s: float = 1.0,
         sleep: Callable[[float], None] = time.sleep,
+        budget: CallBudget | None = None,
     ):
+        self.budget = budget
         self.env = dict(env) if env is not None else None
         self.timeout_s = timeout_s
         self.attempts = max(1, attempts)
@@ -101,6 +106,8 @@ class CommandRunner:
             env = {**env, **extra_env}
         timeout = timeout_s if timeout_s is not None else self.timeout_s
         self.calls[command_kind(argv)] += 1
+        if self.budget is not None:
+            self.budget.spend(1, probe=tuple(argv[:2]) == ("sbatch", "--test-only"))
         started = time.perf_counter()
         try:
             proc = subprocess.run(

@@ -11,7 +11,7 @@ Times are Unix epoch seconds (float); durations are seconds; memory is GB.
 from __future__ import annotations
 
 import json
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
 from coral_hpc.config import DEFAULT_CPUS_PER_GPU, DEFAULT_MEM_PER_GPU_GB
@@ -106,6 +106,8 @@ class PartitionInfo:
     preempt_mode: str = "off"
     #: the partition QOS's limits (sacctmgr), when it has one
     qos_limits: Limits | None = None
+    #: PriorityTier (preempt/partition_prio: a higher tier's jobs preempt this one's)
+    priority_tier: int = 1
 
     def billing_for(
         self, gpus: int, gpu_type: str | None, cpus: float, mem_gb: float, nodes: int = 1
@@ -140,6 +142,8 @@ class JobComponent:
     num_nodes: int
     gpus: int
     gpu_type: str | None
+    #: the reservation the component runs (or waits to run) in
+    reservation: str | None = None
 
 
 @dataclass(frozen=True)
@@ -171,6 +175,10 @@ class JobInfo:
     components: tuple[JobComponent, ...] = ()
     array_job_id: str | None = None
     array_task_id: str | None = None
+    #: the account the job is charged to (squeue's Account); None when not known
+    account: str | None = None
+    #: the reservation it runs or waits in (a hetjob's: its leader's); None = none
+    reservation: str | None = None
 
     @property
     def end_kind(self) -> str | None:
@@ -203,6 +211,9 @@ class Limits:
     max_gpus_per_user: int | None = None
     #: MaxTRES node= per job (nodes one job may span)
     max_nodes_per_job: int | None = None
+    #: QOS name → the QOS that may preempt its jobs (sacctmgr Preempt lists, PreemptMode not
+    #: OFF); the QOS this deployment's jobs or a partition's run under may be among them
+    qos_preempted_by: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -243,6 +254,8 @@ class ReservationInfo:
     end: float | None
     partition: str | None
     state: str  # "active" | "inactive"
+    #: Slurm's Flags (``MAINT``, ``IGNORE_JOBS``, ``SPEC_NODES`` ...), upper case
+    flags: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -269,6 +282,8 @@ class ClusterSnapshot:
     #: this user's live jobs (pending or running) that are not this deployment's: they count
     #: against MaxJobs/MaxSubmit too
     other_user_jobs: int = 0
+    #: the same jobs per account they are charged to (squeue's Account; ``""`` = not known)
+    other_user_jobs_by_account: dict[str, int] = field(default_factory=dict)
 
     def node(self, name: str) -> NodeInfo:
         """The node called ``name``; KeyError when Slurm has no such node."""
@@ -316,6 +331,8 @@ class ClusterSnapshot:
                 reservations=tuple(_build(ReservationInfo, r)
                                    for r in data.get("reservations", [])),
                 other_user_jobs=int(data.get("other_user_jobs", 0)),
+                other_user_jobs_by_account={str(k): int(v) for k, v in
+                                            data.get("other_user_jobs_by_account", {}).items()},
             )
         except KeyError as exc:
             raise ValueError(f"snapshot is missing the field {exc.args[0]!r}") from None

@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from coral_solver.allocate_bound import Certified, certified_restriction
 from coral_solver.allocate_highs import HighsSolver, SolveResult
 from coral_solver.allocate_model import Prepared, Stage2Model, build_model, job_cap, prepare
 from coral_solver.queue import queue_unplaced
@@ -50,6 +51,10 @@ HIGHS_OPTIONS = {"mip_heuristic_run_root_reduced_cost": False}
 #: plan: RINS/RENS sub-MIPs there mostly re-find plans of that cost (extended scarce bench inputs:
 #: median 2.4 -> 1.8-2.1 s, worst 7.2 -> 4.3-5.3 s); in the served phase they pay for themselves
 COST_PHASE_OPTIONS = {"mip_heuristic_run_rins": False, "mip_heuristic_run_rens": False}
+
+#: share of the time limit the certified small restriction (solver.allocate_bound) may take
+#: before the whole model is solved instead
+CERTIFIED_SHARE = 0.4
 
 #: below this share of a model's template columns, excluding columns is not worth a MIP's risk
 MIN_EXCLUDED_SHARE = 0.1
@@ -223,6 +228,12 @@ def _allocate(
     began = time.perf_counter()
     policy = policy if policy is not None else Policy()
     data = prepare(models, library, cluster, policy)
+    if backend == "highs" and policy.prune:
+        # every demand met on a small restriction, proven optimal by per-model relaxations
+        certified = certified_restriction(models, library, cluster, policy, data,
+                                          began + CERTIFIED_SHARE * policy.time_limit_s)
+        if certified is not None:
+            return _certified_plan(certified, policy, began)
     sm = build_model(data)
     runner = _Runner(sm, policy, backend, began + policy.time_limit_s)
     phi, served, weighted = sm.demand["phi"], sm.demand["served"], sm.demand["weighted"]
@@ -280,6 +291,21 @@ def _allocate(
     phases["bound"] = float(outcome.bound)
     solved = dict(zip((m.name for m in data.models), result.x[served]))
     return _plan(data, rows, status, gap, time.perf_counter() - began, phases, solved)
+
+
+def _certified_plan(certified: Certified, policy: Policy, began: float) -> Plan:
+    """The plan of :func:`coral_solver.allocate_bound.certified_restriction`, with the gap proven
+    against the whole model."""
+    sm, result = certified.sm, certified.result
+    assert result.x is not None  # certified only with a point
+    objective = float(result.objective)
+    gap = max(objective - certified.bound, 0.0) / max(abs(objective), 1e-9)
+    status = "optimal" if gap <= policy.mip_gap + 1e-12 else "feasible"
+    phases = {"objective": objective, "bound": float(certified.bound),
+              "restricted_templates": float(certified.columns)}
+    solved = dict(zip((m.name for m in sm.data.models), result.x[sm.demand["served"]]))
+    return _plan(sm.data, decode(sm, result.x), status, gap, time.perf_counter() - began,
+                 phases, solved)
 
 
 def _fallback(models, library, cluster: Cluster, policy: Policy, data: Prepared, word: str,
@@ -525,6 +551,21 @@ def binding_constraints(data: Prepared, rows: list[PlanRow], served: dict[str, f
                  f"MaxSubmit={limits.max_submit}" if limits.max_submit is not None else ""]
         out.append(f"site limit {' / '.join(n for n in names if n)}: {sum(replicas.values())} "
                    f"replica jobs planned, {limits.other_jobs} other job(s) of this user")
+    preemptible = data.cluster.preemptible()
+    if preemptible:
+        offered = {data.models[int(data.model_of[j])].name for j, parts in
+                   enumerate(data.stage_parts) if any(p in preemptible for ps in parts.values()
+                                                       for p in ps)}
+        for row in rows:
+            if any(p in preemptible for p in row.partitions):
+                out.append(f"risk: {row.count} replica(s) of {row.model} on preemptible "
+                           f"{', '.join(sorted(set(row.partitions) & preemptible))}: Slurm may "
+                           "preempt them (resubmitted when it does); the model keeps a replica "
+                           "elsewhere")
+        for name in sorted(offered):
+            if not any(r.model == name and not (set(r.partitions) & preemptible) for r in rows):
+                out.append(f"model {name}: preemptible partitions unused: never a model's only "
+                           "replica")
     for model in data.models:
         if model.max_replicas is not None and replicas[model.name] >= model.max_replicas:
             out.append(f"model {model.name}: max_replicas {model.max_replicas} reached")

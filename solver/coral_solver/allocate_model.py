@@ -237,10 +237,11 @@ def _environment_group(cluster: Cluster, model: ModelSpec, template: Template,
     environment groups given); ``()`` = none (no group offers a partition for every stage type).
     Of several groups that could host it, the one with the most partitions for its types (then
     the first by name): conservative, a replica could not mix groups anyway."""
-    if template.pp == 1 or not cluster.environment_groups:
+    groups = cluster.pipeline_groups()
+    if template.pp == 1 or not groups:
         return None
     best: tuple[int, tuple[str, ...]] | None = None
-    for group in cluster.environment_groups:
+    for group in groups:
         reach = 0
         for gpu in template.stage_counts():
             usable = [p for p in price_names if p in group and model.allows_partition(p)
@@ -513,6 +514,42 @@ def define_quotas(lm: LinearModel, data: Prepared, sigma: dict) -> None:
             lm.add_terms(np.full(int(mask.sum()), row), sigma["sigma"][mask], tp[mask])
 
 
+def define_preemptible(lm: LinearModel, data: Prepared, sigma: dict) -> None:
+    """Preemptible capacity, never a model's only replica:
+
+        backed[m]:  Σ_{(j,g,p) ∈ m, p preemptible} sigma[j,g,p]
+                    − U_m · Σ_{(j,g,p) ∈ m, p not preemptible} sigma[j,g,p] ≤ 0
+
+    U_m bounds the model's preemptible stages (Σ_j u_j · pp_j), so the row only says "none
+    unless at least one stage elsewhere". A multi-stage replica keeps all its stages on one
+    side (:meth:`Cluster.pipeline_groups`), so a stage elsewhere is a whole replica that no
+    preemption takes: a model keeps serving, at its reduced capacity, while its preempted
+    replicas are resubmitted."""
+    preemptible = data.cluster.preemptible()
+    if not preemptible:
+        return
+    keys = sigma["keys"]
+    models = sorted({int(data.model_of[j]) for j, _, p in keys if p in preemptible})
+    if not models:
+        return
+    rows = dict(zip(models, lm.add_rows("backed", [(data.models[mi].name,) for mi in models],
+                                        -INF, 0.0)))
+    bound: dict[int, float] = {}
+    for j, template in enumerate(data.templates):
+        mi = int(data.model_of[j])
+        upper = float(data.upper[j]) if math.isfinite(data.upper[j]) else 1e6
+        bound[mi] = bound.get(mi, 0.0) + upper * template.pp
+    cols, row_ids, vals = [], [], []
+    for col, (j, _, p) in zip(sigma["sigma"], keys):
+        mi = int(data.model_of[j])
+        if mi not in rows:
+            continue
+        cols.append(col)
+        row_ids.append(rows[mi])
+        vals.append(1.0 if p in preemptible else -max(bound[mi], 1.0))
+    lm.add_terms(row_ids, cols, vals)
+
+
 def define_demand(lm: LinearModel, data: Prepared, nu: np.ndarray) -> dict:
     """served[m] ∈ [0, D_m], phi ∈ [0, 1] and
 
@@ -619,6 +656,7 @@ def build_model(data: Prepared) -> Stage2Model:
     sigma = define_stage_partitions(lm, data, nu)
     packing = define_packing(lm, data, sigma)
     define_quotas(lm, data, sigma)
+    define_preemptible(lm, data, sigma)
     demand = define_demand(lm, data, nu)
     true_cost = np.zeros(lm.num_cols)
     for col, (j, g, p) in zip(sigma["sigma"], sigma["keys"]):

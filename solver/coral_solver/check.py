@@ -107,6 +107,7 @@ def check_plan(
         total += row.count * cost
     for name, roles in role_capacity.items():  # a disaggregated request needs one of each
         capacity[name] = roles["both"] + min(roles["prefill"], roles["decode"])
+    problems += _check_preemptible(plan, cluster)
     for r, row in enumerate(plan.queued):
         problems += _check_queued(r, row, by_name, parts, cluster, replicas)
     over = np.nonzero(used > np.asarray(node_free, dtype=np.int64))[0]
@@ -205,3 +206,30 @@ def _check_template(t: Template, model: ModelSpec, tm, rel_tol: float) -> list[s
             out.append(f"template {t.id}: stage {stage.gpu_type} with {stage.layers} layers "
                        f"sustains {speed:.4g} < {t.throughput:.4g} req/s")
     return out
+
+
+def _check_preemptible(plan: Plan, cluster: Cluster) -> list[str]:
+    """A replica with a stage on a preemptible partition is preemptible as a whole; a model may
+    have such replicas only beside one that is not (never its only replica)."""
+    preemptible = cluster.preemptible()
+    if not preemptible:
+        return []
+    exposed: dict[str, int] = {}
+    safe: dict[str, int] = {}
+    problems = []
+    for r, row in enumerate(plan.rows):
+        hit = [p in preemptible for p in row.partitions]
+        if any(hit) and not all(hit):
+            problems.append(f"row {r} ({row.template.id}): stages on preemptible and other "
+                            "partitions in one replica")
+        counter = exposed if any(hit) else safe
+        counter[row.model] = counter.get(row.model, 0) + row.count
+    for model in sorted(exposed):
+        if not safe.get(model):
+            problems.append(f"model {model}: {exposed[model]} replica(s) on preemptible "
+                            "partitions and none elsewhere")
+    for r, row in enumerate(plan.queued):
+        if any(p in preemptible for p in row.partitions):
+            problems.append(f"queued row {r} ({row.template.id}): a model's only replica "
+                            "queued on a preemptible partition")
+    return problems

@@ -43,6 +43,8 @@ __all__ = [
     "is_calibrated",
     "kv_capacity_tokens",
     "measured_dirs",
+    "measured_pipeline_throughput",
+    "measured_pipelines",
     "measured_profiles",
     "stage_throughput",
     "step_latency_s",
@@ -106,6 +108,34 @@ def measured_profiles() -> dict[tuple[str, str, int], tuple[MeasuredProfile, ...
 
 def _measured() -> dict[tuple[str, str, int], tuple[MeasuredProfile, ...]]:
     return load_measured(measured_dirs(), _profiles)
+
+
+def measured_pipelines() -> dict[tuple[str, str, int], tuple[MeasuredProfile, ...]]:
+    """Every measured pipeline profile in use (``pipelines/`` of each measured folder), keyed by
+    (arch, gpu, tp): one GPU type on every stage (``coral-hpc profile --pp N``)."""
+    return load_measured(measured_dirs(), _profiles, pipelines=True)
+
+
+def measured_pipeline_throughput(arch: ModelArch, gpu: GpuSpec, tp: int,
+                                 split: tuple[int, ...], slo: Slo, mix: Mix
+                                 ) -> tuple[float, str] | None:
+    """(requests/s, profile file) a measured pipeline of exactly this layout (``split``: layers
+    per stage, in order, every stage on ``gpu``) served at ``mix`` within an SLO at least as
+    strict as ``slo``; the best such point, or None. The whole replica's figure: the engine's
+    real pipeline accounting, which the model's per-stage figure only estimates."""
+    best: tuple[float, str] | None = None
+    for profile in measured_pipelines().get((arch.name, gpu.name, tp), ()):
+        if profile.layer_partition != tuple(split) or (
+                profile.stage_gpus and set(profile.stage_gpus) != {gpu.name}):
+            continue  # another split, or a mixed-GPU pipeline (its first stage's type only)
+        for p in profile.throughput:
+            if (p.input_tokens, p.output_tokens) != (mix.input_tokens, mix.output_tokens):
+                continue
+            if p.ttft_s > slo.ttft_s or p.tpot_s > slo.tpot_s:
+                continue
+            if best is None or p.requests_per_s > best[0]:
+                best = (p.requests_per_s, profile.path)
+    return best
 
 
 # --- rules ----------------------------------------------------------------------------------
@@ -368,11 +398,14 @@ def _model_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_sta
 
 def throughput_from_coeffs(c: StageCoeffs, cap: int, n_stages: int, slo: Slo, mix: Mix,
                            prompts_stall_ring: bool | None = None,
-                           overhead_s: float | None = None) -> float:
+                           overhead_s: float | None = None,
+                           poisson_tail: bool = True) -> float:
     """Requests/s one stage with step-time coefficients ``c`` and ``cap`` KV tokens sustains
     (the search :func:`stage_throughput` runs, on any coefficients: e.g. ones fitted to a
     measured engine). ``prompts_stall_ring`` None: :data:`PROMPTS_STALL_RING`;
-    ``overhead_s`` None: the calibration's per-step engine overhead."""
+    ``overhead_s`` None: the calibration's per-step engine overhead. ``poisson_tail`` False:
+    only the mean TPOT and TTFT tests, for a closed-loop load (a fixed number of clients, as
+    ``coral-hpc profile`` measures), which has no Poisson surge and no queue for KV slots."""
     cal = _calibration()
     ring = PROMPTS_STALL_RING if prompts_stall_ring is None else prompts_stall_ring
     n_in, n_out = mix.input_tokens, mix.output_tokens
@@ -429,6 +462,8 @@ def throughput_from_coeffs(c: StageCoeffs, cap: int, n_stages: int, slo: Slo, mi
         # independent arrivals: sqrt(n) = sqrt(S b) x (1 - rho), where 1 - rho = (empty step) /
         # (mean step) is the share of a step not spent on per-request work. Checked against
         # the engine in virtual time (bench/slo.py): >= 95 % at the capacity this returns.
+        if not poisson_tail:
+            return slo.ttft_s - S * (t + prompt_step) > 0, t
         spare = step_empty / t
         surge = 1.0 + _Z / math.sqrt(spare * S * b)
         if _tail_step(lambda x: step(b * surge * x / t, R * b * surge * x / (t * n_out)),

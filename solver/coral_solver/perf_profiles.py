@@ -115,6 +115,12 @@ class MeasuredProfile:
     source: str
     throughput: tuple[ThroughputPoint, ...]
     step_latency: tuple[StepPoint, ...]
+    #: pipeline profiles (``pipelines/…__pp<N>.yaml``, ``coral-hpc profile --pp N``): stages and
+    #: layers per stage; their throughput is the whole replica's, their steps end to end
+    pp: int = 1
+    layer_partition: tuple[int, ...] = ()
+    #: each stage's GPU type when they differ (a hetjob pipeline; ``gpu`` is the first stage's)
+    stage_gpus: tuple[str, ...] = ()
 
 
 def _num(path: Path, where: str, entry: dict[str, Any], field: str, kind: type, minimum: float):
@@ -249,21 +255,43 @@ def parse_measured(path: Path, profiles: Path | None = None) -> MeasuredProfile:
             context_tokens=_num(path, where, entry, "context_tokens", int, 0),
             seconds=_num(path, where, entry, "seconds", float, 1e-9),
         ))
+    pp = _num(path, "top level", {"pp": data.get("pp", 1)}, "pp", int, 1)
+    split: tuple[int, ...] = ()
+    if pp > 1:
+        try:
+            split = tuple(int(x) for x in str(data.get("layer_partition", "")).split(","))
+        except ValueError:
+            split = ()
+        if len(split) != pp or min(split) < 1 or sum(split) != arch.layers:
+            raise CatalogError(
+                f"{path}: field 'layer_partition' = {data.get('layer_partition')!r}: expected {pp} "
+                f"positive layer counts separated by commas, summing to {arch.layers}")
+    stage_gpus: list[str] = []
+    for i, name in enumerate(data.get("stage_gpus") or []):
+        canonical = canonical_gpu_name(str(name), profiles)
+        if canonical is None:
+            raise CatalogError(f"{path}: stage_gpus[{i}]: unknown GPU type {name!r}")
+        stage_gpus.append(canonical)
+    if stage_gpus and len(stage_gpus) != pp:
+        raise CatalogError(f"{path}: field 'stage_gpus': {len(stage_gpus)} GPU types for {pp} "
+                           "stages; expected one per stage")
     return MeasuredProfile(
         path=str(path), arch=arch.name, gpu=gpu, tp=tp, layers=layers,
         source=str(data.get("source", "")), throughput=tuple(throughput), step_latency=tuple(steps),
+        pp=pp, layer_partition=split, stage_gpus=tuple(stage_gpus),
     )
 
 
 @functools.lru_cache(maxsize=8)
-def load_measured(measured_dirs: tuple[Path, ...], profiles: Path | None = None
-                  ) -> dict[tuple[str, str, int], tuple[MeasuredProfile, ...]]:
-    """All measured profiles under ``measured_dirs`` (``*.yaml``), keyed by (arch, gpu, tp)."""
+def load_measured(measured_dirs: tuple[Path, ...], profiles: Path | None = None,
+                  pipelines: bool = False) -> dict[tuple[str, str, int], tuple[MeasuredProfile, ...]]:
+    """All measured single-process profiles under ``measured_dirs`` (``*.yaml``), keyed by
+    (arch, gpu, tp); ``pipelines``: the pipeline profiles (``pipelines/*.yaml``) instead."""
     found: dict[tuple[str, str, int], list[MeasuredProfile]] = {}
     for folder in measured_dirs:
         if not folder.is_dir():
             continue
-        for path in sorted(folder.glob("*.yaml")):
+        for path in sorted((folder / "pipelines" if pipelines else folder).glob("*.yaml")):
             profile = parse_measured(path, profiles)
             found.setdefault((profile.arch, profile.gpu, profile.tp), []).append(profile)
     return {key: tuple(v) for key, v in found.items()}

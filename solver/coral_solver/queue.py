@@ -37,6 +37,8 @@ def _fits(option: QueueOption, template: Template, model: ModelSpec, cluster: Cl
         return False
     if (template.id, gpu, option.partition) in cluster.excluded_stages:
         return False
+    if option.partition in cluster.preemptible():
+        return False  # a queued replica is the model's only one: never a preemptible one
     cap = cluster.job_limits.max_nodes_by_partition.get(option.partition)
     return cap is None or template.pp <= cap
 

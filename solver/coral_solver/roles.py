@@ -10,7 +10,7 @@ bandwidth per cost is. Which templates a model gets follows ``ModelSpec.disaggre
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Protocol, TypeGuard
 
@@ -66,16 +66,17 @@ def supports_phases(tm: object) -> TypeGuard[PhaseThroughputModel]:
 
 def phase_templates(tm: PhaseThroughputModel, model: ModelSpec,
                     gpu_types: Mapping[str, tuple[int, float]], policy: Policy,
-                    role: Role) -> list[Template]:
+                    role: Role, tps: Iterable[int] | None = None) -> list[Template]:
     """Every non-dominated ``role`` template of one model (exact best layout per multiset);
-    dominance is decided among templates of the same role only."""
+    dominance is decided among templates of the same role only. ``tps``: only these TP
+    degrees (see :func:`coral_solver.templates.model_templates`)."""
     from coral_solver.templates import model_templates  # here: templates imports this module
 
     if role not in PHASES:
         raise ValueError(f"role {role!r}: expected one of {PHASES}")
     kv = float(tm.kv_bytes_per_request(model))
     return [replace(t, role=role, kv_bytes_per_request=kv)
-            for t in model_templates(_PhaseView(tm, role), model, gpu_types, policy)]
+            for t in model_templates(_PhaseView(tm, role), model, gpu_types, policy, tps)]
 
 
 def check_phase_template(t: Template, model: ModelSpec, tm, rel_tol: float) -> list[str]:

@@ -115,6 +115,24 @@ class PerfThroughput:
     def calibrated(self, model: ModelSpec, gpu_type: str) -> bool:
         return bool(self._perf.is_calibrated(self._arch(model), self._gpu(gpu_type)))
 
+    def measured_pipelines(self, model: ModelSpec, tp: int
+                           ) -> list[tuple[str, tuple[int, ...], float]]:
+        """(GPU type, layers per stage, replica requests/s) of every measured pipeline of
+        ``model`` at TP ``tp`` that served the model's mix within its SLO or a stricter one."""
+        arch = self._arch(model)
+        slo = self._perf.Slo(ttft_s=model.ttft_s, tpot_s=model.tpot_s)
+        mix = self._perf.Mix(input_tokens=model.input_tokens, output_tokens=model.output_tokens)
+        out = []
+        for (name, gpu, ptp), profiles in self._perf.measured_pipelines().items():
+            if name != arch.name or ptp != tp:
+                continue
+            for split in dict.fromkeys(p.layer_partition for p in profiles):
+                found = self._perf.measured_pipeline_throughput(
+                    arch, self._gpu(gpu), tp, split, slo, mix)
+                if found is not None:
+                    out.append((gpu, split, found[0]))
+        return out
+
     def phase_throughput(self, model: ModelSpec, gpu_type: str, tp: int, layers: int,
                          stages: int, role: str) -> float:
         """Requests/s one stage of a prefill-only or decode-only replica sustains."""
@@ -145,7 +163,8 @@ class PerfThroughput:
         # measured profiles may live outside the package (a site's profiles_dir): a new or
         # changed measurement must invalidate the cached Stage-1 library
         for folder in getattr(self._perf, "measured_dirs", lambda: ())():
-            for path in sorted(Path(folder).glob("*.yaml")):
+            for path in sorted(Path(folder).glob("*.yaml")) + sorted(
+                    Path(folder).glob("pipelines/*.yaml")):
                 digest.update(str(path).encode())
                 digest.update(path.read_bytes())
         for module in (self._perf, self._catalog):
@@ -256,16 +275,22 @@ def model_templates(
     model: ModelSpec,
     gpu_types: Mapping[str, tuple[int, float]],
     policy: Policy,
+    tps: Iterable[int] | None = None,
 ) -> list[Template]:
     """Every non-dominated template of one model (exact best layout per node multiset).
 
-    ``gpu_types``: GPU type → (most GPUs on one node, GPU memory GB).
+    ``gpu_types``: GPU type → (most GPUs on one node, GPU memory GB). ``tps``: only these TP
+    degrees (a shard of the work, :mod:`coral_solver.stage1`; dominance never crosses TP degrees,
+    since a template uses configurations of its own TP only, so shards concatenate exactly).
     """
     layers = tm.layers(model)
     budget = policy.rho * tm.weight_gb(model)
     usable = sorted(g for g in gpu_types if model.allows_gpu(g) and tm.runs_on(model, g))
     out: list[Template] = []
+    wanted = None if tps is None else set(tps)
     for tp in tm.tp_degrees(model, policy.max_tp):
+        if wanted is not None and tp not in wanted:
+            continue
         types = [g for g in usable if gpu_types[g][0] >= tp]
         if not types:
             continue
@@ -290,7 +315,32 @@ def model_templates(
                         calibrated=all(tm.calibrated(model, s.gpu_type) for s in stage_list),
                     )
                 )
-    return drop_dominated(out)
+    return drop_dominated(_with_measured_pipelines(tm, model, gpu_types, policy, out))
+
+
+def _with_measured_pipelines(tm: ThroughputModel, model: ModelSpec,
+                             gpu_types: Mapping[str, tuple[int, float]], policy: Policy,
+                             templates: list[Template]) -> list[Template]:
+    """``templates`` with every measured pipeline (``coral-hpc profile --pp N``) of the model
+    taking its measured replica figure: the template of the same stages gets it in place of the
+    per-stage model's, and a measured layout the model did not produce is added. A measurement
+    is the engine's real pipeline accounting; the model's per-stage figure only estimates it."""
+    measured_of = getattr(tm, "measured_pipelines", None)
+    if measured_of is None:
+        return templates
+    out = list(templates)
+    for tp in tm.tp_degrees(model, policy.max_tp):
+        for gpu, split, rps in measured_of(model, tp):
+            if (gpu not in gpu_types or not model.allows_gpu(gpu) or gpu_types[gpu][0] < tp
+                    or len(split) > policy.n_max):
+                continue
+            if len(split) * tp * gpu_types[gpu][1] > policy.rho * tm.weight_gb(model) + 1e-9:
+                continue
+            stages = tuple(Stage(gpu, n) for n in split)
+            out = [t for t in out if not (t.tp == tp and t.stages == stages)]
+            out.append(Template(model=model.name, tp=tp, stages=stages, throughput=float(rps),
+                                calibrated=True))
+    return out
 
 
 def library_templates(

@@ -118,6 +118,9 @@ class Partition:
     usable: bool = True  #: False when the partition is down/drained/inactive
     prices: Mapping[str, float] | None = None  #: per GPU-hour per GPU type
     billing: Billing | None = None  #: or Slurm billing of the job shape
+    #: jobs here may be preempted (a scavenger partition, a QOS others preempt): Stage 2 puts a
+    #: model's replicas here only beside one of its replicas that is not (never its only one)
+    preemptible: bool = False
 
     def gpu_hour_cost(self, gpu_type: str) -> float | None:
         """Cost per hour of one GPU of ``gpu_type`` here; None when not priced (not allowed)."""
@@ -244,6 +247,27 @@ class Cluster:
     #: disaggregated models together); None = not a limit (a non-blocking fabric, where each
     #: node's own link, priced in Stage 1, is what binds)
     kv_fabric_gbs: float | None = None
+
+    def pipeline_groups(self) -> tuple[tuple[str, ...], ...]:
+        """The partitions one multi-stage replica may spread over: the engine-environment
+        groups (all partitions when none are given), each split into its preemptible and its
+        other partitions when some are preemptible, so a replica is preemptible as a whole or
+        not at all."""
+        preemptible = {p.name for p in self.partitions if p.preemptible}
+        if not preemptible:
+            return self.environment_groups
+        groups = self.environment_groups or (tuple(sorted(p.name for p in self.partitions)),)
+        out = []
+        for group in groups:
+            for part in (tuple(p for p in group if p not in preemptible),
+                         tuple(p for p in group if p in preemptible)):
+                if part:
+                    out.append(part)
+        return tuple(out)
+
+    def preemptible(self) -> frozenset[str]:
+        """Names of the partitions whose jobs may be preempted."""
+        return frozenset(p.name for p in self.partitions if p.preemptible)
 
     def node_group(self, name: str) -> NodeGroup:
         for group in self.node_groups:

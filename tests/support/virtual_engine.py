@@ -64,8 +64,7 @@ def simulate(shape: EngineShape, workload: Workload) -> list[RequestResult]:
             if batch is None:
                 continue
             busy[e] = batch
-            times = model.stage_times(batch.decode_seqs, batch.prefill_tokens,
-                                      batch.context_tokens)
+            times = model.batch_times(batch)
             end = clock.reserve(now, [t / shape.speed for t in times])
             heapq.heappush(events, (end, order := order + 1, 0, e))
 

@@ -96,6 +96,8 @@ TEXT_CASES = [
      "cluster.partitions[1].name", 9, "not a Slurm partition name"),
     ("tiny-poll", (BASE + "policy: {poll_interval_s: 0.05}\n").encode(), "policy.poll_interval_s",
      21, "greater than or equal to 1"),
+    ("huge-queue-horizon", (BASE + "policy: {max_queue_wait_s: 1e12}\n").encode(),
+     "policy.max_queue_wait_s", 21, "less than or equal to 604800"),
     ("int-top-key", (BASE + "1: x\n").encode(), None, 21, "keys should be strings"),
     ("null-cluster",
      _edit(BASE, "cluster:\n  partitions:", "cluster: null\nold:\n  partitions:").encode(),

@@ -44,7 +44,7 @@ def test_external_tokens_leave_the_last_prompt_token_to_compute(external):
 
 
 def _constant(seconds: float):
-    def stage_times(decode_seqs: int, prefill_tokens: int, context_tokens: int):
+    def stage_times(batch):
         return (seconds,)
 
     return stage_times

@@ -201,3 +201,21 @@ def test_filler_is_deterministic_per_prompt_and_starts_with_sim():
     assert wa == [b.next_token() for _ in range(30)]
     assert wa != [c.next_token() for _ in range(30)]
     assert wa[0] == "sim "
+
+
+def test_batch_times_bill_prompt_chunks_per_sequence_as_the_planner_does():
+    """A step with four 2,048-token prompts: each chunk attends to half of itself, not to half of
+    all 8,192 prompt tokens (the old one-long-chunk billing charged 4x the attention)."""
+    from coral_hpc.engine.batching import Batch, Sequence
+
+    layout = Layout(arch="gpt-oss-20b", tp=2, gpu_types=("h100",), layers=(24,))
+    model = StepModel(layout)
+    prompts = tuple((Sequence(str(i), 2048, 8), 2048) for i in range(4))
+    running = Sequence("d", 100, 8)
+    running.computed = 500
+    batch = Batch(engine=0, decode=(running,), prefill=prompts)
+    arch, gpu = catalog.model_arch("gpt-oss-20b"), catalog.gpu_spec("h100")
+    per_sequence = perf.step_latency_s(arch, gpu, 2, 24, 1, 4 * 2048, 501, prefill_ctx=1024.0)
+    one_chunk = perf.step_latency_s(arch, gpu, 2, 24, 1, 4 * 2048, 501)  # ctx 4,096
+    assert model.batch_times(batch) == (per_sequence,)
+    assert per_sequence < 0.9 * one_chunk

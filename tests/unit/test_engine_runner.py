@@ -9,7 +9,7 @@ from coral_hpc.engine.runner import SimEngine
 
 
 def _constant(seconds: float, stages: int = 1):
-    def stage_times(decode_seqs: int, prefill_tokens: int, context_tokens: int):
+    def stage_times(batch):
         return (seconds,) * stages
 
     return stage_times
@@ -96,8 +96,8 @@ def test_pipeline_stages_overlap_micro_batches_of_the_virtual_engines():
     two engines (vLLM's PP): batches of 4 take 8 + 8 ms, and while one is on stage 2 the other
     is on stage 1, so each engine gets a token every 16 ms -> about 4 + 19 x 16 = 0.31 s."""
 
-    def per_seq(decode_seqs: int, prefill_tokens: int, context_tokens: int):
-        return (0.002 * max(decode_seqs, 1),) * 2
+    def per_seq(batch):
+        return (0.002 * max(batch.decode_seqs, 1),) * 2
 
     async def main(engines: int) -> float:
         engine = SimEngine(Scheduler(kv_capacity_tokens=4096, num_engines=engines), per_seq)

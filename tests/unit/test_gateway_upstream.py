@@ -4,6 +4,7 @@ timeouts. (The end-to-end behaviour through the gateway is in tests/e2e/test_gat
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -151,6 +152,158 @@ def test_a_replica_dying_mid_body_is_an_error_not_a_short_answer():
             await conn.read_body(2.0)
         pool.release(conn)
         assert pool._idle == []
+        server.close()
+
+    asyncio.run(main())
+
+
+def _slow_accepting_server(backlog: int, accept_every_s: float):
+    """A replica whose event loop is busy: a listen queue of ``backlog`` and one ``accept`` per
+    ``accept_every_s``; each accepted connection answers one request at once (thread per
+    connection). Returns (base URL, stop)."""
+    import socket
+    import threading
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(backlog)
+    listener.settimeout(0.1)
+    stopped = threading.Event()
+
+    def answer(sock: socket.socket) -> None:
+        with sock:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += sock.recv(4096)
+            sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+
+    def accept_loop() -> None:
+        while not stopped.is_set():
+            try:
+                sock, _ = listener.accept()
+            except OSError:
+                continue
+            threading.Thread(target=answer, args=(sock,), daemon=True).start()
+            time.sleep(accept_every_s)
+        listener.close()
+
+    threading.Thread(target=accept_loop, daemon=True).start()
+    return f"http://127.0.0.1:{listener.getsockname()[1]}", stopped.set
+
+
+@pytest.mark.parametrize("max_opening, all_answered", [(4, True), (10_000, False)])
+def test_a_burst_of_new_connections_is_bounded_so_a_slow_accepting_replica_never_drops_a_syn(
+        max_opening, all_answered):
+    # 120 requests at once to a replica with a listen queue of 8 accepting one connection per
+    # 10 ms (its event loop busy). Unbounded, the kernel drops the SYNs (or handshake ACKs)
+    # beyond the queue and the requests wait for TCP retransmits past the 1.5 s connect and
+    # 2.5 s read timeouts (the soak's 502s); with at most 4 connections opening at once the
+    # queue never overflows and every request is answered.
+    url, stop = _slow_accepting_server(backlog=8, accept_every_s=0.01)
+
+    async def one(pool: UpstreamPool) -> bool:
+        try:
+            conn = await pool.post("/x", HEADERS, b"{}")
+        except UpstreamError:
+            return False
+        try:
+            return await conn.read_body(2.5) == b"ok"
+        finally:
+            pool.release(conn)
+
+    async def main() -> list[bool]:
+        pool = UpstreamPool(url, 1.5, 2.5, max_opening=max_opening)
+        return await asyncio.gather(*(one(pool) for _ in range(120)))
+
+    try:
+        answered = asyncio.run(main())
+    finally:
+        stop()
+    if all_answered:
+        assert all(answered)
+    else:
+        assert answered.count(False) > 20      # the control: the setup does overflow the queue
+
+
+def test_pipe_hands_every_byte_to_the_sink_and_times_out_only_on_silence():
+    """Piped reads: the body, byte-identical, in as many sink calls as reads; a stream whose
+    events come more often than the timeout lives longer than it, silence past it fails."""
+    events = [b"data: {\"n\": %d}\n\n" % i for i in range(6)]
+
+    async def handler(reader, writer):
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                     b"Transfer-Encoding: chunked\r\n\r\n")
+        for event in events:
+            writer.write(b"%x\r\n%s\r\n" % (len(event), event))
+            await writer.drain()
+            await asyncio.sleep(0.1)            # 0.6 s in all, each gap under the 0.25 s timeout
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(1)
+
+    async def main():
+        server, url = await _serve(handler)
+        pool = UpstreamPool(url, 2.0, 0.25)
+        conn = await pool.post("/v1/completions", HEADERS, b"{}")
+        got: list[bytes] = []
+        await conn.pipe(got.append, 0.25)
+        assert b"".join(got) == b"".join(events) and len(got) >= 2
+        pool.release(conn)
+        assert pool.idle_count == 1              # read whole: back to the pool
+        server.close()
+
+    asyncio.run(main())
+
+
+def test_a_piped_stream_that_goes_silent_fails_after_the_timeout():
+    async def handler(reader, writer):
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                     b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
+        await writer.drain()
+        await asyncio.sleep(5)
+
+    async def main():
+        server, url = await _serve(handler)
+        pool = UpstreamPool(url, 2.0, 2.0)
+        conn = await pool.post("/x", HEADERS, b"{}")
+        got: list[bytes] = []
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with pytest.raises(UpstreamError, match="sent nothing for 0.3 s"):
+            await conn.pipe(got.append, 0.3)
+        waited = loop.time() - started
+        pool.release(conn)
+        server.close()
+        return got, waited
+
+    got, waited = asyncio.run(main())
+    assert got == [b"hello"] and 0.25 <= waited < 2.0
+
+
+def test_a_connection_paused_as_its_answer_ended_reads_again_when_reused():
+    """Found in bench/gateway_stream.py: a slow client paused the replica connection just as the
+    last chunk came in; pooled while paused, its next request never got an answer."""
+    async def handler(reader, writer):
+        for _ in range(2):
+            await _read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                         b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
+            await writer.drain()
+        await asyncio.sleep(1)
+
+    async def main():
+        server, url = await _serve(handler)
+        pool = UpstreamPool(url, 2.0, 2.0)
+        conn = await pool.post("/x", HEADERS, b"{}")
+        first = conn
+        await conn.pipe(lambda chunk: conn.pause(), 2.0)     # the client stopped reading
+        pool.release(conn)
+        conn = await pool.post("/x", HEADERS, b"{}")
+        assert conn is first                                 # the pooled connection
+        assert await conn.read_body(2.0) == b"hello"
+        pool.release(conn)
         server.close()
 
     asyncio.run(main())

@@ -222,6 +222,37 @@ def test_a_daemon_adopts_only_its_own_instance_and_leaves_unreadable_jobs_alone(
     store.close()
 
 
+def test_a_job_from_before_instance_tags_is_adopted_when_its_spec_in_our_folder_says_so(
+        tmp_path: Path):
+    """Upgrading must not orphan the replicas serving then: a job whose tag names no instance
+    is ours when its spec.json in our state folder names this deployment and replica and was
+    written for this folder; one whose spec was written for another folder is left alone."""
+    from dataclasses import replace as copy
+
+    slurm = FakeSlurm(recorded_snapshot(), clock=lambda: NOW)
+    deployment, store, daemon = _daemon(tmp_path, "aaaaaaaaaaaa", slurm)
+    old = replica_spec(deployment, "qwen3-8b", "r-old", "t-old", LAYOUT, api_key_file=None)
+    assert old.instance == "" and old.tag.instance == ""   # as every job before instances
+    old.write()
+    slurm.add_job(_job("601", old.tag))
+    # a spec.json copied here from another state folder (another copy of the deployment)
+    moved = copy(replica_spec(deployment, "qwen3-8b", "r-moved", "t-old", LAYOUT,
+                              api_key_file=None), state_path=str(tmp_path / "elsewhere"))
+    spec_file = deployment.state_path / "replicas" / "r-moved" / "spec.json"
+    spec_file.parent.mkdir(parents=True)
+    spec_file.write_text(moved.to_json())
+    slurm.add_job(_job("602", moved.tag))
+    for _ in range(2):
+        daemon.reconcile_once()
+    (adopted,) = store.replicas(live_only=False)
+    assert (adopted.id, adopted.job_id, adopted.layout) == ("r-old", "601", LAYOUT)
+    assert {j.job_id for j in daemon.last_observed.snapshot.jobs} == {"601"}
+    assert "602" not in {job_id for job_id, _, _ in slurm.cancelled}
+    left_alone = [e.message for e in store.events(limit=50) if e.kind == "foreign_job"]
+    assert len(left_alone) == 1 and "602" in left_alone[0]
+    store.close()
+
+
 def test_logs_find_a_replica_by_job_id_without_the_database(tmp_path: Path):
     """From a login node other than the daemon's there is no database: the shared log folder
     alone answers for a replica id or a job id."""

@@ -260,3 +260,24 @@ def test_batched_prompt_chunks_attend_per_sequence():
     # and the per-sequence accounting is linear in the prompts, as the planner's step charges
     over = perf._calibration().step_overhead_s
     assert four - over == pytest.approx(4 * (one - over), rel=0.02)
+
+
+def test_a_closed_loop_has_no_poisson_surge_so_it_serves_at_least_as_much():
+    """``poisson_tail=False`` (a fixed number of clients, as ``coral-hpc profile`` loads the
+    engine) keeps only the mean TPOT and TTFT tests: never less than the open-loop figure, and
+    more where the surge test binds — as for a prompt-heavy mix on a slow stage."""
+    from coral_solver.perf_model import StageCoeffs
+
+    coeffs = StageCoeffs(flops_per_token=4.7e-4, lm_head_flops=0.0, attn_flops=0.0, flops=1.0,
+                         attn_flops_rate=1.0, dense_bytes=0.0, expert_bytes=0.0, expert_pick=0.0,
+                         weight_bw=1.0, kv_bytes_per_token=0.0, kv_bw=1.0, overlap=1.0,
+                         floor_s=0.0, comm_alpha_s=0.0, comm_s_per_token=0.0, hidden_bytes=512.0)
+    for mix in (perf.Mix(438, 6), perf.Mix(32, 64)):
+        args = (coeffs, 1 << 20, 1, perf.Slo(4.0, 0.4), mix)
+        open_loop = perf.throughput_from_coeffs(*args, overhead_s=0.0127)
+        closed = perf.throughput_from_coeffs(*args, overhead_s=0.0127, poisson_tail=False)
+        assert closed >= open_loop
+    assert open_loop > 0
+    prompt_heavy = (coeffs, 1 << 20, 1, perf.Slo(4.0, 0.4), perf.Mix(438, 6))
+    assert perf.throughput_from_coeffs(*prompt_heavy, overhead_s=0.0127) == 0.0
+    assert perf.throughput_from_coeffs(*prompt_heavy, overhead_s=0.0127, poisson_tail=False) > 4

@@ -367,11 +367,18 @@ def test_validate_warns_for_what_this_slurm_cannot_give(busy, tmp_path):
     assert not any("Slurm has no partition" in w for w in json.loads(out.output)["warnings"])
 
 
-def test_the_users_other_jobs_count_against_max_jobs_only_in_the_default_account(busy):
-    deployment = load_deployment(UNIVERSITY)
-    crowded = replace(busy, other_user_jobs=3)
-    assert availability.job_limits(deployment, crowded).other_jobs == 0  # account ai-lab
+def test_the_users_other_jobs_count_against_max_jobs_in_the_deployments_account(busy):
+    deployment = load_deployment(UNIVERSITY)  # cluster.account: ai-lab
+    crowded = replace(busy, other_user_jobs=5,
+                      other_user_jobs_by_account={"ai-lab": 2, "teaching": 3})
+    assert availability.job_limits(deployment, crowded).other_jobs == 2
+    # a job whose account squeue did not say counts, to be safe; so do all of them when no
+    # account is known at all (a snapshot saved before squeue was asked for it)
+    unknown = replace(crowded, other_user_jobs=6,
+                      other_user_jobs_by_account={"ai-lab": 2, "teaching": 3, "": 1})
+    assert availability.job_limits(deployment, unknown).other_jobs == 3
+    assert availability.job_limits(deployment, replace(busy, other_user_jobs=4)).other_jobs == 4
     default = deployment.model_copy(
         update={"cluster": deployment.cluster.model_copy(update={"account": None})}
     )
-    assert availability.job_limits(default, crowded).other_jobs == 3
+    assert availability.job_limits(default, crowded).other_jobs == 5

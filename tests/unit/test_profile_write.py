@@ -46,9 +46,54 @@ def test_written_profile_parses_and_answers_the_plan(tmp_path):
         perf.configure()
 
 
-def test_pipeline_profiles_go_where_the_solver_does_not_read(tmp_path):
+RECORDED_PP2 = REPO / "tests/data/profiles/pipelines/coral-tiny-llama__v100__tp1__pp2.yaml"
+
+
+def test_pipeline_profiles_go_under_pipelines_and_keep_their_split(tmp_path):
     path = profile_path(tmp_path, "coral-tiny-llama", "v100", 1, pp=2)
     assert path.parent.name == "pipelines"
+    # recorded by `coral-hpc profile --pp 2` on the real engine (bench/paper_pp_configs)
+    parsed = parse_measured(RECORDED_PP2)
+    assert (parsed.pp, parsed.layer_partition) == (2, (2, 2))
+
+
+def test_a_measured_pipeline_gives_its_template_the_measured_replica_figure(tmp_path):
+    """Stage 1 takes the engine's measured req/s for the exact pipeline layout (the per-stage
+    model's figure only estimates the pipeline), at the same mix and an SLO as loose or looser;
+    the plan's figures column says which file it came from."""
+    from coral_hpc.plan.figures import figures_used
+    from coral_solver.templates import PerfThroughput, _with_measured_pipelines, model_templates
+    from coral_solver.types import ModelSpec, Policy
+
+    (tmp_path / "pipelines").mkdir()
+    (tmp_path / "pipelines" / RECORDED_PP2.name).write_text(RECORDED_PP2.read_text())
+    policy = Policy(n_max=3, rho=1e5, max_tp=1)
+    gpus = {"v100": (4, 32.0)}
+
+    def model(ttft: float, tpot: float) -> ModelSpec:
+        return ModelSpec(name="tiny", arch="coral-tiny-llama", demand_rps=1.0, ttft_s=ttft,
+                         tpot_s=tpot, input_tokens=438, output_tokens=6)
+
+    try:
+        perf.configure(measured=[tmp_path])
+        tm = PerfThroughput()
+        loose, strict = model(4.0, 0.4), model(4.0, 0.2)
+        pipes = [t for t in _with_measured_pipelines(tm, loose, gpus, policy, []) if t.pp == 2]
+        assert [(t.stages[0].layers, t.stages[1].layers, t.throughput) for t in pipes] == [
+            (2, 2, pytest.approx(4.5789))]
+        assert figures_used(pipes[0], "coral-tiny-llama") == (
+            f"measured pipeline ({RECORDED_PP2.name})")
+        # in the library it competes: a single node serving more per GPU dominates it
+        library = model_templates(tm, loose, gpus, policy)
+        best_single = max(t.throughput for t in library if t.pp == 1)
+        kept = [t for t in library if t.pp == 2 and t.stages == pipes[0].stages]
+        assert kept == ([] if best_single >= 4.5789 else pipes)
+        # a stricter SLO than the one measured: the measurement says nothing
+        assert _with_measured_pipelines(tm, strict, gpus, policy, []) == []
+        assert all(figures_used(t, "coral-tiny-llama") != f"measured pipeline ({RECORDED_PP2.name})"
+                   for t in model_templates(tm, strict, gpus, policy))
+    finally:
+        perf.configure()
 
 
 def test_prompts_have_the_exact_length_and_differ_by_salt():
@@ -71,3 +116,37 @@ def test_tasks_follow_models_yaml_and_reject_unknown_names():
         profile_tasks(deployment, models=["nope"])
     assert [t.pp for t in profile_tasks(deployment, models=["tiny-chat"], pp_degrees=(1, 2))] \
         == [1, 2]
+
+
+def test_a_pipeline_over_named_partitions_is_one_task_with_a_stage_each():
+    """``--stages v100,v100,a100``: PP 3 where no partition has three nodes (a hetjob); the
+    profile's name says every stage's GPU type, so it never passes for a one-type pipeline."""
+    from coral_hpc.profile.run import pipeline_task
+
+    deployment = load_deployment(REPO / "examples" / "vllm-cpu.yaml")
+    task = pipeline_task(deployment, "tiny-qwen2", ["v100", "v100", "a100"])
+    assert (task.pp, task.stage_places) == (3, (("v100", "v100"), ("v100", "v100"),
+                                                ("a100", "a100")))
+    assert task.gpu_label == "v100+v100+a100"
+    assert profile_path(REPO, task.architecture, task.gpu_label, 1, task.pp).name == (
+        "coral-tiny-qwen2__v100+v100+a100__tp1__pp3.yaml")
+    with pytest.raises(ProfileError, match=r"partition 'h100' not in cluster.partitions"):
+        pipeline_task(deployment, "tiny-qwen2", ["v100", "h100"])
+    with pytest.raises(ProfileError, match="at least two partitions"):
+        pipeline_task(deployment, "tiny-qwen2", ["v100"])
+
+
+def test_a_mixed_gpu_pipeline_profile_never_answers_for_a_one_type_pipeline(tmp_path):
+    doc = RECORDED_PP2.read_text().replace("layer_partition: 2,2", "layer_partition: 2,2\n"
+                                           "stage_gpus: [v100, a100]")
+    (tmp_path / "pipelines").mkdir()
+    (tmp_path / "pipelines" / "coral-tiny-llama__v100+a100__tp1__pp2.yaml").write_text(doc)
+    try:
+        perf.configure(measured=[tmp_path])
+        arch, gpu = catalog.model_arch("coral-tiny-llama"), catalog.gpu_spec("v100")
+        (profile,) = perf.measured_pipelines()[(arch.name, gpu.name, 1)]
+        assert profile.stage_gpus == ("v100", "a100")
+        assert perf.measured_pipeline_throughput(
+            arch, gpu, 1, (2, 2), perf.Slo(4.0, 0.4), perf.Mix(438, 6)) is None
+    finally:
+        perf.configure()

@@ -9,6 +9,8 @@ submissions; a cancel Slurm did not carry out; a planner that fails.
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from coral_hpc.config import load_deployment
@@ -17,7 +19,7 @@ from coral_hpc.gateway.table import read_routing_table
 from coral_hpc.launch.endpoint import Endpoint, write_endpoint
 from coral_hpc.launch.stop import DRAIN_SIGNAL
 from coral_hpc.plan.desired import DesiredPlan, Slot
-from coral_hpc.plan.planner import PlanningError, PlanOutcome, PlanRequest
+from coral_hpc.plan.planner import InfeasiblePlan, PlanOutcome, PlanRequest
 from coral_hpc.reconcile.act import Actor
 from coral_hpc.reconcile.observe import Observer
 from coral_hpc.reconcile.settings import ReconcileSettings
@@ -38,11 +40,11 @@ START = 50_000.0
 
 
 def slot(partition: str = "a100", gpu: str | None = None, model: str = "qwen3-8b",
-         count: int = 1) -> Slot:
+         count: int = 1, cost: float = 1.0) -> Slot:
     gpu = gpu or partition
     layout = ReplicaLayout(1, (StageLayout(partition, gpu, 36),), "auto" if gpu != "v100"
                            else "half")
-    return Slot(model, f"{model}.tp1.{gpu}-36", count, 2.0, 1.0, layout)
+    return Slot(model, f"{model}.tp1.{gpu}-36", count, 2.0, cost, layout)
 
 
 class Clock:
@@ -259,7 +261,9 @@ def test_a_stale_observation_submits_drains_and_cancels_nothing(make):
     (record,) = loop.live()
     loop.serve(record.id)
     loop.cycle(2)
-    planner.slots = [slot("v100")]
+    # a new plan that moves the replica at once: half the cost (hysteresis keeps a READY
+    # replica in place for a move that saves less than settings.replace_margin)
+    planner.slots = [slot("v100", cost=0.5)]
     loop.slurm.lag_s = loop.settings.stale_after_s + 1  # the answer describes the past
     loop.cycle(loop.deployment.policy.replan_interval_s)
     assert "not observed recently" in loop.daemon.last_decision.held_back
@@ -356,9 +360,11 @@ def test_a_failing_planner_keeps_the_plan_and_backs_off(make):
     loop = make(planner)
     loop.cycle()
     plan = loop.daemon.plan
-    planner.error = PlanningError("Stage 2 found no plan (infeasible): min_replicas")
+    # after the first plan, even an infeasible one (the cluster shrank) keeps the current plan
+    planner.error = InfeasiblePlan("Stage 2 found no plan (infeasible): min_replicas")
     loop.cycle(loop.deployment.policy.replan_interval_s)
     assert loop.daemon.plan is plan and events(loop, "plan_error")
+    assert loop.daemon.fatal is None
     asked = len(planner.requests)
     loop.cycle(0.5)  # within the backoff: not asked again
     assert len(planner.requests) == asked
@@ -366,6 +372,26 @@ def test_a_failing_planner_keeps_the_plan_and_backs_off(make):
     loop.cycle(loop.settings.poll_interval_s * 2)
     assert len(planner.requests) == asked + 1 and loop.daemon.plan is not plan
     assert len(loop.slurm.submitted) == 1  # the same slot: nothing resubmitted
+
+
+def test_an_infeasible_first_plan_stops_serve_naming_the_field_before_any_submission(make):
+    """Issue 17: serve with an infeasible min_replicas exited 1 in the planner or retried for
+    ever; now its first plan being infeasible is a ConfigError (serve exits 2 with its lines)
+    and nothing is decided or submitted."""
+    planner = ScriptedPlanner(slot())
+    planner.error = InfeasiblePlan("Stage 2 found no plan (infeasible)")
+    loop = make(planner)
+    loop.deployment = loop.daemon.deployment = loop.deployment.model_copy(update={
+        "models": [loop.deployment.models[0].model_copy(update={"min_replicas": 40}),
+                   *loop.deployment.models[1:]]})
+    stop = threading.Event()
+    loop.daemon.loops(stop)
+    loop.cycle()
+    fatal = loop.daemon.fatal
+    assert fatal is not None and stop.is_set()
+    assert "models[0].min_replicas: 40 replica(s) of" in fatal.problems[0]
+    assert fatal.problems[-1].endswith("nothing was submitted; serve stops")
+    assert loop.slurm.submitted == [] and loop.daemon.last_decision is None
 
 
 def test_the_planner_is_asked_with_what_goes_on_serving(make):

@@ -7,7 +7,7 @@ there was none — 87 of 87 requests failed during a maintenance drain.
 
 from __future__ import annotations
 
-from coral_hpc.reconcile import Drain, Submit, decide
+from coral_hpc.reconcile import Cancel, Drain, PlanHistory, Submit, decide
 from tests.unit.reconcile_facts import facts, plan, rec, slot
 from tests.unit.test_reconcile_decide import NOW, S, World, summary
 
@@ -110,3 +110,75 @@ def test_alternating_plans_never_cancel_their_own_pending_replacements():
     submitted = [r for r in world.records if r not in drained]
     assert len(submitted) == 2, submitted  # one successor per drained replica, no more
     assert min(readiness) >= 2  # the drained ones served until their successors were READY
+
+
+def _run_alternating(history, plans_made: int, plans) -> tuple[World, list]:
+    """Two READY replicas of t1, then ``plans_made`` plans taken from ``plans`` in turn, each
+    fed to ``history`` (None: no hysteresis) and followed for 60 s of 6 s polls (the default
+    re-plan and poll intervals; replicas start in 20 s). Returns the world and every
+    Submit/Drain/Cancel decided."""
+    world = World(time_limit_s=1e6, startup_s=20.0)
+    for _ in range(20):
+        world.step(plan(slot("t1", 2)))
+        world.tick(2.0)
+    assert world.ready() == 2
+    moves = []
+    for made in range(plans_made):
+        desired = plans[made % len(plans)]
+        if history is not None:
+            history.observe(desired)
+        for _ in range(10):
+            decision = decide(desired, facts(*world.records.values()), world.now, S,
+                              history=history)
+            moves += [(type(a).__name__, getattr(a, "replica_id", None))
+                      for a in decision.actions if isinstance(a, (Submit, Drain, Cancel))]
+            world.apply(decision)
+            world.tick(6.0)
+    return world, moves
+
+
+def test_a_plan_alternating_every_cycle_never_replaces_ready_replicas():
+    """Rule (coral_hpc.reconcile.hysteresis): a READY replica whose slot the plan dropped
+    stands in for the new slot until the slot has been absent from 3 plans in a row, unless
+    the new slot is 10 % cheaper per request/s. Alternating every plan, it is never absent
+    twice in a row: nothing is submitted, drained or cancelled."""
+    layouts = [plan(slot("t1", 2)), plan(slot("t2", 2, partitions=("v100",)))]
+    world, moves = _run_alternating(PlanHistory(), 20, layouts)
+    assert moves == []
+    assert sorted(r for r, rr in world.records.items() if rr.ended_at is None) == ["r1", "r2"]
+    # the control: without the rule the same plans replace both READY replicas on every plan
+    # after the first (which names t1, where they are)
+    _, moves = _run_alternating(None, 20, layouts)
+    assert sum(1 for kind, _ in moves if kind == "Drain") == 2 * 19
+
+
+def test_a_plan_that_keeps_another_layout_replaces_ready_replicas_on_its_third_plan():
+    history = PlanHistory()
+    moved = plan(slot("t2", 2, partitions=("v100",)))
+    world, moves = _run_alternating(history, 2, [moved])
+    assert moves == []                                   # absent from 1, then 2 plans: kept
+    world2, moves = _run_alternating(PlanHistory(), 4, [moved])
+    submits = [m for m in moves if m[0] == "Submit"]
+    drains = [m for m in moves if m[0] == "Drain"]
+    assert len(submits) == 2 and sorted(r for _, r in drains) == ["r1", "r2"]
+    live = [rr for rr in world2.records.values() if rr.ended_at is None]
+    assert {rr.template_id for rr in live} == {"t2"}     # moved, make-before-break
+
+
+def test_a_cheaper_layout_replaces_a_ready_replica_at_once_a_dearer_one_does_not():
+    records = [rec("a")]                                 # t1: 4.0/h for 2 req/s
+    history = PlanHistory()
+    cheaper = plan(slot("t2", 1, partitions=("v100",), cost=3.5))   # 12.5 % cheaper
+    history.observe(cheaper)
+    decision = decide(cheaper, facts(*records), NOW, S, history=history)
+    assert [(a.slot.template_id, a.reason) for a in decision.actions
+            if isinstance(a, Submit)] == [("t2", "scale up")]
+    same = plan(slot("t2", 1, partitions=("v100",), cost=3.8))      # 5 % cheaper: not enough
+    history.observe(same)
+    assert not [a for a in decide(same, facts(*records), NOW, S, history=history).actions
+                if isinstance(a, (Submit, Drain))]
+    bigger = plan(slot("t2", 1, partitions=("v100",), throughput=3.0, cost=6.0))
+    history.observe(bigger)                              # needs more req/s than a gives
+    assert [a.slot.template_id for a in decide(bigger, facts(*records), NOW, S,
+                                               history=history).actions
+            if isinstance(a, Submit)] == ["t2"]

@@ -244,8 +244,16 @@ def test_squeue_finished_states_told_apart():
 def test_squeue_comment_with_bar_and_garbage():
     line = rec("squeue_own.txt").splitlines()[0]
     fields = line.split("|")
-    tricky = "|".join(fields[:-2]) + "|coral:deployment=d;model=m;replica=r|x|"
-    assert parse_squeue(tricky)[0].tag is None  # "r|x" is not a safe replica id: not ours
+    # today's format: Account and Reservation follow the Comment, which may hold a "|"
+    tricky = "|".join(fields[:-2]) + "|coral:deployment=d;model=m;replica=r|x|lab|maint|"
+    job = parse_squeue(tricky)[0]
+    assert job.tag is None  # "r|x" is not a safe replica id: not ours
+    assert (job.account, job.reservation) == ("lab", "maint")
+    # a recorded row of the format before them (19 fields) still reads, with neither known
+    legacy = parse_squeue(line)[0]
+    assert legacy.account is None and legacy.reservation is None
+    with pytest.raises(SlurmParseError):  # 20 fields: neither format
+        parse_squeue("|".join(fields[:-2]) + "|a|b|")
     with pytest.raises(SlurmParseError):
         parse_squeue("garbage without bars")
     with pytest.raises(SlurmParseError):
