@@ -197,9 +197,14 @@ def _node_of(replica: dict) -> str:
     return replica["nodes"].split(",")[0]
 
 
+def _set_nodes(runner: SlurmRunner, nodes, *state: str, check: bool = True) -> None:
+    """One scontrol call for every node: they change state together, as in a maintenance
+    (node by node, a plan made half-way through moves replicas for the nodes still draining)."""
+    runner.run("scontrol", "update", f"NodeName={','.join(nodes)}", *state, check=check)
+
+
 def _resume(runner: SlurmRunner, nodes) -> None:
-    for node in nodes:
-        runner.run("scontrol", "update", f"NodeName={node}", "State=RESUME", check=False)
+    _set_nodes(runner, nodes, "State=RESUME", check=False)
 
 
 @pytest.fixture(scope="module")
@@ -267,9 +272,7 @@ def test_a_maintenance_drain_of_every_node_keeps_every_replica_serving(session):
     nodes = sorted(set(runner.run("sinfo", "-h", "-N", "-o", "%N").stdout.split()))
     began = time.time()
     try:
-        for node in nodes:
-            runner.run("scontrol", "update", f"NodeName={node}", "State=DRAIN",
-                       "Reason=coral-test-maintenance")
+        _set_nodes(runner, nodes, "State=DRAIN", "Reason=coral-test-maintenance")
         # a re-plan on the drained cluster, then 20 s of serving through it
         wait_until(lambda: [e for e in events(session.deployment, "plan")
                             if e.time >= began and "no replicas" in e.message], 30,
