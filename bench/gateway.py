@@ -51,18 +51,19 @@ GOAL_ADDED_P50_US = 500
 GOAL_RPS_ONE_CORE = 10_000
 #: What limits the gateway, from a cProfile of it at c=32 (kept here so every report says it).
 LIMITS = (
-    "What limits coral (cProfile of the gateway at c=32, 2026-12-01, request path only): about "
-    "38% of a request's CPU is aiohttp's server machinery (protocol, request and response "
-    "objects, dispatch, writer), 27% the event loop itself (uvloop: socket reads and writes, "
-    "callbacks), 13% the upstream client (coral_hpc/gateway/upstream.py, httptools), 19% the "
-    "gateway's own work (key check, JSON, routing, demand meter, Prometheus) and 3% asyncio's "
-    "Python parts. uvloop is now a dependency (a fresh venv had run on asyncio's own loop). "
-    "The machine is shared (see the load average): wall req/s of every row moves with it; the "
-    "proxy's CPU per request, and the one-core capacity it gives, much less. Beyond ~10k req/s "
-    "per core needs a leaner server layer for the proxied paths (an httptools protocol like "
-    "the upstream client's, which would remove most of the 38%), or SO_REUSEPORT worker "
-    "processes, one per core (capacity × cores; the demand meter and metrics would then have to "
-    "be summed across workers)."
+    "What limits coral (cProfile of the gateway at c=32, 2026-12-01 13:56 UTC, request path "
+    "only, after aiohttp's server was replaced by the gateway's own httptools protocol, "
+    "coral_hpc/gateway/http_server.py): 43% of a request's CPU is the event loop's own C code "
+    "(uvloop: epoll, socket reads and writes, callbacks), 18% the server protocol (parse, "
+    "checks, dispatch, answer), 15% the upstream client (coral_hpc/gateway/upstream.py), 9% the "
+    "gateway's own work (key check, routing, demand meter), 3% Prometheus, 2% JSON and 9% C "
+    "helpers they call (dict, bytes, str). Before (the previous run of this bench, 9.8k req/s "
+    "per CPU-second), aiohttp's server machinery was 38% of it. The machine is shared (see the "
+    "load averages): wall req/s of every row moves with it (the proxy's run-queue wait says how "
+    "long other work held its core); the proxy's CPU per request, and the one-core capacity it "
+    "gives, much less. SO_REUSEPORT workers, one per core, would multiply the capacity by the "
+    "cores but not the per-core figure, and would need the demand meter and metrics summed "
+    "across workers; they are not built."
 )
 
 CANNED = json.dumps({
@@ -244,17 +245,36 @@ def measure(name: str, port: int, args, work: Path, pgid: int | None = None) -> 
     """Warm up, then concurrency 1 (latency) and concurrency 32 (throughput)."""
     run_wrk(port, 4, 1.0, args.load_cores, work)
     c1 = run_wrk(port, 1, args.duration, args.load_cores, work)
+    from gateway_stream import runqueue_wait_s
+
     before = session_cpu_s(pgid) if pgid else 0.0
+    wait_before = runqueue_wait_s(pgid) if pgid else 0.0
+    load_before = Path("/proc/loadavg").read_text().split()[0]
     c32 = run_wrk(port, 32, args.duration, args.load_cores, work)
+    c32["loadavg_1min_before"] = float(load_before)
     if pgid:
+        c32["proxy_runqueue_wait_ms_per_s"] = round(
+            (runqueue_wait_s(pgid) - wait_before) * 1e3 / args.duration, 1)
         cpu = session_cpu_s(pgid) - before
         c32["proxy_cpu_s"] = round(cpu, 3)
         c32["proxy_cpu_us_per_request"] = round(cpu * 1e6 / max(1, c32["requests"]), 1)
         c32["one_core_capacity_rps"] = round(c32["requests"] / cpu) if cpu > 0 else None
+    out = {"c1": c1, "c32": c32}
+    if pgid and args.realtime:
+        # latency once more with the proxy at real-time priority: other work on its core can
+        # no longer delay it (c=1 is a fraction of a core, so this takes little from anyone)
+        from gateway_stream import set_realtime
+
+        set_realtime(pgid, True)
+        try:
+            out["c1_realtime"] = run_wrk(port, 1, args.duration, args.load_cores, work)
+        finally:
+            set_realtime(pgid, False)
     print(f"{name:15s} c=1 p50 {c1['p50_us']:6d} us p99 {c1['p99_us']:6d} us | "
           f"c=32 {c32['rps']:9.0f} req/s (p50 {c32['p50_us']} us) "
-          f"cpu/req {c32.get('proxy_cpu_us_per_request', '-')} us", flush=True)
-    return {"c1": c1, "c32": c32}
+          f"cpu/req {c32.get('proxy_cpu_us_per_request', '-')} us | real-time c=1 p50 "
+          f"{out.get('c1_realtime', {}).get('p50_us', '-')} us", flush=True)
+    return out
 
 
 def main() -> None:
@@ -267,6 +287,8 @@ def main() -> None:
                         help="apt-get nginx/wrk and pip vllm-router when missing")
     parser.add_argument("--vllm-router-venv", type=Path, default=Path("/tmp/vr-venv"))
     parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--no-realtime", dest="realtime", action="store_false",
+                        help="skip the c=1 run with each proxy at real-time priority (needs root)")
     args = parser.parse_args()
     ncpu = os.cpu_count() or 1
     if args.load_cores is None:
@@ -274,6 +296,7 @@ def main() -> None:
         args.load_cores = ",".join(others) or args.proxy_core
     ensure_tools(args.install)
     router_bin, router_version = ensure_vllm_router(args.vllm_router_venv, args.install)
+    args.load_start = ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
     procs = Procs()
     work = Path(tempfile.mkdtemp(prefix="coral-bench-gw-"))
@@ -376,6 +399,12 @@ def write_results(args, results: dict, notes: dict, router_version: str | None,
             "rps_c32": res["c32"]["rps"],
             "cpu_us_per_request_c32": res["c32"].get("proxy_cpu_us_per_request"),
             "one_core_capacity_rps": res["c32"].get("one_core_capacity_rps"),
+            "runqueue_wait_ms_per_s_c32": res["c32"].get("proxy_runqueue_wait_ms_per_s"),
+            "loadavg_1min_c32": res["c32"].get("loadavg_1min_before"),
+            "realtime_added_p50_us": (res["c1_realtime"]["p50_us"] - direct["p50_us"]
+                                      if "c1_realtime" in res else None),
+            "realtime_added_p99_us": (res["c1_realtime"]["p99_us"] - direct["p99_us"]
+                                      if "c1_realtime" in res else None),
         }
     coral = summary.get("coral", {})
     ratios = {
@@ -405,6 +434,9 @@ def write_results(args, results: dict, notes: dict, router_version: str | None,
         "goals": {"added_p50_us_at_most": GOAL_ADDED_P50_US,
                   "rps_one_core_at_least": GOAL_RPS_ONE_CORE},
         "goals_met": ({"added_p50": coral["added_p50_us"] <= GOAL_ADDED_P50_US,
+                       "added_p50_realtime": (coral["realtime_added_p50_us"] <= GOAL_ADDED_P50_US
+                                              if coral["realtime_added_p50_us"] is not None
+                                              else None),
                        "rps": coral["rps_c32"] >= GOAL_RPS_ONE_CORE,
                        "rps_cpu_normalised": (coral["one_core_capacity_rps"] or 0)
                        >= GOAL_RPS_ONE_CORE} if coral else None),
@@ -415,28 +447,42 @@ def write_results(args, results: dict, notes: dict, router_version: str | None,
     lines = [
         "# Gateway overhead vs peers",
         "",
-        (f"Generated {doc['generated_at']} by `bench/gateway.py` on {cpu} ({os.cpu_count()} CPUs; "
-        f"load average at the end {', '.join(f'{x:.2f}' for x in os.getloadavg())})."),
+        (f"Generated {doc['generated_at']} by `bench/gateway.py` on {cpu} ({os.cpu_count()} shared "
+        f"CPUs; load average at the start {args.load_start}, at the end "
+        f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}; each row's 1-minute load at its "
+        "c=32 run is in the row: other engineers' work shares the machine)."),
         (f"Each proxy pinned to core {args.proxy_core}; upstream (nginx, canned completion) and "
         f"load generator ({wrk_version}, one thread) on core(s) {args.load_cores}; "
-        f"{args.duration:g} s per measurement after a 1 s warm-up."),
+        f"{args.duration:g} s per measurement after a 1 s warm-up. Run-queue wait: how long per "
+        "second the proxy's threads were runnable but waited for a CPU (/proc/…/schedstat)."
+        + (" Real-time: the c=1 run once more with the proxy at SCHED_FIFO (`chrt`), so other "
+           "work on its core cannot delay it." if args.realtime else "")),
         "",
         ("| system | c=1 p50 | c=1 p99 | added p50 | added p99 | req/s at c=32 | proxy CPU/req "
-        "| one-core capacity (req/s of CPU) |"),
-        "|---|---|---|---|---|---|---|---|",
+        "| one-core capacity (req/s of CPU) | proxy run-queue wait at c=32 | load (1 min) "
+        "| real-time added p50 / p99 |"),
+        "|---|---|---|---|---|---|---|---|---|---|---|",
         (f"| direct (no proxy) | {direct['p50_us']} µs | {direct['p99_us']} µs | – | – | "
-        f"{results['direct']['c32']['rps']:.0f} | – | – |"),
+        f"{results['direct']['c32']['rps']:.0f} | – | – | – | "
+        f"{results['direct']['c32']['loadavg_1min_before']} | – |"),
     ]
     for name, s in summary.items():
         res = results[name]
         lines.append(f"| {name} | {res['c1']['p50_us']} µs | {res['c1']['p99_us']} µs | "
                      f"{s['added_p50_us']} µs | {s['added_p99_us']} µs | {s['rps_c32']:.0f} | "
-                     f"{s['cpu_us_per_request_c32']} µs | {s['one_core_capacity_rps']} |")
+                     f"{s['cpu_us_per_request_c32']} µs | {s['one_core_capacity_rps']} | "
+                     f"{s['runqueue_wait_ms_per_s_c32']} ms/s | {s['loadavg_1min_c32']} | "
+                     + ("–" if s["realtime_added_p50_us"] is None else
+                        f"{s['realtime_added_p50_us']} / {s['realtime_added_p99_us']} µs") + " |")
     lines += ["", "Ratios (coral vs peer): " + (json.dumps(ratios) if ratios else "none"), ""]
     if coral:
         lines.append(
             f"Goals: added p50 ≤ {GOAL_ADDED_P50_US} µs → "
-            f"{'met' if doc['goals_met']['added_p50'] else 'MISSED'} ({coral['added_p50_us']} µs); "
+            f"{'met' if doc['goals_met']['added_p50'] else 'MISSED'} ({coral['added_p50_us']} µs"
+            + ("" if coral["realtime_added_p50_us"] is None else
+               f" on the shared core; {'met' if doc['goals_met']['added_p50_realtime'] else 'MISSED'}"
+               f" at real-time priority, {coral['realtime_added_p50_us']} µs")
+            + "); "
             f"≥ {GOAL_RPS_ONE_CORE} req/s on one core → wall "
             f"{'met' if doc['goals_met']['rps'] else 'MISSED'} ({coral['rps_c32']:.0f} req/s at "
             f"c=32 on a shared core), CPU-normalised "

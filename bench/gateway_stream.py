@@ -359,8 +359,10 @@ RT_PRIORITY = 50
 
 
 def run_gen(args, port: int, streams: int, interval_ms: int, events: int,
-            control_streams: int = 0) -> dict:
-    argv = ["taskset", "-c", args.load_cores, sys.executable, __file__, "gen", "--port", str(port),
+            control_streams: int = 0, realtime: bool = False) -> dict:
+    prefix = ["chrt", "-f", str(RT_PRIORITY)] if realtime else []
+    argv = [*prefix, "taskset", "-c", args.load_cores, sys.executable, __file__, "gen",
+            "--port", str(port),
             "--streams", str(streams), "--interval-ms", str(interval_ms), "--events", str(events),
             "--duration", str(args.duration)]
     if control_streams:
@@ -411,7 +413,8 @@ def _loadavg() -> str:
     return Path("/proc/loadavg").read_text().strip()
 
 
-def paced_run(args, port: int, streams: int, pgid: int | None) -> dict:
+def paced_run(args, port: int, streams: int, pgid: int | None, realtime: bool = False
+              ) -> dict:
     """One paced run; through a proxy with its control group, the host's load, the proxy's CPU
     per chunk and how long it waited for a CPU."""
     from gateway import session_cpu_s
@@ -422,7 +425,7 @@ def paced_run(args, port: int, streams: int, pgid: int | None) -> dict:
     cpu_before = session_cpu_s(pgid) if pgid else 0.0
     wait_before = runqueue_wait_s(pgid) if pgid else 0.0
     paced = run_gen(args, port, streams, interval, events,
-                    CONTROL_STREAMS[streams] if pgid else 0)
+                    CONTROL_STREAMS[streams] if pgid else 0, realtime=realtime)
     paced["loadavg_before"], paced["loadavg_after"] = load_before, _loadavg()
     if pgid:
         window = args.duration + 1.5
@@ -465,12 +468,15 @@ def measure(name: str, port: int, args, pgid: int | None) -> dict:
               f"{paced.get('proxy_runqueue_wait_ms_per_s')} ms/s, load {paced['loadavg_before']}"
               f" | broken {sat['streams_broken'] + paced['streams_broken']}", flush=True)
         if pgid and streams == max(STREAMS) and args.realtime:
-            # the same paced run with the proxy at real-time priority: what is left is its own
+            # the same paced run with the proxy, the upstream and the generator at real-time
+            # priority: other work can delay none of them, and what is left is the proxy's own
             set_realtime(pgid, True)
+            set_realtime(args.upstream_pgid, True)
             try:
-                rt = paced_run(args, port, streams, pgid)
+                rt = paced_run(args, port, streams, pgid, realtime=True)
             finally:
                 set_realtime(pgid, False)
+                set_realtime(args.upstream_pgid, False)
             out[str(streams)]["paced_realtime"] = rt
             print(f"{name:12s} streams {streams:5d} at SCHED_FIFO: delay p99 "
                   f"{rt.get('delay_p99_ms')} ms, added p99 {rt.get('added_p99_ms')} ms, run-queue "
@@ -496,8 +502,9 @@ def main_bench(args) -> None:
     load_start = Path("/proc/loadavg").read_text().strip()
     try:
         up_port = free_port()
-        procs.start(["taskset", "-c", args.load_cores, sys.executable, __file__, "upstream",
-                     "--port", str(up_port)], work / "upstream.log")
+        upstream = procs.start(["taskset", "-c", args.load_cores, sys.executable, __file__,
+                                "upstream", "--port", str(up_port)], work / "upstream.log")
+        args.upstream_pgid = upstream.pid
         wait_port(up_port)
         args.upstream_port = up_port
         results["direct"] = measure("direct", up_port, args, None)
@@ -655,9 +662,10 @@ def write_results(args, results: dict, notes: dict, router_version: str | None,
          "generator's, the upstream's and the host's share of the delay cancels. **Run-queue "
          "wait**: how long per second the proxy's threads were runnable but waited for a CPU "
          "(/proc/…/schedstat), the time other work on its core took from it."
-         + (f" **Real-time**: the same 1,000-stream paced run once more with the proxy at "
-            f"SCHED_FIFO {RT_PRIORITY} (`chrt`), so it runs whenever it is runnable: what is "
-            "left is the proxy's own delay." if args.realtime else "")),
+         + (f" **Real-time**: the same 1,000-stream paced run once more with the proxy, the "
+            f"upstream and the generator at SCHED_FIFO {RT_PRIORITY} (`chrt`), so each runs "
+            "whenever it is runnable and other work cannot delay it: what is left is the "
+            "proxy's own delay." if args.realtime else "")),
         "",
         ("| system | streams | chunks/s (saturation) | proxy core busy | chunks per CPU-second "
          "(one-core capacity) | paced p50 | paced p99 | control p99 | added p50 | added p99 | "

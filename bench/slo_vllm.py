@@ -211,6 +211,45 @@ def _percentiles(values: list[float]) -> list[float]:
     return [values[min(len(values) - 1, int(q * len(values)))] for q in (0.5, 0.9, 0.99)]
 
 
+def write_results(results: dict, args: argparse.Namespace) -> None:
+    """bench/results/OUT.{json,md} from what was measured so far (written after every phase, so
+    a run stopped in its 3x phase still leaves its 1x figures)."""
+    verdict = {name: {"1x_met": rows["1x"]["within_slo"] >= GOAL if "1x" in rows else None,
+                      "3x_fails": rows["3x"]["within_slo"] < GOAL if "3x" in rows else None}
+               for name, rows in results["models"].items()}  # None: not measured (yet)
+    results["goal"], results["verdict"] = GOAL, verdict
+    out_dir = REPO / "bench" / "results"
+    (out_dir / f"{args.out}.json").write_text(json.dumps(results, indent=1) + "\n")
+    lines = [f"# SLO check on the real engine (vLLM CPU build, {results['config']})", "",
+             f"`bench/slo_vllm.py`, {results['date']}: `coral-hpc serve` of that file on the "
+             "local cluster (every node is the same 2-core host, shared with other work), every "
+             f"model's open-loop Poisson load at once through the gateway for {args.seconds:g} s, "
+             "streaming, `ignore_eos`, at the demand the plan was made for (from the measured "
+             f"profiles) and at a multiple. Goal: >= {GOAL:.0%} within TTFT and TPOT at 1x, "
+             "below it at 3x. Every model READY after "
+             f"{results['ready_after_s']} s.", "",
+             "| model | load | req/s | requests | failed | within TTFT and TPOT | "
+             "TTFT p50/p90/p99 ms | TPOT p50/p90/p99 ms |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, rows in results["models"].items():
+        for mult, row in rows.items():
+            lines.append(f"| {name} | {mult} | {row['rate']:.2f} | {row['requests']} | "
+                         f"{row['failed']} | {row['within_slo']:.1%} | "
+                         f"{'/'.join(map(str, row['ttft_ms']))} | "
+                         f"{'/'.join(map(str, row['tpot_ms']))} |")
+    lines += ["", "Engine processes (every replica job's process tree):", "",
+              "| phase | processes | mean / peak RSS GiB | mean / peak PSS GiB | cores used |",
+              "|---|---|---|---|---|"]
+    for phase, f in results["footprint"].items():
+        lines.append(f"| {phase} | {f['processes']} | {f['mean_rss_gib']:.1f} / "
+                     f"{f['peak_rss_gib']:.1f} | {f['mean_pss_gib']:.1f} / "
+                     f"{f['peak_pss_gib']:.1f} | {f['cores']:.2f} |")
+    lines += ["", "RSS counts the pages the engine processes share once per process; PSS "
+              "splits them between the sharers: the tree's PSS is what it takes of the machine. "
+              "Cores: CPU seconds of the tree over the phase's wall time (the host has 2)."]
+    (out_dir / f"{args.out}.md").write_text("\n".join(lines) + "\n")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=str(REPO / "examples" / "vllm-cpu.yaml"))
@@ -285,6 +324,7 @@ def main() -> int:
                        "tpot_ms": [round(v * 1000) for v in _percentiles([g[1] for g in done])]}
                 results["models"].setdefault(model.name, {})[label] = row
                 print(model.name, label, row, flush=True)
+            write_results(results, args)
             if args.record_metrics and multiplier == 1:
                 endpoint = next(r["endpoint"] for r in results["replicas"] if r["endpoint"])
                 with urllib.request.urlopen(f"{endpoint}/metrics", timeout=10) as r:
@@ -293,40 +333,7 @@ def main() -> int:
         serve.send_signal(signal.SIGTERM)
         serve.wait(60)
         subprocess.run([*CLI, "down", str(config), "--grace", "30"], check=False, cwd=REPO)
-    verdict = {name: {"1x_met": rows.get("1x", {}).get("within_slo", 0) >= GOAL,
-                      "3x_fails": rows.get("3x", {}).get("within_slo", 1) < GOAL}
-               for name, rows in results["models"].items()}
-    results["goal"], results["verdict"] = GOAL, verdict
-    out_dir = REPO / "bench" / "results"
-    (out_dir / f"{args.out}.json").write_text(json.dumps(results, indent=1) + "\n")
-    lines = [f"# SLO check on the real engine (vLLM CPU build, {results['config']})", "",
-             f"`bench/slo_vllm.py`, {results['date']}: `coral-hpc serve` of that file on the "
-             "local cluster (every node is the same 2-core host, shared with other work), every "
-             f"model's open-loop Poisson load at once through the gateway for {args.seconds:g} s, "
-             "streaming, `ignore_eos`, at the demand the plan was made for (from the measured "
-             f"profiles) and at a multiple. Goal: >= {GOAL:.0%} within TTFT and TPOT at 1x, "
-             "below it at 3x. Every model READY after "
-             f"{results['ready_after_s']} s.", "",
-             "| model | load | req/s | requests | failed | within TTFT and TPOT | "
-             "TTFT p50/p90/p99 ms | TPOT p50/p90/p99 ms |",
-             "|---|---|---|---|---|---|---|---|"]
-    for name, rows in results["models"].items():
-        for mult, row in rows.items():
-            lines.append(f"| {name} | {mult} | {row['rate']:.2f} | {row['requests']} | "
-                         f"{row['failed']} | {row['within_slo']:.1%} | "
-                         f"{'/'.join(map(str, row['ttft_ms']))} | "
-                         f"{'/'.join(map(str, row['tpot_ms']))} |")
-    lines += ["", "Engine processes (every replica job's process tree):", "",
-              "| phase | processes | mean / peak RSS GiB | mean / peak PSS GiB | cores used |",
-              "|---|---|---|---|---|"]
-    for phase, f in results["footprint"].items():
-        lines.append(f"| {phase} | {f['processes']} | {f['mean_rss_gib']:.1f} / "
-                     f"{f['peak_rss_gib']:.1f} | {f['mean_pss_gib']:.1f} / "
-                     f"{f['peak_pss_gib']:.1f} | {f['cores']:.2f} |")
-    lines += ["", "RSS counts the pages the engine processes share once per process; PSS "
-              "splits them between the sharers: the tree's PSS is what it takes of the machine. "
-              "Cores: CPU seconds of the tree over the phase's wall time (the host has 2)."]
-    (out_dir / f"{args.out}.md").write_text("\n".join(lines) + "\n")
+    write_results(results, args)
     return 0
 
 

@@ -37,9 +37,13 @@ EXIT_REJECTED = EXIT_INTERNAL
               help="Stage-1 cache folder (default ~/.cache/coral-hpc/templates).")
 @click.option("--save-snapshot", "save_file", type=click.Path(dir_okay=False),
               help="Write the snapshot planned on, with Slurm's start estimates, as JSON here.")
+@click.option("--export-stage1-spec", "spec_file", type=click.Path(dir_okay=False),
+              help="Write the Stage-1 work as a spec for `python -m coral_solver.stage1` (a "
+                   "Slurm array job on CPU nodes, INSTALL.md) and stop: nothing is solved.")
 @wide_option
 def plan(models_yaml: str, snapshot_file: str | None, as_json: bool, export_file: str | None,
-         cache_dir: str | None, save_file: str | None, wide: bool) -> None:
+         cache_dir: str | None, save_file: str | None, spec_file: str | None,
+         wide: bool) -> None:
     """Plan replicas for MODELS_YAML at least cost; print the plan (nothing is submitted)."""
     from coral_hpc.cli.cluster import load_snapshot_file, observe
     from coral_hpc.config import load_deployment
@@ -57,6 +61,13 @@ def plan(models_yaml: str, snapshot_file: str | None, as_json: bool, export_file
         known = ", ".join(sorted(_known_architectures()))
         fail([f"{models_yaml}: architecture(s) {unknown} not in profiles/models.yaml; "
               f"known: {known}"])
+    if spec_file:
+        spec = Planner(cache_dir=Path(cache_dir) if cache_dir else None).stage1_spec(
+            PlanRequest.from_snapshot(deployment, snapshot))
+        Path(spec_file).write_text(json.dumps(spec.to_json(), indent=1))
+        console.print(f"Stage-1 spec for {len(spec.models)} model(s) written to {spec_file}",
+                      highlight=False)
+        return
     # the same planner and request `serve` plans with at start on this snapshot
     # live: ask Slurm when each job shape would start; on a saved snapshot, its saved estimates
     with stage1_progress() as progress:

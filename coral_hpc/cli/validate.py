@@ -51,7 +51,8 @@ def deployment_summary(deployment: Deployment) -> dict:
 
 def site_warnings(deployment: Deployment, snapshot_file: str | None) -> list[str]:
     """What this Slurm cannot give the configuration (partitions it lacks or has down, MaxTime
-    below the time limit, GPU types no node has, GRES names no catalogue type matches), and
+    below the time limit, GPU types no node has, GRES names no catalogue type matches,
+    reservations it cannot plan on), preemptible partitions and a preempted job QOS, and
     pipelines no engine environment allows. Slurm unreachable: one line saying it was not asked."""
     from coral_hpc.errors import CoralError
     from coral_hpc.plan import availability
@@ -68,8 +69,12 @@ def site_warnings(deployment: Deployment, snapshot_file: str | None) -> list[str
             snapshot = client_for_deployment(deployment).snapshot(deployment.deployment)
     except (CoralError, OSError) as exc:
         return [*warnings, f"Slurm not asked ({exc}): partitions and GPU types not checked"]
+    from coral_hpc.plan.reservations import usable_reservations
+
     snapshot, typed = availability.type_untyped_nodes(deployment, snapshot)
-    return [*warnings, *typed, *availability.config_warnings(deployment, snapshot)]
+    return [*warnings, *typed, *availability.config_warnings(deployment, snapshot),
+            *usable_reservations(deployment, snapshot)[1],
+            *availability.preemption_warnings(deployment, snapshot)]
 
 
 @click.command()

@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -190,6 +191,7 @@ class Daemon:
                 self.metrics.slurm_errors.labels("observe").inc()
                 log.warning("%s", observed.error)
             now = self.clock()
+            self._learn_startup()
             self._maybe_plan(observed, now)
             if self.fatal is not None:
                 return False  # nothing decided or acted on: serve stops with the error
@@ -221,6 +223,14 @@ class Daemon:
                 except Exception:  # a status file must never stop the reconcile loop
                     log.exception("publishing status failed")
             return bool(result.excluded)
+
+    def _learn_startup(self) -> None:
+        """Rotate replicas at least one learnt start-up time ahead of their walltime."""
+        startup = learned_startup_s(self.store.startups(limit=50),
+                                    self.deployment.policy.startup_time_s)
+        if startup != self.settings.startup_s:
+            self.settings = replace(self.settings, startup_s=startup)
+            self.observer.settings = self.actor.settings = self.settings
 
     def _maybe_plan(self, observed: Observed, now: float) -> None:
         tau = self.deployment.policy.replan_interval_s

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from coral_hpc.atomic import write_atomic
 from coral_hpc.errors import PermanentError
 
 LEASE_FILE_NAME = "daemon.lease.json"
@@ -128,13 +129,21 @@ class Lease:
                 **self.extra}
 
     def _write(self, record: dict, create: bool) -> bool:
-        flags = os.O_WRONLY | (os.O_CREAT | os.O_EXCL if create else os.O_TRUNC)
+        """Create the file exclusively (``create``: False when it exists), or replace it
+        atomically: a renewal must never leave the file empty for a moment, or the holder's
+        own :meth:`ours` (the act step's check, in another thread) reads nothing and stops
+        acting — seen on the loaded 2-core machine with real engines starting, where a write
+        between truncate and data took longer than the re-read's 50 ms."""
+        text = json.dumps(record) + "\n"
+        if not create:
+            write_atomic(self.path, text, mode=0o644)
+            return True
         try:
-            fd = os.open(self.path, flags, 0o644)
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:
             return False
         with os.fdopen(fd, "w") as handle:
-            handle.write(json.dumps(record) + "\n")
+            handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
         return True

@@ -122,6 +122,13 @@ class Disaggregation:
         credit[pick] -= both + split
         return pick == 1
 
+    def only_prefill_left(self, model: str) -> bool:
+        """No aggregated and no decode replica of ``model`` is healthy, but a prefill replica is:
+        the request is served whole there (:meth:`serve` falls through to it), not refused."""
+        router = self._gw.router
+        return (_capacity(router, model, "prefill") > 0 and _capacity(router, model, "both") <= 0
+                and _capacity(router, model, "decode") <= 0)
+
     async def serve(self, request: Request, model: str, payload: dict, key: str, children,
                     started: float) -> Response | StreamResponse:
         """Answer one request through a prefill and then a decode replica (module docstring)."""

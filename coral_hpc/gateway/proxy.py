@@ -449,7 +449,7 @@ class Gateway:
                           "not_found_error")
         children = self.metrics.children(model, key)
         children.requests.inc()
-        if self.disagg.wants(model):
+        if self.disagg.wants(model) or self.disagg.only_prefill_left(model):
             self.meter.record_arrival(model, key)
             started = time.perf_counter()
             response = await self.disagg.serve(request, model, payload, key, children, started)

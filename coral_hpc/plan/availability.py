@@ -129,16 +129,22 @@ def with_preemption(deployment: Deployment, snapshot: ClusterSnapshot,
     reservation's jobs run on its nodes."""
     why = preemptible_partitions(deployment, snapshot)
     partitions = tuple(replace(p, preemptible=p.name in why) for p in cluster.partitions)
+    return replace(cluster, partitions=partitions), preemption_warnings(deployment, snapshot)
+
+
+def preemption_warnings(deployment: Deployment, snapshot: ClusterSnapshot) -> list[str]:
+    """A line per preemptible partition (and why), and one when the deployment's own QOS is
+    one another QOS may preempt."""
     warnings = [f"partition {name}: preemptible ({reason}): a model's replicas go there only "
                 "beside one elsewhere; preempted ones are resubmitted" for name, reason in
-                sorted(why.items())]
+                sorted(preemptible_partitions(deployment, snapshot).items())]
     limits = snapshot.limits
     if limits is not None and limits.qos and limits.qos_preempted_by.get(limits.qos):
         warnings.append(f"QOS {limits.qos} (this deployment's jobs) is preempted by QOS "
                         f"{', '.join(limits.qos_preempted_by[limits.qos])}: every replica may "
                         "be preempted (resubmitted when it is); set cluster.qos to one that "
                         "is not")
-    return replace(cluster, partitions=partitions), warnings
+    return warnings
 
 
 def time_limit_for(deployment: Deployment, snapshot: ClusterSnapshot | None,

@@ -196,6 +196,19 @@ class Planner:
         models = reservations.models_with(models, cluster)
         return models, cluster, inputs.policy_of(deployment, request.startup_s)
 
+    def stage1_spec(self, request: PlanRequest) -> Any:
+        """The Stage-1 work this request needs, as a :class:`coral_solver.stage1.Spec`: run it
+        elsewhere (``python -m coral_solver.stage1``, a Slurm array job on CPU nodes) and
+        ``merge`` it into this planner's ``cache_dir``, and :meth:`solve` reads the library from
+        there (same cache key) instead of building it. Solves nothing."""
+        from coral_hpc.plan.figures import measured_profile_dirs
+        from coral_solver.stage1 import Spec
+
+        use_measured_profiles(request.deployment)
+        models, cluster, policy = self.inputs(request)
+        return Spec(tuple(models), {"site": cluster.gpu_types()}, policy,
+                    measured_dirs=tuple(str(p) for p in measured_profile_dirs(request.deployment)))
+
     def solve(self, request: PlanRequest) -> PlanOutcome:
         """Plan once; the outcome carries the checker's findings instead of raising."""
         began = time.perf_counter()
@@ -209,7 +222,7 @@ class Planner:
         snapshot, warnings = availability.type_untyped_nodes(deployment, request.snapshot)
         warnings += availability.config_warnings(deployment, snapshot)
         warnings += reservations.usable_reservations(deployment, snapshot)[1]
-        warnings += availability.with_preemption(deployment, snapshot, cluster)[1]
+        warnings += availability.preemption_warnings(deployment, snapshot)
         base, full_library = cluster, library
         excluded_shapes = request.excluded_shapes
 

@@ -31,7 +31,9 @@ Rules, in the order they are applied:
    partition draining or down, unhealthy too long) do not count as matching: their successors are
    submitted now, ahead of time.
 5. **Make-before-break.** Every other live replica is surplus. Surplus that serves nothing
-   (pending, starting, unhealthy) is cancelled at once. A READY surplus replica is drained
+   (pending, starting, unhealthy) is cancelled at once — except an unhealthy one still within
+   ``unhealthy_grace_s`` while its model has no other READY replica (a late /health on a loaded
+   host is not a dead engine). A READY surplus replica is drained
    only while the model's READY capacity without it still reaches the plan's capacity for the
    model — so a replacement is READY before the replica it replaces drains — and never when it
    is its (configured) model's last READY replica: a re-plan that drops a model for want of
@@ -345,6 +347,16 @@ def decide(
         if status.state is ReplicaState.SUBMITTING:
             continue  # nothing to cancel yet: adopted or forgotten on a later cycle
         if status.state is not ReplicaState.READY:
+            if (status.state is ReplicaState.UNHEALTHY and not status.unhealthy_too_long
+                    and ready_count[_role_key(record)] < 1
+                    and (configured is None or record.model in configured)):
+                # it answered /health until moments ago and nothing else serves its model yet: a
+                # loaded host answers late (seen with real engines starting beside it), and
+                # cancelling it would leave the model with no replica until a successor is READY
+                kept_last.append(f"{record.id} ({_surplus_reason(record, status, 0)}) kept: "
+                                 f"unhealthy for less than {settings.unhealthy_grace_s:.0f}s, "
+                                 f"no successor of {record.model} READY")
+                continue
             if record.id not in already_cancelled:
                 cancels.append(Cancel(record.id, _surplus_reason(record, status,
                                                                  ready_count[_role_key(record)])))

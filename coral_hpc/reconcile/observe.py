@@ -31,7 +31,7 @@ from coral_hpc.reconcile.settings import ReconcileSettings
 from coral_hpc.reconcile.status import TERMINAL_STATES, ReplicaFacts
 from coral_hpc.slurm.snapshot import ClusterSnapshot, JobInfo
 from coral_hpc.store import ReplicaRecord, StartupObservation, Store
-from coral_hpc.types import ReplicaLayout
+from coral_hpc.types import ReplicaLayout, split_placement
 
 log = logging.getLogger("coral_hpc.reconcile")
 
@@ -56,14 +56,16 @@ def slurm_word(state: str | None) -> str | None:
 
 
 def unavailable_places(snapshot: ClusterSnapshot, partitions: Iterable[str]) -> frozenset[str]:
-    """Nodes and partitions among ``partitions`` that are draining, drained, down or inactive."""
+    """Nodes and partitions among ``partitions`` that are draining, drained, down or inactive.
+    A node in an active reservation (RESERVED) is not among them: the jobs running there go on,
+    ours in the reservation included; only jobs that do not name it cannot start there."""
     wanted = set(partitions)
     out = set()
     for part in snapshot.partitions:
         if part.name in wanted and part.state != "up":
             out.add(f"partition:{part.name}")
     for node in snapshot.nodes:
-        if wanted & set(node.partitions) and not node.usable:
+        if wanted & set(node.partitions) and not node.usable and node.state != "reserved":
             out.add(f"node:{node.name}")
     return frozenset(out)
 
@@ -81,7 +83,7 @@ def on_unavailable(record: ReplicaRecord, unavailable: frozenset[str]) -> bool:
     """Whether one of the replica's nodes or partitions is draining or down."""
     nodes = {n for n in (record.nodes or "").split(",") if n}
     return any(f"node:{n}" in unavailable for n in nodes) or any(
-        f"partition:{p}" in unavailable for p in record.partitions
+        f"partition:{split_placement(p)[0]}" in unavailable for p in record.partitions
     )
 
 

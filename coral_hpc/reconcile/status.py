@@ -102,12 +102,14 @@ def usable_until(record: ReplicaRecord, settings: ReconcileSettings) -> float | 
 
 
 def walltime_lead(record: ReplicaRecord, settings: ReconcileSettings) -> float:
-    """Seconds before :func:`usable_until` to start a successor: the configured lead, at most
-    half the usable time (a short limit would otherwise rotate a replica the moment it starts)."""
+    """Seconds before :func:`usable_until` to start a successor: the configured lead or the
+    learnt start-up time, whichever is longer, at most half the usable time (a short limit
+    would otherwise rotate a replica the moment it starts)."""
+    lead = max(settings.walltime_lead_s, settings.startup_s)
     if record.time_limit_s is None:
-        return settings.walltime_lead_s
+        return lead
     usable = record.time_limit_s - min(settings.walltime_signal_s, 0.5 * record.time_limit_s)
-    return min(settings.walltime_lead_s, 0.5 * usable)
+    return min(lead, 0.5 * usable)
 
 
 def successor_due(record: ReplicaRecord, settings: ReconcileSettings) -> float | None:

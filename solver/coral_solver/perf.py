@@ -382,11 +382,14 @@ def _first_feasible_batch(feasible: Callable[[int], tuple[bool, float]], b_max: 
 
 #: Pipeline accounting of prompts: True, a prompt stalls the whole ring of S micro-batches, so
 #: each stage pays S x b / n_out prompts per step of its own; False, each stage pays its own
-#: micro-batch's b / n_out. ASSUMED: bench/paper_pp.py fits it to the real engine (issue 13
-#: item 5). First measurement (bench/results/paper_pp.md, vLLM's CPU build, coral-tiny-llama at
-#: 438 in / 6 out): PP 2 serves 0.62 x PP 1 within the SLO, but the model's tail test predicts 0
-#: for both at the fitted step times, so neither accounting is confirmed or ruled out yet.
-PROMPTS_STALL_RING = True
+#: micro-batch's b / n_out (vLLM schedules a prompt into one micro-batch, and every stage runs
+#: each micro-batch once per round). MEASURED False (bench/results/paper_pp.md, bench/paper_pp.py,
+#: vLLM 0.32.0's CPU build, coral-tiny-llama, PP 2 ÷ PP 1 at 438/6 and at 32/64 tokens): PP cost
+#: the prompt-heavy mix less than the decode-heavy one (0.62 vs 0.17 of PP 1: a prompt penalty of
+#: 3.7, where the ring charge predicts 0.69 and the own-micro-batch charge 1.07), so the ring
+#: charge is dropped. What PP cost there is a per-step hand-off (55-83 ms per stage boundary on
+#: that shared 2-core host, not the GPU link the calibration prices).
+PROMPTS_STALL_RING = False
 
 
 def _model_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_stages: int,
@@ -399,13 +402,16 @@ def _model_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_sta
 def throughput_from_coeffs(c: StageCoeffs, cap: int, n_stages: int, slo: Slo, mix: Mix,
                            prompts_stall_ring: bool | None = None,
                            overhead_s: float | None = None,
-                           poisson_tail: bool = True) -> float:
+                           poisson_tail: bool = True,
+                           handoff_s: float | None = None) -> float:
     """Requests/s one stage with step-time coefficients ``c`` and ``cap`` KV tokens sustains
     (the search :func:`stage_throughput` runs, on any coefficients: e.g. ones fitted to a
     measured engine). ``prompts_stall_ring`` None: :data:`PROMPTS_STALL_RING`;
     ``overhead_s`` None: the calibration's per-step engine overhead. ``poisson_tail`` False:
     only the mean TPOT and TTFT tests, for a closed-loop load (a fixed number of clients, as
-    ``coral-hpc profile`` measures), which has no Poisson surge and no queue for KV slots."""
+    ``coral-hpc profile`` measures), which has no Poisson surge and no queue for KV slots.
+    ``handoff_s``: seconds per stage hand-off in place of the calibration's link (e.g. one
+    measured on the engine's own host)."""
     cal = _calibration()
     ring = PROMPTS_STALL_RING if prompts_stall_ring is None else prompts_stall_ring
     n_in, n_out = mix.input_tokens, mix.output_tokens
@@ -421,7 +427,7 @@ def throughput_from_coeffs(c: StageCoeffs, cap: int, n_stages: int, slo: Slo, mi
     R = S if ring else 1  # micro-batches whose prompts each stage's step pays for
     tpot = slo.tpot_s / S
     over = cal.step_overhead_s if overhead_s is None else overhead_s
-    alpha, bw = cal.pp_alpha_s, cal.pp_bw
+    alpha, bw = (cal.pp_alpha_s, cal.pp_bw) if handoff_s is None else (handoff_s, math.inf)
     # KV tokens a decode step reads per running sequence: in + out for exponential outputs
     # (a sequence seen mid-flight is length-biased: long outputs stay longer), not in + out/2
     ctx = float(n_in + n_out)
@@ -445,9 +451,9 @@ def throughput_from_coeffs(c: StageCoeffs, cap: int, n_stages: int, slo: Slo, mi
     def feasible(b: int) -> tuple[bool, float]:
         # A sequence advances one token per round of all S micro-batches; the S x b sequences
         # in flight see about S x b prompts arrive during one request's n_out rounds (Little),
-        # and if a prompt stalls the whole pipeline ring (every stage waits for its long step),
-        # each stage pays S x b / n_out prompts per step of its own, else its own micro-batch's
-        # b / n_out (R = S or 1: PROMPTS_STALL_RING, assumed until measured).
+        # and if a prompt stalled the whole pipeline ring (every stage waits for its long step),
+        # each stage would pay S x b / n_out prompts per step of its own; measured, it pays its
+        # own micro-batch's b / n_out (R = S or 1: PROMPTS_STALL_RING, False).
         mean_prompts = R * b / n_out
         t = step(b, mean_prompts)
         if t > tpot:
@@ -529,7 +535,7 @@ def stage_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_stag
     The stage is one node's ``tp`` GPUs holding ``layers`` layers of ``arch``, one of ``n_stages``
     stages, so it gets TTFT/n_stages and TPOT/n_stages. Finds the largest decode batch B per
     micro-batch such that, with prompts processed whole in one step (as vLLM schedules them) and
-    each prompt stalling the whole pipeline ring (n_stages x B / output prompts per step):
+    each stage paying its own micro-batch's prompts (B / output per step; PROMPTS_STALL_RING):
     the TPOT of a request whose lifetime sees the 1 - MISS_PER_OBJECTIVE quantile of (Poisson)
     prompt arrivals meets the TPOT share; the wait for one of the KV cache's concurrent slots
     (M/M/c, Erlang C, slots sized for exponential token counts) exceeds what the TTFT leaves

@@ -246,53 +246,72 @@ def _write_shard(work: Path, shard: Shard, templates: list[Template], seconds: f
 _WORKER: dict[str, Any] = {}
 
 
-def _work_one(index: int) -> int:
+def _work_group(indices: list[int]) -> int:
+    """Shards of one (model, role, TP) in every domain, in one process: domains with the same
+    GPU types ask the throughput model the same questions, which its memo tables answer."""
     spec, shards, tm, work = (_WORKER[k] for k in ("spec", "shards", "tm", "work"))
-    shard = shards[index]
-    began = time.perf_counter()
-    templates = compute_shard(spec, shard, tm)
-    _write_shard(work, shard, templates, time.perf_counter() - began)
-    return index
+    for index in indices:
+        shard = shards[index]
+        began = time.perf_counter()
+        templates = compute_shard(spec, shard, tm)
+        _write_shard(work, shard, templates, time.perf_counter() - began)
+    return len(indices)
+
+
+def _groups(shards: list[Shard]) -> list[list[int]]:
+    """Shard indices by (model, role, TP), in plan order."""
+    out: dict[tuple[int, str, int], list[int]] = {}
+    for i, shard in enumerate(shards):
+        out.setdefault((shard.model, shard.role, shard.tp), []).append(i)
+    return list(out.values())
 
 
 def run(spec: Spec, work: Path | str, tm: ThroughputModel | None = None, workers: int = 1,
         task: int = 0, tasks: int = 1, limit: int | None = None,
         progress: Callable[[int, int], None] | None = None) -> RunReport:
-    """Compute this task's unfinished shards (every ``tasks``-th from ``task``), ``workers``
-    processes at once; ``limit``: stop after that many (a deliberately partial run)."""
+    """Compute this task's unfinished shards, ``workers`` processes at once; ``limit``: stop
+    after that many (a deliberately partial run). Work goes out in groups — one (model, role,
+    TP) in every domain — and array task ``task`` of ``tasks`` takes every ``tasks``-th group."""
     began = time.perf_counter()
     if not 0 <= task < tasks:
         raise ValueError(f"task {task}: expected 0 ≤ task < tasks ({tasks})")
     work = Path(work)
     tm = tm if tm is not None else spec.throughput_model()
     shards = shard_plan(spec, tm)
-    mine = list(range(task, len(shards), tasks))
-    todo = [i for i in mine if read_shard(work, shards[i]) is None]
-    done_before = len(mine) - len(todo)
+    mine = _groups(shards)[task::tasks]
+    assigned = sum(len(g) for g in mine)
+    todo = [[i for i in group if read_shard(work, shards[i]) is None] for group in mine]
+    todo = [group for group in todo if group]
+    done_before = assigned - sum(len(g) for g in todo)
     if limit is not None:
-        todo = todo[:limit]
+        kept, left = [], limit
+        for group in todo:
+            if left > 0:
+                kept.append(group[:left])
+                left -= len(kept[-1])
+        todo = kept
+    total = sum(len(g) for g in todo)
     _WORKER.update(spec=spec, shards=shards, tm=tm, work=work)
     finished = 0
     try:
         if workers <= 1 or len(todo) <= 1:
-            for i in todo:
-                _work_one(i)
-                finished += 1
+            for group in todo:
+                finished += _work_group(group)
                 if progress:
-                    progress(finished, len(todo))
+                    progress(finished, total)
         else:
             # fork: the throughput model (module handles, memo tables) is inherited, not
             # pickled; each worker writes its own shard files, so a kill loses only those in
-            # flight. Largest TP first would not help much: shards are small and many
+            # flight
             context = multiprocessing.get_context("fork")
             with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-                for _ in pool.map(_work_one, todo, chunksize=1):
-                    finished += 1
+                for count in pool.map(_work_group, todo, chunksize=1):
+                    finished += count
                     if progress:
-                        progress(finished, len(todo))
+                        progress(finished, total)
     finally:
         _WORKER.clear()
-    return RunReport(len(shards), len(mine), done_before, finished,
+    return RunReport(len(shards), assigned, done_before, finished,
                      time.perf_counter() - began, max(1, workers))
 
 
@@ -364,6 +383,17 @@ def _load_spec(path: str) -> Spec:
     return Spec.from_json(data, path)
 
 
+def array_task(env: Mapping[str, str]) -> tuple[int, int]:
+    """(task index from 0, tasks) of a Slurm array task: ``--array=1-16`` or ``0-30:2`` count
+    from the array's first index in its steps; (0, 1) outside an array job."""
+    if "SLURM_ARRAY_TASK_ID" not in env:
+        return 0, 1
+    first = int(env.get("SLURM_ARRAY_TASK_MIN", 0))
+    step = max(int(env.get("SLURM_ARRAY_TASK_STEP", 1)), 1)
+    index = (int(env["SLURM_ARRAY_TASK_ID"]) - first) // step
+    return index, int(env.get("SLURM_ARRAY_TASK_COUNT", index + 1))
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m coral_solver.stage1 {shards,run,merge}`` (exit 2 on a bad spec)."""
     parser = argparse.ArgumentParser(prog="python -m coral_solver.stage1",
@@ -375,9 +405,10 @@ def main(argv: list[str] | None = None) -> int:
     go.add_argument("--spec", required=True)
     go.add_argument("--work", required=True, help="folder of finished shards (shared by tasks)")
     go.add_argument("--workers", type=int, default=os.cpu_count() or 1)
-    go.add_argument("--task", type=int, default=int(os.environ.get("SLURM_ARRAY_TASK_ID", 0)))
-    go.add_argument("--tasks", type=int,
-                    default=int(os.environ.get("SLURM_ARRAY_TASK_COUNT", 1)))
+    task, tasks = array_task(os.environ)
+    go.add_argument("--task", type=int, default=task,
+                    help="this array task's index (default: from SLURM_ARRAY_TASK_*)")
+    go.add_argument("--tasks", type=int, default=tasks, help="array tasks in all")
     done = sub.add_parser("merge", help="join finished shards into the planner's cache")
     done.add_argument("--spec", required=True)
     done.add_argument("--work", required=True)

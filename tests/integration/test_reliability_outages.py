@@ -130,8 +130,9 @@ class Traffic:
                 with urllib.request.urlopen(request, timeout=30) as resp:
                     answer = Answer(time.time(), model, resp.status)
             except urllib.error.HTTPError as exc:
-                answer = Answer(time.time(), model, exc.code, exc.read()[:200].decode("replace"))
-            except OSError as exc:
+                answer = Answer(time.time(), model, exc.code,
+                                exc.read()[:200].decode("utf-8", "replace"))
+            except Exception as exc:  # noqa: BLE001 - every failure is a failed request
                 answer = Answer(time.time(), model, 0, repr(exc))
             self.answers.append(answer)
             self._stop.wait(0.25)
@@ -150,7 +151,6 @@ class Session:
 
     def __init__(self, config: Path, models: tuple[str, ...]) -> None:
         from coral_hpc.daemon import serve
-        from coral_hpc.daemon.process import info_path, read_info
 
         self.deployment = load_deployment(config)
         self.models = models
@@ -160,14 +160,22 @@ class Session:
             kwargs={"gateway_listen": "127.0.0.1:0", "stop": self.stop_event}, daemon=True)
         self.thread.start()
         self.traffic: Traffic | None = None
+
+    def wait_serving(self) -> Session:
+        """Until every model has a READY replica and the gateway answered a first request."""
+        from coral_hpc.daemon.process import info_path, read_info
+
+        models = self.models
         wait_until(lambda: {r["model"] for r in ready(self.deployment)} >= set(models), 150,
                    "a READY replica of every model")
         info = wait_until(lambda: read_info(info_path(self.deployment)), 10, "the info file")
         self.traffic = Traffic(info["gateway"], models)
         # the gateway routes once it has read the table: from the first answered request on,
         # every request must be answered
-        wait_until(lambda: [a for a in self.traffic.answers if a.status == 200], 30,
+        traffic = self.traffic
+        wait_until(lambda: [a for a in traffic.answers if a.status == 200], 30,
                    "a first answer through the gateway")
+        return self
 
     def failures_since(self, t: float) -> list[Answer]:
         assert self.traffic is not None
@@ -202,13 +210,11 @@ def session(slurm_cluster, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("outages")
     config = write_config(tmp, "00:20:00", (A, B))
     deployment = load_deployment(config)
-    served = None
+    served = Session(config, (A, B))
     try:
-        served = Session(config, (A, B))
-        yield served
+        yield served.wait_serving()
     finally:
-        if served is not None:
-            served.close()
+        served.close()
         _cancel(slurm_cluster, deployment)
 
 
@@ -242,6 +248,7 @@ def test_one_node_drained_replaces_only_that_nodes_replica(session):
     finally:
         _resume(runner, [node])
     assert failures == [], failures
+    print(f"one node drained: {len(session.traffic.since(began))} requests, 0 failed")
     # B's replica on another node was neither drained nor replaced
     assert _replica(session.deployment, B)["id"] == b["id"]
     drains = [e for e in events(session.deployment, "drain") if e.time >= began]
@@ -276,6 +283,7 @@ def test_a_maintenance_drain_of_every_node_keeps_every_replica_serving(session):
     finally:
         _resume(runner, nodes)
     assert during == [], during
+    print(f"maintenance drain: {len(session.traffic.since(began))} requests, 0 failed")
     assert still == {m: r["id"] for m, r in before.items()}
     assert drained == [] and cancelled == [] and submitted == []
     # resumed: the next plans place both models where they are; nothing moves
@@ -332,7 +340,8 @@ def test_a_controller_outage_fails_nothing_cancels_nothing_and_converges(session
     assert sorted(j.job_id for j in tagged_jobs(runner.env, session.deployment)) == jobs
     for kind in ("cancel", "drain", "submit"):
         assert not [e for e in events(session.deployment, kind) if e.time >= began], kind
-    print(f"controller outage: converged {converged_s:.1f} s after its return")
+    print(f"controller outage: {len(session.traffic.since(began))} requests, 0 failed; "
+          f"converged {converged_s:.1f} s after its return")
 
 
 def test_walltime_rotation_at_a_3_minute_limit_fails_no_request(slurm_cluster, tmp_path):
@@ -342,23 +351,24 @@ def test_walltime_rotation_at_a_3_minute_limit_fails_no_request(slurm_cluster, t
     os.environ["SLURM_CONF"] = slurm_cluster["SLURM_CONF"]
     config = write_config(tmp_path, "00:03:00", (A,), walltime_lead_s=45)
     deployment = load_deployment(config)
-    served = None
+    served = Session(config, (A,))
     try:
-        served = Session(config, (A,))
+        served.wait_serving()
         first = _replica(deployment, A)
         began = time.time()
         wait_until(lambda: first["id"] not in {r["id"] for r in replicas(deployment)}, 200,
                    "the first replica rotated out")
         time.sleep(3)
+        assert served.traffic is not None
         answers = served.traffic.since(began)
         failures = served.failures_since(began)
         successor = _replica(deployment, A)
     finally:
-        if served is not None:
-            served.close()
+        served.close()
         _cancel(slurm_cluster, deployment)
     assert failures == [], failures
     assert len(answers) > 50 and successor["id"] != first["id"]
+    print(f"walltime rotation: {len(answers)} requests, {len(failures)} failed")
 
 
 def test_serve_with_an_infeasible_min_replicas_exits_2_naming_it_and_submits_nothing(

@@ -1,10 +1,16 @@
 """Planning on a busy site: examples/university.yaml on a snapshot with every GPU held by other
-users (tests/data/plan/university-busy-snapshot.json, constructed by make_university_busy.py:
-no such site is at hand) plans only runnable replicas with their expected start; GPU types,
-partitions and limits the site has are turned into solver inputs and warnings."""
+users plans only runnable replicas with their expected start; GPU types, partitions and limits
+the site has are turned into solver inputs and warnings.
+
+Two snapshots: tests/data/plan/local-busy-snapshot.json is recorded (the local cluster made
+busy, Slurm's own estimates; the example renamed to its partitions, tests/support/
+university_local.py); tests/data/plan/university-busy-snapshot.json is constructed by
+make_university_busy.py for what no local recording shows: the example's own partition names
+and GRES types as NVML autodetect writes them (``nvidia_a100-sxm4-80gb``)."""
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -382,3 +388,53 @@ def test_the_users_other_jobs_count_against_max_jobs_in_the_deployments_account(
         update={"cluster": deployment.cluster.model_copy(update={"account": None})}
     )
     assert availability.job_limits(default, crowded).other_jobs == 5
+
+
+LOCAL_BUSY = REPO / "tests" / "data" / "plan" / "local-busy-snapshot.json"
+
+
+def test_the_university_case_on_the_local_cluster_recorded_busy(tmp_path, cache):
+    """The "Done when" case on real recorded output: the local cluster with every GPU held by
+    another lab's jobs (tests/data/plan/record_local_busy.py: nodes, partitions, limits and
+    Slurm's own ``sbatch --test-only`` estimates, as ``coral-hpc plan --save-snapshot`` saved
+    them) and examples/university.yaml renamed to its partitions: only runnable replicas,
+    each with its expected start."""
+    from tests.support.university_local import write_university_local
+
+    deployment = load_deployment(write_university_local(tmp_path))
+    snapshot = ClusterSnapshot.from_json(LOCAL_BUSY.read_text())
+    assert all(n.gpus_free == 0 for n in snapshot.nodes if n.gpus_total)  # every GPU held
+    answered = [e for e in snapshot.estimates if e.start is not None]
+    assert answered and all(e.wait_s > 0 for e in answered)  # nothing would start now
+    # shapes no node has (two a100-80g nodes: there is one) are Slurm's refusals, with its words
+    assert all("Requested node configuration is not available" in (e.error or "")
+               for e in snapshot.estimates if e.start is None)
+    outcome = plan_on(deployment, snapshot, cache)
+    assert outcome.problems == ()
+    plan = outcome.solved.plan
+    rows = list(plan.rows) + list(plan.queued)
+    for row in rows:
+        _runnable(deployment, row)
+        assert not row.template.heterogeneous  # the partitions run different vLLM images
+    # every model with something to serve has a replica planned or queued, or the plan says
+    # why not: one `plan` spends 6 probes (cluster.slurm.probe_calls_per_min), smallest shapes
+    # first, and recorded so, llama-70b's 4-GPU shapes were not reached (serve probes them in
+    # a later epoch, when the budget has refilled)
+    for model in deployment.models:
+        spec = next(m for m in outcome.solved.models if m.name == model.name)
+        if model.min_replicas or spec.demand_rps > 0:
+            assert any(r.model == model.name for r in rows) or (
+                f"model {model.name}: nothing to queue (no Slurm estimate for a shape of its "
+                "templates)" in plan.binding), model.name
+    assert sum(1 for m in deployment.models if any(r.model == m.name for r in rows)) >= 4
+    doc = plan_json(outcome)
+    starts = [r["start"] for r in doc["replicas"]]
+    assert starts and all(START.match(s) for s in starts) and "now" not in starts
+    # a row within the horizon starts when Slurm said (its estimate, to the minute)
+    said = {math.ceil(e.wait_s / 60) * 60 for e in answered}
+    assert {r.wait_s for r in plan.rows} <= said
+    printed = CliRunner().invoke(plan_command, [str(tmp_path / "university-local.yaml"),
+                                                "--snapshot", str(LOCAL_BUSY), "--wide",
+                                                "--cache-dir", str(cache)])
+    assert printed.exit_code == 0, printed.output
+    assert re.search(r"expected in \d+ min|queued", printed.output), printed.output

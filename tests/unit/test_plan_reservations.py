@@ -169,3 +169,25 @@ def test_submitit_and_the_hetjob_script_pass_the_reservation():
     template = Template("qwen3-8b", 1, (Stage("a100", 36),), 1.0)
     layout = layout_of(template, ("a100@lab-res",), "qwen3-8b")
     assert layout.stages[0].partition == "a100" and layout.stages[0].reservation == "lab-res"
+
+
+def test_a_replica_on_a_reserved_node_is_not_on_an_unavailable_one():
+    # Slurm flags a node of an active reservation RESERVED: our replica running there in the
+    # reservation must not be replaced as if the node were draining (found on the local
+    # cluster: it was, every cycle, and never became READY)
+    from coral_hpc.reconcile.observe import on_unavailable, unavailable_places
+    from coral_hpc.records import ReplicaRecord
+
+    snap = full(ClusterSnapshot.from_json(DEVCLUSTER.read_text()), reserved="v100-02")
+    partitions = [p.name for p in load_deployment(MODELS).cluster.partitions]
+    record = ReplicaRecord(id="r1", model="qwen3-8b", template_id="t", layout=None,
+                           partitions=("v100@lab-res",), throughput=1.0, cost_per_hour=1.0,
+                           created_at=0.0, nodes="v100-02")
+    assert not on_unavailable(record, unavailable_places(snap, partitions))
+    # a drained partition still counts for a replica in one of its reservations
+    drained = replace(snap, partitions=tuple(replace(p, state="drain") if p.name == "v100" else p
+                                             for p in snap.partitions))
+    assert on_unavailable(record, unavailable_places(drained, partitions))
+    down = replace(snap, nodes=tuple(replace(n, state="down") if n.name == "v100-02" else n
+                                     for n in snap.nodes))
+    assert on_unavailable(record, unavailable_places(down, partitions))

@@ -105,6 +105,16 @@ CASES = [
      [rec("a"), rec("b", ended_at=90.0, end_state="CANCELLED")], set(), [("submit", "t1", None)]),
     ("unhealthy within grace: kept, no successor yet",
      plan(slot("t1", 1)), [rec("a", health_failures=3, health_ok_at=80.0)], set(), []),
+    # seen on the real engine: near walltime, its successor still starting, the host loaded so
+    # /health answers late: cancelling it left the model with no replica at all
+    ("unhealthy within grace near walltime, successor starting: kept, its model's last server",
+     plan(slot("t1", 1)),
+     [rec("a", started_at=-500.0, time_limit_s=800.0, health_failures=3, health_ok_at=80.0),
+      rec("b", "starting", started_at=60.0)], set(), []),
+    ("unhealthy near walltime, successor READY: cancelled",
+     plan(slot("t1", 1)),
+     [rec("a", started_at=-500.0, time_limit_s=800.0, health_failures=3, health_ok_at=80.0),
+      rec("b", started_at=60.0)], set(), [("cancel", "a")]),
     ("unhealthy too long: cancelled and replaced",
      plan(slot("t1", 1)), [rec("a", health_failures=3, health_ok_at=60.0)], set(),
      [("cancel", "a"), ("submit", "t1", "a")]),

@@ -67,6 +67,20 @@ def test_time_left_and_walltime_lead():
     assert status(record, now=600.0).needs_successor
 
 
+def test_a_learnt_start_up_longer_than_the_lead_starts_the_successor_earlier():
+    # seen on the real engine: a 180 s lead, engines READY 260 s after submit on a loaded host,
+    # the old replicas drained at Slurm's warning before their successors served. Usable until
+    # 900; learnt start-up 450 s > lead 300 s: the successor is due at 450, not 600
+    from dataclasses import replace
+
+    learnt = replace(S, startup_s=450.0)
+    record = rec("a", started_at=0.0, time_limit_s=1000.0)
+    facts = ReplicaFacts(record)
+    assert not replica_status(facts, 449.0, learnt).near_walltime
+    assert replica_status(facts, 450.0, learnt).near_walltime
+    assert not replica_status(facts, 450.0, S).near_walltime  # the configured lead alone: 600
+
+
 def test_walltime_lead_is_at_most_half_a_short_usable_time():
     # limit 120 s: the warning comes at most half-way (60 s); lead at most half of that: 30 s
     record = rec("a", started_at=0.0, time_limit_s=120.0)

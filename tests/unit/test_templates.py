@@ -208,7 +208,23 @@ def test_templates_with_a_minimum_layer_stage_are_the_exact_best_layouts():
         assert sum(s.layers for s in t.stages) == 12
 
 
-def test_qwen3_235b_on_two_4xh100_stages_gets_a_template_with_the_azure_code_mix():
+@pytest.fixture
+def ring_stall():
+    """The model with prompts stalling the pipeline ring: the accounting the paper evaluation's
+    what-if plans on (measured False for the shipped model, bench/results/paper_pp.md)."""
+    from coral_solver import perf
+
+    saved = perf.PROMPTS_STALL_RING
+    perf.PROMPTS_STALL_RING = True
+    perf.configure()
+    yield
+    perf.PROMPTS_STALL_RING = saved
+    perf.configure()
+
+
+def test_qwen3_235b_on_two_4xh100_stages_gets_a_template_with_the_azure_code_mix(ring_stall):
+    """Under the ring accounting a stage of few layers is infeasible with this mix, more layers
+    feasible: the stage table must keep the feasible tail."""
     from coral_solver.templates import PerfThroughput, _stage_tables
 
     model = ModelSpec("q235", "qwen3-235b-a22b", 2048, 28, 4.0, 0.2)
