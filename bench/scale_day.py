@@ -211,6 +211,9 @@ def findings(doc: dict) -> list[str]:
     low = sorted((m for m in f["per_model"].items() if m[1]["slo_attainment"] < 0.95),
                  key=lambda kv: kv[1]["slo_attainment"])
     cpu = doc["cpu_s"]
+    threshold = doc["config"]["demand_change_threshold"]
+    default_plans = sum(doc.get("replans_by_threshold", {}).get("0.25", {}).values())
+    per_plan = sec.get("plan", 0.0) / max(plan["replans"], 1)
     out = [
         f"- **Wall time**: {wall:.0f} s against the {GOAL_S:.0f} s goal "
         f"({'met' if wall <= GOAL_S else 'missed'}); planning took {planning:.0f} s of it "
@@ -233,6 +236,15 @@ def findings(doc: dict) -> list[str]:
             "architecture, mix and SLO are what would shorten it."
             if demand > interval
             else f"- **Re-plans**: {demand} demand-triggered and {interval} on the interval."
+        ),
+        *(
+            [f"- **At the daemon's default threshold (0.25)** the same day asks for "
+             f"{default_plans} plans (trigger replay without "
+             "solving, scale_day_replans.json; at this run's threshold the replay gives "
+             f"{sum(doc['replans_by_threshold'].get(f'{threshold:g}', {}).values())}, the run "
+             f"{plan['replans']}): at this run's {per_plan:.1f} s of wall time per plan that "
+             f"is {default_plans * per_plan:.0f} s of planning alone."]
+            if "0.25" in doc.get("replans_by_threshold", {}) else []
         ),
         f"- **Cost and goodput**: ${day['cost_per_hour_mean']:,.0f}/h on average (max "
         f"${day['cost_per_hour_max']:,.0f}) for {day['mean_gpus']:,.0f} GPUs in use of "
@@ -258,6 +270,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     if args.render_only:
         doc = json.loads((args.out / "scale_day.json").read_text())
+        replans = args.out / "scale_day_replans.json"
+        if replans.is_file():
+            doc["replans_by_threshold"] = json.loads(replans.read_text())["replans_by_threshold"]
         doc["findings"] = findings(doc)
         (args.out / "scale_day.json").write_text(json.dumps(doc, indent=1) + "\n")
         (args.out / "scale_day.md").write_text(markdown(doc))
