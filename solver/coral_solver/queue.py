@@ -58,7 +58,9 @@ def queue_unplaced(plan: Plan, models: list[ModelSpec], library: dict[str, list[
     docstring); unchanged when every model has a replica or Slurm gave no estimate."""
     if not cluster.queue_options:
         return plan
-    placed = Counter(row.model for row in plan.rows)
+    placed: Counter[str] = Counter()
+    for row in plan.rows:
+        placed[row.model] += row.count      # replicas, not rows: a row may start several
     quota_use: Counter[str] = Counter()
     for row in plan.rows:
         for stage, p in zip(row.template.stages, row.partitions):

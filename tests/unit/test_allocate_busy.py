@@ -262,3 +262,25 @@ def test_min_replicas_that_cannot_start_now_are_queued_instead_of_no_plan():
     # without any Slurm estimate the checker still says min_replicas is not met
     bare = allocate(models, library, replace(cluster, queue_options=()), EXACT)
     assert any("min_replicas 2" in p for p in check_plan(bare, models, cluster, library, tm))
+
+
+def test_min_replicas_queues_only_what_the_started_replicas_leave_missing():
+    # two replicas start now in ONE plan row (count 2) on n1; min_replicas 4 asks for two more,
+    # not three: the queue counted plan rows instead of replicas, and the checker then refused
+    # the plan ("already has replicas"), so serve retried for ever
+    tm = _single_tm()
+    models = [ModelSpec("m", "m", 100, 100, 1.0, 0.1, demand_rps=0.0, min_replicas=4)]
+    nodes = (
+        NodeGroup("a1", "a", 2, 40, ("n1",), (2,)),
+        NodeGroup("a2", "a", 2, 40, ("n2",), (0,)),
+    )
+    parts = (
+        Partition("p1", ("a1",), prices={"a": 1.0}),
+        Partition("p2", ("a2",), prices={"a": 1.0}),
+    )
+    cluster = Cluster(nodes, parts, queue_options=(QueueOption("p2", "a", 1, 1, 4000.0, ("n2",)),))
+    library = _library(models, cluster, tm)
+    plan = allocate(models, library, cluster, EXACT)
+    assert [row.count for row in plan.rows] == [2]
+    assert sum(q.count for q in plan.queued) == 2
+    assert check_plan(plan, models, cluster, library, tm) == []
