@@ -389,7 +389,13 @@ def _first_feasible_batch(feasible: Callable[[int], tuple[bool, float]], b_max: 
 #: 3.7, where the ring charge predicts 0.69 and the own-micro-batch charge 1.07), so the ring
 #: charge is dropped. What PP cost there is a per-step hand-off (55-83 ms per stage boundary on
 #: that shared 2-core host, not the GPU link the calibration prices).
-PROMPTS_STALL_RING = False
+#: KEPT True for now, against that measurement: the sim engine's pipeline
+#: (coral_hpc.engine.pipeline.PipelineClock: a stage serves one micro-batch at a time, in order)
+#: still makes a prompt in one micro-batch delay the others at its stage — the ring — and with
+#: False the planner promised a 3-stage llama-70b pipeline 0.62 req/s that the sim engine serves
+#: 61 % within SLO (tests/e2e/test_slo_under_load.py), so plan and sim would disagree. Dropping
+#: the ring needs the sim's pipeline changed with it (issue 13).
+PROMPTS_STALL_RING = True
 
 
 def _model_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_stages: int,
