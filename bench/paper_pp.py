@@ -3,7 +3,8 @@
 The question: under pipeline parallelism, does a prompt stall the whole ring of S micro-batches
 (each stage then pays S x b / n_out prompts per step: ``coral_solver.perf.PROMPTS_STALL_RING =
 True``, the model's assumption until measured), or does each stage pay only its own micro-batch's
-b / n_out? Measured: the latter (``PROMPTS_STALL_RING = False`` cites bench/results/paper_pp.md).
+b / n_out? Measured: the latter (bench/results/paper_pp.md). The planner still uses the
+ring (``PROMPTS_STALL_RING = True``) until the sim engine's pipeline changes with it (see perf.py).
 
 Measure first, on the real engine (vLLM's CPU build and the generated test models, in Slurm jobs,
 under the shared lock), at a prompt-heavy and a decode-heavy mix, PP 1 and 2 on one partition and
