@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 CLUSTER := scripts/dev-cluster
 export SLURM_CONF ?= /var/tmp/coral-dev-cluster/etc/slurm.conf
 
-.PHONY: demo demo-vllm test test-vllm vllm-env unit integration venv cluster cluster-down lint wheel-check clean
+.PHONY: demo demo-vllm test test-replacement test-vllm vllm-env unit integration venv cluster cluster-down lint wheel-check clean
 
 venv: $(STAMP)
 
@@ -40,7 +40,12 @@ demo-vllm: venv cluster vllm-env
 	@scripts/demo-vllm
 
 test: venv cluster vllm-env
-	$(BIN)/python -m pytest tests -q
+	$(BIN)/python -m pytest tests -q -m "not replacement"
+
+# the real-engine replacement session (drain, scancel, walltime rotation with no READY gap):
+# ~10 min, and its engines' start-up on a loaded 2-core machine can outrun its 9-min time limit
+test-replacement: venv cluster vllm-env
+	$(BIN)/python -m pytest tests/vllm/test_replace_vllm.py -q -m replacement
 
 # the real-engine lane alone (marker vllm)
 test-vllm: venv cluster vllm-env
