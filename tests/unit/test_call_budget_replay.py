@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import threading
 from collections import Counter
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from coral_hpc.slurm.budget import CallBudget
 from coral_hpc.slurm.errors import classify
 from coral_hpc.slurm.runner import CommandResult, command_kind
 from coral_hpc.store import open_store
+from tests.support.virtual_time import VirtualClock, VirtualStop
 
 RECORDING = Path(__file__).resolve().parents[1] / "data" / "slurm" / "big-22.05.json.gz"
 MINUTES = 5
@@ -68,29 +68,6 @@ class ReplayRunner(CommandRunner):
         if answer["rc"]:
             raise classify(argv, answer["rc"], answer["stderr"])
         return CommandResult(tuple(argv), answer["stdout"], answer["stderr"], 0.0)
-
-
-class VirtualClock:
-    def __init__(self, now: float):
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class VirtualStop(threading.Event):
-    """The loop's sleeps pass virtual time; set once ``until`` is reached."""
-
-    def __init__(self, clock: VirtualClock, until: float):
-        super().__init__()
-        self.clock, self.until = clock, until
-
-    def is_set(self) -> bool:
-        return self.clock.now >= self.until
-
-    def wait(self, timeout: float | None = None) -> bool:
-        self.clock.now += timeout or 0.0
-        return self.is_set()
 
 
 def _config(tmp_path: Path) -> Path:

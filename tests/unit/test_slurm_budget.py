@@ -3,40 +3,16 @@ command, and the reconcile loop waiting for it."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 
 from coral_hpc.daemon.core import Loop
 from coral_hpc.slurm.budget import CallBudget
 from coral_hpc.slurm.runner import CommandRunner
-
-
-class Clock:
-    def __init__(self, now: float = 1000.0):
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class VirtualStop(threading.Event):
-    """A stop event whose waits pass virtual time, set once ``until`` is reached."""
-
-    def __init__(self, clock: Clock, until: float):
-        super().__init__()
-        self.clock, self.until = clock, until
-
-    def is_set(self) -> bool:
-        return self.clock.now >= self.until
-
-    def wait(self, timeout: float | None = None) -> bool:
-        self.clock.now += timeout or 0.0
-        return self.is_set()
+from tests.support.virtual_time import VirtualClock, VirtualStop
 
 
 def test_at_most_the_budget_in_any_minute_with_the_probes_share_kept_while_probing():
-    clock = Clock()
+    clock = VirtualClock()
     budget = CallBudget(30, probe_calls_per_min=6, clock=clock)
     assert budget.wait_s(3) == 0.0
     assert budget.cycle_spacing_s(3) == pytest.approx(6.0)  # not probing: 30 a minute
@@ -74,7 +50,7 @@ def test_every_command_the_runner_runs_is_charged_failures_included():
     assert sum(runner.calls.values()) == 2
 
 
-def _observe_and_probe(budget: CallBudget, clock: Clock, steps: list[float]):
+def _observe_and_probe(budget: CallBudget, clock: VirtualClock, steps: list[float]):
     def step() -> None:  # an observe cycle (3 calls) plus, every 60 s, six probes at once
         steps.append(clock.now)
         budget.spend(3)
@@ -90,7 +66,7 @@ def _busiest_minute(events: list[tuple[float, int]]) -> int:
 
 
 def test_the_reconcile_loop_waits_for_the_budget_instead_of_overspending():
-    clock = Clock()
+    clock = VirtualClock()
     budget = CallBudget(30, probe_calls_per_min=6, clock=clock)
     calls: list[tuple[float, int]] = []
     original = budget.spend
@@ -111,7 +87,7 @@ def test_the_reconcile_loop_waits_for_the_budget_instead_of_overspending():
     assert max(gaps) <= 7.5 + 1e-6  # and no probe burst pushes a cycle back beyond 24/min
 
     # without the pace the same loop overspends: the checks above can fail
-    clock2 = Clock()
+    clock2 = VirtualClock()
     budget2 = CallBudget(30, probe_calls_per_min=6, clock=clock2)
     calls.clear()
     original = budget2.spend
