@@ -334,6 +334,7 @@ def _from_restricted(restricted: Restricted, sm: Stage2Model, runner: _Runner) -
     """The cost phase of the whole model started from the restricted plan: that plan serves
     every demand, so the served-fraction phase is skipped; it is HiGHS's first incumbent (and
     the answer if the time runs out), and the bound proven on the restriction's way counts."""
+    assert restricted.result.x is not None  # a restriction is returned only with its point
     start = lift_point(restricted.sm, restricted.result.x, sm)
     phi = sm.demand["phi"]
     start[phi] = 1.0
@@ -411,7 +412,8 @@ def _alone(data: Prepared, library, cluster: Cluster, policy: Policy,
            deadline: float) -> _Alone | None:
     """:class:`_Alone`, or None when some model alone has no proven optimum serving its demand
     (it cannot meet it, or the time ran out)."""
-    bound, rows = 0.0, []
+    bound = 0.0
+    rows: list[PlanRow] = []
     for model in data.models:
         left = max(deadline - time.perf_counter(), 0.05)
         sub_policy = replace(policy, time_limit_s=max(left / 2, 0.05))
