@@ -70,6 +70,13 @@ COST_PHASE_OPTIONS = {"mip_heuristic_run_rins": False, "mip_heuristic_run_rens":
 #: before the whole model is solved instead
 CERTIFIED_SHARE = 0.4
 
+#: the certified restriction pays a few small MIPs per model and round (its relaxations, ~10 ms
+#: each in HiGHS), the whole model a cost that grows with its template columns: it is tried only
+#: when a model has this many templates on average. Measured on 2 cores: the paper-scale
+#: library (6 models, ~900 templates each) re-plans 5-7× faster with it; a site day's 50 models
+#: with ~13 each, 2.5× slower (3.8 s vs 1.5 s; bench/results/stage_scale.md, scale_day.md)
+CERTIFIED_MIN_TEMPLATES_PER_MODEL = 100
+
 #: when the restriction's plan is not proven: solve on from it (a start, each model's own
 #: optimum as a tighter bound) rather than the whole model from nothing; off only to measure
 #: the difference (bench/stage_scale.py)
@@ -248,7 +255,8 @@ def _allocate(
     policy = policy if policy is not None else Policy()
     data = prepare(models, library, cluster, policy)
     restricted = None
-    if backend == "highs" and policy.prune:
+    if backend == "highs" and policy.prune and \
+            len(data.templates) >= CERTIFIED_MIN_TEMPLATES_PER_MODEL * len(data.models):
         # every demand met on a small restriction, proven optimal by per-model relaxations
         restricted = certified_restriction(models, library, cluster, policy, data,
                                            began + CERTIFIED_SHARE * policy.time_limit_s)
@@ -342,11 +350,18 @@ def _from_restricted(restricted: Restricted, sm: Stage2Model, runner: _Runner) -
     outcome = runner.minimise(sm.cost, start=start)
     objective = float(sm.cost @ start)
     bound = max(outcome.bound, restricted.bound)
-    if (outcome.result.x is None or outcome.result.objective > objective) \
-            and feasible(sm.lm, start, runner.col_lower, runner.col_upper):
-        kept = SolveResult("feasible", start, objective, restricted.bound, math.inf, 0.0)
-        return _Outcome(kept, min(bound, objective), outcome.columns)
-    return _Outcome(outcome.result, bound, outcome.columns)
+    scale = max(abs(objective), 1e-9)
+    found = outcome.result
+    if found.x is not None and found.objective <= objective + 1e-9 * scale:
+        return _Outcome(found, bound, outcome.columns)
+    if not feasible(sm.lm, start, runner.col_lower, runner.col_upper):
+        return _Outcome(found, bound, outcome.columns)
+    # out of time (or no better plan): the start is the answer, proven as far as the bound goes
+    bound = min(bound, objective)
+    proven = objective - bound <= runner.policy.mip_gap * scale + 1e-9
+    kept = SolveResult("optimal" if proven else "feasible", start, objective, bound,
+                       (objective - bound) / scale, found.seconds)
+    return _Outcome(kept, bound, outcome.columns)
 
 
 def feasible(lm: LinearModel, x: np.ndarray, col_lower: np.ndarray, col_upper: np.ndarray,

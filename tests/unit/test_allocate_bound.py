@@ -30,6 +30,15 @@ from coral_solver.types import (
 POLICY = Policy(startup_penalty=3.0, mip_gap=0.0, time_limit_s=30)
 
 
+@pytest.fixture(autouse=True)
+def _certified_path_at_any_size(monkeypatch):
+    """These instances are small enough to check against the whole model, far below the
+    library size at which allocate takes the certified path by itself: take it always."""
+    from coral_solver import allocate as allocate_module
+
+    monkeypatch.setattr(allocate_module, "CERTIFIED_MIN_TEMPLATES_PER_MODEL", 0)
+
+
 def _t(gpu: str, throughput: float, role: str = "both", layers: int = 4) -> Template:
     return Template("m", 1, (Stage(gpu, layers),), throughput, role=role)
 
@@ -193,3 +202,16 @@ def test_an_unproven_restricted_plan_starts_the_whole_model_at_the_same_optimum(
     assert warm.phases["objective"] == pytest.approx(reference.phases["objective"], rel=1e-6)
     assert cold.phases["objective"] == pytest.approx(reference.phases["objective"], rel=1e-6)
     assert check_plan(warm, inst.models, inst.cluster, library, inst.throughput) == []
+
+
+def test_a_library_of_few_templates_per_model_is_solved_whole(monkeypatch):
+    from coral_solver import allocate as allocate_module
+
+    monkeypatch.setattr(allocate_module, "CERTIFIED_MIN_TEMPLATES_PER_MODEL", 100)
+    models, library, cluster = _two_models_one_weak_relaxation()
+    policy = replace(POLICY, startup_penalty=0.0)
+    seen = _proven_flags(monkeypatch)
+    plan = allocate(models, library, cluster, policy)
+    assert seen == []  # 4 templates for 2 models: the relaxations would cost more than they save
+    assert "restricted_templates" not in plan.phases
+    assert plan.status == "optimal" and plan.cost_per_hour == pytest.approx(3.6)
