@@ -11,7 +11,8 @@
    demand; keeping both, minimise cost.
 
 When models do not compete for GPUs, solving each alone and fixing the union is exact and much
-faster (:func:`_decomposed`): tried first. If the time limit ends a phase without a plan, the
+faster on a large library (:func:`_decomposed`): tried first there
+(``PER_MODEL_SHORTCUTS_MIN_TEMPLATES``). If the time limit ends a phase without a plan, the
 previous phase's plan is returned (gap unknown), or a greedy one when there is none at all.
 
 Speed comes from the formulation, exactly: availability removes templates that cannot fit; each
@@ -70,12 +71,14 @@ COST_PHASE_OPTIONS = {"mip_heuristic_run_rins": False, "mip_heuristic_run_rens":
 #: before the whole model is solved instead
 CERTIFIED_SHARE = 0.4
 
-#: the certified restriction pays a few small MIPs per model and round (its relaxations, ~10 ms
-#: each in HiGHS), the whole model a cost that grows with its template columns: it is tried only
-#: when a model has this many templates on average. Measured on 2 cores: the paper-scale
-#: library (6 models, ~900 templates each) re-plans 5-7× faster with it; a site day's 50 models
-#: with ~13 each, 2.5× slower (3.8 s vs 1.5 s; bench/results/stage_scale.md, scale_day.md)
-CERTIFIED_MIN_TEMPLATES_PER_MODEL = 100
+#: the two per-model shortcuts — the certified restriction and the decomposition — pay a few
+#: small MIPs per model (its relaxations or its own plan, ~3-10 ms each in HiGHS), the whole
+#: model a cost that grows with its template columns: they are tried only when a model has
+#: this many templates on average. Measured on 2 cores: the paper-scale library (6 models,
+#: ~720 templates each after availability) re-plans 5-7× faster with them; a site day's 50
+#: models with ~13 each took 3.8 s with both, 1.3 s with the decomposition only and 0.3 s with
+#: neither (bench/results/stage_scale.md, scale_day.md)
+PER_MODEL_SHORTCUTS_MIN_TEMPLATES = 100
 
 #: when the restriction's plan is not proven: solve on from it (a start, each model's own
 #: optimum as a tighter bound) rather than the whole model from nothing; off only to measure
@@ -255,8 +258,8 @@ def _allocate(
     policy = policy if policy is not None else Policy()
     data = prepare(models, library, cluster, policy)
     restricted = None
-    if backend == "highs" and policy.prune and \
-            len(data.templates) >= CERTIFIED_MIN_TEMPLATES_PER_MODEL * len(data.models):
+    shortcuts = len(data.templates) >= PER_MODEL_SHORTCUTS_MIN_TEMPLATES * len(data.models)
+    if backend == "highs" and policy.prune and shortcuts:
         # every demand met on a small restriction, proven optimal by per-model relaxations
         restricted = certified_restriction(models, library, cluster, policy, data,
                                            began + CERTIFIED_SHARE * policy.time_limit_s)
@@ -283,7 +286,7 @@ def _allocate(
     phases: dict[str, float] = {}
 
     outcome = None
-    if backend == "highs" and policy.prune and len(data.models) > 1:
+    if backend == "highs" and policy.prune and shortcuts and len(data.models) > 1:
         outcome = _decomposed(data, sm, runner, library, cluster, policy, alone)
     status = "optimal"
     if outcome is None and restricted is not None:

@@ -36,7 +36,7 @@ def _certified_path_at_any_size(monkeypatch):
     library size at which allocate takes the certified path by itself: take it always."""
     from coral_solver import allocate as allocate_module
 
-    monkeypatch.setattr(allocate_module, "CERTIFIED_MIN_TEMPLATES_PER_MODEL", 0)
+    monkeypatch.setattr(allocate_module, "PER_MODEL_SHORTCUTS_MIN_TEMPLATES", 0)
 
 
 def _t(gpu: str, throughput: float, role: str = "both", layers: int = 4) -> Template:
@@ -207,7 +207,7 @@ def test_an_unproven_restricted_plan_starts_the_whole_model_at_the_same_optimum(
 def test_a_library_of_few_templates_per_model_is_solved_whole(monkeypatch):
     from coral_solver import allocate as allocate_module
 
-    monkeypatch.setattr(allocate_module, "CERTIFIED_MIN_TEMPLATES_PER_MODEL", 100)
+    monkeypatch.setattr(allocate_module, "PER_MODEL_SHORTCUTS_MIN_TEMPLATES", 100)
     models, library, cluster = _two_models_one_weak_relaxation()
     policy = replace(POLICY, startup_penalty=0.0)
     seen = _proven_flags(monkeypatch)
