@@ -1039,12 +1039,12 @@ def field_line(path: str | Path, loc: tuple[str | int, ...]) -> int:
 # --------------------------------------------------------------------------- model weights (ops)
 
 
-def check_private_file(path: str, what: str) -> None:
-    """Refuse a secret file that is missing, empty, not this user's, or that group or others
-    could read (as ssh refuses a loose private key). ValueError says how to fix it."""
+def stat_private_file(file: Path, what: str) -> os.stat_result:
+    """The ``stat`` of secret file ``file`` once it may hold a secret: it exists, is this user's,
+    and neither group nor others may read it (as ssh refuses a loose private key). ValueError
+    says how to fix it; ``what`` names the file."""
     import stat
 
-    file = Path(path).expanduser()
     try:
         info = file.stat()
     except OSError as exc:
@@ -1056,7 +1056,14 @@ def check_private_file(path: str, what: str) -> None:
             f"{what} file {file} has mode {stat.S_IMODE(info.st_mode):o}: group or others may "
             f"read it; run `chmod 600 {file}`"
         )
-    if info.st_size == 0:
+    return info
+
+
+def check_private_file(path: str, what: str) -> None:
+    """Refuse a secret file that is missing, empty, not this user's, or that group or others
+    could read (:func:`stat_private_file`). ValueError says how to fix it."""
+    file = Path(path).expanduser()
+    if stat_private_file(file, what).st_size == 0:
         raise ValueError(f"{what} file {file} is empty")
 
 
