@@ -380,6 +380,24 @@ def _first_feasible_batch(feasible: Callable[[int], tuple[bool, float]], b_max: 
     return 0, 0.0
 
 
+def _largest_feasible_batch(feasible: Callable[[int], tuple[bool, float]], lo: int,
+                            t_lo: float, b_max: int) -> tuple[int, float]:
+    """(largest feasible batch in [lo, b_max], its mean step), by bisection: ``lo`` is feasible
+    with mean step ``t_lo``, and feasibility is monotone from ``lo`` up (the caller's claim)."""
+    hi = b_max
+    ok, t_hi = feasible(hi)
+    if ok:
+        return hi, t_hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        ok, t_mid = feasible(mid)
+        if ok:
+            lo, t_lo = mid, t_mid
+        else:
+            hi = mid
+    return lo, t_lo
+
+
 #: Pipeline accounting of prompts: True, a prompt stalls the whole ring of S micro-batches, so
 #: each stage pays S x b / n_out prompts per step of its own; False, each stage pays its own
 #: micro-batch's b / n_out (vLLM schedules a prompt into one micro-batch, and every stage runs
@@ -497,21 +515,10 @@ def throughput_from_coeffs(c: StageCoeffs, cap: int, n_stages: int, slo: Slo, mi
         return 0.0
     # Above the first feasible batch, feasibility is monotone: the mean step, the prompts per
     # step and the KV wait all grow with b, and the surge factor keeps falling.
-    hi = b_max
-    ok, t_hi = feasible(hi)
-    if ok:
-        lo, t_lo = hi, t_hi
-    else:
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            ok, t_mid = feasible(mid)
-            if ok:
-                lo, t_lo = mid, t_mid
-            else:
-                hi = mid
+    b, t_b = _largest_feasible_batch(feasible, lo, t_lo, b_max)
     # b / step(b) grows with b (step time has a positive intercept and grows at most linearly),
     # so the largest feasible batch gives the most requests per second.
-    return lo / (n_out * t_lo)
+    return b / (n_out * t_b)
 
 
 @functools.lru_cache(maxsize=262144)
