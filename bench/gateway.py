@@ -195,6 +195,37 @@ class Procs:
             self.stop(proc)
 
 
+def start_coral_gateway(procs: Procs, work: Path, deployment: str, output_tokens: int,
+                        up_port: int, core: str) -> tuple[int, subprocess.Popen]:
+    """``coral-hpc gateway`` pinned to ``core`` on a free port, routing its one model ``bench``
+    (``output_tokens`` per request, which its metering expects) to the upstream on ``up_port``;
+    (port, process) once it listens and has read its table."""
+    gw_port = free_port()
+    models = work / "models.yaml"
+    models.write_text(f"""
+deployment: {deployment}
+state_dir: {work}/state
+db_path: {work}/db.sqlite
+cluster: {{partitions: [{{name: gpu}}]}}
+engine: {{kind: sim}}
+gateway: {{listen: "127.0.0.1:{gw_port}"}}
+models:
+  - {{name: bench, source: org/bench, architecture: qwen3-8b,
+     mix: {{input_tokens: 3, output_tokens: {output_tokens}}}, demand: {{requests_per_s: 1}},
+     slo: {{ttft_s: 1, tpot_s: 0.1}}}}
+""")
+    table = work / "table.json"
+    write_routing_table(table, RoutingTable(version=1, models={
+        "bench": (ReplicaRoute("up", f"http://127.0.0.1:{up_port}", 1.0),)}))
+    coral = procs.start(["taskset", "-c", core,
+                         str(Path(sys.executable).parent / "coral-hpc"), "gateway",
+                         str(models), "--table", str(table), "--log-level", "warning"],
+                        work / "coral.log")
+    wait_port(gw_port)
+    time.sleep(1.0)   # first table poll
+    return gw_port, coral
+
+
 def nginx_conf(work: Path, name: str, port: int, body: str, upstream_port: int) -> Path:
     """A one-worker nginx config; ``body`` is the server's ``location /`` block."""
     prefix = work / name
@@ -314,29 +345,7 @@ def main() -> None:
         results["direct"] = measure("direct", up_port, args, work)
 
         # (a) coral-hpc gateway
-        gw_port = free_port()
-        models = work / "models.yaml"
-        models.write_text(f"""
-deployment: bench
-state_dir: {work}/state
-db_path: {work}/db.sqlite
-cluster: {{partitions: [{{name: gpu}}]}}
-engine: {{kind: sim}}
-gateway: {{listen: "127.0.0.1:{gw_port}"}}
-models:
-  - {{name: bench, source: org/bench, architecture: qwen3-8b,
-     mix: {{input_tokens: 3, output_tokens: 7}}, demand: {{requests_per_s: 1}},
-     slo: {{ttft_s: 1, tpot_s: 0.1}}}}
-""")
-        table = work / "table.json"
-        write_routing_table(table, RoutingTable(version=1, models={
-            "bench": (ReplicaRoute("up", f"http://127.0.0.1:{up_port}", 1.0),)}))
-        coral = procs.start(["taskset", "-c", args.proxy_core,
-                             str(Path(sys.executable).parent / "coral-hpc"), "gateway",
-                             str(models), "--table", str(table), "--log-level", "warning"],
-                            work / "coral.log")
-        wait_port(gw_port)
-        time.sleep(1.0)   # first table poll
+        gw_port, coral = start_coral_gateway(procs, work, "bench", 7, up_port, args.proxy_core)
         results["coral"] = measure("coral", gw_port, args, work, coral.pid)
         procs.stop(coral)
 

@@ -485,9 +485,15 @@ def measure(name: str, port: int, args, pgid: int | None) -> dict:
 
 
 def main_bench(args) -> None:
-    from gateway import Procs, ensure_tools, ensure_vllm_router, free_port, nginx_conf, wait_port
-
-    from coral_hpc.gateway.table import ReplicaRoute, RoutingTable, write_routing_table
+    from gateway import (
+        Procs,
+        ensure_tools,
+        ensure_vllm_router,
+        free_port,
+        nginx_conf,
+        start_coral_gateway,
+        wait_port,
+    )
 
     ncpu = os.cpu_count() or 1
     if args.load_cores is None:
@@ -509,29 +515,8 @@ def main_bench(args) -> None:
         args.upstream_port = up_port
         results["direct"] = measure("direct", up_port, args, None)
 
-        gw_port = free_port()
-        models = work / "models.yaml"
-        models.write_text(f"""
-deployment: benchstream
-state_dir: {work}/state
-db_path: {work}/db.sqlite
-cluster: {{partitions: [{{name: gpu}}]}}
-engine: {{kind: sim}}
-gateway: {{listen: "127.0.0.1:{gw_port}"}}
-models:
-  - {{name: bench, source: org/bench, architecture: qwen3-8b,
-     mix: {{input_tokens: 3, output_tokens: 100}}, demand: {{requests_per_s: 1}},
-     slo: {{ttft_s: 1, tpot_s: 0.1}}}}
-""")
-        table = work / "table.json"
-        write_routing_table(table, RoutingTable(version=1, models={
-            "bench": (ReplicaRoute("up", f"http://127.0.0.1:{up_port}", 1.0),)}))
-        coral = procs.start(["taskset", "-c", args.proxy_core,
-                             str(Path(sys.executable).parent / "coral-hpc"), "gateway",
-                             str(models), "--table", str(table), "--log-level", "warning"],
-                            work / "coral.log")
-        wait_port(gw_port)
-        time.sleep(1.0)
+        gw_port, coral = start_coral_gateway(procs, work, "benchstream", 100, up_port,
+                                             args.proxy_core)
         results["coral"] = measure("coral", gw_port, args, coral.pid)
         procs.stop(coral)
 
