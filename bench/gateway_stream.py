@@ -490,8 +490,9 @@ def main_bench(args) -> None:
         ensure_tools,
         ensure_vllm_router,
         free_port,
-        nginx_conf,
         start_coral_gateway,
+        start_nginx_proxy,
+        start_vllm_router,
         wait_port,
     )
 
@@ -520,34 +521,23 @@ def main_bench(args) -> None:
         results["coral"] = measure("coral", gw_port, args, coral.pid)
         procs.stop(coral)
 
-        nx_port = free_port()
-        nx_conf = nginx_conf(work, "proxy", nx_port,
-                             'proxy_pass http://replica; proxy_http_version 1.1; '
-                             'proxy_set_header Connection ""; proxy_buffering off;', up_port)
-        nginx = procs.start(["taskset", "-c", args.proxy_core, "nginx", "-c", str(nx_conf),
-                             "-g", "daemon off;"], work / "nginx.log")
-        wait_port(nx_port)
+        nx_port, nginx = start_nginx_proxy(procs, work, up_port, args.proxy_core)
         results["nginx"] = measure("nginx", nx_port, args, nginx.pid)
         procs.stop(nginx)
 
         if router_bin is None:
             notes["vllm-router"] = router_version
         else:
-            vr_port = free_port()
-            router = procs.start(["taskset", "-c", args.proxy_core, router_bin,
-                                  "--host", "127.0.0.1", "--port", str(vr_port),
-                                  "--worker-urls", f"http://127.0.0.1:{up_port}",
-                                  "--policy", "round_robin", "--log-level", "warning",
-                                  "--prometheus-port", str(free_port())],
-                                 work / "vllm-router.log")
+            router = None
             try:
-                wait_port(vr_port, 60)
-                time.sleep(1.0)
+                vr_port, router = start_vllm_router(procs, work, router_bin, up_port,
+                                                    args.proxy_core, settle_s=1.0)
                 results["vllm-router"] = measure("vllm-router", vr_port, args, router.pid)
             except RuntimeError as exc:
                 notes["vllm-router"] = f"did not serve: {exc}; log: " + (
                     work / "vllm-router.log").read_text()[-500:]
-            procs.stop(router)
+            if router is not None:
+                procs.stop(router)
     finally:
         procs.stop_all()
     write_results(args, results, notes, router_version if router_bin else None, load_start)
