@@ -13,7 +13,9 @@ within TTFT/S and TPOT/S (stage throughput is non-increasing in layers). The opt
 finitely many tabulated stage throughputs, so all multisets of one (t, S) are solved at once as a
 matrix product over those candidate values: exact, with no solver call per multiset. Templates
 dominated by another (no more stages of every configuration, at least the throughput) are dropped.
-The library is cached on disk by a hash of everything it depends on.
+The library is cached on disk by a hash of everything it depends on — the architecture, mix,
+SLO, allowed GPU types and roles, not the model's name — so models that share those share one
+entry (50 models of a site drawn from a few architectures need a few Stage-1 runs, not 50).
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ import hashlib
 import itertools
 import json
 import os
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -35,7 +38,8 @@ from coral_solver.types import ModelSpec, Policy, Stage, Template
 #: progress(model name, models done, models total)
 Progress = Callable[[str, int, int], None]
 
-CACHE_VERSION = 1
+#: 2: the key no longer holds the model's name (entries are shared between models)
+CACHE_VERSION = 2
 
 
 def default_cache_dir() -> Path:
@@ -71,6 +75,11 @@ class ThroughputModel(Protocol):
 
 class PerfThroughput:
     """The real performance model (:mod:`coral_solver.perf` over :mod:`coral_solver.catalog`)."""
+
+    #: its answers depend on a model's architecture, mix and SLO, never on its name: models
+    #: alike in those share one Stage-1 library (:func:`_cache_key`). A throughput model without
+    #: this attribute (a table keyed by model name) keeps one library per name.
+    answers_by_architecture = True
 
     def __init__(self) -> None:
         from coral_solver import (  # imported here: Stage 1 can run on a synthetic model
@@ -389,18 +398,45 @@ def drop_dominated(templates: list[Template]) -> list[Template]:
 
 
 def _cache_key(
-    tm: ThroughputModel, model: ModelSpec, gpu_types: Mapping[str, tuple[int, float]], policy: Policy
+    tm: ThroughputModel, model: ModelSpec, gpu_types: Mapping[str, tuple[int, float]],
+    policy: Policy, fingerprint: str | None = None,
 ) -> str:
+    """The hash of everything a model's library depends on. Not its name when the throughput
+    model answers by architecture (``answers_by_architecture``): two models of one
+    architecture, mix, SLO and allowed GPU types then get the same templates (only
+    :attr:`Template.model` differs, which :func:`_named` sets on reading). Partitions are Stage 2's
+    business and not part of it. ``fingerprint``: ``tm.fingerprint()`` when already computed (it
+    hashes every profile file)."""
+    named = [] if getattr(tm, "answers_by_architecture", False) else [model.name]
     material = {
         "version": CACHE_VERSION,
-        "model": [model.name, model.arch, model.input_tokens, model.output_tokens,
-                  model.ttft_s, model.tpot_s, sorted(model.gpu_types)],
+        "model": named + [model.arch, model.input_tokens, model.output_tokens,
+                          model.ttft_s, model.tpot_s, sorted(model.gpu_types)],
         "roles": list(roles_for(model)),
         "gpus": sorted([g, list(v)] for g, v in gpu_types.items()),
         "policy": [policy.n_max, policy.rho, policy.heterogeneous, policy.max_tp],
-        "throughput": tm.fingerprint(),
+        "throughput": tm.fingerprint() if fingerprint is None else fingerprint,
     }
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _named(templates: Iterable[Template], name: str) -> list[Template]:
+    """``templates`` (of a model with the same cache key) as templates of model ``name``."""
+    return [t if t.model == name else replace(t, model=name) for t in templates]
+
+
+#: cache entries already read in this process, by key (the key holds the throughput model's
+#: fingerprint, so an entry never goes stale): a daemon re-plans every few minutes with the same
+#: models, and parsing every model's JSON again each time is most of a warm Stage 1
+_LOADED: OrderedDict[str, tuple[Template, ...]] = OrderedDict()
+_LOADED_MAX = 512
+
+
+def _remember(key: str, templates: Iterable[Template]) -> None:
+    _LOADED[key] = tuple(templates)
+    _LOADED.move_to_end(key)
+    while len(_LOADED) > _LOADED_MAX:
+        _LOADED.popitem(last=False)
 
 
 def _to_json(templates: Iterable[Template]) -> list[dict]:
@@ -435,31 +471,46 @@ def build_library(
 
     ``gpu_types`` maps each GPU type present to (most GPUs on one node, GPU memory GB), e.g. from
     :meth:`coral_solver.types.Cluster.gpu_types`. Results are cached in ``cache_dir`` (default
-    :func:`default_cache_dir`) under a hash of the model's SLO and mix, the GPU types, the policy
-    and the throughput model's fingerprint; ``use_cache=False`` neither reads nor writes it.
+    :func:`default_cache_dir`) under a hash of the model's architecture, SLO and mix, the GPU
+    types, the policy and the throughput model's fingerprint — models alike in all of these share
+    one entry (and one search within a call); ``use_cache=False`` neither reads nor writes it.
     """
     policy = policy if policy is not None else Policy()
     tm = throughput if throughput is not None else PerfThroughput()
     models = list(models)
     folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    fingerprint = tm.fingerprint()
+    built: dict[str, list[Template]] = {}  # this call's libraries by key: shared, not rebuilt
     library: dict[str, list[Template]] = {}
     for done, model in enumerate(models):
         if progress:
             progress(model.name, done, len(models))
-        path = folder / f"{_cache_key(tm, model, gpu_types, policy)}.json"
+        key = _cache_key(tm, model, gpu_types, policy, fingerprint)
+        if key in built:
+            library[model.name] = _named(built[key], model.name)
+            continue
+        path = folder / f"{key}.json"
+        if use_cache and key in _LOADED and path.is_file():
+            built[key] = list(_LOADED[key])
+            library[model.name] = _named(built[key], model.name)
+            continue
         if use_cache and path.is_file():
             try:
-                library[model.name] = _from_json(json.loads(path.read_text()))
+                built[key] = _from_json(json.loads(path.read_text()))
+                _remember(key, built[key])
+                library[model.name] = _named(built[key], model.name)
                 continue
             except (ValueError, KeyError, TypeError):
                 pass  # a damaged cache entry is rebuilt below
         templates = library_templates(tm, model, gpu_types, policy)
+        built[key] = templates
         library[model.name] = templates
         if use_cache:
             folder.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_text(json.dumps(_to_json(templates)))
             tmp.replace(path)  # atomic: a concurrent reader never sees half a file
+            _remember(key, templates)
     if progress:
         progress("", len(models), len(models))
     return library
