@@ -230,6 +230,20 @@ class Planner:
         return Spec(tuple(models), {"site": cluster.gpu_types()}, policy,
                     measured_dirs=tuple(str(p) for p in measured_profile_dirs(request.deployment)))
 
+    def never_held(self, request: PlanRequest) -> tuple[capacity.Shortfall, ...]:
+        """The ``min_replicas`` the whole cluster could never hold (:mod:`coral_hpc.plan.capacity`)
+        as :meth:`solve` finds them, without Stage 2: ``validate``'s check. Builds (or reads
+        from the cache) the Stage-1 library only when some model sets ``min_replicas``."""
+        deployment = request.deployment
+        if not any(m.min_replicas for m in deployment.models):
+            return ()
+        use_measured_profiles(deployment)
+        models, cluster, policy = self.inputs(request)
+        library = build_library(models, cluster.gpu_types(), policy, self._model(),
+                                cache_dir=self.cache_dir, progress=self.progress)
+        snapshot, _ = availability.type_untyped_nodes(deployment, request.snapshot)
+        return tuple(capacity.never_held(deployment, snapshot, library))
+
     def solve(self, request: PlanRequest) -> PlanOutcome:
         """Plan once; the outcome carries the checker's findings instead of raising."""
         began = time.perf_counter()

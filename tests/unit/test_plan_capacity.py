@@ -149,3 +149,21 @@ def test_minimums_that_each_fit_but_not_together_are_refused_naming_both(
         assert re.search(rf"models\[{index}\]\.min_replicas: 16 replica\(s\) of {name} .*"
                          rf"minimums of {other} need ≥ 32 GPUs together", result.output), \
             result.output
+
+
+def test_validate_refuses_what_plan_would_and_passes_a_minimum_the_cluster_holds(
+        tmp_path, cache):
+    from coral_hpc.cli.validate import validate
+
+    bad = models_yaml(tmp_path, qwen3_8b={"min_replicas": 40})
+    result = CliRunner().invoke(validate, [str(bad), "--snapshot", str(LOCAL_BUSY),
+                                           "--cache-dir", str(cache)])
+    assert result.exit_code == 2, result.output
+    assert re.search(rf"{re.escape(str(bad))}:\d+: models\[0\]\.min_replicas: 40 replica\(s\) "
+                     r"of qwen3-8b need ≥ 40 GPUs", result.output), result.output
+    (tmp_path / "ok").mkdir()
+    ok = models_yaml(tmp_path / "ok", qwen3_8b={"min_replicas": 8})
+    result = CliRunner().invoke(validate, [str(ok), "--snapshot", str(LOCAL_BUSY),
+                                           "--cache-dir", str(cache)])
+    assert result.exit_code == 0, result.output
+    assert "valid" in result.output
