@@ -5,14 +5,14 @@ rest as other users' jobs end (ARCHITECTURE.md, "Available GPUs"). One beyond wh
 could hold if every other job ended would be queued for ever, so ``plan`` and ``serve`` refuse
 it as invalid input (exit 2, naming the field) instead.
 
-The bound is taken from every node Slurm lists, whatever its state (busy, draining or down:
-a node may come back), in the partitions the model may use — the snapshot's nodes and the
-partitions' node lists, not the solver's node groups, which hold only what is available now.
-Each replica needs at least as many GPUs as the model's smallest Stage-1 template on those
-GPU types, so ``min_replicas × that > the GPUs there`` can never be met; so can the models'
-minimums together, beyond the GPUs of all their partitions. Sound, not tight: a refusal here
-is certain, and a minimum that passes may still be held back by quotas or site limits, which
-Stage 2 and the queue report as ``binding`` lines.
+The GPUs counted are those of every node Slurm lists, whatever its state (busy, draining or
+down: a node may come back), in the partitions the model may use — the snapshot's nodes and
+the partitions' node lists, not the solver's node groups, which hold only what is available
+now. What fits on them is bounded by an LP over the model's Stage-1 templates (the layouts
+``serve`` would ever run) and the GPUs per type (:mod:`coral_solver.capacity`): each model
+alone, then all minimums together. Sound, not tight: a refusal here is certain, and a minimum
+that passes may still be held back by node sizes, quotas or site limits, which Stage 2 and the
+queue report as ``binding`` lines.
 """
 
 from __future__ import annotations
@@ -22,50 +22,48 @@ from dataclasses import dataclass
 
 from coral_hpc.config import Deployment
 from coral_hpc.slurm.snapshot import ClusterSnapshot
+from coral_solver.capacity import minimums_fit, most_replicas
 from coral_solver.types import Template
 
 
 @dataclass(frozen=True)
 class Shortfall:
-    """Models whose ``min_replicas`` together need more GPUs than their partitions have."""
+    """Models whose ``min_replicas`` (together, when more than one) the cluster could never
+    hold."""
 
     #: indices into ``deployment.models``
     models: tuple[int, ...]
-    #: GPUs the minimums need at the least (Σ min_replicas × smallest template's GPUs)
-    needed_gpus: int
+    #: at most this many replicas of each model fit at once alone, per model index
+    most: Mapping[int, int]
     #: every GPU of the nodes those models may use, busy or not
     total_gpus: int
     #: partitions counted
     partitions: tuple[str, ...]
-    #: the smallest template's GPUs per replica, per model index
-    gpus_per_replica: Mapping[int, int]
+
+    def _where(self) -> str:
+        return (f"partition(s) {', '.join(self.partitions) or '(none)'}, {self.total_gpus} "
+                "GPU(s) in total, busy or not")
 
     def reason(self, deployment: Deployment) -> str:
         """The shortfall in words, for ``binding`` lines and the daemon's log."""
-        asks = " and ".join(
-            f"{deployment.models[i].name}'s {deployment.models[i].min_replicas} × ≥ "
-            f"{self.gpus_per_replica[i]}" for i in self.models)
-        return (f"min_replicas: {asks} GPUs need ≥ {self.needed_gpus} GPUs; "
+        asks = " and ".join(f"{deployment.models[i].name}'s {deployment.models[i].min_replicas}"
+                            for i in self.models)
+        return (f"min_replicas: {asks} replica(s) do not fit at once on every GPU of "
                 f"{self._where()}: the cluster could never hold them")
-
-    def _where(self) -> str:
-        return (f"partition(s) {', '.join(self.partitions) or '(none)'} have "
-                f"{self.total_gpus} GPU(s) in total, busy or not")
 
     def refusal(self, deployment: Deployment, index: int) -> str:
         """Why model ``index``'s ``min_replicas`` is refused, and what would be valid."""
         model = deployment.models[index]
-        each = self.gpus_per_replica[index]
         if len(self.models) == 1:
-            return (f"{model.min_replicas} replica(s) of {model.name} need ≥ "
-                    f"{self.needed_gpus} GPUs (≥ {each} each, its smallest layout); "
+            return (f"{model.min_replicas} replica(s) of {model.name}: its layouts (Stage 1's "
+                    f"templates) fit at most {self.most[index]} at once on every GPU of "
                     f"{self._where()}, so the cluster could never hold them; valid: at most "
-                    f"{self.total_gpus // each}")
+                    f"{self.most[index]}")
         others = ", ".join(deployment.models[i].name for i in self.models if i != index)
-        return (f"{model.min_replicas} replica(s) of {model.name} (≥ {each} GPU(s) each) with "
-                f"the minimums of {others} need ≥ {self.needed_gpus} GPUs together; "
-                f"{self._where()}, so the cluster could never hold them; valid: minimums "
-                f"that together need at most {self.total_gpus} GPUs")
+        return (f"{model.min_replicas} replica(s) of {model.name} (at most "
+                f"{self.most[index]} alone) with the minimums of {others} do not fit together "
+                f"on every GPU of {self._where()}, so the cluster could never hold them; "
+                "valid: minimums that fit together")
 
 
 def _eligible_gpus(deployment: Deployment, snapshot: ClusterSnapshot,
@@ -96,47 +94,46 @@ def _eligible_gpus(deployment: Deployment, snapshot: ClusterSnapshot,
     return nodes, used
 
 
-def _smallest_replica(templates: list[Template], gpu_types: set[str]) -> int | None:
-    """GPUs of the smallest template whose every stage runs on one of ``gpu_types``."""
-    sizes = [t.gpus for t in templates if all(s.gpu_type in gpu_types for s in t.stages)]
-    return min(sizes) if sizes else None
+def _by_type(nodes: Mapping[str, tuple[str, int]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for gpu, count in nodes.values():
+        out[gpu] = out.get(gpu, 0) + count
+    return out
 
 
 def never_held(deployment: Deployment, snapshot: ClusterSnapshot,
                library: Mapping[str, list[Template]]) -> list[Shortfall]:
     """The models whose ``min_replicas`` the cluster could never hold (see the module
-    docstring): each model alone, and, when every one fits alone, all of them together. A model
-    with no template on its GPU types gets no bound here (Stage 2 reports it)."""
+    docstring): each model alone, and, when every one fits alone, all of them together."""
     eligible: dict[int, dict[str, tuple[str, int]]] = {}
     partitions: dict[int, set[str]] = {}
-    per_replica: dict[int, int] = {}
+    most: dict[int, int] = {}
     for index, model in enumerate(deployment.models):
         if model.min_replicas <= 0:
             continue
-        nodes, parts = _eligible_gpus(deployment, snapshot, index)
-        smallest = _smallest_replica(list(library.get(model.name, ())),
-                                     {gpu for gpu, _ in nodes.values()})
-        if not nodes:
-            smallest = smallest or 1  # no GPU at all: even one GPU each is too many
-        if smallest is None:
-            continue
-        eligible[index], partitions[index], per_replica[index] = nodes, parts, smallest
+        eligible[index], partitions[index] = _eligible_gpus(deployment, snapshot, index)
+        most[index] = most_replicas(library.get(model.name, ()), _by_type(eligible[index]))
 
-    def shortfall(indices: tuple[int, ...]) -> Shortfall | None:
+    def shortfall(indices: tuple[int, ...]) -> Shortfall:
         nodes: dict[str, tuple[str, int]] = {}
         parts: set[str] = set()
         for i in indices:
             nodes.update(eligible[i])
             parts |= partitions[i]
-        total = sum(gpus for _, gpus in nodes.values())
-        needed = sum(deployment.models[i].min_replicas * per_replica[i] for i in indices)
-        if needed <= total:
-            return None
-        return Shortfall(indices, needed, total, tuple(sorted(parts)),
-                         {i: per_replica[i] for i in indices})
+        return Shortfall(indices, {i: most[i] for i in indices},
+                         sum(gpus for _, gpus in nodes.values()), tuple(sorted(parts)))
 
-    alone = [s for s in (shortfall((i,)) for i in sorted(eligible)) if s is not None]
+    alone = [shortfall((i,)) for i in sorted(eligible)
+             if deployment.models[i].min_replicas > most[i]]
     if alone or len(eligible) < 2:
         return alone
-    together = shortfall(tuple(sorted(eligible)))
-    return [together] if together is not None else []
+    together = tuple(sorted(eligible))
+    union: dict[str, tuple[str, int]] = {}
+    for i in together:
+        union.update(eligible[i])
+    names = {i: deployment.models[i].name for i in together}
+    if minimums_fit({names[i]: deployment.models[i].min_replicas for i in together},
+                    {names[i]: library.get(names[i], ()) for i in together},
+                    {names[i]: _by_type(eligible[i]) for i in together}, _by_type(union)):
+        return []
+    return [shortfall(together)]

@@ -3,8 +3,9 @@
 On tests/data/plan/local-busy-snapshot.json, recorded on the local cluster with every GPU held
 by another lab's jobs (tests/data/plan/record_local_busy.py): its 5 nodes have 24 GPUs (8 each
 of v100, a100 and a100-80g), none free. A minimum beyond what starts now is queued (issue 12);
-one beyond the 24 GPUs, busy or not, is refused by ``plan`` with exit 2 naming the file, line
-and field, and by ``serve``'s planner as :class:`InfeasiblePlan`.
+one beyond what the model's layouts fit on the 24 GPUs, busy or not, is refused by ``plan``
+and ``validate`` with exit 2 naming the file, line and field, and by ``serve``'s planner as
+:class:`InfeasiblePlan`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from coral_hpc.config import load_deployment
 from coral_hpc.plan import capacity
 from coral_hpc.plan.planner import InfeasiblePlan, Planner, PlanRequest
 from coral_hpc.slurm.snapshot import ClusterSnapshot
+from coral_solver.capacity import most_replicas
+from coral_solver.templates import PerfThroughput, build_library
 
 REPO = Path(__file__).resolve().parents[2]
 LOCAL_BUSY = REPO / "tests" / "data" / "plan" / "local-busy-snapshot.json"
@@ -37,10 +40,13 @@ def busy() -> ClusterSnapshot:
 
 
 @pytest.fixture(scope="module")
-def library(tmp_path_factory, busy, cache):
-    """Stage 1's library for examples/models.yaml on the recording."""
-    path = models_yaml(tmp_path_factory.mktemp("library"))
-    return solve(path, busy, cache)[1].solved.library
+def library(busy, cache):
+    """Stage 1's whole library for examples/models.yaml on the recording (``solve``'s is
+    narrowed to what fits in the GPUs available now)."""
+    deployment = load_deployment(REPO / "examples" / "models.yaml")
+    planner = Planner(cache_dir=cache)
+    models, cluster, policy = planner.inputs(PlanRequest.from_snapshot(deployment, busy))
+    return build_library(models, cluster.gpu_types(), policy, PerfThroughput(), cache_dir=cache)
 
 
 def models_yaml(tmp_path: Path, **models: dict[str, object]) -> Path:
@@ -69,16 +75,39 @@ def test_the_recording_is_a_full_cluster_of_24_gpus(busy):
     assert all(n.gpus_free == 0 for n in gpus)
 
 
+def homogeneous_most(templates, gpus: dict[str, int]) -> int:
+    """Most replicas at once of the homogeneous templates alone: each GPU type on its own, its
+    GPUs over its smallest such template's (a lower bound of the LP's answer)."""
+    smallest: dict[str, int] = {}
+    for t in templates:
+        if not t.heterogeneous:
+            (gpu,) = t.stage_counts()
+            smallest[gpu] = min(smallest.get(gpu, t.gpus), t.gpus)
+    return int(sum(gpus[g] // n for g, n in smallest.items() if g in gpus))
+
+
+def qwen_most(library, gpus: dict[str, int]) -> int:
+    """What the LP (coral_solver.capacity, tested by hand in test_solver_capacity.py) fits,
+    checked here between two bounds a reader can work out."""
+    most = most_replicas(library["qwen3-8b"], gpus)
+    smallest = min(t.gpus for t in library["qwen3-8b"])
+    assert homogeneous_most(library["qwen3-8b"], gpus) <= most <= sum(gpus.values()) // smallest
+    return most
+
+
+EVERY_GPU = {"v100": 8, "a100": 8, "a100-80g": 8}
+
+
 def test_a_minimum_beyond_every_gpu_of_the_cluster_is_refused_naming_the_field(
-        tmp_path, busy, cache):
+        tmp_path, busy, cache, library):
+    most = qwen_most(library, EVERY_GPU)
+    assert most < 24  # some layouts take more than one GPU
     path = models_yaml(tmp_path, qwen3_8b={"min_replicas": 40})
     deployment, outcome = solve(path, busy, cache)
     assert outcome.status == "infeasible"
     assert outcome.desired.slots == ()  # nothing to submit, not 37 queued replicas
     (short,) = outcome.solved.shortfalls
-    assert short.models == (0,) and short.total_gpus == 24
-    # qwen3-8b's smallest layout is one GPU (a100 or a100-80g), so 40 need ≥ 40
-    assert short.gpus_per_replica == {0: 1} and short.needed_gpus == 40
+    assert short.models == (0,) and short.total_gpus == 24 and short.most == {0: most}
     assert short.partitions == ("a100", "a100-80g", "v100")
     assert any("could never hold" in line for line in outcome.solved.plan.binding)
     # serve's seam: the daemon stops on its first plan with these lines (exit 2)
@@ -92,63 +121,64 @@ def test_a_minimum_beyond_every_gpu_of_the_cluster_is_refused_naming_the_field(
     line = next(i for i, text in enumerate(path.read_text().splitlines(), 1)
                 if "min_replicas: 40" in text)
     assert re.search(rf"{re.escape(str(path))}:{line}: models\[0\]\.min_replicas: 40 "
-                     r"replica\(s\) of qwen3-8b need ≥ 40 GPUs .*24 GPU\(s\) in total, busy or "
-                     r"not.*valid: at most 24", result.output), result.output
+                     rf"replica\(s\) of qwen3-8b: .*fit at most {most} at once .*24 GPU\(s\) in "
+                     rf"total, busy or not.*valid: at most {most};", result.output), result.output
     assert "nothing was submitted" in result.output
 
 
-def test_a_minimum_the_cluster_could_hold_is_still_queued(tmp_path, busy, cache):
-    """Below the total, the busy-cluster behaviour holds: what cannot start now is queued."""
-    _, outcome = solve(models_yaml(tmp_path, qwen3_8b={"min_replicas": 8}), busy, cache)
+def test_a_minimum_the_cluster_could_hold_is_still_queued(tmp_path, busy, cache, library):
+    """Up to what fits, the busy-cluster behaviour holds: what cannot start now is queued."""
+    most = qwen_most(library, EVERY_GPU)
+    _, outcome = solve(models_yaml(tmp_path, qwen3_8b={"min_replicas": most}), busy, cache)
     assert outcome.status != "infeasible" and outcome.solved.shortfalls == ()
     plan = outcome.solved.plan
     assert plan.replicas("qwen3-8b") + sum(r.count for r in plan.queued
-                                           if r.model == "qwen3-8b") >= 8
+                                           if r.model == "qwen3-8b") >= most
 
 
 def test_busy_draining_and_down_nodes_all_count(tmp_path, busy, library):
-    """The bound is every node Slurm lists, whatever its state: drained or down nodes may come
-    back, and none of them is in the solver's node groups as available."""
+    """Every node Slurm lists counts, whatever its state: drained or down nodes may come back,
+    and none of them is in the solver's node groups as available."""
     down = replace(busy, nodes=tuple(
         replace(n, state="down", slurm_state="DOWN", gpus_free=0) if n.name.startswith("a100")
         else n for n in busy.nodes))
-    deployment = load_deployment(models_yaml(tmp_path, qwen3_8b={"min_replicas": 24}))
-    assert capacity.never_held(deployment, down, library) == []
-    over = load_deployment(models_yaml(tmp_path, qwen3_8b={"min_replicas": 25}))
+    most = qwen_most(library, EVERY_GPU)
+    fits = load_deployment(models_yaml(tmp_path, qwen3_8b={"min_replicas": most}))
+    assert capacity.never_held(fits, down, library) == []
+    over = load_deployment(models_yaml(tmp_path, qwen3_8b={"min_replicas": most + 1}))
     (short,) = capacity.never_held(over, down, library)
-    assert short.total_gpus == 24 and short.needed_gpus == 25
+    assert short.total_gpus == 24 and short.most == {0: most}
 
 
-def test_the_models_partitions_and_smallest_layout_bound_it(tmp_path, busy, library):
-    """qwen3-8b kept to v100: the bound is v100's 8 GPUs over its smallest v100 layout (more
-    than one GPU: Stage 1's library says so, not this test)."""
-    smallest_v100 = min(t.gpus for t in library["qwen3-8b"]
-                        if {s.gpu_type for s in t.stages} == {"v100"})
-    assert smallest_v100 > 1  # else this test would not tell the layout's size apart
-    fits = 8 // smallest_v100
+def test_the_models_partitions_bound_it(tmp_path, busy, library):
+    """qwen3-8b kept to v100: v100's 8 GPUs over its v100 layouts (more than one GPU each:
+    Stage 1's library says so, not this test)."""
+    fits = qwen_most(library, {"v100": 8})
+    assert 0 < fits < 8  # else this test would not tell the layouts' size apart
     ok = load_deployment(models_yaml(
         tmp_path, qwen3_8b={"partitions": "[v100]", "min_replicas": fits}))
     assert capacity.never_held(ok, busy, library) == []
     over = load_deployment(models_yaml(
         tmp_path, qwen3_8b={"partitions": "[v100]", "min_replicas": fits + 1}))
     (short,) = capacity.never_held(over, busy, library)
-    assert short.partitions == ("v100",) and short.total_gpus == 8
-    assert short.gpus_per_replica == {0: smallest_v100}
+    assert short.partitions == ("v100",) and short.total_gpus == 8 and short.most == {0: fits}
 
 
 def test_minimums_that_each_fit_but_not_together_are_refused_naming_both(
         tmp_path, busy, cache, library):
-    path = models_yaml(tmp_path, qwen3_8b={"min_replicas": 16}, phi_4={"min_replicas": 16})
+    """qwen3-8b's most fills every GPU of the cluster, so one phi-4 more does not fit."""
+    most = qwen_most(library, EVERY_GPU)
+    path = models_yaml(tmp_path, qwen3_8b={"min_replicas": most}, phi_4={"min_replicas": 1})
     deployment = load_deployment(path)
     (short,) = capacity.never_held(deployment, busy, library)
-    assert short.models == (0, 1) and short.needed_gpus == 32 and short.total_gpus == 24
+    assert short.models == (0, 1) and short.most[0] == most and short.most[1] >= 1
     result = CliRunner().invoke(plan_command, [str(path), "--snapshot", str(LOCAL_BUSY),
                                                "--cache-dir", str(cache)])
     assert result.exit_code == 2, result.output
     for index, name, other in ((0, "qwen3-8b", "phi-4"), (1, "phi-4", "qwen3-8b")):
-        assert re.search(rf"models\[{index}\]\.min_replicas: 16 replica\(s\) of {name} .*"
-                         rf"minimums of {other} need ≥ 32 GPUs together", result.output), \
-            result.output
+        assert re.search(rf"models\[{index}\]\.min_replicas: \d+ replica\(s\) of {name} "
+                         rf"\(at most \d+ alone\) with the minimums of {other} do not fit "
+                         "together", result.output), result.output
 
 
 def test_validate_refuses_what_plan_would_and_passes_a_minimum_the_cluster_holds(
@@ -160,7 +190,8 @@ def test_validate_refuses_what_plan_would_and_passes_a_minimum_the_cluster_holds
                                            "--cache-dir", str(cache)])
     assert result.exit_code == 2, result.output
     assert re.search(rf"{re.escape(str(bad))}:\d+: models\[0\]\.min_replicas: 40 replica\(s\) "
-                     r"of qwen3-8b need ≥ 40 GPUs", result.output), result.output
+                     r"of qwen3-8b: its layouts .* could never hold them", result.output), \
+        result.output
     (tmp_path / "ok").mkdir()
     ok = models_yaml(tmp_path / "ok", qwen3_8b={"min_replicas": 8})
     result = CliRunner().invoke(validate, [str(ok), "--snapshot", str(LOCAL_BUSY),
