@@ -24,7 +24,7 @@ from coral_hpc.reconcile.act import Actor
 from coral_hpc.reconcile.observe import Observer
 from coral_hpc.reconcile.settings import ReconcileSettings
 from coral_hpc.slurm.errors import SlurmRejected, SlurmTimeout, SlurmUnavailable
-from coral_hpc.store import open_store
+from coral_hpc.store import StartupObservation, open_store
 from coral_hpc.types import (
     ExclusionKind,
     ReplicaLayout,
@@ -402,3 +402,20 @@ def test_the_planner_is_asked_with_what_goes_on_serving(make):
         loop.clock.now - record.submitted_at, abs=0.1)
     loop.cycle(loop.deployment.policy.replan_interval_s)
     assert planner.requests[-1].running == request.running  # READY now: still goes on serving
+
+
+def test_walltime_successors_get_the_slowest_recent_start_up_and_a_short_limit_is_named(make):
+    loop = make(ScriptedPlanner(slot()))
+    limit = loop.deployment.cluster.time_limit_s
+    for i, seconds in enumerate([0.10 * limit, 0.30 * limit, 0.12 * limit]):
+        loop.store.add_startup(StartupObservation(float(i), f"r{i}", "t1", "a100", seconds))
+    loop.cycle()
+    assert loop.daemon.settings.startup_s == pytest.approx(0.30 * limit)  # not the median
+    assert loop.actor.settings.startup_s == loop.daemon.settings.startup_s
+    assert not events(loop, "warning")
+    # a start-up beyond half the usable time: no lead can cover it, and serve says what fits
+    loop.store.add_startup(StartupObservation(10.0, "r9", "t1", "a100", 0.6 * limit))
+    loop.cycle(2)
+    (warning,) = events(loop, "warning")
+    assert "cluster.time_limit of at least" in warning
+    assert str(loop.deployment.cluster.time_limit) in warning
