@@ -611,6 +611,14 @@ class PolicyConfig(_Frozen):
         default=None, gt=0,
         description="GB/s the site's fabric carries for KV transfers in total; unset = no limit",
     )
+    # An engine the analytic GPU model does not describe (vLLM's CPU build) is planned from
+    # `coral-hpc profile`'s measurements alone: a template whose figure would come from the
+    # model (a layout nobody measured) is no candidate at all.
+    measured_only: bool = Field(
+        default=False,
+        description="Stage 1: plan only layouts whose throughput was measured (coral-hpc "
+                    "profile); others are no candidates",
+    )
 
     @field_validator("disaggregation", mode="before")
     @classmethod
@@ -809,6 +817,13 @@ class Deployment(_Frozen):
                     f"valid: {sorted(known - {part.name})}",
                 )
 
+        if self.policy.measured_only and self.policy.disaggregation != "off":
+            raise _FieldError(
+                ("policy", "measured_only"),
+                "measured_only plans from measured profiles, and prefill-only and decode-only "
+                f"replicas are never profiled: it needs policy.disaggregation 'off', not "
+                f"{self.policy.disaggregation!r}",
+            )
         if (self.policy.disaggregation != "off" and self.engine.kind == "vllm"
                 and self.engine.kv_connector is None):
             raise _FieldError(
