@@ -113,6 +113,8 @@ class PerfThroughput:
         return self._perf.engine_dtype(self._arch(model), gpu) is not None
 
     def throughput(self, model: ModelSpec, gpu_type: str, tp: int, layers: int, stages: int) -> float:
+        if not self.kv_fits(model, gpu_type, tp, layers):
+            return 0.0
         slo = self._perf.Slo(ttft_s=model.ttft_s, tpot_s=model.tpot_s)
         mix = self._perf.Mix(input_tokens=model.input_tokens, output_tokens=model.output_tokens)
         return float(
@@ -124,10 +126,28 @@ class PerfThroughput:
     def calibrated(self, model: ModelSpec, gpu_type: str) -> bool:
         return bool(self._perf.is_calibrated(self._arch(model), self._gpu(gpu_type)))
 
+    def kv_fits(self, model: ModelSpec, gpu_type: str, tp: int, layers: int) -> bool:
+        """Whether one stage of ``layers`` layers holds one request of the model's
+        ``max_model_len`` in its KV cache (vLLM refuses to start otherwise); True when the
+        model sets none."""
+        if model.max_model_len is None:
+            return True
+        capacity = self._perf.stage_kv_capacity_tokens(self._arch(model), self._gpu(gpu_type),
+                                                       tp, layers)
+        return capacity >= model.max_model_len
+
+    def measured(self, model: ModelSpec, gpu_type: str, tp: int) -> bool:
+        """Whether a measured single-stage point of (model, GPU type, TP) applies to the model's
+        mix and SLO (so a one-stage template's figure is the measurement)."""
+        slo = self._perf.Slo(ttft_s=model.ttft_s, tpot_s=model.tpot_s)
+        mix = self._perf.Mix(input_tokens=model.input_tokens, output_tokens=model.output_tokens)
+        return self._perf.has_measured_throughput(self._arch(model), self._gpu(gpu_type), tp,
+                                                  slo, mix)
+
     def measured_pipelines(self, model: ModelSpec, tp: int
-                           ) -> list[tuple[str, tuple[int, ...], float]]:
-        """(GPU type, layers per stage, replica requests/s) of every measured pipeline of
-        ``model`` at TP ``tp`` that served the model's mix within its SLO or a stricter one."""
+                           ) -> list[tuple[tuple[str, ...], tuple[int, ...], float]]:
+        """(GPU type per stage, layers per stage, replica requests/s) of every measured pipeline
+        of ``model`` at TP ``tp`` that served the model's mix within its SLO or a stricter one."""
         arch = self._arch(model)
         slo = self._perf.Slo(ttft_s=model.ttft_s, tpot_s=model.tpot_s)
         mix = self._perf.Mix(input_tokens=model.input_tokens, output_tokens=model.output_tokens)
@@ -135,11 +155,13 @@ class PerfThroughput:
         for (name, gpu, ptp), profiles in self._perf.measured_pipelines().items():
             if name != arch.name or ptp != tp:
                 continue
-            for split in dict.fromkeys(p.layer_partition for p in profiles):
+            layouts = dict.fromkeys((self._perf.pipeline_stage_gpus(p), p.layer_partition)
+                                    for p in profiles)
+            for stage_gpus, split in layouts:
                 found = self._perf.measured_pipeline_throughput(
-                    arch, self._gpu(gpu), tp, split, slo, mix)
+                    arch, self._gpu(gpu), tp, split, slo, mix, stage_gpus)
                 if found is not None:
-                    out.append((gpu, split, found[0]))
+                    out.append((stage_gpus, split, found[0]))
         return out
 
     def phase_throughput(self, model: ModelSpec, gpu_type: str, tp: int, layers: int,
@@ -324,32 +346,52 @@ def model_templates(
                         calibrated=all(tm.calibrated(model, s.gpu_type) for s in stage_list),
                     )
                 )
+    if policy.measured_only:
+        out = _measured_only(tm, model, out)
     return drop_dominated(_with_measured_pipelines(tm, model, gpu_types, policy, out))
 
 
 def _with_measured_pipelines(tm: ThroughputModel, model: ModelSpec,
                              gpu_types: Mapping[str, tuple[int, float]], policy: Policy,
                              templates: list[Template]) -> list[Template]:
-    """``templates`` with every measured pipeline (``coral-hpc profile --pp N``) of the model
-    taking its measured replica figure: the template of the same stages gets it in place of the
-    per-stage model's, and a measured layout the model did not produce is added. A measurement
-    is the engine's real pipeline accounting; the model's per-stage figure only estimates it."""
+    """``templates`` with every measured pipeline (``coral-hpc profile --pp N`` or
+    ``--stages``) of the model taking its measured replica figure: the template of the same
+    stages gets it in place of the per-stage model's, and a measured layout the model did not
+    produce is added. A measurement is the engine's real pipeline accounting; the model's
+    per-stage figure only estimates it."""
     measured_of = getattr(tm, "measured_pipelines", None)
     if measured_of is None:
         return templates
+    kv_fits = getattr(tm, "kv_fits", lambda *_: True)
     out = list(templates)
     for tp in tm.tp_degrees(model, policy.max_tp):
-        for gpu, split, rps in measured_of(model, tp):
-            if (gpu not in gpu_types or not model.allows_gpu(gpu) or gpu_types[gpu][0] < tp
-                    or len(split) > policy.n_max):
+        for stage_gpus, split, rps in measured_of(model, tp):
+            if len(split) > policy.n_max or (
+                    len(set(stage_gpus)) > 1 and not policy.heterogeneous):
                 continue
-            if len(split) * tp * gpu_types[gpu][1] > policy.rho * tm.weight_gb(model) + 1e-9:
+            if any(g not in gpu_types or not model.allows_gpu(g) or gpu_types[g][0] < tp
+                   for g in stage_gpus):
                 continue
-            stages = tuple(Stage(gpu, n) for n in split)
+            memory = sum(tp * gpu_types[g][1] for g in stage_gpus)
+            if memory > policy.rho * tm.weight_gb(model) + 1e-9:
+                continue
+            if not all(kv_fits(model, g, tp, n) for g, n in zip(stage_gpus, split)):
+                continue
+            stages = tuple(Stage(g, n) for g, n in zip(stage_gpus, split))
             out = [t for t in out if not (t.tp == tp and t.stages == stages)]
             out.append(Template(model=model.name, tp=tp, stages=stages, throughput=float(rps),
                                 calibrated=True))
     return out
+
+
+def _measured_only(tm: ThroughputModel, model: ModelSpec, templates: list[Template]
+                   ) -> list[Template]:
+    """The one-stage templates whose figure is a measurement (policy ``measured_only``); the
+    measured pipelines are added after (:func:`_with_measured_pipelines`)."""
+    measured = getattr(tm, "measured", None)
+    if measured is None:
+        return []
+    return [t for t in templates if t.pp == 1 and measured(model, t.stages[0].gpu_type, t.tp)]
 
 
 def library_templates(
@@ -411,10 +453,12 @@ def _cache_key(
     material = {
         "version": CACHE_VERSION,
         "model": named + [model.arch, model.input_tokens, model.output_tokens,
-                          model.ttft_s, model.tpot_s, sorted(model.gpu_types)],
+                          model.ttft_s, model.tpot_s, sorted(model.gpu_types),
+                          model.max_model_len],
         "roles": list(roles_for(model)),
         "gpus": sorted([g, list(v)] for g, v in gpu_types.items()),
-        "policy": [policy.n_max, policy.rho, policy.heterogeneous, policy.max_tp],
+        "policy": [policy.n_max, policy.rho, policy.heterogeneous, policy.max_tp,
+                   policy.measured_only],
         "throughput": tm.fingerprint() if fingerprint is None else fingerprint,
     }
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:32]

@@ -256,8 +256,8 @@ def test_templates_with_a_minimum_layer_stage_are_the_exact_best_layouts():
 
 @pytest.fixture
 def ring_stall():
-    """The model with prompts stalling the pipeline ring: the accounting the paper evaluation's
-    what-if plans on (measured False for the shipped model, bench/results/paper_pp.md)."""
+    """The model with prompts stalling the pipeline ring (the shipped accounting, measured in
+    bench/results/paper_pp.md), whatever PROMPTS_STALL_RING says when this test runs."""
     from coral_solver import perf
 
     saved = perf.PROMPTS_STALL_RING
