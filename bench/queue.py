@@ -26,8 +26,10 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import os
 import platform
+import random
 import re
 import secrets
 import signal
@@ -35,7 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 # run as `python bench/queue.py`, this folder would shadow the standard library's `queue`
@@ -72,7 +74,10 @@ def load_stream(
     seed_offset: int,
 ) -> list[Pod]:
     """Whole-GPU pods of the trace in arrival order, run times ÷ ``time_scale`` (at least 10 s,
-    at most the phase), arrivals compressed so that Σ gpus × run / span = offered × GPUs."""
+    at most ``horizon_s``): a first batch at once that covers the cluster's GPUs (each with a
+    uniformly drawn remainder of its bounded run), then the
+    rest with their arrivals compressed into ``horizon_s``, until Σ gpus × run = offered ×
+    GPUs × ``horizon_s``."""
     rows = []
     with TRACE.open() as f:
         for r in csv.DictReader(f):
@@ -89,19 +94,44 @@ def load_stream(
     rows = rows[seed_offset:] + rows[:seed_offset]
     pods, t0 = [], rows[0][0]
     for created, gpus, run in rows:
-        pods.append(Pod(float(created - t0), gpus, min(max(run / time_scale, 10.0), horizon_s)))
-    # keep pods until their offered GPU-seconds reach offered × GPUs × (the phase)
+        pods.append(Pod(float(created - t0), gpus, run / time_scale))
+
+    def bounded(run_s: float) -> float:
+        return min(max(run_s, 10.0), horizon_s)
+
+    rng = random.Random(seed_offset)
+    # the cluster is full when the stream begins: the first pods, until their GPUs cover the
+    # cluster's, arrive at once (a lab that has kept it busy for a while), each with what is
+    # left of its run: a job found running has done a uniformly drawn part of it (seeded by
+    # --trace-offset). The trace's first pods run for months (the GPU-time-weighted median
+    # pod of the whole list runs 50 days), so their scaled runs are capped at the warm-up +
+    # phase first: the GPUs they hold come free at times spread over the run instead of
+    # never, and the other lab's later pods compete for them with ours. The rest keep
+    # coming, in the trace's order and with its gaps compressed over the whole warm-up and
+    # phase, until everything offered reaches offered × GPUs × (warm-up + phase): the other
+    # lab keeps offering that load until the phase ends (a stream that stopped early would
+    # let the cluster drain, and every model start, whatever either side did)
     budget = offered_load * cluster_gpus * horizon_s
-    chosen, offered = [], 0.0
+    fill, held, offered = [], 0, 0.0
     for pod in pods:
-        chosen.append(pod)
-        offered += pod.gpus * pod.run_s
+        if held >= cluster_gpus:
+            break
+        left = Pod(0.0, pod.gpus, bounded(bounded(pod.run_s) * rng.random()))
+        fill.append(left)
+        held += pod.gpus
+        offered += pod.gpus * left.run_s
+    rest = []
+    for pod in pods[len(fill) :]:
         if offered >= budget:
             break
-    # compress the arrival gaps: the chosen pods arrive within the first half of the phase
-    span = max(chosen[-1].arrival_s, 1.0)
-    squeeze = (0.5 * horizon_s) / span
-    return [Pod(p.arrival_s * squeeze, p.gpus, p.run_s) for p in chosen]
+        rest.append(replace(pod, run_s=bounded(pod.run_s)))
+        offered += pod.gpus * rest[-1].run_s
+    if not rest:
+        return fill
+    first = rest[0].arrival_s
+    span = max(rest[-1].arrival_s - first, 1.0)
+    squeeze = horizon_s / span
+    return fill + [Pod((p.arrival_s - first) * squeeze, p.gpus, p.run_s) for p in rest]
 
 
 class OtherLab:
@@ -316,6 +346,7 @@ def run_coral(
         stderr=subprocess.STDOUT,
     )
     last = start
+    last_status = -math.inf
     seen_jobs: set[str] = set()
     try:
         while time.monotonic() - start < phase_s:
@@ -331,7 +362,8 @@ def run_coral(
             for model in running:
                 serving_s[model] += now - last
                 first_run.setdefault(model, now - start)
-            if Path(deployment.db_path).exists() and int(now - start) % 5 == 0:
+            if Path(deployment.db_path).exists() and now - last_status >= 5.0:
+                last_status = now
                 out = subprocess.run(
                     [*CLI, "status", str(config), "--json"],
                     capture_output=True,
@@ -401,22 +433,28 @@ def config_copy(tmp: Path) -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    # the defaults are the run in bench/results/queue.md: two phases and the set-up fit the
-    # shared lock's 8 minutes; at ÷20 the trace's pods mostly outlast a phase (its median pod
-    # runs over an hour), so a larger --time-scale shows the cluster turning over instead
-    parser.add_argument("--phase-s", type=float, default=180.0)
+    # two phases and the set-up fit the shared lock's 8 minutes; at ÷20 the trace's pods
+    # mostly outlast a phase (its median pod runs over an hour) and neither side got every
+    # model running (the first run's queue.md), so ÷200 lets the cluster turn over within a
+    # phase
+    parser.add_argument("--phase-s", type=float, default=150.0)
     parser.add_argument(
         "--warmup-s",
         type=float,
         default=30.0,
         help="the other lab's stream runs this long before the models are asked for",
     )
-    parser.add_argument("--time-scale", type=float, default=20.0)
+    parser.add_argument("--time-scale", type=float, default=200.0)
     parser.add_argument("--offered-load", type=float, default=1.3)
     parser.add_argument("--trace-offset", type=int, default=0, help="start at this pod")
     args = parser.parse_args()
     os.environ.setdefault("SLURM_CONF", "/var/tmp/coral-dev-cluster/etc/slurm.conf")
+    # stopped (SIGTERM, or SIGINT where a background shell ignores it), the phases' finally
+    # blocks still cancel every job they and the other lab submitted
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, _frame: sys.exit(128 + signum))
     busy_cluster.ensure_other_user()
+    load_at_start = [round(x, 2) for x in os.getloadavg()]
     nodes = busy_cluster.gpu_nodes()
     cluster_gpus = sum(n.gpus for n in nodes)
     pods = load_stream(
@@ -428,8 +466,9 @@ def main() -> None:
         args.trace_offset,
     )
     # a replica's last log line may land after the wait above: never lose the figures to it
-    with tempfile.TemporaryDirectory(prefix="coral-queue-bench-",
-                                     ignore_cleanup_errors=True) as folder:
+    with tempfile.TemporaryDirectory(
+        prefix="coral-queue-bench-", ignore_cleanup_errors=True
+    ) as folder:
         tmp = Path(folder)
         cache = tmp / "templates"
         cache.mkdir()
@@ -445,10 +484,13 @@ def main() -> None:
             deployment.cluster.cpus_per_gpu,
             deployment.cluster.mem_per_gpu_gb,
         )
+        fixed["load_at_end"] = [round(x, 2) for x in os.getloadavg()]
         time.sleep(5)
         coral = run_coral(config, models, pods, args.phase_s, args.warmup_s, cache, tmp)
+        coral["load_at_end"] = [round(x, 2) for x in os.getloadavg()]
     result = {
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "load_at_start": load_at_start,
         "host": f"{platform.node()} {platform.machine()} {os.cpu_count()} CPUs",
         "cluster_gpus": cluster_gpus,
         "stream": {
@@ -471,49 +513,61 @@ def main() -> None:
     print(markdown(result))
 
 
+def _ratio(coral: float | None, fixed: float | None) -> str:
+    return f"{coral / fixed:.2f}×" if coral is not None and fixed else ""
+
+
 def markdown(r: dict) -> str:
     f, c = r["fixed_sbatch"], r["coral_hpc"]
 
     def secs(v):
         return "never (within the phase)" if v is None else f"{v:.0f} s"
 
-    ratio = ""
-    if f["replica_hours_lost"] > 0:
-        ratio = f"{c['replica_hours_lost'] / f['replica_hours_lost']:.2f}×"
     shapes = ", ".join(
         f"{m}: {s['partition']} {s['gpus']}×{s['gpu_type']}"
         + (f" × {s['nodes']} nodes" if s["nodes"] > 1 else "")
         for m, s in r["usual_shapes"].items()
     )
     s = r["stream"]
+    load = (
+        f"Load average (1, 5, 15 min): {r['load_at_start']} at the start, "
+        f"{f.get('load_at_end')} after the fixed-sbatch phase, {c.get('load_at_end')} after "
+        "the coral-hpc phase."
+    )
     intro = (
         f"{r['when']} on {r['host']}; the local cluster ({r['cluster_gpus']} GPUs) kept "
         f"busy by another lab's job stream: {s['pods']} whole-GPU pods ({s['gpus']} GPUs "
         f"each) of {s['source']} (Alibaba GPU trace v2023), run times ÷ "
-        f"{s['time_scale']:g} (median {s['median_run_s']:.0f} s), arrivals compressed to "
-        f"offer {s['offered_load']:g}× the GPUs. The stream runs {r['warmup_s']:.0f} s "
-        f"before the models are asked for; each phase then lasts {r['phase_s']:.0f} s, "
-        "the same stream from the same start in both."
+        f"{s['time_scale']:g} (at least 10 s; median {s['median_run_s']:.0f} s), arrivals "
+        f"compressed to offer {s['offered_load']:g}× the GPUs over the warm-up and the "
+        f"phase. The stream runs {r['warmup_s']:.0f} s before the models are asked for; each "
+        f"phase then lasts {r['phase_s']:.0f} s, the same stream from the same start in both."
     )
-    lost = (
+    rows = [
+        f"| every model running after | {secs(f['all_running_s'])} "
+        f"| {secs(c['all_running_s'])} | {_ratio(c['all_running_s'], f['all_running_s'])} |",
+        f"| every model READY after (fixed: running) | {secs(f['all_running_s'])} "
+        f"| {secs(c.get('all_ready_s'))} | {_ratio(c.get('all_ready_s'), f['all_running_s'])} |",
         f"| model-hours without a running replica | {f['replica_hours_lost']:.3f} | "
-        f"{c['replica_hours_lost']:.3f} | {ratio} |"
-    )
-    never = (
+        f"{c['replica_hours_lost']:.3f} | "
+        f"{_ratio(c['replica_hours_lost'], f['replica_hours_lost'])} |",
         f"| models never running | {', '.join(f['models_never_running']) or 'none'} | "
-        f"{', '.join(c['models_never_running']) or 'none'} | |"
-    )
+        f"{', '.join(c['models_never_running']) or 'none'} | |",
+        f"| jobs submitted | {f['jobs_submitted']} | {c['jobs_submitted']} | |",
+    ]
     how = (
         "Fixed sbatch: each model's usual shape, the one coral-hpc plans on an idle cluster "
-        f"({shapes}), submitted at the start and resubmitted when it ends. coral-hpc: `serve` "
-        "on examples/models.yaml with the sim engine. Per model first running (s): fixed "
-        f"{f['first_running_s']}, coral-hpc {c['first_running_s']}; "
-        "coral-hpc first READY (status polled every 5 s) "
-        f"{c.get('first_ready_s')}."
+        f"({shapes}), submitted at the start and resubmitted when it ends; a fixed job runs "
+        '`sleep`, so its "running" is the earliest it could serve (an engine would still '
+        "load). coral-hpc: `serve` on examples/models.yaml with the sim engine; READY is its "
+        "health check passing, seen by `status` (polled every 5 s). Per model first running "
+        f"(s): fixed {f['first_running_s']}, coral-hpc {c['first_running_s']}; coral-hpc "
+        f"first READY {c.get('first_ready_s')}."
     )
     noise = (
         "The machine is shared with other sessions' tests, so figures are noisy; the other "
-        "lab's stream is the same in both phases but Slurm's decisions depend on timing."
+        "lab's stream is the same in both phases but Slurm's decisions depend on timing. One "
+        "run: a ratio from it is one sample, not a distribution."
     )
     return "\n".join(
         [
@@ -523,14 +577,11 @@ def markdown(r: dict) -> str:
             "",
             "| | fixed sbatch per model | coral-hpc | coral ÷ fixed |",
             "|---|---|---|---|",
-            f"| every model running after | {secs(f['all_running_s'])} "
-            f"| {secs(c['all_running_s'])} | |",
-            f"| every model READY after | — | {secs(c.get('all_ready_s'))} | |",
-            lost,
-            never,
-            f"| jobs submitted | {f['jobs_submitted']} | {c['jobs_submitted']} | |",
+            *rows,
             "",
             how,
+            "",
+            load,
             "",
             noise,
             "",

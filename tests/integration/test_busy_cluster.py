@@ -221,3 +221,31 @@ def test_max_jobs_and_partition_max_time_are_honoured(tmp_path, env):
             serve.stop()
     finally:
         subprocess.run([*sam, "MaxJobs=-1"], check=False, capture_output=True, env=env, timeout=60)
+
+
+def test_a_min_replicas_the_whole_cluster_could_never_hold_is_refused(tmp_path, env):
+    """More replicas than the cluster has GPUs, busy or not (every GPU held by the other lab):
+    ``plan`` (asking Slurm) and ``serve`` exit 2 naming the file, line and field, and nothing
+    is submitted, instead of queueing replicas that could never all run."""
+    busy_cluster.fill_every_gpu(90)
+    wait_until(lambda: all(s == "RUNNING" for _, s, _ in busy_cluster.other_jobs()), 30,
+               "the other lab's jobs running on every GPU node")
+    total = sum(n.gpus for n in busy_cluster.gpu_nodes())
+    config = config_copy(tmp_path)
+    head = "  - name: qwen3-8b\n"
+    config.write_text(config.read_text().replace(head, f"{head}    min_replicas: {total + 1}\n"))
+    line = config.read_text().splitlines().index(f"    min_replicas: {total + 1}") + 1
+    # more replicas than GPUs: whatever its layouts, they could never all run
+    field = (f"{config}:{line}: models[0].min_replicas: {total + 1} replica(s) of qwen3-8b: "
+             "its layouts")
+    deployment = load_deployment(config).deployment
+    planned = cli(env, "plan", str(config), "--cache-dir", str(tmp_path / "templates"),
+                  timeout=300)
+    assert planned.returncode == 2, planned.stdout + planned.stderr
+    assert field in planned.stderr and f"{total} GPU(s) in total, busy or not" in planned.stderr
+    served = cli(env, "serve", str(config), "--listen", "127.0.0.1:0",
+                 "--cache-dir", str(tmp_path / "templates"), timeout=300)
+    assert served.returncode == 2, served.stdout + served.stderr
+    assert field in served.stderr and "serve stops" in served.stderr
+    # nothing of this deployment in Slurm, running or ended
+    assert make_client("cli", env=env).snapshot(deployment).jobs == ()
