@@ -11,6 +11,7 @@ the constructor starts nothing.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -46,7 +47,7 @@ from coral_hpc.reconcile.act import Actor
 from coral_hpc.reconcile.backoff import Backoff
 from coral_hpc.reconcile.hysteresis import PlanHistory
 from coral_hpc.reconcile.observe import Observed, Observer
-from coral_hpc.reconcile.startup import learned_startup_s
+from coral_hpc.reconcile.startup import lead_startup_s, learned_startup_s
 from coral_hpc.slurm.budget import CallBudget
 from coral_hpc.store import Store
 from coral_hpc.types import ShapeExclusion, TemplateExclusion
@@ -225,12 +226,30 @@ class Daemon:
             return bool(result.excluded)
 
     def _learn_startup(self) -> None:
-        """Rotate replicas at least one learnt start-up time ahead of their walltime."""
-        startup = learned_startup_s(self.store.startups(limit=50),
-                                    self.deployment.policy.startup_time_s)
+        """Rotate replicas at least one start-up time ahead of their walltime: the slowest
+        recent one (``reconcile.startup.lead_startup_s``)."""
+        startup = lead_startup_s(self.store.startups(limit=50),
+                                 self.deployment.policy.startup_time_s)
         if startup != self.settings.startup_s:
             self.settings = replace(self.settings, startup_s=startup)
             self.observer.settings = self.actor.settings = self.settings
+            self._warn_if_time_limit_short(startup)
+
+    def _warn_if_time_limit_short(self, startup_s: float) -> None:
+        """A walltime lead is at most half a replica's usable time (``reconcile.status``): with
+        a start-up longer than that, successors cannot be READY before their predecessors stop
+        and the model has gaps. Say so, with the time limit that would fit."""
+        limit = self.deployment.cluster.time_limit_s
+        signal = min(self.settings.walltime_signal_s, 0.5 * limit)
+        if startup_s <= 0.5 * (limit - signal):
+            return
+        fits = math.ceil((2 * startup_s + signal) / 60)
+        message = (f"replicas take up to {startup_s:.0f}s to start, more than half of the "
+                   f"{limit - signal:.0f}s a {self.deployment.cluster.time_limit} time limit "
+                   f"leaves them: walltime successors cannot start a whole start-up ahead and "
+                   f"the models may have gaps; cluster.time_limit of at least {fits} min fits")
+        log.warning("%s", message)
+        self.store.add_event(self.clock(), "warning", message)
 
     def _maybe_plan(self, observed: Observed, now: float) -> None:
         tau = self.deployment.policy.replan_interval_s
@@ -272,7 +291,8 @@ class Daemon:
                 # `coral-hpc plan` does. Later, a cluster that shrank keeps the current plan.
                 path = str(self.config_path or "models.yaml")
                 self.fatal = ConfigError(path, infeasible_problems(
-                    path, self.deployment, done="nothing was submitted; serve stops"))
+                    path, self.deployment, done="nothing was submitted; serve stops",
+                    shortfalls=exc.shortfalls))
                 self.store.add_event(now, "plan_error", f"no feasible plan: {exc}; stopping")
                 if self._stop is not None:
                     self._stop.set()

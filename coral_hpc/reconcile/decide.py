@@ -33,7 +33,9 @@ Rules, in the order they are applied:
 5. **Make-before-break.** Every other live replica is surplus. Surplus that serves nothing
    (pending, starting, unhealthy) is cancelled at once — except an unhealthy one still within
    ``unhealthy_grace_s`` while its model has no other READY replica (a late /health on a loaded
-   host is not a dead engine). A READY surplus replica is drained
+   host is not a dead engine), and a starting one whose walltime successor fell due before it
+   was READY while its model's READY replicas that go on serving fall short of the plan's
+   capacity (it serves before that successor can). A READY surplus replica is drained
    only while the model's READY capacity without it still reaches the plan's capacity for the
    model — so a replacement is READY before the replica it replaces drains — and never when it
    is its (configured) model's last READY replica: a re-plan that drops a model for want of
@@ -331,11 +333,15 @@ def decide(
     # READY replicas that will go on serving (not themselves draining-node or walltime bound):
     # only these count as a successor that lets another replica drain
     ready_count: dict[tuple[str, str], int] = defaultdict(int)
+    # ... and their capacity: short of the plan's, a replica still starting serves sooner than
+    # a successor submitted now
+    stable_capacity: dict[tuple[str, str], float] = defaultdict(float)
     for record in live:
         if statuses[record.id].state is ReplicaState.READY:
             ready_capacity[_role_key(record)] += record.throughput
             if not statuses[record.id].needs_successor:
                 ready_count[_role_key(record)] += 1
+                stable_capacity[_role_key(record)] += record.throughput
     kept_last: list[str] = []
     planned = {key: plan.capacity(*key) for key in {_role_key(r) for r in live}}
     # serving surplus: the ones that will stop anyway first, then the dearest per request/s
@@ -356,6 +362,16 @@ def decide(
                 kept_last.append(f"{record.id} ({_surplus_reason(record, status, 0)}) kept: "
                                  f"unhealthy for less than {settings.unhealthy_grace_s:.0f}s, "
                                  f"no successor of {record.model} READY")
+                continue
+            key = _role_key(record)
+            if (_starting_past_its_lead(status, settings)
+                    and stable_capacity[key] + 1e-9 < planned.get(key, 0.0)
+                    and (configured is None or record.model in configured)):
+                # its walltime successor fell due before it became READY (its start-up beside
+                # other engines loading outran the lead: seen on the real engine); it serves
+                # long before that successor can, so cancelling it opens a gap
+                kept_last.append(f"{record.id} kept: its walltime successor fell due while it "
+                                 f"was still starting, and {record.model} lacks READY capacity")
                 continue
             if record.id not in already_cancelled:
                 cancels.append(Cancel(record.id, _surplus_reason(record, status,
@@ -406,6 +422,14 @@ def _worth_waiting(record: ReplicaRecord, plan: DesiredPlan, settings: Reconcile
         return True
     key = (record.template_id, record.partitions)
     return any(s.queued and s.key == key for s in plan.slots)
+
+
+def _starting_past_its_lead(status: ReplicaStatus, settings: ReconcileSettings) -> bool:
+    """A STARTING replica whose walltime successor is due but which can still serve: Slurm's
+    walltime warning is still ahead. (A node going away is not this: rule 5 cancels it.)"""
+    return (status.state is ReplicaState.STARTING and status.near_walltime
+            and not status.must_move and status.time_left_s is not None
+            and status.time_left_s > settings.walltime_signal_s)
 
 
 def _cost_per_rps(cost_per_hour: float, throughput: float) -> float:

@@ -53,9 +53,10 @@ class ReconcileSettings:
     max_queue_wait_s: float = _POLICY.max_queue_wait_s
     #: Start a successor this long before a replica must stop (at most half its usable time).
     walltime_lead_s: float = _POLICY.walltime_lead_s
-    #: Submit→READY seconds learnt from this deployment's replicas (``reconcile.startup``; the
-    #: daemon sets it each cycle): a successor starts at least this long ahead too, since a
-    #: lead shorter than the engine's start-up leaves the model a gap (seen on the real engine).
+    #: Submit→READY seconds learnt from this deployment's replicas, the slowest recent one
+    #: (``reconcile.startup.lead_startup_s``; the daemon sets it each cycle): a successor starts
+    #: at least this long ahead too, since a lead shorter than the engine's start-up leaves
+    #: the model a gap (seen on the real engine).
     startup_s: float = 0.0
     #: Slurm warns a replica this long before its time limit (``--signal=USR2@N``) and the
     #: replica then drains: its usable life ends here, not at the limit itself.

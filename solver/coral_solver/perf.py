@@ -40,12 +40,15 @@ __all__ = [
     "Slo",
     "configure",
     "engine_dtype",
+    "has_measured_throughput",
     "is_calibrated",
     "kv_capacity_tokens",
     "measured_dirs",
     "measured_pipeline_throughput",
     "measured_pipelines",
     "measured_profiles",
+    "pipeline_stage_gpus",
+    "stage_kv_capacity_tokens",
     "stage_throughput",
     "step_latency_s",
     "throughput_from_coeffs",
@@ -117,17 +120,19 @@ def measured_pipelines() -> dict[tuple[str, str, int], tuple[MeasuredProfile, ..
 
 
 def measured_pipeline_throughput(arch: ModelArch, gpu: GpuSpec, tp: int,
-                                 split: tuple[int, ...], slo: Slo, mix: Mix
+                                 split: tuple[int, ...], slo: Slo, mix: Mix,
+                                 stage_gpus: tuple[str, ...] | None = None
                                  ) -> tuple[float, str] | None:
     """(requests/s, profile file) a measured pipeline of exactly this layout (``split``: layers
-    per stage, in order, every stage on ``gpu``) served at ``mix`` within an SLO at least as
-    strict as ``slo``; the best such point, or None. The whole replica's figure: the engine's
-    real pipeline accounting, which the model's per-stage figure only estimates."""
+    per stage, in order; ``stage_gpus``: each stage's GPU type, None: every stage on ``gpu``, the
+    first stage's) served at ``mix`` within an SLO at least as strict as ``slo``; the best such
+    point, or None. The whole replica's figure: the engine's real pipeline accounting, which the
+    model's per-stage figure only estimates."""
+    wanted = tuple(stage_gpus) if stage_gpus else (gpu.name,) * len(split)
     best: tuple[float, str] | None = None
     for profile in measured_pipelines().get((arch.name, gpu.name, tp), ()):
-        if profile.layer_partition != tuple(split) or (
-                profile.stage_gpus and set(profile.stage_gpus) != {gpu.name}):
-            continue  # another split, or a mixed-GPU pipeline (its first stage's type only)
+        if profile.layer_partition != tuple(split) or pipeline_stage_gpus(profile) != wanted:
+            continue  # another split, or other GPU types on its stages
         for p in profile.throughput:
             if (p.input_tokens, p.output_tokens) != (mix.input_tokens, mix.output_tokens):
                 continue
@@ -136,6 +141,36 @@ def measured_pipeline_throughput(arch: ModelArch, gpu: GpuSpec, tp: int,
             if best is None or p.requests_per_s > best[0]:
                 best = (p.requests_per_s, profile.path)
     return best
+
+
+def pipeline_stage_gpus(profile: MeasuredProfile) -> tuple[str, ...]:
+    """Each stage's GPU type of a measured pipeline (a hetjob's own list, else ``gpu`` on all)."""
+    return profile.stage_gpus or (profile.gpu,) * profile.pp
+
+
+def stage_kv_capacity_tokens(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int) -> int:
+    """KV-cache tokens one stage holding ``layers`` layers has: measured where the engine
+    reported its KV capacity on this GPU type (``coral-hpc profile``: a single-process profile,
+    or a pipeline's first stage), else the analytic :func:`kv_capacity_tokens`.
+
+    A measured figure is the engine's KV space in bytes (e.g. vLLM's CPU build sizes it by
+    ``VLLM_CPU_KVCACHE_SPACE``, not by the model) divided by the bytes per token of the layers it
+    held, so a stage of ``layers`` layers holds measured tokens x measured layers / ``layers``.
+    The smallest measured figure wins (the engine refuses to start when one request's
+    ``max_model_len`` does not fit)."""
+    if layers <= 0 or tp <= 0:
+        return 0
+    measured = []
+    for profile in _measured().get((arch.name, gpu.name, tp), ()):
+        if profile.kv_capacity_tokens:
+            measured.append(profile.kv_capacity_tokens * profile.layers)
+    for profile in measured_pipelines().get((arch.name, gpu.name, tp), ()):
+        if profile.kv_capacity_tokens and profile.layer_partition:
+            measured.append(profile.kv_capacity_tokens * profile.layer_partition[0])
+    if measured:
+        return min(measured) // layers
+    cal = _calibration()
+    return kv_capacity_tokens(arch, gpu, tp, layers, cal.gpu_memory_utilization)
 
 
 # --- rules ----------------------------------------------------------------------------------
@@ -282,6 +317,13 @@ def _measured_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, slo: Slo, mix: 
     return best
 
 
+def has_measured_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, slo: Slo, mix: Mix) -> bool:
+    """Whether a measured single-stage point of (arch, gpu, tp) applies to ``mix`` and ``slo``
+    (same mix, an SLO at least as strict): :func:`stage_throughput` of the whole model then
+    returns that measurement."""
+    return _measured_throughput(arch, gpu, tp, slo, mix) is not None
+
+
 # --- throughput under SLO -------------------------------------------------------------------
 
 #: Share of requests a stage may let miss each objective (TTFT and TPOT): together they stay
@@ -378,6 +420,24 @@ def _first_feasible_batch(feasible: Callable[[int], tuple[bool, float]], b_max: 
             return b, t
         b = max(b + 1, int(b * _PROBE_GROWTH))
     return 0, 0.0
+
+
+def _largest_feasible_batch(feasible: Callable[[int], tuple[bool, float]], lo: int,
+                            t_lo: float, b_max: int) -> tuple[int, float]:
+    """(largest feasible batch in [lo, b_max], its mean step), by bisection: ``lo`` is feasible
+    with mean step ``t_lo``, and feasibility is monotone from ``lo`` up (the caller's claim)."""
+    hi = b_max
+    ok, t_hi = feasible(hi)
+    if ok:
+        return hi, t_hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        ok, t_mid = feasible(mid)
+        if ok:
+            lo, t_lo = mid, t_mid
+        else:
+            hi = mid
+    return lo, t_lo
 
 
 #: Pipeline accounting of prompts: True, a prompt stalls the whole ring of S micro-batches, so
@@ -500,21 +560,10 @@ def throughput_from_coeffs(c: StageCoeffs, cap: int, n_stages: int, slo: Slo, mi
         return 0.0
     # Above the first feasible batch, feasibility is monotone: the mean step, the prompts per
     # step and the KV wait all grow with b, and the surge factor keeps falling.
-    hi = b_max
-    ok, t_hi = feasible(hi)
-    if ok:
-        lo, t_lo = hi, t_hi
-    else:
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            ok, t_mid = feasible(mid)
-            if ok:
-                lo, t_lo = mid, t_mid
-            else:
-                hi = mid
+    b, t_b = _largest_feasible_batch(feasible, lo, t_lo, b_max)
     # b / step(b) grows with b (step time has a positive intercept and grows at most linearly),
     # so the largest feasible batch gives the most requests per second.
-    return lo / (n_out * t_lo)
+    return b / (n_out * t_b)
 
 
 @functools.lru_cache(maxsize=262144)

@@ -94,6 +94,18 @@ CASES = [
      plan(slot("t1", 1)),
      [rec("a", started_at=-500.0, time_limit_s=800.0), rec("b", started_at=60.0)], set(),
      [("drain", "a")]),
+    # seen on the real engine: beside other engines loading, a successor's start-up outran its
+    # own walltime lead; cancelling it then left the model with no replica at all
+    ("walltime due while still starting, nothing else serving: kept, successor submitted",
+     plan(slot("t1", 1)), [rec("a", "starting", started_at=-500.0, time_limit_s=800.0)], set(),
+     [("submit", "t1", "a")]),
+    ("walltime due while still starting, a successor READY: cancelled",
+     plan(slot("t1", 1)),
+     [rec("a", "starting", started_at=-500.0, time_limit_s=800.0), rec("b", started_at=60.0)],
+     set(), [("cancel", "a")]),
+    ("still starting past its walltime warning: it can no longer serve, cancelled",
+     plan(slot("t1", 1)), [rec("a", "starting", started_at=-650.0, time_limit_s=800.0)], set(),
+     [("cancel", "a"), ("submit", "t1", "a")]),
     ("node draining: successor submitted, old keeps serving",
      plan(slot("t1", 1)), [rec("a")], {"a"}, [("submit", "t1", "a")]),
     ("node draining, successor READY: old one drains",
@@ -355,6 +367,24 @@ def test_rotation_before_walltime_never_leaves_a_gap_in_ready_replicas():
     ended = [r for r in world.records.values() if r.ended_at is not None]
     assert ended and all(r.end_state == "CANCELLED" for r in ended)  # none reached TIMEOUT
     assert max(readiness) <= 4  # successors overlap, but never more than one each
+
+
+def test_a_start_up_longer_than_the_lead_still_serves_between_rotations():
+    # the lead is capped at half the usable time (155 s of 310 s): each replica's successor
+    # falls due before it is READY itself. Cancelling a replica still starting at that point
+    # (the old rule) meant no replica of the model was ever READY.
+    world = World(time_limit_s=400.0, startup_s=170.0)
+    desired = plan(slot("t1", 1))
+    readiness, live = [], []
+    for _ in range(600):  # 1200 s of fake time
+        world.step(desired)
+        world.tick(2.0)
+        readiness.append(world.ready())
+        live.append(sum(1 for r in world.records.values() if r.ended_at is None))
+    first = readiness.index(1)
+    assert first * 2.0 <= 200 and min(readiness[first:]) >= 1
+    # successors overlap, bounded: one new replica per 155 s lead, each living 400 s
+    assert max(live) <= 3
 
 
 def test_node_drain_moves_replicas_without_a_gap():

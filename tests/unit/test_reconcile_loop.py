@@ -24,7 +24,7 @@ from coral_hpc.reconcile.act import Actor
 from coral_hpc.reconcile.observe import Observer
 from coral_hpc.reconcile.settings import ReconcileSettings
 from coral_hpc.slurm.errors import SlurmRejected, SlurmTimeout, SlurmUnavailable
-from coral_hpc.store import open_store
+from coral_hpc.store import StartupObservation, open_store
 from coral_hpc.types import (
     ExclusionKind,
     ReplicaLayout,
@@ -34,6 +34,7 @@ from coral_hpc.types import (
 )
 from tests.conftest import REPO
 from tests.fakes.slurm import FakeSlurm, recorded_22_05_snapshot, recorded_snapshot
+from tests.support.virtual_time import VirtualClock
 
 EXAMPLE = REPO / "examples" / "models.yaml"
 START = 50_000.0
@@ -47,19 +48,10 @@ def slot(partition: str = "a100", gpu: str | None = None, model: str = "qwen3-8b
     return Slot(model, f"{model}.tp1.{gpu}-36", count, 2.0, cost, layout)
 
 
-class Clock:
-    """A fake clock that moves a millisecond per reading (the act step reads it after the
-    planning step, as the real clock would), and by whole seconds when told."""
-
-    def __init__(self, now: float = START):
-        self.now = now
-
-    def __call__(self) -> float:
-        self.now += 0.001
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
+def ticking_clock(now: float = START) -> VirtualClock:
+    """A clock that moves a millisecond per reading (the act step reads it after the planning
+    step, as the real clock would), and by whole seconds when told (``advance``)."""
+    return VirtualClock(now, tick_s=0.001)
 
 
 class ScriptedPlanner:
@@ -93,7 +85,7 @@ class Loop:
         self.tmp = tmp_path
         self.deployment = load_deployment(EXAMPLE).model_copy(
             update={"state_dir": tmp_path / "shared"})
-        self.clock = clock or Clock()
+        self.clock = clock or ticking_clock()
         self.slurm = slurm or FakeSlurm(recorded_snapshot(), self.clock)
         self.store = open_store(tmp_path / db)
         self.planner = planner
@@ -156,7 +148,7 @@ def events(loop, kind):
 
 @pytest.mark.parametrize("recording", ["devcluster", "slurm-22.05"])
 def test_a_planned_replica_is_submitted_once_then_routed_when_ready(make, recording):
-    clock = Clock()
+    clock = ticking_clock()
     base = recorded_snapshot() if recording == "devcluster" else recorded_22_05_snapshot()
     loop = make(ScriptedPlanner(slot()), slurm=FakeSlurm(base, clock), clock=clock)
     loop.cycle()
@@ -410,3 +402,20 @@ def test_the_planner_is_asked_with_what_goes_on_serving(make):
         loop.clock.now - record.submitted_at, abs=0.1)
     loop.cycle(loop.deployment.policy.replan_interval_s)
     assert planner.requests[-1].running == request.running  # READY now: still goes on serving
+
+
+def test_walltime_successors_get_the_slowest_recent_start_up_and_a_short_limit_is_named(make):
+    loop = make(ScriptedPlanner(slot()))
+    limit = loop.deployment.cluster.time_limit_s
+    for i, seconds in enumerate([0.10 * limit, 0.30 * limit, 0.12 * limit]):
+        loop.store.add_startup(StartupObservation(float(i), f"r{i}", "t1", "a100", seconds))
+    loop.cycle()
+    assert loop.daemon.settings.startup_s == pytest.approx(0.30 * limit)  # not the median
+    assert loop.actor.settings.startup_s == loop.daemon.settings.startup_s
+    assert not events(loop, "warning")
+    # a start-up beyond half the usable time: no lead can cover it, and serve says what fits
+    loop.store.add_startup(StartupObservation(10.0, "r9", "t1", "a100", 0.6 * limit))
+    loop.cycle(2)
+    (warning,) = events(loop, "warning")
+    assert "cluster.time_limit of at least" in warning
+    assert str(loop.deployment.cluster.time_limit) in warning

@@ -8,7 +8,7 @@ import pytest
 from coral_hpc.config import PolicyConfig
 from coral_hpc.plan.desired import plan_from_rows, slot_rows
 from coral_hpc.reconcile import Backoff, ReconcileSettings, TriggerKind, replan_triggers
-from coral_hpc.reconcile.startup import learned_startup_s, startup_penalty
+from coral_hpc.reconcile.startup import lead_startup_s, learned_startup_s, startup_penalty
 from coral_hpc.store import Exclusion, StartupObservation
 from coral_hpc.types import ExclusionKind, TemplateExclusion
 from tests.unit.reconcile_facts import facts, plan, rec, slot
@@ -114,6 +114,15 @@ def test_startup_time_is_configured_until_learnt_then_the_median():
     assert startup_penalty(30.0, 60.0) == 0.5
     with pytest.raises(ValueError):
         startup_penalty(30.0, 0.0)
+
+
+def test_the_walltime_lead_covers_the_slowest_recent_start_up_not_the_median():
+    # newest first, as the store returns them: the slow ones are recent (engines loading at once)
+    assert lead_startup_s(_obs([250, 240, 60, 50, 45, 400]), 90.0) == 250.0  # newest 5 only
+    assert lead_startup_s(_obs([50, 45, 40]), 90.0) == 50.0  # learnt: the configured guess goes
+    assert lead_startup_s(_obs([120]), 90.0) == 120.0  # too few yet: the slower of both
+    assert lead_startup_s(_obs([30]), 90.0) == 90.0
+    assert lead_startup_s([], 90.0) == 90.0
 
 
 def test_backoff_doubles_to_a_cap_and_resets():
