@@ -408,8 +408,10 @@ def main(argv: list[str] | None = None) -> int:
         "prompt-heavy one makes 6), which is why it is compared with the host hand-off "
         "predictions, not with 1. The hand-off is measured on decode steps, not on the "
         "throughput points compared here. Where stages share cores a stall and CPU contention "
-        "are entangled; bench/results/pp_ring.md measures the stall alone, with each stage on "
-        "a core of its own.",
+        "are entangled; bench/pp_ring.py measures the stall alone, with each stage on a core "
+        "of its own (bench/results/pp_ring.md"
+        + ("" if (ROOT / "bench/results/pp_ring.md").is_file() else ": not yet run")
+        + ").",
         "",
     ]
     best_key = {"prompts stall the ring": "ring", "own micro-batch only": "own"}.get(best)
