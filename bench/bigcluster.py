@@ -53,14 +53,17 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from coral_hpc.config import load_deployment, slurm_calls_per_min
-from coral_hpc.daemon import ensure_replica_key
-from coral_hpc.daemon.core import Daemon
-from coral_hpc.gateway.table import default_replica_key_path, default_table_path
 from coral_hpc.plan.planner import Planner
 from coral_hpc.reconcile.settings import ReconcileSettings
 from coral_hpc.slurm import CliSlurmClient, CommandRunner, make_client
 from coral_hpc.slurm.budget import CallBudget
 from coral_hpc.store import open_store
+from tests.support.daemon_setup import (
+    big_cluster_yaml,
+    cancel_deployment_jobs,
+    headless_daemon,
+    wait_for,
+)
 
 RESULTS = REPO / "bench" / "results"
 BIG_CONF = "/var/tmp/coral-big-cluster/etc/slurm.conf"
@@ -117,41 +120,6 @@ def observe_cycles(env: dict, cycles: int) -> dict:
 # --------------------------------------------------------------------------- the daemon
 
 
-def write_config(folder: Path) -> Path:
-    name = f"bigbench{secrets.token_hex(3)}"
-    path = folder / "models.yaml"
-    path.write_text(f"""
-deployment: {name}
-state_dir: {folder / 'shared'}
-db_path: {folder / 'daemon' / 'coral.db'}
-cluster:
-  time_limit: "01:00:00"
-  partitions:
-    - {{name: a100, gpu_types: [a100]}}
-    - {{name: v100, gpu_types: [v100]}}
-    - {{name: l40s, gpu_types: [l40s]}}
-    - {{name: h100, gpu_types: [h100]}}
-engine: {{kind: sim}}
-models:
-  - name: chat
-    source: Qwen/Qwen3-8B
-    architecture: qwen3-8b
-    mix: {{input_tokens: 512, output_tokens: 128}}
-    demand: {{requests_per_s: 2}}
-    slo: {{ttft_s: 2.0, tpot_s: 0.1}}
-    partitions: [a100, v100, l40s]
-  - name: reasoner
-    source: Qwen/Qwen3-8B
-    architecture: qwen3-8b
-    mix: {{input_tokens: 512, output_tokens: 128}}
-    demand: {{requests_per_s: 2}}
-    slo: {{ttft_s: 2.0, tpot_s: 0.1}}
-    partitions: [h100]
-    min_replicas: 1
-""")
-    return path
-
-
 class CallLog:
     """Samples a growing call count every 0.5 s, for the mean rate and the busiest minute."""
 
@@ -186,17 +154,14 @@ def rss_mb() -> dict:
 
 def run_daemon(env: dict, steady_s: float, reps: int) -> dict:
     folder = Path(tempfile.mkdtemp(prefix="coral-bigbench-"))
-    deployment = load_deployment(write_config(folder))
-    store = open_store(deployment.db_path)
-    reader = open_store(deployment.db_path, readonly=True)
+    deployment = load_deployment(big_cluster_yaml(folder, f"bigbench{secrets.token_hex(3)}"))
     budget = CallBudget(slurm_calls_per_min(deployment),
                         probe_calls_per_min=deployment.cluster.slurm.probe_calls_per_min)
     client = make_client("cli", env=env, budget=budget, timeout_s=120)
     planner = Planner(cache_dir=Path(tempfile.gettempdir()) / "coral-bench-templates", probe=True)
     planner.use_client(client)
-    key = ensure_replica_key(default_replica_key_path(deployment))
-    daemon = Daemon(deployment, store, client, planner, api_key_file=key,
-                    table_path=default_table_path(deployment), budget=budget)
+    daemon = headless_daemon(deployment, client, planner, budget=budget)
+    reader = open_store(deployment.db_path, readonly=True)
     settings = ReconcileSettings.from_policy(deployment.policy)
 
     def submitit_calls() -> int:  # submitit runs sbatch itself: one per single-partition replica
@@ -208,15 +173,6 @@ def run_daemon(env: dict, steady_s: float, reps: int) -> dict:
     drained: set[str] = set()
     rows: list[dict] = []
     threads: list[threading.Thread] = []
-
-    def wait(predicate, timeout: float, what: str):  # type: ignore[no-untyped-def]
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            value = predicate()
-            if value:
-                return value
-            time.sleep(0.1)
-        raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
 
     def ready_chat():  # type: ignore[no-untyped-def]
         live = [r for r in reader.replicas() if r.model == "chat" and r.ended_at is None
@@ -231,29 +187,29 @@ def run_daemon(env: dict, steady_s: float, reps: int) -> dict:
         log.thread.start()
         threads = [loop.start() for loop in daemon.loops(stop)]
         started = time.monotonic()
-        wait(lambda: ready_chat() and queued_reasoner(), 300,
-             "chat READY and reasoner queued on h100")
+        wait_for(lambda: ready_chat() and queued_reasoner(), 300,
+                 "chat READY and reasoner queued on h100")
         settled = time.monotonic()
         time.sleep(steady_s)
         steady_end = time.monotonic()
         probes_steady = client.runner.calls.get("sbatch", 0)
         for _ in range(reps):
-            first = wait(ready_chat, 180, "one READY chat replica")
+            first = wait_for(ready_chat, 180, "one READY chat replica")
             old = {r.id for r in reader.replicas(live_only=False)}
             node = (first.nodes or "").split(",")[0]
             began = time.time()
             drained.add(node)
             slurm(env, "scontrol", "update", f"NodeName={node}", "State=DRAIN",
                   "Reason=coral-bigbench")
-            new = wait(lambda: next((r for r in reader.replicas(live_only=False)
-                                     if r.id not in old and r.model == "chat"
-                                     and r.submitted_at is not None), None), 120,
-                       "a replacement submitted")
-            ready = wait(lambda: next((r for r in reader.replicas(live_only=False)
-                                       if r.id == new.id and r.ready_at), None), 180,
-                         "the replacement READY")
-            wait(lambda: all(r.id != first.id for r in reader.replicas()), 180,
-                 "the old replica gone")
+            new = wait_for(lambda: next((r for r in reader.replicas(live_only=False)
+                                         if r.id not in old and r.model == "chat"
+                                         and r.submitted_at is not None), None), 120,
+                           "a replacement submitted")
+            ready = wait_for(lambda: next((r for r in reader.replicas(live_only=False)
+                                           if r.id == new.id and r.ready_at), None), 180,
+                             "the replacement READY")
+            wait_for(lambda: all(r.id != first.id for r in reader.replicas()), 180,
+                     "the old replica gone")
             slurm(env, "scontrol", "update", f"NodeName={node}", "State=RESUME")
             drained.discard(node)
             rows.append({"drained_node": node, "to_node": ready.nodes,
@@ -273,12 +229,9 @@ def run_daemon(env: dict, steady_s: float, reps: int) -> dict:
             subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"],
                            check=False, capture_output=True, env=env)
         daemon.observer.close()
-        ids = [j.job_id for j in make_client("cli", env=env).snapshot(
-            deployment.deployment).jobs if j.end_kind is None]
-        if ids:
-            make_client("cli", env=env).cancel(ids)
+        cancel_deployment_jobs(env, deployment)
         reader.close()
-        store.close()
+        daemon.store.close()
     return {"steady": steady, "whole_run": whole, "probes_in_steady_window": probes_steady,
             "calls_by_kind": calls_by_kind, "memory": memory, "drains": rows,
             "poll_interval_s": settings.poll_interval_s,

@@ -195,6 +195,72 @@ class Procs:
             self.stop(proc)
 
 
+def start_coral_gateway(procs: Procs, work: Path, deployment: str, output_tokens: int,
+                        up_port: int, core: str) -> tuple[int, subprocess.Popen]:
+    """``coral-hpc gateway`` pinned to ``core`` on a free port, routing its one model ``bench``
+    (``output_tokens`` per request, which its metering expects) to the upstream on ``up_port``;
+    (port, process) once it listens and has read its table."""
+    gw_port = free_port()
+    models = work / "models.yaml"
+    models.write_text(f"""
+deployment: {deployment}
+state_dir: {work}/state
+db_path: {work}/db.sqlite
+cluster: {{partitions: [{{name: gpu}}]}}
+engine: {{kind: sim}}
+gateway: {{listen: "127.0.0.1:{gw_port}"}}
+models:
+  - {{name: bench, source: org/bench, architecture: qwen3-8b,
+     mix: {{input_tokens: 3, output_tokens: {output_tokens}}}, demand: {{requests_per_s: 1}},
+     slo: {{ttft_s: 1, tpot_s: 0.1}}}}
+""")
+    table = work / "table.json"
+    write_routing_table(table, RoutingTable(version=1, models={
+        "bench": (ReplicaRoute("up", f"http://127.0.0.1:{up_port}", 1.0),)}))
+    coral = procs.start(["taskset", "-c", core,
+                         str(Path(sys.executable).parent / "coral-hpc"), "gateway",
+                         str(models), "--table", str(table), "--log-level", "warning"],
+                        work / "coral.log")
+    wait_port(gw_port)
+    time.sleep(1.0)   # first table poll
+    return gw_port, coral
+
+
+def start_nginx_proxy(procs: Procs, work: Path, up_port: int, core: str
+                      ) -> tuple[int, subprocess.Popen]:
+    """nginx as a one-worker reverse proxy to the upstream on ``up_port`` (upstream keep-alive,
+    no buffering), pinned to ``core``; (port, process) once it listens."""
+    nx_port = free_port()
+    nx_conf = nginx_conf(work, "proxy", nx_port,
+                         'proxy_pass http://replica; proxy_http_version 1.1; '
+                         'proxy_set_header Connection ""; proxy_buffering off;', up_port)
+    nginx = procs.start(["taskset", "-c", core, "nginx", "-c", str(nx_conf),
+                         "-g", "daemon off;"], work / "nginx.log")
+    wait_port(nx_port)
+    return nx_port, nginx
+
+
+def start_vllm_router(procs: Procs, work: Path, router_bin: str, up_port: int, core: str,
+                      settle_s: float = 0.0) -> tuple[int, subprocess.Popen]:
+    """vLLM's router (round robin over the one upstream on ``up_port``) pinned to ``core``, its
+    log in ``work/vllm-router.log``; (port, process) once it listens and ``settle_s`` passed.
+    RuntimeError, the router stopped, when it does not listen within 60 s."""
+    vr_port = free_port()
+    router = procs.start(["taskset", "-c", core, router_bin,
+                          "--host", "127.0.0.1", "--port", str(vr_port),
+                          "--worker-urls", f"http://127.0.0.1:{up_port}",
+                          "--policy", "round_robin", "--log-level", "warning",
+                          "--prometheus-port", str(free_port())],
+                         work / "vllm-router.log")
+    try:
+        wait_port(vr_port, 60)
+    except RuntimeError:
+        procs.stop(router)
+        raise
+    time.sleep(settle_s)
+    return vr_port, router
+
+
 def nginx_conf(work: Path, name: str, port: int, body: str, upstream_port: int) -> Path:
     """A one-worker nginx config; ``body`` is the server's ``location /`` block."""
     prefix = work / name
@@ -314,40 +380,12 @@ def main() -> None:
         results["direct"] = measure("direct", up_port, args, work)
 
         # (a) coral-hpc gateway
-        gw_port = free_port()
-        models = work / "models.yaml"
-        models.write_text(f"""
-deployment: bench
-state_dir: {work}/state
-db_path: {work}/db.sqlite
-cluster: {{partitions: [{{name: gpu}}]}}
-engine: {{kind: sim}}
-gateway: {{listen: "127.0.0.1:{gw_port}"}}
-models:
-  - {{name: bench, source: org/bench, architecture: qwen3-8b,
-     mix: {{input_tokens: 3, output_tokens: 7}}, demand: {{requests_per_s: 1}},
-     slo: {{ttft_s: 1, tpot_s: 0.1}}}}
-""")
-        table = work / "table.json"
-        write_routing_table(table, RoutingTable(version=1, models={
-            "bench": (ReplicaRoute("up", f"http://127.0.0.1:{up_port}", 1.0),)}))
-        coral = procs.start(["taskset", "-c", args.proxy_core,
-                             str(Path(sys.executable).parent / "coral-hpc"), "gateway",
-                             str(models), "--table", str(table), "--log-level", "warning"],
-                            work / "coral.log")
-        wait_port(gw_port)
-        time.sleep(1.0)   # first table poll
+        gw_port, coral = start_coral_gateway(procs, work, "bench", 7, up_port, args.proxy_core)
         results["coral"] = measure("coral", gw_port, args, work, coral.pid)
         procs.stop(coral)
 
         # (b) nginx reverse proxy
-        nx_port = free_port()
-        nx_conf = nginx_conf(work, "proxy", nx_port,
-                             'proxy_pass http://replica; proxy_http_version 1.1; '
-                             'proxy_set_header Connection ""; proxy_buffering off;', up_port)
-        nginx = procs.start(["taskset", "-c", args.proxy_core, "nginx", "-c", str(nx_conf),
-                             "-g", "daemon off;"], work / "nginx.log")
-        wait_port(nx_port)
+        nx_port, nginx = start_nginx_proxy(procs, work, up_port, args.proxy_core)
         results["nginx"] = measure("nginx", nx_port, args, work, nginx.pid)
         procs.stop(nginx)
 
@@ -355,20 +393,16 @@ models:
         if router_bin is None:
             notes["vllm-router"] = router_version
         else:
-            vr_port = free_port()
-            router = procs.start(["taskset", "-c", args.proxy_core, router_bin,
-                                  "--host", "127.0.0.1", "--port", str(vr_port),
-                                  "--worker-urls", f"http://127.0.0.1:{up_port}",
-                                  "--policy", "round_robin", "--log-level", "warning",
-                                  "--prometheus-port", str(free_port())],
-                                 work / "vllm-router.log")
+            router = None
             try:
-                wait_port(vr_port, 60)
+                vr_port, router = start_vllm_router(procs, work, router_bin, up_port,
+                                                    args.proxy_core)
                 results["vllm-router"] = measure("vllm-router", vr_port, args, work, router.pid)
             except RuntimeError as exc:
                 notes["vllm-router"] = f"did not serve: {exc}; log: " + (
                     work / "vllm-router.log").read_text()[-500:]
-            procs.stop(router)
+            if router is not None:
+                procs.stop(router)
 
         # (d) the floor of our stack: a minimal aiohttp forwarder
         mp_port = free_port()

@@ -485,9 +485,16 @@ def measure(name: str, port: int, args, pgid: int | None) -> dict:
 
 
 def main_bench(args) -> None:
-    from gateway import Procs, ensure_tools, ensure_vllm_router, free_port, nginx_conf, wait_port
-
-    from coral_hpc.gateway.table import ReplicaRoute, RoutingTable, write_routing_table
+    from gateway import (
+        Procs,
+        ensure_tools,
+        ensure_vllm_router,
+        free_port,
+        start_coral_gateway,
+        start_nginx_proxy,
+        start_vllm_router,
+        wait_port,
+    )
 
     ncpu = os.cpu_count() or 1
     if args.load_cores is None:
@@ -509,60 +516,28 @@ def main_bench(args) -> None:
         args.upstream_port = up_port
         results["direct"] = measure("direct", up_port, args, None)
 
-        gw_port = free_port()
-        models = work / "models.yaml"
-        models.write_text(f"""
-deployment: benchstream
-state_dir: {work}/state
-db_path: {work}/db.sqlite
-cluster: {{partitions: [{{name: gpu}}]}}
-engine: {{kind: sim}}
-gateway: {{listen: "127.0.0.1:{gw_port}"}}
-models:
-  - {{name: bench, source: org/bench, architecture: qwen3-8b,
-     mix: {{input_tokens: 3, output_tokens: 100}}, demand: {{requests_per_s: 1}},
-     slo: {{ttft_s: 1, tpot_s: 0.1}}}}
-""")
-        table = work / "table.json"
-        write_routing_table(table, RoutingTable(version=1, models={
-            "bench": (ReplicaRoute("up", f"http://127.0.0.1:{up_port}", 1.0),)}))
-        coral = procs.start(["taskset", "-c", args.proxy_core,
-                             str(Path(sys.executable).parent / "coral-hpc"), "gateway",
-                             str(models), "--table", str(table), "--log-level", "warning"],
-                            work / "coral.log")
-        wait_port(gw_port)
-        time.sleep(1.0)
+        gw_port, coral = start_coral_gateway(procs, work, "benchstream", 100, up_port,
+                                             args.proxy_core)
         results["coral"] = measure("coral", gw_port, args, coral.pid)
         procs.stop(coral)
 
-        nx_port = free_port()
-        nx_conf = nginx_conf(work, "proxy", nx_port,
-                             'proxy_pass http://replica; proxy_http_version 1.1; '
-                             'proxy_set_header Connection ""; proxy_buffering off;', up_port)
-        nginx = procs.start(["taskset", "-c", args.proxy_core, "nginx", "-c", str(nx_conf),
-                             "-g", "daemon off;"], work / "nginx.log")
-        wait_port(nx_port)
+        nx_port, nginx = start_nginx_proxy(procs, work, up_port, args.proxy_core)
         results["nginx"] = measure("nginx", nx_port, args, nginx.pid)
         procs.stop(nginx)
 
         if router_bin is None:
             notes["vllm-router"] = router_version
         else:
-            vr_port = free_port()
-            router = procs.start(["taskset", "-c", args.proxy_core, router_bin,
-                                  "--host", "127.0.0.1", "--port", str(vr_port),
-                                  "--worker-urls", f"http://127.0.0.1:{up_port}",
-                                  "--policy", "round_robin", "--log-level", "warning",
-                                  "--prometheus-port", str(free_port())],
-                                 work / "vllm-router.log")
+            router = None
             try:
-                wait_port(vr_port, 60)
-                time.sleep(1.0)
+                vr_port, router = start_vllm_router(procs, work, router_bin, up_port,
+                                                    args.proxy_core, settle_s=1.0)
                 results["vllm-router"] = measure("vllm-router", vr_port, args, router.pid)
             except RuntimeError as exc:
                 notes["vllm-router"] = f"did not serve: {exc}; log: " + (
                     work / "vllm-router.log").read_text()[-500:]
-            procs.stop(router)
+            if router is not None:
+                procs.stop(router)
     finally:
         procs.stop_all()
     write_results(args, results, notes, router_version if router_bin else None, load_start)

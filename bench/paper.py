@@ -478,8 +478,9 @@ def markdown(
         "## Uncalibrated entries (issue 13 item 6)",
         "",
         (
-            "- **L40S, A10G**: no per-layer public measurements (Helix and Vidur cover A100, H100, "
-            "A40, L4, T4, V100); they use their class's fitted factors (GDDR). A10G is checked end "
+            "- **L40S, A10G**: no per-layer public measurements (../shared/data checked again: "
+            "Helix and Vidur cover A100, H100, A40, L4, T4, V100); they use their class's fitted "
+            "factors (GDDR). A10G is checked end "
             "to end against a public llmperf write-up (bench/results/calibrate.md: single-stream "
             "ITL +7.7 %, batch ~12 -6.5 %, batch ~19 -28.5 %). A search of the stored public pages "
             "for L40S vLLM measurements found only batch-1 Llama-3.1-8B throughputs (Koyeb, quoted "

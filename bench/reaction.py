@@ -42,13 +42,17 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from coral_hpc.config import load_deployment
-from coral_hpc.daemon import ensure_replica_key
-from coral_hpc.daemon.core import Daemon
-from coral_hpc.gateway.table import default_replica_key_path, default_table_path
 from coral_hpc.plan.planner import Planner
 from coral_hpc.reconcile.settings import ReconcileSettings
 from coral_hpc.slurm import make_client
 from coral_hpc.store import open_store
+from tests.support.daemon_setup import (
+    SimModel,
+    cancel_deployment_jobs,
+    headless_daemon,
+    wait_for,
+    write_models_yaml,
+)
 
 RESULTS = REPO / "bench" / "results"
 DEV_SLURM_CONF = "/var/tmp/coral-dev-cluster/etc/slurm.conf"
@@ -57,27 +61,10 @@ GOAL_CALLS_PER_MIN = 30.0
 
 
 def write_config(folder: Path) -> Path:
-    name = f"bench{secrets.token_hex(3)}"
-    path = folder / "models.yaml"
-    path.write_text(f"""
-deployment: {name}
-state_dir: {folder / 'shared'}
-db_path: {folder / 'daemon' / 'coral.db'}
-cluster:
-  time_limit: "01:00:00"
-  partitions:
-    - {{name: a100, gpu_types: [a100]}}
-    - {{name: v100, gpu_types: [v100]}}
-engine: {{kind: sim}}
-models:
-  - name: qwen3-8b
-    source: Qwen/Qwen3-8B
-    architecture: qwen3-8b
-    mix: {{input_tokens: 512, output_tokens: 128}}
-    demand: {{requests_per_s: 2}}
-    slo: {{ttft_s: 2.0, tpot_s: 0.1}}
-""")
-    return path
+    """One model on the a100 and v100 partitions; no ``policy``: the default intervals."""
+    return write_models_yaml(folder, f"bench{secrets.token_hex(3)}", time_limit="01:00:00",
+                             partitions=("a100", "v100"),
+                             models=(SimModel("qwen3-8b", (512, 128), 2),))
 
 
 def slurm(env: dict, *argv: str) -> None:
@@ -90,12 +77,11 @@ class Bench:
     def __init__(self, config: Path, env: dict):
         self.env = env
         self.deployment = load_deployment(config)
-        self.store = open_store(self.deployment.db_path)
         self.client = make_client("cli", env=env)
-        key = ensure_replica_key(default_replica_key_path(self.deployment))
-        self.daemon = Daemon(self.deployment, self.store, self.client,
-                             Planner(cache_dir=Path(tempfile.gettempdir()) / "coral-bench-templates"),
-                             api_key_file=key, table_path=default_table_path(self.deployment))
+        self.daemon = headless_daemon(
+            self.deployment, self.client,
+            Planner(cache_dir=Path(tempfile.gettempdir()) / "coral-bench-templates"))
+        self.store = self.daemon.store
         self.stop = threading.Event()
         self.threads: list[threading.Thread] = []
         # a connection of our own: reading never holds up the daemon's cycle
@@ -126,15 +112,6 @@ class Bench:
                        and len(set(r.partitions)) == 1)
         return sum(self.client.runner.calls.values()) + submitit
 
-    def wait(self, predicate, timeout: float, what: str):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            value = predicate()
-            if value:
-                return value
-            time.sleep(0.1)
-        raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
-
 
 def one_ready(bench: Bench):
     ready = bench.ready()
@@ -150,7 +127,7 @@ def replacement(bench: Bench, old_ids: set[str], since: float):
 
 def measure(bench: Bench, kind: str, drained: set[str]) -> dict:
     """One disruption of the single READY replica; times to replacement submitted and READY."""
-    first = bench.wait(lambda: one_ready(bench), 180, "one READY replica and nothing else live")
+    first = wait_for(lambda: one_ready(bench), 180, "one READY replica and nothing else live")
     old_ids = {r.id for r in bench.replicas(live_only=False)}
     began = time.time()
     if kind == "drain":
@@ -160,13 +137,13 @@ def measure(bench: Bench, kind: str, drained: set[str]) -> dict:
     else:
         partition = first.partitions[0]
         slurm(bench.env, "scancel", str(first.job_id))
-    new = bench.wait(lambda: replacement(bench, old_ids, began), 120, "a replacement submitted")
-    ready = bench.wait(lambda: (r := next((x for x in bench.replicas(live_only=False)
-                                          if x.id == new.id), None)) and r.ready_at and r,
-                       180, "the replacement READY")
+    new = wait_for(lambda: replacement(bench, old_ids, began), 120, "a replacement submitted")
+    ready = wait_for(lambda: (r := next((x for x in bench.replicas(live_only=False)
+                                        if x.id == new.id), None)) and r.ready_at and r,
+                     180, "the replacement READY")
     # the old replica gone (drained + cancelled, or ended) before the next round
-    bench.wait(lambda: all(r.id != first.id for r in bench.replicas()), 180,
-               "the old replica gone")
+    wait_for(lambda: all(r.id != first.id for r in bench.replicas()), 180,
+             "the old replica gone")
     if kind == "drain":
         slurm(bench.env, "scontrol", "update", f"PartitionName={partition}", "State=UP")
         drained.discard(partition)
@@ -202,7 +179,7 @@ def main() -> int:
         started = time.monotonic()
         calls_at_start = bench.calls()
         bench.start()
-        bench.wait(lambda: one_ready(bench), 180, "the first READY replica")
+        wait_for(lambda: one_ready(bench), 180, "the first READY replica")
         # steady state: nothing changes; what does watching cost?
         before, t0 = bench.calls(), time.monotonic()
         time.sleep(args.steady_s)
@@ -220,10 +197,7 @@ def main() -> int:
             subprocess.run(["scontrol", "update", f"PartitionName={partition}", "State=UP"],
                            check=False, capture_output=True, env=env)
         bench.close()
-        ids = [j.job_id for j in make_client("cli", env=env).snapshot(
-            bench.deployment.deployment).jobs if j.end_kind is None]
-        if ids:
-            make_client("cli", env=env).cancel(ids)
+        cancel_deployment_jobs(env, bench.deployment)
         bench.reader.close()
         bench.store.close()
     drains = [r for r in rows if r["kind"] == "drain"]

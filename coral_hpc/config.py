@@ -611,6 +611,14 @@ class PolicyConfig(_Frozen):
         default=None, gt=0,
         description="GB/s the site's fabric carries for KV transfers in total; unset = no limit",
     )
+    # An engine the analytic GPU model does not describe (vLLM's CPU build) is planned from
+    # `coral-hpc profile`'s measurements alone: a template whose figure would come from the
+    # model (a layout nobody measured) is no candidate at all.
+    measured_only: bool = Field(
+        default=False,
+        description="Stage 1: plan only layouts whose throughput was measured (coral-hpc "
+                    "profile); others are no candidates",
+    )
 
     @field_validator("disaggregation", mode="before")
     @classmethod
@@ -809,6 +817,13 @@ class Deployment(_Frozen):
                     f"valid: {sorted(known - {part.name})}",
                 )
 
+        if self.policy.measured_only and self.policy.disaggregation != "off":
+            raise _FieldError(
+                ("policy", "measured_only"),
+                "measured_only plans from measured profiles, and prefill-only and decode-only "
+                f"replicas are never profiled: it needs policy.disaggregation 'off', not "
+                f"{self.policy.disaggregation!r}",
+            )
         if (self.policy.disaggregation != "off" and self.engine.kind == "vllm"
                 and self.engine.kv_connector is None):
             raise _FieldError(
@@ -1039,12 +1054,12 @@ def field_line(path: str | Path, loc: tuple[str | int, ...]) -> int:
 # --------------------------------------------------------------------------- model weights (ops)
 
 
-def check_private_file(path: str, what: str) -> None:
-    """Refuse a secret file that is missing, empty, not this user's, or that group or others
-    could read (as ssh refuses a loose private key). ValueError says how to fix it."""
+def stat_private_file(file: Path, what: str) -> os.stat_result:
+    """The ``stat`` of secret file ``file`` once it may hold a secret: it exists, is this user's,
+    and neither group nor others may read it (as ssh refuses a loose private key). ValueError
+    says how to fix it; ``what`` names the file."""
     import stat
 
-    file = Path(path).expanduser()
     try:
         info = file.stat()
     except OSError as exc:
@@ -1056,7 +1071,14 @@ def check_private_file(path: str, what: str) -> None:
             f"{what} file {file} has mode {stat.S_IMODE(info.st_mode):o}: group or others may "
             f"read it; run `chmod 600 {file}`"
         )
-    if info.st_size == 0:
+    return info
+
+
+def check_private_file(path: str, what: str) -> None:
+    """Refuse a secret file that is missing, empty, not this user's, or that group or others
+    could read (:func:`stat_private_file`). ValueError says how to fix it."""
+    file = Path(path).expanduser()
+    if stat_private_file(file, what).st_size == 0:
         raise ValueError(f"{what} file {file} is empty")
 
 

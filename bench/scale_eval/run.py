@@ -67,7 +67,7 @@ class Config:
     seed: int = 0
     replan_interval_s: float = 900.0
     #: policy.demand_change_threshold (the daemon's default is 0.25)
-    demand_change_threshold: float = 0.5
+    demand_change_threshold: float = 0.25
     sample_every_h: int = 3
     sim_s: float = 30.0
     warmup_s: float = 15.0

@@ -85,7 +85,8 @@ def plan(models_yaml: str, snapshot_file: str | None, as_json: bool, export_file
     else:
         _print_table(outcome, wide)
     if outcome.status == "infeasible":
-        fail(infeasible_problems(models_yaml, deployment))
+        fail(infeasible_problems(models_yaml, deployment,
+                                 shortfalls=outcome.solved.shortfalls if outcome.solved else ()))
     if outcome.problems:
         fail([f"checker: {p}" for p in outcome.problems], status=EXIT_REJECTED)
 

@@ -7,6 +7,7 @@ import click
 from coral_hpc.cli._output import Column, console, fail, print_json, print_table, wide_option
 from coral_hpc.config import Deployment, host_path_problems, load_deployment
 from coral_hpc.errors import ConfigError
+from coral_hpc.slurm.snapshot import ClusterSnapshot
 
 
 def checked_deployment(file: str, outcome: str = "nothing was changed") -> Deployment:
@@ -49,26 +50,34 @@ def deployment_summary(deployment: Deployment) -> dict:
     }
 
 
-def site_warnings(deployment: Deployment, snapshot_file: str | None) -> list[str]:
-    """What this Slurm cannot give the configuration (partitions it lacks or has down, MaxTime
-    below the time limit, GPU types no node has, GRES names no catalogue type matches,
-    reservations it cannot plan on), preemptible partitions and a preempted job QOS, and
-    pipelines no engine environment allows. Slurm unreachable: one line saying it was not asked."""
+def site_snapshot(deployment: Deployment, snapshot_file: str | None) -> ClusterSnapshot | str:
+    """The snapshot to check against (``--snapshot FILE``, else Slurm asked now), or the line
+    saying why Slurm was not asked."""
     from coral_hpc.errors import CoralError
-    from coral_hpc.plan import availability
 
-    warnings = availability.environment_warnings(deployment)
     try:
         if snapshot_file:
             from coral_hpc.cli.cluster import load_snapshot_file
 
-            snapshot = load_snapshot_file(snapshot_file)
-        else:
-            from coral_hpc.slurm import client_for_deployment
+            return load_snapshot_file(snapshot_file)
+        from coral_hpc.slurm import client_for_deployment
 
-            snapshot = client_for_deployment(deployment).snapshot(deployment.deployment)
+        return client_for_deployment(deployment).snapshot(deployment.deployment)
     except (CoralError, OSError) as exc:
-        return [*warnings, f"Slurm not asked ({exc}): partitions and GPU types not checked"]
+        return f"Slurm not asked ({exc}): partitions, GPU types and min_replicas not checked"
+
+
+def site_warnings(deployment: Deployment, snapshot: ClusterSnapshot | str) -> list[str]:
+    """What this Slurm cannot give the configuration (partitions it lacks or has down, MaxTime
+    below the time limit, GPU types no node has, GRES names no catalogue type matches,
+    reservations it cannot plan on), preemptible partitions and a preempted job QOS, and
+    pipelines no engine environment allows. Slurm unreachable (``snapshot`` is the line
+    saying so): that line."""
+    from coral_hpc.plan import availability
+
+    warnings = availability.environment_warnings(deployment)
+    if isinstance(snapshot, str):
+        return [*warnings, snapshot]
     from coral_hpc.plan.reservations import usable_reservations
 
     snapshot, typed = availability.type_untyped_nodes(deployment, snapshot)
@@ -77,17 +86,41 @@ def site_warnings(deployment: Deployment, snapshot_file: str | None) -> list[str
             *availability.preemption_warnings(deployment, snapshot)]
 
 
+def site_problems(file: str, deployment: Deployment, snapshot: ClusterSnapshot | str,
+                  cache_dir: str | None = None) -> list[str]:
+    """What ``plan`` and ``serve`` would refuse on this Slurm: ``min_replicas`` the whole
+    cluster could never hold (:mod:`coral_hpc.plan.capacity`; Stage 1's library from the same
+    cache ``plan`` uses), each naming the file, line and field."""
+    if isinstance(snapshot, str):
+        return []
+    from pathlib import Path
+
+    from coral_hpc.plan.planner import Planner, PlanRequest
+    from coral_hpc.plan.report import infeasible_problems
+
+    planner = Planner(cache_dir=Path(cache_dir) if cache_dir else None)
+    shortfalls = planner.never_held(PlanRequest.from_snapshot(deployment, snapshot))
+    return infeasible_problems(file, deployment, shortfalls=shortfalls)[:-1] if shortfalls else []
+
+
 @click.command()
 @click.argument("file")  # its type is checked by config_source: FIFOs etc. never opened
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("--snapshot", "snapshot_file", type=click.Path(dir_okay=False),
               help="Check against a snapshot saved by `coral-hpc cluster --json` instead of Slurm.")
+@click.option("--cache-dir", type=click.Path(file_okay=False),
+              help="Stage-1 cache folder, as for `plan` (read for min_replicas checks).")
 @wide_option
-def validate(file: str, as_json: bool, snapshot_file: str | None, wide: bool) -> None:
+def validate(file: str, as_json: bool, snapshot_file: str | None, cache_dir: str | None,
+             wide: bool) -> None:
     """Check FILE; print a summary, or every error with file, line and field (exit 2)."""
     deployment = checked_deployment(file)
+    snapshot = site_snapshot(deployment, snapshot_file)
+    problems = site_problems(file, deployment, snapshot, cache_dir)
+    if problems:
+        fail(problems + [f"{file}: {len(problems)} problem(s); nothing was changed"])
     summary = deployment_summary(deployment)
-    summary["warnings"] = site_warnings(deployment, snapshot_file)
+    summary["warnings"] = site_warnings(deployment, snapshot)
     if as_json:
         print_json(summary)
         return

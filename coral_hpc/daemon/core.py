@@ -291,7 +291,8 @@ class Daemon:
                 # `coral-hpc plan` does. Later, a cluster that shrank keeps the current plan.
                 path = str(self.config_path or "models.yaml")
                 self.fatal = ConfigError(path, infeasible_problems(
-                    path, self.deployment, done="nothing was submitted; serve stops"))
+                    path, self.deployment, done="nothing was submitted; serve stops",
+                    shortfalls=exc.shortfalls))
                 self.store.add_event(now, "plan_error", f"no feasible plan: {exc}; stopping")
                 if self._stop is not None:
                     self._stop.set()

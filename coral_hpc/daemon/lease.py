@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from coral_hpc.atomic import write_atomic
+from coral_hpc.daemon.process import pid_alive
 from coral_hpc.errors import PermanentError
 
 LEASE_FILE_NAME = "daemon.lease.json"
@@ -69,16 +70,6 @@ def read_lease(path: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process: alive
-    return True
-
-
 def is_stale(record: dict, now: float, host: str | None = None) -> bool:
     """Whether ``record`` may be taken over at ``now`` by a daemon on ``host``."""
     try:
@@ -88,7 +79,7 @@ def is_stale(record: dict, now: float, host: str | None = None) -> bool:
         return True  # not a lease anyone can hold
     if record.get("released"):
         return True
-    if host is not None and record.get("host") == host and not _pid_alive(pid):
+    if host is not None and record.get("host") == host and not pid_alive(pid):
         return True
     return now - renewed > STALE_AFTER_S
 

@@ -111,13 +111,14 @@ def gateway_record_path(deployment: Deployment) -> Path:
     return runtime_dir(deployment) / f"{deployment.deployment}.gateway.json"
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host (signal 0 reaches it or is refused)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        return True  # someone else's process: alive
     return True
 
 
@@ -137,7 +138,7 @@ def recorded_gateway(deployment: Deployment) -> dict | None:
         return None
     pid = record["pid"]
     argv = _cmdline(pid)
-    if not _pid_alive(pid) or "gateway" not in argv or record.get("config") not in argv:
+    if not pid_alive(pid) or "gateway" not in argv or record.get("config") not in argv:
         return None  # gone, or the pid now belongs to another process
     return record
 
@@ -150,7 +151,7 @@ def _terminate(pid: int, timeout_s: float) -> None:
         return
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if not _pid_alive(pid):
+        if not pid_alive(pid):
             return
         time.sleep(0.1)
     log.warning("gateway pid %d did not stop within %.0fs; killing it", pid, timeout_s)
@@ -257,7 +258,7 @@ class GatewayProcess:
 
     def alive(self) -> bool:
         if self.adopted_pid is not None:
-            return _pid_alive(self.adopted_pid)
+            return pid_alive(self.adopted_pid)
         return self.proc is not None and self.proc.poll() is None
 
     @property

@@ -6,10 +6,9 @@ log line. A file that group or others could read is refused, as ssh refuses a lo
 
 from __future__ import annotations
 
-import os
-import stat
 from pathlib import Path
 
+from coral_hpc.config import stat_private_file
 from coral_hpc.errors import PermanentError
 
 
@@ -21,16 +20,9 @@ def read_secret(path: str | Path, what: str) -> str:
     """The content of secret file ``path`` (stripped); ``what`` names it in errors."""
     file = Path(path)
     try:
-        info = file.stat()
-    except OSError as exc:
-        raise SecretFileError(f"{what} file {file}: cannot read: {exc.strerror}") from None
-    if info.st_uid != os.getuid():
-        raise SecretFileError(f"{what} file {file} is owned by uid {info.st_uid}, not by this user")
-    if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise SecretFileError(
-            f"{what} file {file} has mode {stat.S_IMODE(info.st_mode):o}: group or others may "
-            f"read it; run `chmod 600 {file}`"
-        )
+        stat_private_file(file, what)
+    except ValueError as exc:  # the same refusal as models.yaml's, as this module's error
+        raise SecretFileError(str(exc)) from None
     value = file.read_text().strip()
     if not value:
         raise SecretFileError(f"{what} file {file} is empty")

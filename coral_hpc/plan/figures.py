@@ -43,19 +43,21 @@ def figures_used(template: Template, arch: str) -> str:
 
     One stage: ``measured (FILE, ...)`` when its (arch, GPU type, TP) has a measured profile,
     else ``analytic``. A pipeline: ``measured pipeline (FILE)`` when that exact layout was
-    measured (``coral-hpc profile --pp N``); otherwise the per-stage model, ``analytic pipeline,
-    steps scaled to measured (FILE, ...)`` when its stages' single-process step times were
-    measured (that is all they were), ``partly`` so when only some GPU types' were, else
-    ``analytic``."""
+    measured (``coral-hpc profile --pp N`` or ``--stages``); otherwise the per-stage model,
+    ``analytic pipeline, steps scaled to measured (FILE, ...)`` when its stages' single-process
+    step times were measured (that is all they were), ``partly`` so when only some GPU types'
+    were, else ``analytic``."""
     model = catalog.model_arch(arch)
-    if template.pp > 1 and len({s.gpu_type for s in template.stages}) == 1:
+    if template.pp > 1:
         gpu = catalog.gpu_spec(template.stages[0].gpu_type)
         split = tuple(s.layers for s in template.stages)
+        stage_gpus = tuple(catalog.gpu_spec(s.gpu_type).name for s in template.stages)
         for profile in perf.measured_pipelines().get((model.name, gpu.name, template.tp), ()):
             # Stage 1 copies a measured point's req/s into the template when the point applies
             # (same mix, SLO as strict or stricter): the same figure means it came from there
-            if profile.layer_partition == split and not profile.stage_gpus and any(
-                    p.requests_per_s == template.throughput for p in profile.throughput):
+            if (profile.layer_partition == split
+                    and perf.pipeline_stage_gpus(profile) == stage_gpus
+                    and any(p.requests_per_s == template.throughput for p in profile.throughput)):
                 return f"measured pipeline ({Path(profile.path).name})"
     profiles = perf.measured_profiles()
     files, analytic = [], 0

@@ -50,7 +50,7 @@ def model_specs(deployment: Deployment, demand_rps: Mapping[str, float] | None =
             ttft_s=m.slo.ttft_s, tpot_s=m.slo.tpot_s, demand_rps=float(rps or 0.0),
             priority=m.priority, min_replicas=m.min_replicas, max_replicas=m.max_replicas,
             gpu_types=tuple(m.gpu_types), partitions=tuple(m.partitions),
-            disaggregation=deployment.policy.disaggregation,
+            disaggregation=deployment.policy.disaggregation, max_model_len=m.max_model_len,
         ))
     return out
 
@@ -273,4 +273,4 @@ def policy_of(deployment: Deployment, startup_s: float | None = None) -> Policy:
                   startup_penalty=startup / p.replan_interval_s,
                   time_limit_s=p.solver_time_limit_s, mip_gap=p.solver_mip_gap,
                   replan_interval_s=p.replan_interval_s, max_queue_wait_s=p.max_queue_wait_s,
-                  max_tp=p.max_tp)
+                  max_tp=p.max_tp, measured_only=p.measured_only)

@@ -7,7 +7,10 @@ check → :class:`PlanOutcome`.
    policy with K = start-up time ÷ re-plan interval.
 2. Stage 1, :func:`coral_solver.templates.build_library`, cached on disk by a hash of everything it
    depends on (so a re-plan that only moved demand, prices or free GPUs reads JSON files).
-3. Templates on crash cool-down leave the library, and so do templates some stage of which finds
+3. ``min_replicas`` the whole cluster could never hold (more GPUs than the model's partitions
+   have, busy or not: :mod:`coral_hpc.plan.capacity`) end planning with an ``infeasible``
+   plan naming them: invalid input, not a queue to wait in.
+   Templates on crash cool-down leave the library, and so do templates some stage of which finds
    no node with room; (template, partitions) shapes that sat pending past the timeout, or that
    Slurm refused, leave the cluster (``Cluster.excluded_stages``).
 4. Reservations the account may use become placements ``partition@reservation`` with their
@@ -40,7 +43,7 @@ from typing import Any
 from coral_hpc.config import Deployment
 from coral_hpc.demand import ModelDemand, deployment_demand
 from coral_hpc.errors import CoralError
-from coral_hpc.plan import availability, inputs, reservations
+from coral_hpc.plan import availability, capacity, inputs, reservations
 from coral_hpc.plan.desired import DesiredPlan, Slot
 from coral_hpc.plan.figures import use_measured_profiles
 from coral_hpc.plan.layout import layout_of
@@ -57,7 +60,12 @@ class PlanningError(CoralError):
 
 class InfeasiblePlan(PlanningError):
     """Stage 2 proved that no plan meets the deployment's hard demands (``min_replicas``) within
-    its quotas and limits on this cluster: an input problem, not a transient one."""
+    its quotas and limits on this cluster, or the whole cluster could never hold them
+    (``shortfalls``): an input problem, not a transient one."""
+
+    def __init__(self, message: str, shortfalls: tuple[capacity.Shortfall, ...] = ()):
+        super().__init__(message)
+        self.shortfalls = shortfalls
 
 
 @dataclass(frozen=True)
@@ -100,6 +108,8 @@ class Solved:
     warnings: tuple[str, ...] = ()
     #: Slurm's start estimates the plan used (sbatch --test-only)
     estimates: tuple = ()
+    #: min_replicas the whole cluster could never hold (the plan is then "infeasible")
+    shortfalls: tuple[capacity.Shortfall, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -131,6 +141,17 @@ def desired_plan(plan: Plan, models: list[ModelSpec], now: float,
              time_limit_s=time_limit_of(tuple(row.partitions)) if time_limit_of else None,
              expected_wait_s=float(row.wait_s), queued=queued)
         for row, queued in rows if row.count > 0))
+
+
+def refused_plan(models: list[ModelSpec], reasons: list[str], solve_s: float) -> Plan:
+    """The empty, ``infeasible`` plan of a deployment whose ``min_replicas`` the cluster could
+    never hold (:mod:`coral_hpc.plan.capacity`): Stage 2 is not asked, and ``reasons`` are its
+    binding lines."""
+    names = [m.name for m in models]
+    return Plan(rows=(), demand={m.name: m.demand_rps for m in models},
+                served=dict.fromkeys(names, 0.0), capacity=dict.fromkeys(names, 0.0),
+                cost_per_hour=0.0, status="infeasible", gap=float("inf"),
+                solve_seconds=solve_s, binding=tuple(reasons))
 
 
 class Planner:
@@ -209,6 +230,20 @@ class Planner:
         return Spec(tuple(models), {"site": cluster.gpu_types()}, policy,
                     measured_dirs=tuple(str(p) for p in measured_profile_dirs(request.deployment)))
 
+    def never_held(self, request: PlanRequest) -> tuple[capacity.Shortfall, ...]:
+        """The ``min_replicas`` the whole cluster could never hold (:mod:`coral_hpc.plan.capacity`)
+        as :meth:`solve` finds them, without Stage 2: ``validate``'s check. Builds (or reads
+        from the cache) the Stage-1 library only when some model sets ``min_replicas``."""
+        deployment = request.deployment
+        if not any(m.min_replicas for m in deployment.models):
+            return ()
+        use_measured_profiles(deployment)
+        models, cluster, policy = self.inputs(request)
+        library = build_library(models, cluster.gpu_types(), policy, self._model(),
+                                cache_dir=self.cache_dir, progress=self.progress)
+        snapshot, _ = availability.type_untyped_nodes(deployment, request.snapshot)
+        return tuple(capacity.never_held(deployment, snapshot, library))
+
     def solve(self, request: PlanRequest) -> PlanOutcome:
         """Plan once; the outcome carries the checker's findings instead of raising."""
         began = time.perf_counter()
@@ -217,9 +252,20 @@ class Planner:
         throughput = self._model()
         library = build_library(models, cluster.gpu_types(), policy, throughput,
                                 cache_dir=self.cache_dir, progress=self.progress)
-        library = inputs.without_templates(library, request.excluded_templates)
         deployment = request.deployment
         snapshot, warnings = availability.type_untyped_nodes(deployment, request.snapshot)
+        # before cool-downs narrow the library: a template on cool-down comes back
+        shortfalls = tuple(capacity.never_held(deployment, snapshot, library))
+        if shortfalls:
+            stage1 = time.perf_counter() - began
+            plan = refused_plan(models, [s.reason(deployment) for s in shortfalls], stage1)
+            return PlanOutcome(
+                desired=desired_plan(plan, models, time.time()), cost_per_hour=0.0,
+                solve_s=stage1, status=plan.status, served=dict(plan.served),
+                solved=Solved(models, cluster, policy, library, plan, stage1, 0.0,
+                              deployment.cluster.price_unit, tuple(warnings),
+                              shortfalls=shortfalls))
+        library = inputs.without_templates(library, request.excluded_templates)
         warnings += availability.config_warnings(deployment, snapshot)
         warnings += reservations.usable_reservations(deployment, snapshot)[1]
         warnings += availability.preemption_warnings(deployment, snapshot)
@@ -270,8 +316,11 @@ class Planner:
         if outcome.status in ("infeasible", "no_solution"):
             plan = outcome.solved.plan if outcome.solved else None
             error = InfeasiblePlan if outcome.status == "infeasible" else PlanningError
-            raise error(f"Stage 2 found no plan ({outcome.status}): "
-                        + ("; ".join(plan.binding if plan else ()) or "no reason given"))
+            message = (f"Stage 2 found no plan ({outcome.status}): "
+                       + ("; ".join(plan.binding if plan else ()) or "no reason given"))
+            if error is InfeasiblePlan:
+                raise InfeasiblePlan(message, outcome.solved.shortfalls if outcome.solved else ())
+            raise PlanningError(message)
         if outcome.problems:
             raise PlanningError("the plan failed the independent check: "
                                 + "; ".join(outcome.problems))

@@ -3,10 +3,12 @@ and the lines saying why no plan exists (``plan`` and ``serve`` exit 2 with them
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from coral_hpc.config import Deployment, field_line
 from coral_hpc.plan.availability import start_label
+from coral_hpc.plan.capacity import Shortfall
 from coral_hpc.plan.figures import figures_used
 from coral_hpc.plan.layout import layout_of
 from coral_hpc.plan.planner import PlanOutcome, Solved
@@ -98,11 +100,21 @@ def templates_json(outcome: PlanOutcome) -> dict[str, Any]:
             "templates": out}
 
 
-def infeasible_problems(path: str, deployment: Deployment, done: str = "nothing was submitted"
-                        ) -> list[str]:
+def infeasible_problems(path: str, deployment: Deployment, done: str = "nothing was submitted",
+                        shortfalls: Sequence[Shortfall] = ()) -> list[str]:
     """Why no plan exists, as invalid input: only ``min_replicas`` is a hard demand on the
-    cluster, so each model that sets it is named with its file, line and field."""
+    cluster, so each model that sets it is named with its file, line and field — with the
+    GPUs it needs and the cluster's total when the whole cluster could never hold it
+    (``shortfalls``, :mod:`coral_hpc.plan.capacity`), else as not placeable now."""
     lines = []
+    for shortfall in shortfalls:
+        for index in shortfall.models:
+            loc = ("models", index, "min_replicas")
+            lines.append(f"{path}:{field_line(path, loc)}: models[{index}].min_replicas: "
+                         f"{shortfall.refusal(deployment, index)}; lower min_replicas or "
+                         "widen its partitions / gpu_types")
+    if lines:
+        return lines + [f"{path}: no feasible plan; {done}"]
     for index, model in enumerate(deployment.models):
         if model.min_replicas:
             loc = ("models", index, "min_replicas")

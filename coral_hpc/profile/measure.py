@@ -141,6 +141,11 @@ def kv_capacity_tokens(url: str, api_key: str | None = None) -> int | None:
         vllm_metrics.fetch_metrics_text(url, timeout=10, headers=_headers(api_key)))
 
 
+#: Closed-loop client counts of the throughput sweep, in order (it stops at the first that misses
+#: the SLO): no measured throughput point ever had more requests in flight than the last.
+CONCURRENCY_LEVELS = (1, 2, 4, 8, 16, 32)
+
+
 def measure_engine(
     url: str, model: str, *, slos: Sequence[tuple[int, int, float, float]],
     prefill_lengths: Sequence[int] = (32, 128, 384), batch_sizes: Sequence[int] = (1, 2, 4, 8),
@@ -165,7 +170,7 @@ def measure_engine(
         progress(f"decode batch {batch}: {step * 1e3:.1f} ms/step")
     for n_in, n_out, ttft, tpot in slos:
         best = 0.0
-        for concurrency in (1, 2, 4, 8, 16, 32):
+        for concurrency in CONCURRENCY_LEVELS:
             load = run_load(url, model, concurrency, n_in, n_out, rounds=2, api_key=api_key,
                             salt=5000 + concurrency)
             met = load.fraction_within(ttft, tpot) >= 0.95

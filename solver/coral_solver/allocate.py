@@ -11,7 +11,8 @@
    demand; keeping both, minimise cost.
 
 When models do not compete for GPUs, solving each alone and fixing the union is exact and much
-faster (:func:`_decomposed`): tried first. If the time limit ends a phase without a plan, the
+faster on a large library (:func:`_decomposed`): tried first there
+(``PER_MODEL_SHORTCUTS_MIN_TEMPLATES``). If the time limit ends a phase without a plan, the
 previous phase's plan is returned (gap unknown), or a greedy one when there is none at all.
 
 Speed comes from the formulation, exactly: availability removes templates that cannot fit; each
@@ -21,6 +22,13 @@ column j costs ≥ z_LP + d_j); otherwise the restriction widens and the MIP is 
 Each phase after the first starts from the previous phase's plan (a MIP start, feasible because
 the previous optimum is now a constraint it meets); the restriction then keeps every column that
 could beat that start, so it certifies in one solve.
+
+Before all this, :func:`coral_solver.allocate_bound.certified_restriction` tries a small
+restriction proven by per-model relaxations. When its plan is found but not proven, it is not
+thrown away: each model's own optimum on the whole cluster (:func:`_alone`) is a tighter bound
+that often proves it; otherwise the whole model's cost phase starts from it (the served-fraction
+phase skipped, since that plan serves every demand), and it is the answer, with its proven gap,
+if the time runs out.
 """
 
 from __future__ import annotations
@@ -32,9 +40,16 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from coral_solver.allocate_bound import Certified, certified_restriction
+from coral_solver.allocate_bound import Restricted, certified_restriction, lift_point
 from coral_solver.allocate_highs import HighsSolver, SolveResult
-from coral_solver.allocate_model import Prepared, Stage2Model, build_model, job_cap, prepare
+from coral_solver.allocate_model import (
+    LinearModel,
+    Prepared,
+    Stage2Model,
+    build_model,
+    job_cap,
+    prepare,
+)
 from coral_solver.queue import queue_unplaced
 from coral_solver.types import Cluster, ModelSpec, Plan, PlanRow, Policy, Template, served_capacity
 
@@ -55,6 +70,20 @@ COST_PHASE_OPTIONS = {"mip_heuristic_run_rins": False, "mip_heuristic_run_rens":
 #: share of the time limit the certified small restriction (solver.allocate_bound) may take
 #: before the whole model is solved instead
 CERTIFIED_SHARE = 0.4
+
+#: the two per-model shortcuts — the certified restriction and the decomposition — pay a few
+#: small MIPs per model (its relaxations or its own plan, ~3-10 ms each in HiGHS), the whole
+#: model a cost that grows with its template columns: they are tried only when a model has
+#: this many templates on average. Measured on 2 cores: the paper-scale library (6 models,
+#: ~720 templates each after availability) re-plans 5-7× faster with them; a site day's 50
+#: models with ~13 each took 3.8 s with both, 1.3 s with the decomposition only and 0.3 s with
+#: neither (bench/results/stage_scale.md, scale_day.md)
+PER_MODEL_SHORTCUTS_MIN_TEMPLATES = 100
+
+#: when the restriction's plan is not proven: solve on from it (a start, each model's own
+#: optimum as a tighter bound) rather than the whole model from nothing; off only to measure
+#: the difference (bench/stage_scale.py)
+START_FROM_RESTRICTED = True
 
 #: below this share of a model's template columns, excluding columns is not worth a MIP's risk
 MIN_EXCLUDED_SHARE = 0.1
@@ -228,21 +257,40 @@ def _allocate(
     began = time.perf_counter()
     policy = policy if policy is not None else Policy()
     data = prepare(models, library, cluster, policy)
-    if backend == "highs" and policy.prune:
+    restricted = None
+    shortcuts = len(data.templates) >= PER_MODEL_SHORTCUTS_MIN_TEMPLATES * len(data.models)
+    if backend == "highs" and policy.prune and shortcuts:
         # every demand met on a small restriction, proven optimal by per-model relaxations
-        certified = certified_restriction(models, library, cluster, policy, data,
-                                          began + CERTIFIED_SHARE * policy.time_limit_s)
-        if certified is not None:
-            return _certified_plan(certified, policy, began)
+        restricted = certified_restriction(models, library, cluster, policy, data,
+                                           began + CERTIFIED_SHARE * policy.time_limit_s)
+        if restricted is not None and restricted.proven:
+            return _certified_plan(restricted, policy, began)
+        if not START_FROM_RESTRICTED:
+            restricted = None
+    alone = None
+    if restricted is not None and len(data.models) > 1:
+        # the per-model relaxations were too weak to prove the restricted plan: each model's
+        # own optimum on the whole cluster is a tighter bound, and often proves it without the
+        # whole model (which the decomposition below then does not solve again)
+        alone = _alone(data, library, cluster, policy, began + policy.time_limit_s)
+        if alone is not None:
+            z = float(restricted.result.objective)
+            bound = max(alone.bound, restricted.bound)
+            if z - bound <= policy.mip_gap * max(abs(z), 1e-9):
+                return _certified_plan(replace(restricted, bound=min(bound, z), proven=True),
+                                       policy, began)
+            restricted = replace(restricted, bound=min(bound, z))
     sm = build_model(data)
     runner = _Runner(sm, policy, backend, began + policy.time_limit_s)
     phi, served, weighted = sm.demand["phi"], sm.demand["served"], sm.demand["weighted"]
     phases: dict[str, float] = {}
 
     outcome = None
-    if backend == "highs" and policy.prune and len(data.models) > 1:
-        outcome = _decomposed(data, sm, runner, library, cluster, policy)
+    if backend == "highs" and policy.prune and shortcuts and len(data.models) > 1:
+        outcome = _decomposed(data, sm, runner, library, cluster, policy, alone)
     status = "optimal"
+    if outcome is None and restricted is not None:
+        outcome = _from_restricted(restricted, sm, runner)
     if outcome is None:
         # First the largest fraction of every demand that can be served together (phi): this
         # decides "demand met" without a slow proof that demand cannot be met.
@@ -293,7 +341,49 @@ def _allocate(
     return _plan(data, rows, status, gap, time.perf_counter() - began, phases, solved)
 
 
-def _certified_plan(certified: Certified, policy: Policy, began: float) -> Plan:
+def _from_restricted(restricted: Restricted, sm: Stage2Model, runner: _Runner) -> _Outcome:
+    """The cost phase of the whole model started from the restricted plan: that plan serves
+    every demand, so the served-fraction phase is skipped; it is HiGHS's first incumbent (and
+    the answer if the time runs out), and the bound proven on the restriction's way counts."""
+    assert restricted.result.x is not None  # a restriction is returned only with its point
+    start = lift_point(restricted.sm, restricted.result.x, sm)
+    phi = sm.demand["phi"]
+    start[phi] = 1.0
+    runner.set_col(phi, 1.0, 1.0)
+    outcome = runner.minimise(sm.cost, start=start)
+    objective = float(sm.cost @ start)
+    bound = max(outcome.bound, restricted.bound)
+    scale = max(abs(objective), 1e-9)
+    found = outcome.result
+    if found.x is not None and found.objective <= objective + 1e-9 * scale:
+        return _Outcome(found, bound, outcome.columns)
+    if not feasible(sm.lm, start, runner.col_lower, runner.col_upper):
+        return _Outcome(found, bound, outcome.columns)
+    # out of time (or no better plan): the start is the answer, proven as far as the bound goes
+    bound = min(bound, objective)
+    proven = objective - bound <= runner.policy.mip_gap * scale + 1e-9
+    kept = SolveResult("optimal" if proven else "feasible", start, objective, bound,
+                       (objective - bound) / scale, found.seconds)
+    return _Outcome(kept, bound, outcome.columns)
+
+
+def feasible(lm: LinearModel, x: np.ndarray, col_lower: np.ndarray, col_upper: np.ndarray,
+             tol: float = 1e-6) -> bool:
+    """Whether ``x`` meets every row, the column bounds given and integrality (checked, not
+    assumed, before a lifted start becomes the answer)."""
+    integer = np.asarray(lm.integer, dtype=bool)
+    if (x < col_lower - tol).any() or (x > col_upper + tol).any() \
+            or (np.abs(x[integer] - np.rint(x[integer])) > tol).any():
+        return False
+    activity = np.zeros(lm.num_rows)
+    np.add.at(activity, np.asarray(lm.rows, dtype=np.int64),
+              np.asarray(lm.vals) * x[np.asarray(lm.cols, dtype=np.int64)])
+    scale = tol * np.maximum(1.0, np.abs(activity))
+    return bool((activity >= np.asarray(lm.row_lower) - scale).all()
+                and (activity <= np.asarray(lm.row_upper) + scale).all())
+
+
+def _certified_plan(certified: Restricted, policy: Policy, began: float) -> Plan:
     """The plan of :func:`coral_solver.allocate_bound.certified_restriction`, with the gap proven
     against the whole model."""
     sm, result = certified.sm, certified.result
@@ -326,27 +416,52 @@ def _fallback(models, library, cluster: Cluster, policy: Policy, data: Prepared,
                    binding=plan.binding + ("time limit: greedy plan, optimality unknown",))
 
 
-def _decomposed(data: Prepared, sm: Stage2Model, runner: _Runner, library, cluster: Cluster,
-                policy: Policy) -> _Outcome | None:
-    """Exact shortcut when models do not compete for GPUs: solve each model alone (a relaxation
-    of the whole: the other models' use of GPUs and quotas dropped), so Σ of their bounds is a
-    lower bound on the whole; then fix the union of their replica counts in the whole model. If
-    that is feasible at (within the gap of) the bound, it is optimal for the whole. Otherwise
-    None: the caller solves the whole model."""
-    index = {t.id: j for j, t in enumerate(data.templates)}
-    counts = np.zeros(len(sm.nu))
+@dataclass
+class _Alone:
+    """Every model's plan solved alone on the whole cluster: Σ of their proven bounds is a lower
+    bound on the whole model's cost phase (each alone is a relaxation of its share: the other
+    models' use of GPUs, quotas and the site's caps dropped); ``rows`` their union."""
+
+    bound: float
+    rows: list[PlanRow]
+
+
+def _alone(data: Prepared, library, cluster: Cluster, policy: Policy,
+           deadline: float) -> _Alone | None:
+    """:class:`_Alone`, or None when some model alone has no proven optimum serving its demand
+    (it cannot meet it, or the time ran out)."""
     bound = 0.0
+    rows: list[PlanRow] = []
     for model in data.models:
-        sub_policy = replace(policy, time_limit_s=max(runner.left() / 2, 0.05))
+        left = max(deadline - time.perf_counter(), 0.05)
+        sub_policy = replace(policy, time_limit_s=max(left / 2, 0.05))
         sub = _allocate([model], {model.name: library.get(model.name, [])}, cluster, sub_policy)
         if sub.status != "optimal":
             return None
         bound += sub.phases.get("bound", sub.phases.get("objective", 0.0))
-        for row in sub.rows:
-            j = index.get(row.template.id)
-            if j is None:
-                return None
-            counts[j] += row.count
+        rows += sub.rows
+    return _Alone(bound, rows)
+
+
+def _decomposed(data: Prepared, sm: Stage2Model, runner: _Runner, library, cluster: Cluster,
+                policy: Policy, alone: _Alone | None = None) -> _Outcome | None:
+    """Exact shortcut when models do not compete for GPUs: solve each model alone
+    (:func:`_alone`, or ``alone`` when already solved), so Σ of their bounds is a lower bound
+    on the whole; then fix the union of their replica counts in the whole model. If that is
+    feasible at (within the gap of) the bound, it is optimal for the whole. Otherwise None: the
+    caller solves the whole model."""
+    if alone is None:
+        alone = _alone(data, library, cluster, policy, runner.deadline)
+        if alone is None:
+            return None
+    index = {t.id: j for j, t in enumerate(data.templates)}
+    counts = np.zeros(len(sm.nu))
+    bound = alone.bound
+    for row in alone.rows:
+        j = index.get(row.template.id)
+        if j is None:
+            return None
+        counts[j] += row.count
     highs = runner.highs
     assert highs is not None  # the caller decomposes on the HiGHS backend only
     upper = runner.col_upper[sm.nu].copy()

@@ -33,7 +33,9 @@ The method, for the cost phase (phi = 1: every demand served):
    ≥ max(LB, min(b_K, min_m B_m)), and z is accepted when within ``policy.mip_gap`` of it; the
    gap reported is that one. B_m is computed only when LB alone does not certify.
 4. Otherwise the excluded templates that R_m^E used join the restriction and steps 2-3 repeat
-   (a few rounds); still uncertified, the caller solves the whole model as before.
+   (a few rounds); still uncertified, the caller solves the whole model, starting from the best
+   restricted plan (a plan of the whole model too, lifted by :func:`lift_point`) with the best
+   bound proven on the way (:attr:`Restricted.bound`).
 
 Every step is exact: the answer is the full model's optimum within the MIP gap, proven by the
 bound above (tests compare it against the full model on random instances).
@@ -58,14 +60,17 @@ RELAXATION_GAP = 1e-7
 
 
 @dataclass
-class Certified:
-    """The restricted model, its solution and the bound proven for the whole model."""
+class Restricted:
+    """The restricted model, its best solution and the bound proven for the whole model;
+    ``proven``: that plan is within the MIP gap of the bound (else only a start for the whole
+    model)."""
 
     sm: Stage2Model
     result: SolveResult
     bound: float
     columns: int  # templates in the final restriction
     rounds: int
+    proven: bool = True
 
 
 @dataclass
@@ -184,10 +189,12 @@ def relaxed_bound(model: ModelSpec, cols: _Columns, kept: np.ndarray,
 
 def certified_restriction(models: list[ModelSpec], library: dict[str, list[Template]],
                           cluster: Cluster, policy: Policy, data: Prepared,
-                          deadline: float) -> Certified | None:
+                          deadline: float) -> Restricted | None:
     """The cost phase's plan (every demand met) found on a small restriction and proven optimal
-    for the whole model (module docstring); None when it cannot be proven in a few rounds, when
-    some demand cannot be met, or when time runs out — the caller then solves the whole model."""
+    for the whole model (module docstring). When it cannot be proven in a few rounds, or time
+    runs out after a restricted plan was found: that plan with ``proven`` False and the best
+    bound proven for the whole model, for the caller's solve of the whole model to start from.
+    None when some demand cannot be met on the restriction or no plan was found in time."""
     if not data.templates or any(m.demand_rps < 0 for m in data.models):
         return None
     cols = _columns(data)
@@ -202,9 +209,17 @@ def certified_restriction(models: list[ModelSpec], library: dict[str, list[Templ
         lower.append(found[0])
     total_lower = float(sum(lower))
     kept = [set(_front(cols, members, keep_ties=True).tolist()) for members in by_model]
+    best: Restricted | None = None  # the cheapest restricted plan so far, not yet proven
+    best_bound = total_lower  # a lower bound on the whole model's optimum
+
+    def unproven() -> Restricted | None:
+        if best is None:
+            return None
+        return replace(best, bound=min(best_bound, float(best.result.objective)), proven=False)
+
     for rounds in range(1, MAX_ROUNDS + 1):
         if time.perf_counter() >= deadline:
-            return None
+            return unproven()
         chosen = sorted(set().union(*kept))
         subset: dict[str, list[Template]] = {m.name: [] for m in models}
         for j in chosen:
@@ -218,16 +233,19 @@ def certified_restriction(models: list[ModelSpec], library: dict[str, list[Templ
         highs.set_cost(sm.cost)
         result = highs.solve(max(deadline - time.perf_counter(), 0.01), policy.mip_gap)
         if result.x is None:
-            return None
+            return unproven()
         z = float(result.objective)
         scale = max(abs(z), 1e-9)
+        if best is None or z < float(best.result.objective):
+            best = Restricted(sm, result, total_lower, len(chosen), rounds, proven=False)
         # the restricted model's own bound covers only plans inside the restriction: before
         # the excluded templates are bounded, only the relaxation's LB holds for the whole
         if z - total_lower <= policy.mip_gap * scale:
-            return Certified(sm, result, min(total_lower, z), len(chosen), rounds)
+            return Restricted(sm, result, min(total_lower, z), len(chosen), rounds)
         # B_m for every model with excluded templates; widen where it does not certify
         widened = False
         excluded_bound = math.inf
+        complete = True  # every B_m computed: then the round's bound holds for the whole model
         for mi, model in enumerate(data.models):
             rest = np.array(sorted(set(by_model[mi].tolist()) - kept[mi]), dtype=np.int64)
             if not len(rest):
@@ -237,7 +255,8 @@ def certified_restriction(models: list[ModelSpec], library: dict[str, list[Templ
                                   _front(cols, rest, keep_ties=False), K, deadline)
             if found is None:
                 if time.perf_counter() >= deadline:
-                    return None
+                    complete = False
+                    break
                 continue  # no plan of R_m uses an excluded template: nothing to fear from them
             b_m = total_lower - lower[mi] + found[0]
             excluded_bound = min(excluded_bound, b_m)
@@ -248,9 +267,46 @@ def certified_restriction(models: list[ModelSpec], library: dict[str, list[Templ
                 new = [int(j) for j in used if int(j) not in kept[mi]]
                 kept[mi].update(new)
                 widened = widened or bool(new)
+        if not complete:
+            return unproven()
         bound = min(max(total_lower, min(float(result.bound), excluded_bound)), z)
+        best_bound = max(best_bound, bound)
         if z - bound <= policy.mip_gap * scale:
-            return Certified(sm, result, bound, len(chosen), rounds)
+            return Restricted(sm, result, bound, len(chosen), rounds)
         if not widened:
-            return None
-    return None
+            return unproven()
+    return unproven()
+
+
+def lift_point(small: Stage2Model, x: np.ndarray, full: Stage2Model) -> np.ndarray:
+    """A point of ``small`` (the whole model over fewer templates, same cluster) as a point of
+    ``full`` with the same cost: columns matched by family and label, excluded templates at 0.
+    Packing patterns are maximal over the template sizes present, so a node packed with a
+    pattern of ``small`` is packed with a pattern of ``full`` containing it."""
+    out = np.zeros(full.lm.num_cols)
+    for name, family in full.lm.var_families.items():
+        source = small.lm.var_families.get(name)
+        if source is None or name == "y":
+            continue
+        index = source.index()
+        for offset, label in enumerate(family.labels):
+            col = index.get(label)
+            if col is not None:
+                out[family.start + offset] = x[col]
+    small_y = small.packing["y"]
+    if len(small_y):
+        full_index = full.lm.var_families["y"].index()
+        data_s, data_f = small.data, full.data
+        for col, (k, pi) in zip(small_y, small.packing["y_labels"]):
+            count = round(float(x[col]))
+            if count <= 0:
+                continue
+            cls = data_s.classes[k]
+            pattern = data_s.patterns[(cls.gpu_type, cls.free)][pi]
+            options = data_f.patterns.get((cls.gpu_type, cls.free), [])
+            target = next((i for i, p in enumerate(options)
+                           if all(p.get(t, 0) >= n for t, n in pattern.items())), None)
+            if target is None:  # cannot happen for the same cluster; the start is then
+                continue        # incomplete and HiGHS repairs or ignores it
+            out[full_index[(k, target)]] += count
+    return out

@@ -40,12 +40,15 @@ __all__ = [
     "Slo",
     "configure",
     "engine_dtype",
+    "has_measured_throughput",
     "is_calibrated",
     "kv_capacity_tokens",
     "measured_dirs",
     "measured_pipeline_throughput",
     "measured_pipelines",
     "measured_profiles",
+    "pipeline_stage_gpus",
+    "stage_kv_capacity_tokens",
     "stage_throughput",
     "step_latency_s",
     "throughput_from_coeffs",
@@ -117,17 +120,19 @@ def measured_pipelines() -> dict[tuple[str, str, int], tuple[MeasuredProfile, ..
 
 
 def measured_pipeline_throughput(arch: ModelArch, gpu: GpuSpec, tp: int,
-                                 split: tuple[int, ...], slo: Slo, mix: Mix
+                                 split: tuple[int, ...], slo: Slo, mix: Mix,
+                                 stage_gpus: tuple[str, ...] | None = None
                                  ) -> tuple[float, str] | None:
     """(requests/s, profile file) a measured pipeline of exactly this layout (``split``: layers
-    per stage, in order, every stage on ``gpu``) served at ``mix`` within an SLO at least as
-    strict as ``slo``; the best such point, or None. The whole replica's figure: the engine's
-    real pipeline accounting, which the model's per-stage figure only estimates."""
+    per stage, in order; ``stage_gpus``: each stage's GPU type, None: every stage on ``gpu``, the
+    first stage's) served at ``mix`` within an SLO at least as strict as ``slo``; the best such
+    point, or None. The whole replica's figure: the engine's real pipeline accounting, which the
+    model's per-stage figure only estimates."""
+    wanted = tuple(stage_gpus) if stage_gpus else (gpu.name,) * len(split)
     best: tuple[float, str] | None = None
     for profile in measured_pipelines().get((arch.name, gpu.name, tp), ()):
-        if profile.layer_partition != tuple(split) or (
-                profile.stage_gpus and set(profile.stage_gpus) != {gpu.name}):
-            continue  # another split, or a mixed-GPU pipeline (its first stage's type only)
+        if profile.layer_partition != tuple(split) or pipeline_stage_gpus(profile) != wanted:
+            continue  # another split, or other GPU types on its stages
         for p in profile.throughput:
             if (p.input_tokens, p.output_tokens) != (mix.input_tokens, mix.output_tokens):
                 continue
@@ -136,6 +141,36 @@ def measured_pipeline_throughput(arch: ModelArch, gpu: GpuSpec, tp: int,
             if best is None or p.requests_per_s > best[0]:
                 best = (p.requests_per_s, profile.path)
     return best
+
+
+def pipeline_stage_gpus(profile: MeasuredProfile) -> tuple[str, ...]:
+    """Each stage's GPU type of a measured pipeline (a hetjob's own list, else ``gpu`` on all)."""
+    return profile.stage_gpus or (profile.gpu,) * profile.pp
+
+
+def stage_kv_capacity_tokens(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int) -> int:
+    """KV-cache tokens one stage holding ``layers`` layers has: measured where the engine
+    reported its KV capacity on this GPU type (``coral-hpc profile``: a single-process profile,
+    or a pipeline's first stage), else the analytic :func:`kv_capacity_tokens`.
+
+    A measured figure is the engine's KV space in bytes (e.g. vLLM's CPU build sizes it by
+    ``VLLM_CPU_KVCACHE_SPACE``, not by the model) divided by the bytes per token of the layers it
+    held, so a stage of ``layers`` layers holds measured tokens x measured layers / ``layers``.
+    The smallest measured figure wins (the engine refuses to start when one request's
+    ``max_model_len`` does not fit)."""
+    if layers <= 0 or tp <= 0:
+        return 0
+    measured = []
+    for profile in _measured().get((arch.name, gpu.name, tp), ()):
+        if profile.kv_capacity_tokens:
+            measured.append(profile.kv_capacity_tokens * profile.layers)
+    for profile in measured_pipelines().get((arch.name, gpu.name, tp), ()):
+        if profile.kv_capacity_tokens and profile.layer_partition:
+            measured.append(profile.kv_capacity_tokens * profile.layer_partition[0])
+    if measured:
+        return min(measured) // layers
+    cal = _calibration()
+    return kv_capacity_tokens(arch, gpu, tp, layers, cal.gpu_memory_utilization)
 
 
 # --- rules ----------------------------------------------------------------------------------
@@ -282,6 +317,13 @@ def _measured_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, slo: Slo, mix: 
     return best
 
 
+def has_measured_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, slo: Slo, mix: Mix) -> bool:
+    """Whether a measured single-stage point of (arch, gpu, tp) applies to ``mix`` and ``slo``
+    (same mix, an SLO at least as strict): :func:`stage_throughput` of the whole model then
+    returns that measurement."""
+    return _measured_throughput(arch, gpu, tp, slo, mix) is not None
+
+
 # --- throughput under SLO -------------------------------------------------------------------
 
 #: Share of requests a stage may let miss each objective (TTFT and TPOT): together they stay
@@ -380,21 +422,37 @@ def _first_feasible_batch(feasible: Callable[[int], tuple[bool, float]], b_max: 
     return 0, 0.0
 
 
+def _largest_feasible_batch(feasible: Callable[[int], tuple[bool, float]], lo: int,
+                            t_lo: float, b_max: int) -> tuple[int, float]:
+    """(largest feasible batch in [lo, b_max], its mean step), by bisection: ``lo`` is feasible
+    with mean step ``t_lo``, and feasibility is monotone from ``lo`` up (the caller's claim)."""
+    hi = b_max
+    ok, t_hi = feasible(hi)
+    if ok:
+        return hi, t_hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        ok, t_mid = feasible(mid)
+        if ok:
+            lo, t_lo = mid, t_mid
+        else:
+            hi = mid
+    return lo, t_lo
+
+
 #: Pipeline accounting of prompts: True, a prompt stalls the whole ring of S micro-batches, so
 #: each stage pays S x b / n_out prompts per step of its own; False, each stage pays its own
-#: micro-batch's b / n_out (vLLM schedules a prompt into one micro-batch, and every stage runs
-#: each micro-batch once per round). MEASURED False (bench/results/paper_pp.md, bench/paper_pp.py,
-#: vLLM 0.32.0's CPU build, coral-tiny-llama, PP 2 ÷ PP 1 at 438/6 and at 32/64 tokens): PP cost
-#: the prompt-heavy mix less than the decode-heavy one (0.62 vs 0.17 of PP 1: a prompt penalty of
-#: 3.7, where the ring charge predicts 0.69 and the own-micro-batch charge 1.07), so the ring
-#: charge is dropped. What PP cost there is a per-step hand-off (55-83 ms per stage boundary on
-#: that shared 2-core host, not the GPU link the calibration prices).
-#: KEPT True for now, against that measurement: the sim engine's pipeline
-#: (coral_hpc.engine.pipeline.PipelineClock: a stage serves one micro-batch at a time, in order)
-#: still makes a prompt in one micro-batch delay the others at its stage — the ring — and with
-#: False the planner promised a 3-stage llama-70b pipeline 0.62 req/s that the sim engine serves
-#: 61 % within SLO (tests/e2e/test_slo_under_load.py), so plan and sim would disagree. Dropping
-#: the ring needs the sim's pipeline changed with it (issue 13).
+#: micro-batch's b / n_out. True is what a pipeline does: vLLM keeps S micro-batches in flight
+#: (one per stage), a request is scheduled again only after its step has left the last stage, and
+#: each stage runs the micro-batches in order, so every micro-batch follows the one holding a
+#: prompt through every stage (the sim engine's PipelineClock does exactly this; tested in
+#: tests/unit/test_engine_layout.py: test_one_micro_batchs_prompt_stalls_every_micro_batch_...).
+#: MEASURED on the real engine (bench/results/paper_pp.md, bench/paper_pp.py: vLLM 0.32.0's CPU
+#: build, coral-tiny-llama, PP 2 ÷ PP 1), with predictions kept to what `coral-hpc profile`
+#: measured (at most 32 requests in flight, the host's 55-83 ms hand-off per stage boundary):
+#: the ring predicts 0.60 at 438/6 tokens (measured 0.62) and 0.21 at 32/64 (measured 0.17);
+#: the own-micro-batch charge predicts 1.27 at 438/6. (An earlier comparison let the predicted
+#: batch grow past those 32 requests and read the data the other way.)
 PROMPTS_STALL_RING = True
 
 
@@ -409,7 +467,8 @@ def throughput_from_coeffs(c: StageCoeffs, cap: int, n_stages: int, slo: Slo, mi
                            prompts_stall_ring: bool | None = None,
                            overhead_s: float | None = None,
                            poisson_tail: bool = True,
-                           handoff_s: float | None = None) -> float:
+                           handoff_s: float | None = None,
+                           max_concurrent: int | None = None) -> float:
     """Requests/s one stage with step-time coefficients ``c`` and ``cap`` KV tokens sustains
     (the search :func:`stage_throughput` runs, on any coefficients: e.g. ones fitted to a
     measured engine). ``prompts_stall_ring`` None: :data:`PROMPTS_STALL_RING`;
@@ -417,7 +476,9 @@ def throughput_from_coeffs(c: StageCoeffs, cap: int, n_stages: int, slo: Slo, mi
     only the mean TPOT and TTFT tests, for a closed-loop load (a fixed number of clients, as
     ``coral-hpc profile`` measures), which has no Poisson surge and no queue for KV slots.
     ``handoff_s``: seconds per stage hand-off in place of the calibration's link (e.g. one
-    measured on the engine's own host)."""
+    measured on the engine's own host). ``max_concurrent``: at most this many sequences in
+    flight over all micro-batches (a closed loop's clients, e.g. the largest level of
+    ``coral-hpc profile``'s sweep, for predictions compared with its measurements)."""
     cal = _calibration()
     ring = PROMPTS_STALL_RING if prompts_stall_ring is None else prompts_stall_ring
     n_in, n_out = mix.input_tokens, mix.output_tokens
@@ -425,6 +486,8 @@ def throughput_from_coeffs(c: StageCoeffs, cap: int, n_stages: int, slo: Slo, mi
         return 0.0
     # Every stage stores KV for every running sequence of all n_stages micro-batches.
     slots = _concurrent_slots(cap, n_in, n_out, cal.max_num_seqs)
+    if max_concurrent is not None:
+        slots = min(slots, max_concurrent)
     b_max = min(slots // n_stages,
                 int(cal.max_num_batched_tokens // (1.0 + n_in / n_out)))
     if b_max < 1:
@@ -457,9 +520,9 @@ def throughput_from_coeffs(c: StageCoeffs, cap: int, n_stages: int, slo: Slo, mi
     def feasible(b: int) -> tuple[bool, float]:
         # A sequence advances one token per round of all S micro-batches; the S x b sequences
         # in flight see about S x b prompts arrive during one request's n_out rounds (Little),
-        # and if a prompt stalled the whole pipeline ring (every stage waits for its long step),
-        # each stage would pay S x b / n_out prompts per step of its own; measured, it pays its
-        # own micro-batch's b / n_out (R = S or 1: PROMPTS_STALL_RING, False).
+        # and a prompt stalls the whole pipeline ring (every micro-batch follows the long step
+        # through every stage), so each stage pays S x b / n_out prompts per step of its own
+        # (R = S; R = 1, its own micro-batch's b / n_out, with PROMPTS_STALL_RING False).
         mean_prompts = R * b / n_out
         t = step(b, mean_prompts)
         if t > tpot:
@@ -497,21 +560,10 @@ def throughput_from_coeffs(c: StageCoeffs, cap: int, n_stages: int, slo: Slo, mi
         return 0.0
     # Above the first feasible batch, feasibility is monotone: the mean step, the prompts per
     # step and the KV wait all grow with b, and the surge factor keeps falling.
-    hi = b_max
-    ok, t_hi = feasible(hi)
-    if ok:
-        lo, t_lo = hi, t_hi
-    else:
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            ok, t_mid = feasible(mid)
-            if ok:
-                lo, t_lo = mid, t_mid
-            else:
-                hi = mid
+    b, t_b = _largest_feasible_batch(feasible, lo, t_lo, b_max)
     # b / step(b) grows with b (step time has a positive intercept and grows at most linearly),
     # so the largest feasible batch gives the most requests per second.
-    return lo / (n_out * t_lo)
+    return b / (n_out * t_b)
 
 
 @functools.lru_cache(maxsize=262144)
@@ -541,7 +593,7 @@ def stage_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_stag
     The stage is one node's ``tp`` GPUs holding ``layers`` layers of ``arch``, one of ``n_stages``
     stages, so it gets TTFT/n_stages and TPOT/n_stages. Finds the largest decode batch B per
     micro-batch such that, with prompts processed whole in one step (as vLLM schedules them) and
-    each stage paying its own micro-batch's prompts (B / output per step; PROMPTS_STALL_RING):
+    each stage paying the prompts of the whole ring (S x B / output per step; PROMPTS_STALL_RING):
     the TPOT of a request whose lifetime sees the 1 - MISS_PER_OBJECTIVE quantile of (Poisson)
     prompt arrivals meets the TPOT share; the wait for one of the KV cache's concurrent slots
     (M/M/c, Erlang C, slots sized for exponential token counts) exceeds what the TTFT leaves

@@ -121,6 +121,9 @@ class MeasuredProfile:
     layer_partition: tuple[int, ...] = ()
     #: each stage's GPU type when they differ (a hetjob pipeline; ``gpu`` is the first stage's)
     stage_gpus: tuple[str, ...] = ()
+    #: KV-cache tokens the engine reported for its (first) stage's ``layers`` layers; None when
+    #: not measured
+    kv_capacity_tokens: int | None = None
 
 
 def _num(path: Path, where: str, entry: dict[str, Any], field: str, kind: type, minimum: float):
@@ -275,10 +278,13 @@ def parse_measured(path: Path, profiles: Path | None = None) -> MeasuredProfile:
     if stage_gpus and len(stage_gpus) != pp:
         raise CatalogError(f"{path}: field 'stage_gpus': {len(stage_gpus)} GPU types for {pp} "
                            "stages; expected one per stage")
+    kv_tokens = None
+    if data.get("kv_capacity_tokens") is not None:
+        kv_tokens = _num(path, "top level", data, "kv_capacity_tokens", int, 1)
     return MeasuredProfile(
         path=str(path), arch=arch.name, gpu=gpu, tp=tp, layers=layers,
         source=str(data.get("source", "")), throughput=tuple(throughput), step_latency=tuple(steps),
-        pp=pp, layer_partition=split, stage_gpus=tuple(stage_gpus),
+        pp=pp, layer_partition=split, stage_gpus=tuple(stage_gpus), kv_capacity_tokens=kv_tokens,
     )
 
 

@@ -124,19 +124,9 @@ def _decode(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_stages: int,
     ok, t_lo = feasible(1)
     if not ok:
         return 0.0
-    lo, hi = 1, b_max
-    ok, t_hi = feasible(hi)
-    if ok:
-        lo, t_lo = hi, t_hi
-    else:
-        while hi - lo > 1:  # feasibility is monotone in b: every term grows with the batch
-            mid = (lo + hi) // 2
-            ok, t_mid = feasible(mid)
-            if ok:
-                lo, t_lo = mid, t_mid
-            else:
-                hi = mid
-    return lo / (n_out * t_lo)
+    # feasibility is monotone in b: every term grows with the batch
+    b, t_b = perf._largest_feasible_batch(feasible, 1, t_lo, b_max)
+    return b / (n_out * t_b)
 
 
 def phase_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_stages: int,

@@ -40,6 +40,7 @@ from coral_solver.templates import (
     ThroughputModel,
     _cache_key,
     _from_json,
+    _named,
     _to_json,
     default_cache_dir,
     drop_dominated,
@@ -189,21 +190,7 @@ def _cache_key_fixed(tm: ThroughputModel, model: ModelSpec, gpus: GpuTypes, poli
                      fingerprint: str) -> str:
     """:func:`coral_solver.templates._cache_key` with the fingerprint computed once (it hashes every
     profile file)."""
-    return _cache_key(_Fingerprinted(tm, fingerprint), model, gpus, policy)
-
-
-class _Fingerprinted:
-    """A throughput model whose fingerprint is already known."""
-
-    def __init__(self, tm: ThroughputModel, fingerprint: str) -> None:
-        self._tm = tm
-        self._fingerprint = fingerprint
-
-    def __getattr__(self, name: str):
-        return getattr(self._tm, name)
-
-    def fingerprint(self) -> str:
-        return self._fingerprint
+    return _cache_key(tm, model, gpus, policy, fingerprint)
 
 
 def compute_shard(spec: Spec, shard: Shard, tm: ThroughputModel) -> list[Template]:
@@ -259,9 +246,15 @@ def _work_group(indices: list[int]) -> int:
 
 
 def _groups(shards: list[Shard]) -> list[list[int]]:
-    """Shard indices by (model, role, TP), in plan order."""
+    """Shard indices by (model, role, TP), in plan order. A shard whose key an earlier one has
+    (another model of the same architecture, mix, SLO and GPU types) is left out: its file is
+    that one's, and :func:`merge` reads it for both."""
     out: dict[tuple[int, str, int], list[int]] = {}
+    seen: set[str] = set()
     for i, shard in enumerate(shards):
+        if shard.key in seen:
+            continue
+        seen.add(shard.key)
         out.setdefault((shard.model, shard.role, shard.tp), []).append(i)
     return list(out.values())
 
@@ -333,7 +326,9 @@ def merge(spec: Spec, work: Path | str, tm: ThroughputModel | None = None
         if templates is None:
             missing += 1
             continue
-        parts.setdefault((shard.model, shard.domain, shard.role), []).extend(templates)
+        # a shard shared between models (same key) was written under one of their names
+        parts.setdefault((shard.model, shard.domain, shard.role), []).extend(
+            _named(templates, spec.models[shard.model].name))
     if missing:
         raise Incomplete(f"{missing} of {len(shards)} Stage-1 shards are not finished in {work}")
     out: dict[str, dict[str, list[Template]]] = {d: {} for d in spec.domains}
@@ -361,6 +356,8 @@ def write_cache(spec: Spec, libraries: Mapping[str, Mapping[str, list[Template]]
     for domain, gpus in spec.domains.items():
         for model in spec.models:
             path = folder / f"{_cache_key_fixed(tm, model, gpus, spec.policy, fingerprint)}.json"
+            if path in written:
+                continue  # another model of the same key: one entry serves both
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_text(json.dumps(_to_json(libraries[domain][model.name])))
             tmp.replace(path)

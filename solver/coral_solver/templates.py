@@ -13,7 +13,9 @@ within TTFT/S and TPOT/S (stage throughput is non-increasing in layers). The opt
 finitely many tabulated stage throughputs, so all multisets of one (t, S) are solved at once as a
 matrix product over those candidate values: exact, with no solver call per multiset. Templates
 dominated by another (no more stages of every configuration, at least the throughput) are dropped.
-The library is cached on disk by a hash of everything it depends on.
+The library is cached on disk by a hash of everything it depends on — the architecture, mix,
+SLO, allowed GPU types and roles, not the model's name — so models that share those share one
+entry (50 models of a site drawn from a few architectures need a few Stage-1 runs, not 50).
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ import hashlib
 import itertools
 import json
 import os
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -35,7 +38,8 @@ from coral_solver.types import ModelSpec, Policy, Stage, Template
 #: progress(model name, models done, models total)
 Progress = Callable[[str, int, int], None]
 
-CACHE_VERSION = 1
+#: 2: the key no longer holds the model's name (entries are shared between models)
+CACHE_VERSION = 2
 
 
 def default_cache_dir() -> Path:
@@ -72,6 +76,11 @@ class ThroughputModel(Protocol):
 class PerfThroughput:
     """The real performance model (:mod:`coral_solver.perf` over :mod:`coral_solver.catalog`)."""
 
+    #: its answers depend on a model's architecture, mix and SLO, never on its name: models
+    #: alike in those share one Stage-1 library (:func:`_cache_key`). A throughput model without
+    #: this attribute (a table keyed by model name) keeps one library per name.
+    answers_by_architecture = True
+
     def __init__(self) -> None:
         from coral_solver import (  # imported here: Stage 1 can run on a synthetic model
             catalog,
@@ -104,6 +113,8 @@ class PerfThroughput:
         return self._perf.engine_dtype(self._arch(model), gpu) is not None
 
     def throughput(self, model: ModelSpec, gpu_type: str, tp: int, layers: int, stages: int) -> float:
+        if not self.kv_fits(model, gpu_type, tp, layers):
+            return 0.0
         slo = self._perf.Slo(ttft_s=model.ttft_s, tpot_s=model.tpot_s)
         mix = self._perf.Mix(input_tokens=model.input_tokens, output_tokens=model.output_tokens)
         return float(
@@ -115,10 +126,28 @@ class PerfThroughput:
     def calibrated(self, model: ModelSpec, gpu_type: str) -> bool:
         return bool(self._perf.is_calibrated(self._arch(model), self._gpu(gpu_type)))
 
+    def kv_fits(self, model: ModelSpec, gpu_type: str, tp: int, layers: int) -> bool:
+        """Whether one stage of ``layers`` layers holds one request of the model's
+        ``max_model_len`` in its KV cache (vLLM refuses to start otherwise); True when the
+        model sets none."""
+        if model.max_model_len is None:
+            return True
+        capacity = self._perf.stage_kv_capacity_tokens(self._arch(model), self._gpu(gpu_type),
+                                                       tp, layers)
+        return capacity >= model.max_model_len
+
+    def measured(self, model: ModelSpec, gpu_type: str, tp: int) -> bool:
+        """Whether a measured single-stage point of (model, GPU type, TP) applies to the model's
+        mix and SLO (so a one-stage template's figure is the measurement)."""
+        slo = self._perf.Slo(ttft_s=model.ttft_s, tpot_s=model.tpot_s)
+        mix = self._perf.Mix(input_tokens=model.input_tokens, output_tokens=model.output_tokens)
+        return self._perf.has_measured_throughput(self._arch(model), self._gpu(gpu_type), tp,
+                                                  slo, mix)
+
     def measured_pipelines(self, model: ModelSpec, tp: int
-                           ) -> list[tuple[str, tuple[int, ...], float]]:
-        """(GPU type, layers per stage, replica requests/s) of every measured pipeline of
-        ``model`` at TP ``tp`` that served the model's mix within its SLO or a stricter one."""
+                           ) -> list[tuple[tuple[str, ...], tuple[int, ...], float]]:
+        """(GPU type per stage, layers per stage, replica requests/s) of every measured pipeline
+        of ``model`` at TP ``tp`` that served the model's mix within its SLO or a stricter one."""
         arch = self._arch(model)
         slo = self._perf.Slo(ttft_s=model.ttft_s, tpot_s=model.tpot_s)
         mix = self._perf.Mix(input_tokens=model.input_tokens, output_tokens=model.output_tokens)
@@ -126,11 +155,13 @@ class PerfThroughput:
         for (name, gpu, ptp), profiles in self._perf.measured_pipelines().items():
             if name != arch.name or ptp != tp:
                 continue
-            for split in dict.fromkeys(p.layer_partition for p in profiles):
+            layouts = dict.fromkeys((self._perf.pipeline_stage_gpus(p), p.layer_partition)
+                                    for p in profiles)
+            for stage_gpus, split in layouts:
                 found = self._perf.measured_pipeline_throughput(
-                    arch, self._gpu(gpu), tp, split, slo, mix)
+                    arch, self._gpu(gpu), tp, split, slo, mix, stage_gpus)
                 if found is not None:
-                    out.append((gpu, split, found[0]))
+                    out.append((stage_gpus, split, found[0]))
         return out
 
     def phase_throughput(self, model: ModelSpec, gpu_type: str, tp: int, layers: int,
@@ -315,32 +346,52 @@ def model_templates(
                         calibrated=all(tm.calibrated(model, s.gpu_type) for s in stage_list),
                     )
                 )
+    if policy.measured_only:
+        out = _measured_only(tm, model, out)
     return drop_dominated(_with_measured_pipelines(tm, model, gpu_types, policy, out))
 
 
 def _with_measured_pipelines(tm: ThroughputModel, model: ModelSpec,
                              gpu_types: Mapping[str, tuple[int, float]], policy: Policy,
                              templates: list[Template]) -> list[Template]:
-    """``templates`` with every measured pipeline (``coral-hpc profile --pp N``) of the model
-    taking its measured replica figure: the template of the same stages gets it in place of the
-    per-stage model's, and a measured layout the model did not produce is added. A measurement
-    is the engine's real pipeline accounting; the model's per-stage figure only estimates it."""
+    """``templates`` with every measured pipeline (``coral-hpc profile --pp N`` or
+    ``--stages``) of the model taking its measured replica figure: the template of the same
+    stages gets it in place of the per-stage model's, and a measured layout the model did not
+    produce is added. A measurement is the engine's real pipeline accounting; the model's
+    per-stage figure only estimates it."""
     measured_of = getattr(tm, "measured_pipelines", None)
     if measured_of is None:
         return templates
+    kv_fits = getattr(tm, "kv_fits", lambda *_: True)
     out = list(templates)
     for tp in tm.tp_degrees(model, policy.max_tp):
-        for gpu, split, rps in measured_of(model, tp):
-            if (gpu not in gpu_types or not model.allows_gpu(gpu) or gpu_types[gpu][0] < tp
-                    or len(split) > policy.n_max):
+        for stage_gpus, split, rps in measured_of(model, tp):
+            if len(split) > policy.n_max or (
+                    len(set(stage_gpus)) > 1 and not policy.heterogeneous):
                 continue
-            if len(split) * tp * gpu_types[gpu][1] > policy.rho * tm.weight_gb(model) + 1e-9:
+            if any(g not in gpu_types or not model.allows_gpu(g) or gpu_types[g][0] < tp
+                   for g in stage_gpus):
                 continue
-            stages = tuple(Stage(gpu, n) for n in split)
+            memory = sum(tp * gpu_types[g][1] for g in stage_gpus)
+            if memory > policy.rho * tm.weight_gb(model) + 1e-9:
+                continue
+            if not all(kv_fits(model, g, tp, n) for g, n in zip(stage_gpus, split)):
+                continue
+            stages = tuple(Stage(g, n) for g, n in zip(stage_gpus, split))
             out = [t for t in out if not (t.tp == tp and t.stages == stages)]
             out.append(Template(model=model.name, tp=tp, stages=stages, throughput=float(rps),
                                 calibrated=True))
     return out
+
+
+def _measured_only(tm: ThroughputModel, model: ModelSpec, templates: list[Template]
+                   ) -> list[Template]:
+    """The one-stage templates whose figure is a measurement (policy ``measured_only``); the
+    measured pipelines are added after (:func:`_with_measured_pipelines`)."""
+    measured = getattr(tm, "measured", None)
+    if measured is None:
+        return []
+    return [t for t in templates if t.pp == 1 and measured(model, t.stages[0].gpu_type, t.tp)]
 
 
 def library_templates(
@@ -389,18 +440,47 @@ def drop_dominated(templates: list[Template]) -> list[Template]:
 
 
 def _cache_key(
-    tm: ThroughputModel, model: ModelSpec, gpu_types: Mapping[str, tuple[int, float]], policy: Policy
+    tm: ThroughputModel, model: ModelSpec, gpu_types: Mapping[str, tuple[int, float]],
+    policy: Policy, fingerprint: str | None = None,
 ) -> str:
+    """The hash of everything a model's library depends on. Not its name when the throughput
+    model answers by architecture (``answers_by_architecture``): two models of one
+    architecture, mix, SLO and allowed GPU types then get the same templates (only
+    :attr:`Template.model` differs, which :func:`_named` sets on reading). Partitions are Stage 2's
+    business and not part of it. ``fingerprint``: ``tm.fingerprint()`` when already computed (it
+    hashes every profile file)."""
+    named = [] if getattr(tm, "answers_by_architecture", False) else [model.name]
     material = {
         "version": CACHE_VERSION,
-        "model": [model.name, model.arch, model.input_tokens, model.output_tokens,
-                  model.ttft_s, model.tpot_s, sorted(model.gpu_types)],
+        "model": named + [model.arch, model.input_tokens, model.output_tokens,
+                          model.ttft_s, model.tpot_s, sorted(model.gpu_types),
+                          model.max_model_len],
         "roles": list(roles_for(model)),
         "gpus": sorted([g, list(v)] for g, v in gpu_types.items()),
-        "policy": [policy.n_max, policy.rho, policy.heterogeneous, policy.max_tp],
-        "throughput": tm.fingerprint(),
+        "policy": [policy.n_max, policy.rho, policy.heterogeneous, policy.max_tp,
+                   policy.measured_only],
+        "throughput": tm.fingerprint() if fingerprint is None else fingerprint,
     }
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _named(templates: Iterable[Template], name: str) -> list[Template]:
+    """``templates`` (of a model with the same cache key) as templates of model ``name``."""
+    return [t if t.model == name else replace(t, model=name) for t in templates]
+
+
+#: cache entries already read in this process, by key (the key holds the throughput model's
+#: fingerprint, so an entry never goes stale): a daemon re-plans every few minutes with the same
+#: models, and parsing every model's JSON again each time is most of a warm Stage 1
+_LOADED: OrderedDict[str, tuple[Template, ...]] = OrderedDict()
+_LOADED_MAX = 512
+
+
+def _remember(key: str, templates: Iterable[Template]) -> None:
+    _LOADED[key] = tuple(templates)
+    _LOADED.move_to_end(key)
+    while len(_LOADED) > _LOADED_MAX:
+        _LOADED.popitem(last=False)
 
 
 def _to_json(templates: Iterable[Template]) -> list[dict]:
@@ -435,31 +515,46 @@ def build_library(
 
     ``gpu_types`` maps each GPU type present to (most GPUs on one node, GPU memory GB), e.g. from
     :meth:`coral_solver.types.Cluster.gpu_types`. Results are cached in ``cache_dir`` (default
-    :func:`default_cache_dir`) under a hash of the model's SLO and mix, the GPU types, the policy
-    and the throughput model's fingerprint; ``use_cache=False`` neither reads nor writes it.
+    :func:`default_cache_dir`) under a hash of the model's architecture, SLO and mix, the GPU
+    types, the policy and the throughput model's fingerprint — models alike in all of these share
+    one entry (and one search within a call); ``use_cache=False`` neither reads nor writes it.
     """
     policy = policy if policy is not None else Policy()
     tm = throughput if throughput is not None else PerfThroughput()
     models = list(models)
     folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    fingerprint = tm.fingerprint()
+    built: dict[str, list[Template]] = {}  # this call's libraries by key: shared, not rebuilt
     library: dict[str, list[Template]] = {}
     for done, model in enumerate(models):
         if progress:
             progress(model.name, done, len(models))
-        path = folder / f"{_cache_key(tm, model, gpu_types, policy)}.json"
+        key = _cache_key(tm, model, gpu_types, policy, fingerprint)
+        if key in built:
+            library[model.name] = _named(built[key], model.name)
+            continue
+        path = folder / f"{key}.json"
+        if use_cache and key in _LOADED and path.is_file():
+            built[key] = list(_LOADED[key])
+            library[model.name] = _named(built[key], model.name)
+            continue
         if use_cache and path.is_file():
             try:
-                library[model.name] = _from_json(json.loads(path.read_text()))
+                built[key] = _from_json(json.loads(path.read_text()))
+                _remember(key, built[key])
+                library[model.name] = _named(built[key], model.name)
                 continue
             except (ValueError, KeyError, TypeError):
                 pass  # a damaged cache entry is rebuilt below
         templates = library_templates(tm, model, gpu_types, policy)
+        built[key] = templates
         library[model.name] = templates
         if use_cache:
             folder.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_text(json.dumps(_to_json(templates)))
             tmp.replace(path)  # atomic: a concurrent reader never sees half a file
+            _remember(key, templates)
     if progress:
         progress("", len(models), len(models))
     return library

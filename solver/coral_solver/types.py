@@ -46,6 +46,9 @@ class ModelSpec:
     gpu_types: tuple[str, ...] = ()  #: allowed GPU types; empty = all
     partitions: tuple[str, ...] = ()  #: allowed partitions; empty = all
     disaggregation: Disaggregation = "off"  #: see :data:`Disaggregation`
+    #: tokens one request may hold (vLLM ``--max-model-len``); every stage's KV cache must hold
+    #: them, or vLLM refuses to start. None: the model's own context, not checked
+    max_model_len: int | None = None
 
     def allows_gpu(self, gpu_type: str) -> bool:
         return not self.gpu_types or gpu_type in self.gpu_types
@@ -220,6 +223,10 @@ class Policy:
     replan_interval_s: float = 60.0
     #: horizon: capacity Slurm expects to start within this counts as available
     max_queue_wait_s: float = 1800.0
+    #: Stage 1 keeps only templates whose figure was measured (a single-stage profile that
+    #: applies to the mix and SLO, or that exact pipeline measured): for an engine the analytic
+    #: GPU model does not describe (vLLM's CPU build)
+    measured_only: bool = False
 
 
 @dataclass(frozen=True)

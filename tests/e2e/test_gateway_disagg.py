@@ -7,42 +7,27 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
-import subprocess
-import sys
-import time
 
 import aiohttp
 import httpx
 import pytest
 
 from coral_hpc.gateway.table import ReplicaRoute, RoutingTable, write_routing_table
-from tests.support.gateway_harness import Proc, start_gateway, write_models_yaml
+from tests.support.gateway_harness import (
+    Proc,
+    start_gateway,
+    start_sim_engine,
+    write_models_yaml,
+)
 
 REPLICA_KEY = "sim-replica-key-d15a"
 KV = '{"kv_connector":"ExampleConnector","kv_role":"kv_both"}'
 
 
 def _start_sim(tmp, name: str, kv: bool = True) -> Proc:
-    log = tmp / f"{name}.log"
     args = ["--kv-transfer-config", KV] if kv else []
-    popen = subprocess.Popen(
-        [sys.executable, "-m", "coral_hpc.engine.sim", "qwen3-8b", "--sim-gpu-types", "a100",
-         "--served-model-name", "d", "--host", "127.0.0.1", "--port", "0", *args],
-        stdout=log.open("ab"), stderr=subprocess.STDOUT,
-        env={**os.environ, "VLLM_API_KEY": REPLICA_KEY},
-    )
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        match = re.search(r"on http://(127\.0\.0\.1:\d+)", log.read_text())
-        if match:
-            return Proc(popen, match.group(1), log)
-        if popen.poll() is not None:
-            break
-        time.sleep(0.05)
-    popen.kill()
-    raise AssertionError(f"sim engine {name} did not start: {log.read_text()[-2000:]}")
+    return start_sim_engine(tmp, name, "d", *args, api_key=REPLICA_KEY)
 
 
 def _metric(url: str, name: str, **labels: str) -> float:

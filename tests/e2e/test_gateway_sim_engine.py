@@ -5,41 +5,27 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
-import subprocess
-import sys
-import time
 
 import aiohttp
 import httpx
 import openai
 import pytest
 
-from tests.support.gateway_harness import Proc, start_gateway, write_models_yaml, write_table
+from tests.support.gateway_harness import (
+    Proc,
+    start_gateway,
+    start_sim_engine,
+    write_models_yaml,
+    write_table,
+)
 
 REPLICA_KEY = "sim-replica-key-51d0"
 
 
 def _start_sim(tmp, name: str) -> Proc:
-    log = tmp / f"{name}.log"
-    popen = subprocess.Popen(
-        [sys.executable, "-m", "coral_hpc.engine.sim", "qwen3-8b", "--sim-arch", "qwen3-8b",
-         "--sim-gpu-types", "a100", "--served-model-name", "m", "--host", "127.0.0.1",
-         "--port", "0"],
-        stdout=log.open("ab"), stderr=subprocess.STDOUT,
-        env={**os.environ, "VLLM_API_KEY": REPLICA_KEY},   # the key never goes in argv
-    )
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        match = re.search(r"on http://(127\.0\.0\.1:\d+)", log.read_text())
-        if match:
-            return Proc(popen, match.group(1), log)
-        if popen.poll() is not None:
-            break
-        time.sleep(0.05)
-    popen.kill()
-    raise AssertionError(f"sim engine {name} did not start: {log.read_text()[-2000:]}")
+    # the key never goes in argv
+    return start_sim_engine(tmp, name, "m", "--sim-arch", "qwen3-8b", api_key=REPLICA_KEY)
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,14 @@
-"""A real daemon (real Slurm, real sim-engine replica jobs, real SQLite) with a small rule-based
-planner, for reconcile scenarios that must not depend on what the optimiser prefers.
+"""The harness of the ``serve`` integration tests: real Slurm (the local cluster), real sim-engine
+replica jobs, the real daemon and SQLite store, and a small rule-based planner for reconcile
+scenarios that must not depend on what the optimiser prefers.
+
+- :func:`sim_models_yaml` writes the models.yaml those tests serve;
+- :func:`serve_deployment` runs :func:`coral_hpc.daemon.serve` (gateway child process included)
+  in a thread of the test process; :class:`ServeProcess` runs it as a process of its own
+  (``tests/integration/serve_process.py``), for tests that signal or kill it;
+- :func:`replicas`, :func:`ready`, :func:`events` read what the daemon recorded, and
+  :func:`tagged_jobs` what Slurm itself runs for the deployment; :func:`cancel_deployment` cleans
+  a deployment up whatever happened.
 
 The planner takes candidate slots in order of preference and picks, for each model, the first
 whose partition is up and not excluded — enough to show the reconcile loop moving, replacing,
@@ -14,12 +23,20 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import secrets
+import signal
+import subprocess
 import sys
 import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from coral_hpc.config import Deployment, load_deployment
-from coral_hpc.daemon import ensure_replica_key
 from coral_hpc.daemon.core import Daemon
 from coral_hpc.plan.desired import DesiredPlan, Slot
 from coral_hpc.plan.layout import layout_dtype
@@ -28,6 +45,8 @@ from coral_hpc.slurm import make_client
 from coral_hpc.store import open_store
 from coral_hpc.types import ReplicaLayout, StageLayout
 from coral_solver.catalog import model_arch
+from tests.conftest import REPO
+from tests.support.daemon_setup import SimModel, headless_daemon, write_models_yaml
 
 
 def slot(model: str, arch: str, partition: str, gpu: str, tp: int = 1, count: int = 1,
@@ -63,15 +82,165 @@ class PreferencePlanner:
                            0.0, "rule")
 
 
+# --------------------------------------------------------------------------- models.yaml
+
+
+def sim_models_yaml(folder: Path, prefix: str, models: Sequence[str], *, architecture: str,
+                    mix: tuple[int, int], time_limit: str, policy: dict[str, object]) -> Path:
+    """Write ``folder/models.yaml`` (:func:`~tests.support.daemon_setup.write_models_yaml`) and
+    return its path: a deployment of its own (``prefix`` and six random hex digits, so its jobs
+    are told apart from every other test's), the local cluster's v100 and a100 partitions at one
+    CPU and 4 GB per GPU, ``policy`` as given, and per model ``architecture``, ``mix`` (input,
+    output tokens) and 1 req/s."""
+    return write_models_yaml(
+        folder, f"{prefix}{secrets.token_hex(3)}", time_limit=time_limit,
+        partitions=("v100", "a100"), cluster={"cpus_per_gpu": 1, "mem_per_gpu_gb": 4},
+        policy=policy, models=[SimModel(m, mix, 1, architecture=architecture) for m in models])
+
+
+#: the model most scenarios serve, and its slot on one a100 node
+MODEL, ARCH = "qwen3-8b", "qwen3-8b"
+ON_A100 = slot(MODEL, ARCH, "a100", "a100", tp=1)
+
+
+def one_model_yaml(folder: Path, time_limit: str = "00:10:00", **policy: object) -> Path:
+    """:func:`sim_models_yaml` of :data:`MODEL` alone, with intervals of seconds (poll 1 s,
+    pending timeout 20 s, crash limit 2) that ``policy`` overrides or adds to."""
+    settings = {"poll_interval_s": 1, "replan_interval_s": 120, "pending_timeout_s": 20,
+                "walltime_lead_s": 45, "startup_time_s": 5, "crash_limit": 2,
+                "crash_cooldown_s": 300, **policy}
+    return sim_models_yaml(folder, "it", [MODEL], architecture=ARCH, mix=(256, 64),
+                           time_limit=time_limit, policy=settings)
+
+
+# --------------------------------------------------------------------------- the daemon
+
+
 def build_daemon(deployment: Deployment, planner, env: dict[str, str] | None = None) -> Daemon:
     """A daemon with the real CLI Slurm client and a real store, no gateway."""
-    from coral_hpc.gateway.table import default_replica_key_path, default_table_path
+    return headless_daemon(deployment, make_client("cli", env=env, timeout_s=30), planner)
 
-    store = open_store(deployment.db_path)
-    key = ensure_replica_key(default_replica_key_path(deployment))
-    client = make_client("cli", env=env, timeout_s=30)
-    return Daemon(deployment, store, client, planner, api_key_file=key,
-                  table_path=default_table_path(deployment))
+
+class ServeThread:
+    """:func:`coral_hpc.daemon.serve` of one models.yaml in a thread of this process, with the real
+    gateway as its child process on a free loopback port."""
+
+    def __init__(self, config: Path, planner) -> None:
+        from coral_hpc.daemon import serve
+
+        self.deployment = load_deployment(config)
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(
+            target=serve, args=(config, planner),
+            kwargs={"gateway_listen": "127.0.0.1:0", "stop": self.stop_event}, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        """Ask serve() to stop (its replicas keep running) and wait up to 60 s for it."""
+        self.stop_event.set()
+        self.thread.join(60)
+
+
+@contextmanager
+def serve_deployment(config: Path, planner) -> Iterator[ServeThread]:
+    """Serve ``config`` with ``planner`` in this process for the ``with`` block, then stop;
+    whether serve() ended is ``thread.is_alive()`` afterwards."""
+    served = ServeThread(config, planner)
+    try:
+        yield served
+    finally:
+        served.stop()
+
+
+class ServeProcess:
+    """``tests.integration.serve_process`` (serve() in a process of its own) running ``config``
+    with ``candidates``, its output in ``tmp_path/serve.log``."""
+
+    def __init__(self, tmp_path: Path, config: Path, candidates: list[Slot], env: dict):
+        path = tmp_path / "candidates.json"
+        path.write_text(candidates_to_json(candidates))
+        self.log = open(tmp_path / "serve.log", "ab")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.integration.serve_process", str(config), str(path)],
+            cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **env})
+
+    def stop(self) -> int:
+        """SIGTERM (unless it already ended); its exit status."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(60)
+        finally:
+            self.log.close()
+
+
+# --------------------------------------------------------------------------- what it did
+
+
+def replicas(deployment: Deployment) -> list[dict]:
+    """What `coral-hpc status --json` would print under "replicas" ([] before the daemon made
+    its database)."""
+    from coral_hpc.cli.status import status_data
+
+    if not Path(deployment.db_path).exists():
+        return []
+    store = open_store(deployment.db_path, readonly=True)
+    try:
+        return status_data(deployment, store, time.time())["replicas"]
+    finally:
+        store.close()
+
+
+def ready(deployment: Deployment) -> list[dict]:
+    """The READY ones of :func:`replicas`."""
+    return [r for r in replicas(deployment) if r["state"] == "READY"]
+
+
+def events(deployment: Deployment, kind: str | None = None) -> list:
+    """The daemon's last 500 events (of ``kind``), newest first; [] before its database exists."""
+    if not Path(deployment.db_path).exists():
+        return []
+    store = open_store(deployment.db_path, readonly=True)
+    try:
+        return store.events(limit=500, kind=kind)
+    finally:
+        store.close()
+
+
+def tagged_jobs(env: dict, deployment: Deployment) -> list:
+    """This deployment's jobs Slurm still runs or queues (ground truth, read independently)."""
+    snapshot = make_client("cli", env=env).snapshot(deployment.deployment)
+    return [j for j in snapshot.jobs if j.end_kind is None]
+
+
+def complete(address: str, model: str) -> tuple[int, dict | str]:
+    """POST one completion through the gateway at ``address``: (HTTP status, body); status 0 when
+    nothing answered."""
+    body = json.dumps({"model": model, "prompt": "hello", "max_tokens": 4}).encode()
+    request = urllib.request.Request(f"http://{address}/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(errors="replace")
+    except OSError as exc:
+        return 0, str(exc)
+
+
+def cancel_deployment(env: dict, deployment: Deployment) -> None:
+    """Stop a gateway a killed daemon left running (it lives in its own session by design) and
+    cancel every job of ``deployment``, whatever state the test left them in."""
+    from coral_hpc.daemon.process import stop_recorded_gateway
+
+    stop_recorded_gateway(deployment, timeout_s=5.0)
+    client = make_client("cli", env=env)
+    ids = [j.job_id for j in client.snapshot(deployment.deployment).jobs]
+    if ids:
+        client.cancel(ids)
+
+
+# ------------------------------------------------- candidates as JSON (for the daemon processes)
 
 
 def candidates_to_json(candidates: list[Slot]) -> str:
@@ -84,6 +253,9 @@ def candidates_from_json(text: str) -> list[Slot]:
     return [Slot(model=c["model"], template_id=c["template_id"], count=c["count"],
                  throughput=c["throughput"], cost_per_hour=c["cost_per_hour"],
                  layout=ReplicaLayout.from_dict(c["layout"])) for c in json.loads(text)]
+
+
+# --------------------------------------------------------------------------- as a script
 
 
 def main(argv: list[str]) -> int:

@@ -21,9 +21,15 @@ import pytest
 from coral_hpc.config import load_deployment
 from coral_hpc.daemon.lease import holder
 from tests.conftest import REPO, wait_until
-from tests.integration import test_serve_reconcile as harness
-from tests.integration.test_serve_reconcile import ON_A100, tagged_jobs, write_config
-from tests.integration.test_serve_signals import ServeProcess
+from tests.integration import serve_harness as harness
+from tests.integration.serve_harness import (
+    MODEL,
+    ON_A100,
+    ServeProcess,
+    complete,
+    one_model_yaml,
+    tagged_jobs,
+)
 
 pytestmark = pytest.mark.slurm
 
@@ -45,7 +51,7 @@ def events(deployment, kind: str | None = None) -> list:
 
 def _copies(tmp_path: Path) -> tuple[Path, Path]:
     (tmp_path / "a").mkdir()
-    first = write_config(tmp_path / "a")
+    first = one_model_yaml(tmp_path / "a")
     second = tmp_path / "b" / "models.yaml"
     second.parent.mkdir(parents=True)
     second.write_text(first.read_text().replace(str(tmp_path / "a"), str(tmp_path / "b")))
@@ -115,8 +121,6 @@ class Requester:
     def __init__(self, address: str, model: str):
         import threading
 
-        from tests.integration.test_serve_signals import complete
-
         self.results: list[int] = []
         self._stop = threading.Event()
 
@@ -137,9 +141,8 @@ class Requester:
 
 def test_the_gateway_outlives_kill_9_and_down_stops_it(tmp_path, env, cleanup):
     from coral_hpc.daemon.process import info_path, read_info
-    from tests.integration.test_serve_reconcile import MODEL
 
-    config = write_config(tmp_path)
+    config = one_model_yaml(tmp_path)
     deployment = load_deployment(config)
     cleanup(deployment)
     serve = ServeProcess(tmp_path, config, [ON_A100], env)
@@ -147,8 +150,6 @@ def test_the_gateway_outlives_kill_9_and_down_stops_it(tmp_path, env, cleanup):
     address = wait_until(lambda: (read_info(info_path(deployment)) or {}).get("gateway"), 30,
                          "the gateway address")
     (gateway_pid,) = gateway_processes(config)
-    from tests.integration.test_serve_signals import complete
-
     wait_until(lambda: complete(address, MODEL)[0] == 200, 30, "the gateway routing to it")
     requests = Requester(address, MODEL)
     try:

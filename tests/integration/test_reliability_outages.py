@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import subprocess
 import threading
 import time
@@ -33,10 +32,19 @@ import pytest
 from coral_hpc.config import load_deployment
 from coral_hpc.plan.desired import DesiredPlan
 from coral_hpc.plan.planner import PlanOutcome, PlanRequest
-from coral_hpc.slurm import make_client
 from tests.conftest import REPO, SlurmRunner, wait_until
-from tests.integration.serve_harness import PreferencePlanner, slot
-from tests.integration.test_serve_reconcile import events, ready, replicas, tagged_jobs
+from tests.integration.serve_harness import (
+    PreferencePlanner,
+    ServeThread,
+    cancel_deployment,
+    events,
+    ready,
+    replicas,
+    serve_deployment,
+    sim_models_yaml,
+    slot,
+    tagged_jobs,
+)
 
 pytestmark = pytest.mark.slurm
 
@@ -69,31 +77,8 @@ class RoomPlanner(PreferencePlanner):
 def write_config(tmp_path: Path, time_limit: str, models: tuple[str, ...], **policy) -> Path:
     settings = {"poll_interval_s": POLL_S, "replan_interval_s": 120, "pending_timeout_s": 120,
                 "walltime_lead_s": 45, "startup_time_s": 5, **policy}
-    entries = "\n".join(f"""  - name: {m}
-    source: Qwen/Qwen3-8B
-    architecture: {ARCH}
-    mix: {{input_tokens: 64, output_tokens: 8}}
-    demand: {{requests_per_s: 1}}
-    slo: {{ttft_s: 2.0, tpot_s: 0.1}}""" for m in models)
-    path = tmp_path / "models.yaml"
-    path.write_text(f"""
-deployment: itrel{secrets.token_hex(3)}
-state_dir: {tmp_path / 'shared'}
-db_path: {tmp_path / 'daemon' / 'coral.db'}
-cluster:
-  time_limit: "{time_limit}"
-  cpus_per_gpu: 1
-  mem_per_gpu_gb: 4
-  partitions:
-    - {{name: v100, gpu_types: [v100]}}
-    - {{name: a100, gpu_types: [a100]}}
-engine: {{kind: sim}}
-policy:
-{chr(10).join(f"  {k}: {v}" for k, v in settings.items())}
-models:
-{entries}
-""")
-    return path
+    return sim_models_yaml(tmp_path, "itrel", models, architecture=ARCH, mix=(64, 8),
+                           time_limit=time_limit, policy=settings)
 
 
 @dataclass
@@ -146,18 +131,12 @@ class Traffic:
 
 
 class Session:
-    """`serve()` in a thread (the real gateway as its child process) with traffic on it."""
+    """A :class:`ServeThread` (serve() with the real gateway as its child process) with traffic
+    on it from :meth:`wait_serving` until the ``with`` block ends."""
 
-    def __init__(self, config: Path, models: tuple[str, ...]) -> None:
-        from coral_hpc.daemon import serve
-
-        self.deployment = load_deployment(config)
+    def __init__(self, served: ServeThread, models: tuple[str, ...]) -> None:
+        self.deployment = served.deployment
         self.models = models
-        self.stop_event = threading.Event()
-        self.thread = threading.Thread(
-            target=serve, args=(config, RoomPlanner(CANDIDATES)),
-            kwargs={"gateway_listen": "127.0.0.1:0", "stop": self.stop_event}, daemon=True)
-        self.thread.start()
         self.traffic: Traffic | None = None
 
     def wait_serving(self) -> Session:
@@ -180,11 +159,12 @@ class Session:
         assert self.traffic is not None
         return [a for a in self.traffic.since(t) if a.status != 200]
 
-    def close(self) -> None:
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
         if self.traffic is not None:
             self.traffic.stop()
-        self.stop_event.set()
-        self.thread.join(60)
 
 
 def _replica(deployment, model: str) -> dict:
@@ -214,22 +194,12 @@ def session(slurm_cluster, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("outages")
     config = write_config(tmp, "00:20:00", (A, B))
     deployment = load_deployment(config)
-    served = Session(config, (A, B))
     try:
-        yield served.wait_serving()
+        with (serve_deployment(config, RoomPlanner(CANDIDATES)) as served,
+              Session(served, (A, B)) as session):
+            yield session.wait_serving()
     finally:
-        served.close()
-        _cancel(slurm_cluster, deployment)
-
-
-def _cancel(env, deployment) -> None:
-    from coral_hpc.daemon.process import stop_recorded_gateway
-
-    stop_recorded_gateway(deployment, timeout_s=5.0)
-    client = make_client("cli", env=env)
-    ids = [j.job_id for j in client.snapshot(deployment.deployment).jobs]
-    if ids:
-        client.cancel(ids)
+        cancel_deployment(slurm_cluster, deployment)
 
 
 def test_one_node_drained_replaces_only_that_nodes_replica(session):
@@ -353,21 +323,21 @@ def test_walltime_rotation_at_a_3_minute_limit_fails_no_request(slurm_cluster, t
     os.environ["SLURM_CONF"] = slurm_cluster["SLURM_CONF"]
     config = write_config(tmp_path, "00:03:00", (A,), walltime_lead_s=45)
     deployment = load_deployment(config)
-    served = Session(config, (A,))
     try:
-        served.wait_serving()
-        first = _replica(deployment, A)
-        began = time.time()
-        wait_until(lambda: first["id"] not in {r["id"] for r in replicas(deployment)}, 200,
-                   "the first replica rotated out")
-        time.sleep(3)
-        assert served.traffic is not None
-        answers = served.traffic.since(began)
-        failures = served.failures_since(began)
-        successor = _replica(deployment, A)
+        with (serve_deployment(config, RoomPlanner(CANDIDATES)) as served,
+              Session(served, (A,)) as session):
+            session.wait_serving()
+            first = _replica(deployment, A)
+            began = time.time()
+            wait_until(lambda: first["id"] not in {r["id"] for r in replicas(deployment)}, 200,
+                       "the first replica rotated out")
+            time.sleep(3)
+            assert session.traffic is not None
+            answers = session.traffic.since(began)
+            failures = session.failures_since(began)
+            successor = _replica(deployment, A)
     finally:
-        served.close()
-        _cancel(slurm_cluster, deployment)
+        cancel_deployment(slurm_cluster, deployment)
     assert failures == [], failures
     assert len(answers) > 50 and successor["id"] != first["id"]
     print(f"walltime rotation: {len(answers)} requests, {len(failures)} failed")

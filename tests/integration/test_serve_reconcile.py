@@ -12,7 +12,6 @@ put on cool-down. Short intervals (seconds) throughout; waits poll with deadline
 from __future__ import annotations
 
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -22,56 +21,29 @@ from pathlib import Path
 
 import pytest
 
-from coral_hpc.cli.status import status_data
 from coral_hpc.config import load_deployment
-from coral_hpc.slurm import make_client
 from coral_hpc.store import open_store
 from tests.conftest import REPO, wait_until
 from tests.integration.serve_harness import (
+    ARCH,
+    MODEL,
+    ON_A100,
     PreferencePlanner,
     build_daemon,
     candidates_to_json,
+    events,
+    one_model_yaml,
+    ready,
+    replicas,
+    serve_deployment,
     slot,
+    tagged_jobs,
 )
 
 pytestmark = pytest.mark.slurm
 
-MODEL, ARCH = "qwen3-8b", "qwen3-8b"
-ON_A100 = slot(MODEL, ARCH, "a100", "a100", tp=1)
 ON_V100 = slot(MODEL, ARCH, "v100", "v100", tp=2)  # 8B weights need two 16 GB V100s
 CRASHES = slot(MODEL, ARCH, "v100", "v100", tp=1)  # ... so one V100 fails at start, like an OOM
-
-
-def write_config(tmp_path: Path, time_limit: str = "00:10:00", **policy) -> Path:
-    name = f"it{secrets.token_hex(3)}"
-    settings = {"poll_interval_s": 1, "replan_interval_s": 120, "pending_timeout_s": 20,
-                "walltime_lead_s": 45, "startup_time_s": 5, "crash_limit": 2,
-                "crash_cooldown_s": 300, **policy}
-    policy_text = "\n".join(f"  {k}: {v}" for k, v in settings.items())
-    path = tmp_path / "models.yaml"
-    path.write_text(f"""
-deployment: {name}
-state_dir: {tmp_path / 'shared'}
-db_path: {tmp_path / 'daemon' / 'coral.db'}
-cluster:
-  time_limit: "{time_limit}"
-  cpus_per_gpu: 1
-  mem_per_gpu_gb: 4
-  partitions:
-    - {{name: v100, gpu_types: [v100]}}
-    - {{name: a100, gpu_types: [a100]}}
-engine: {{kind: sim}}
-policy:
-{policy_text}
-models:
-  - name: {MODEL}
-    source: Qwen/Qwen3-8B
-    architecture: {ARCH}
-    mix: {{input_tokens: 256, output_tokens: 64}}
-    demand: {{requests_per_s: 1}}
-    slo: {{ttft_s: 2.0, tpot_s: 0.1}}
-""")
-    return path
 
 
 class Running:
@@ -89,38 +61,6 @@ class Running:
             thread.join(30)
         self.daemon.observer.close()
         self.daemon.store.close()
-
-
-def replicas(deployment) -> list[dict]:
-    """What `coral-hpc status --json` would print under "replicas" ([] before the daemon made
-    its database)."""
-    if not Path(deployment.db_path).exists():
-        return []
-    store = open_store(deployment.db_path, readonly=True)
-    try:
-        return status_data(deployment, store, time.time())["replicas"]
-    finally:
-        store.close()
-
-
-def events(deployment, kind: str | None = None) -> list:
-    if not Path(deployment.db_path).exists():
-        return []
-    store = open_store(deployment.db_path, readonly=True)
-    try:
-        return store.events(limit=500, kind=kind)
-    finally:
-        store.close()
-
-
-def ready(deployment) -> list[dict]:
-    return [r for r in replicas(deployment) if r["state"] == "READY"]
-
-
-def tagged_jobs(env, deployment) -> list:
-    """This deployment's jobs Slurm still runs or queues (ground truth, read independently)."""
-    snapshot = make_client("cli", env=env).snapshot(deployment.deployment)
-    return [j for j in snapshot.jobs if j.end_kind is None]
 
 
 class ReadyWatch:
@@ -147,7 +87,7 @@ class ReadyWatch:
 
 
 def test_a_scancelled_replica_is_replaced(tmp_path, env, slurm, cleanup):
-    run = Running(write_config(tmp_path), PreferencePlanner([ON_A100]), env)
+    run = Running(one_model_yaml(tmp_path), PreferencePlanner([ON_A100]), env)
     cleanup(run.deployment)
     try:
         (first,) = wait_until(lambda: ready(run.deployment), 90, "a READY replica")
@@ -168,7 +108,7 @@ def test_a_scancelled_replica_is_replaced(tmp_path, env, slurm, cleanup):
 
 
 def test_a_drained_partition_moves_its_replica_with_no_gap(tmp_path, env, node_restorer, cleanup):
-    run = Running(write_config(tmp_path), PreferencePlanner([ON_A100, ON_V100]), env)
+    run = Running(one_model_yaml(tmp_path), PreferencePlanner([ON_A100, ON_V100]), env)
     cleanup(run.deployment)
     try:
         (first,) = wait_until(lambda: ready(run.deployment), 90, "a READY replica on a100")
@@ -190,7 +130,7 @@ def test_a_drained_partition_moves_its_replica_with_no_gap(tmp_path, env, node_r
 
 
 def test_kill_9_and_restart_adopts_without_duplicates(tmp_path, env, cleanup):
-    config = write_config(tmp_path)
+    config = one_model_yaml(tmp_path)
     deployment = load_deployment(config)
     cleanup(deployment)
     candidates = tmp_path / "candidates.json"
@@ -230,7 +170,7 @@ def test_a_replica_pending_past_the_timeout_is_replanned_elsewhere(tmp_path, env
         for j in slurm.job_ids), 30, "the a100 nodes filled")
     # the fillers run 10 min: past a 60 s horizon, so Slurm's start estimate for the a100 replica
     # gives it no reason to keep its place (a start within the horizon would, on purpose)
-    run = Running(write_config(tmp_path, pending_timeout_s=8, max_queue_wait_s=60),
+    run = Running(one_model_yaml(tmp_path, pending_timeout_s=8, max_queue_wait_s=60),
                   PreferencePlanner([ON_A100, ON_V100]), env)
     cleanup(run.deployment)
     try:
@@ -248,7 +188,7 @@ def test_a_replica_pending_past_the_timeout_is_replanned_elsewhere(tmp_path, env
 def test_short_time_limit_rotates_before_walltime_with_no_gap(tmp_path, env, cleanup):
     # 3 min limit; Slurm warns (USR2) 90 s before it and the replica then drains, so it serves
     # until ~90 s; lead 40 s: the successor is submitted at ~50 s and READY well before 90 s
-    run = Running(write_config(tmp_path, time_limit="00:03:00", walltime_lead_s=40),
+    run = Running(one_model_yaml(tmp_path, time_limit="00:03:00", walltime_lead_s=40),
                   PreferencePlanner([ON_A100]), env)
     cleanup(run.deployment)
     try:
@@ -274,7 +214,7 @@ def test_short_time_limit_rotates_before_walltime_with_no_gap(tmp_path, env, cle
 
 
 def test_a_template_that_crashes_at_start_cools_down(tmp_path, env, cleanup):
-    run = Running(write_config(tmp_path, crash_limit=2),
+    run = Running(one_model_yaml(tmp_path, crash_limit=2),
                   PreferencePlanner([CRASHES, ON_A100]), env)
     cleanup(run.deployment)
     try:
@@ -300,18 +240,12 @@ def test_serve_runs_the_gateway_publishes_ready_replicas_and_meters_demand(tmp_p
     import json
     import urllib.request
 
-    from coral_hpc.daemon import serve
     from coral_hpc.daemon.process import info_path, read_info
 
-    config = write_config(tmp_path)
+    config = one_model_yaml(tmp_path)
     deployment = load_deployment(config)
     cleanup(deployment)
-    stop = threading.Event()
-    thread = threading.Thread(target=serve, args=(config, PreferencePlanner([ON_A100])),
-                              kwargs={"gateway_listen": "127.0.0.1:0", "stop": stop},
-                              daemon=True)
-    thread.start()
-    try:
+    with serve_deployment(config, PreferencePlanner([ON_A100])) as served:
         (replica,) = wait_until(lambda: ready(deployment), 90, "a READY replica")
         info = wait_until(lambda: read_info(info_path(deployment)), 10, "the daemon's info file")
         body = json.dumps({"model": MODEL, "prompt": "hello", "max_tokens": 8}).encode()
@@ -341,9 +275,6 @@ def test_serve_runs_the_gateway_publishes_ready_replicas_and_meters_demand(tmp_p
             text = resp.read().decode()
         assert f'coral_replicas{{model="{MODEL}",state="READY"}} 1.0' in text
         assert "coral_plan_cost_per_hour" in text
-    finally:
-        stop.set()
-        thread.join(60)
-    assert not thread.is_alive()
+    assert not served.thread.is_alive()
     assert read_info(info_path(deployment)) is None
     assert [j.job_id for j in tagged_jobs(env, deployment)] == [replica["job_id"]]

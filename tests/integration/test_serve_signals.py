@@ -5,48 +5,31 @@ started again and the info file names its new address; SIGTERM leaves replicas r
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
-import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from coral_hpc.config import load_deployment
 from coral_hpc.daemon.process import info_path, read_info
-from tests.conftest import REPO, wait_until
-from tests.integration.serve_harness import candidates_to_json, slot
-from tests.integration.test_serve_reconcile import (
+from tests.conftest import wait_until
+from tests.integration.serve_harness import (
     ARCH,
     MODEL,
     ON_A100,
+    ServeProcess,
+    complete,
     events,
+    one_model_yaml,
     ready,
+    slot,
     tagged_jobs,
-    write_config,
 )
 
 pytestmark = pytest.mark.slurm
 
 SECOND = "qwen3-8b-b"
-
-
-def complete(address: str, model: str) -> tuple[int, dict | str]:
-    """POST one completion through the gateway at ``address``: (HTTP status, body)."""
-    body = json.dumps({"model": model, "prompt": "hello", "max_tokens": 4}).encode()
-    request = urllib.request.Request(f"http://{address}/v1/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=30) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode(errors="replace")
-    except OSError as exc:
-        return 0, str(exc)
 
 
 def answered(deployment, model: str):
@@ -80,28 +63,8 @@ def gateway_pid(daemon_pid: int) -> int | None:
     return None
 
 
-class ServeProcess:
-    """``tests.integration.serve_process`` running ``config`` with ``candidates``."""
-
-    def __init__(self, tmp_path: Path, config: Path, candidates: list, env: dict):
-        path = tmp_path / "candidates.json"
-        path.write_text(candidates_to_json(candidates))
-        self.log = open(tmp_path / "serve.log", "ab")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.integration.serve_process", str(config), str(path)],
-            cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **env})
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(60)
-        finally:
-            self.log.close()
-
-
 def test_sighup_reloads_models_yaml(tmp_path, env, cleanup):
-    config = write_config(tmp_path)
+    config = one_model_yaml(tmp_path)
     deployment = load_deployment(config)
     cleanup(deployment)
     original = config.read_text()
@@ -146,7 +109,7 @@ def test_sighup_reloads_models_yaml(tmp_path, env, cleanup):
 
 
 def test_a_gateway_that_dies_is_restarted_and_the_info_file_follows_it(tmp_path, env, cleanup):
-    config = write_config(tmp_path)
+    config = one_model_yaml(tmp_path)
     deployment = load_deployment(config)
     cleanup(deployment)
     serve = ServeProcess(tmp_path, config, [ON_A100], env)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -65,6 +66,30 @@ def start_stub(tmp: Path, name: str, *args: str, port: int = 0) -> Proc:
         stdout=log.open("ab"), stderr=subprocess.STDOUT,
     )
     return Proc(popen, _wait_ready(ready, popen, log), log)
+
+
+def start_sim_engine(tmp: Path, name: str, served: str, *args: str, api_key: str) -> Proc:
+    """The project's sim engine (qwen3-8b on a100) in its own process, serving ``served`` on a
+    free loopback port with ``args`` added to its command line and ``api_key`` in its
+    environment (as vLLM reads ``VLLM_API_KEY``; never in argv); returned once its log says
+    where it listens (20 s at most)."""
+    log = tmp / f"{name}.log"
+    popen = subprocess.Popen(
+        [sys.executable, "-m", "coral_hpc.engine.sim", "qwen3-8b", "--sim-gpu-types", "a100",
+         "--served-model-name", served, "--host", "127.0.0.1", "--port", "0", *args],
+        stdout=log.open("ab"), stderr=subprocess.STDOUT,
+        env={**os.environ, "VLLM_API_KEY": api_key},
+    )
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        match = re.search(r"on http://(127\.0\.0\.1:\d+)", log.read_text())
+        if match:
+            return Proc(popen, match.group(1), log)
+        if popen.poll() is not None:
+            break
+        time.sleep(0.05)
+    popen.kill()
+    raise AssertionError(f"sim engine {name} did not start: {log.read_text()[-2000:]}")
 
 
 def write_models_yaml(tmp: Path, models: list[str], listen: str = "127.0.0.1:8000",

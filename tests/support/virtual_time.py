@@ -6,13 +6,21 @@ import threading
 
 
 class VirtualClock:
-    """A monotonic clock the test moves: ``clock()`` is ``clock.now``."""
+    """A monotonic clock the test moves: ``clock()`` is ``clock.now``, moved on by ``tick_s``
+    first (a clock that passes a little time per reading, as a real one does between two steps
+    of a loop)."""
 
-    def __init__(self, now: float = 1000.0):
+    def __init__(self, now: float = 1000.0, tick_s: float = 0.0):
         self.now = now
+        self.tick_s = tick_s
 
     def __call__(self) -> float:
+        self.now += self.tick_s
         return self.now
+
+    def advance(self, seconds: float) -> None:
+        """Move the clock on by ``seconds``."""
+        self.now += seconds
 
 
 class VirtualStop(threading.Event):

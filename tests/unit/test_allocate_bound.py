@@ -21,12 +21,22 @@ from coral_solver.types import (
     NodeGroup,
     Partition,
     Policy,
+    Quota,
     RunningReplica,
     Stage,
     Template,
 )
 
 POLICY = Policy(startup_penalty=3.0, mip_gap=0.0, time_limit_s=30)
+
+
+@pytest.fixture(autouse=True)
+def _certified_path_at_any_size(monkeypatch):
+    """These instances are small enough to check against the whole model, far below the
+    library size at which allocate takes the certified path by itself: take it always."""
+    from coral_solver import allocate as allocate_module
+
+    monkeypatch.setattr(allocate_module, "PER_MODEL_SHORTCUTS_MIN_TEMPLATES", 0)
 
 
 def _t(gpu: str, throughput: float, role: str = "both", layers: int = 4) -> Template:
@@ -105,3 +115,103 @@ def test_same_optimum_as_the_whole_model_on_random_instances(disaggregation):
                 reference, models, cluster, library, inst.throughput), seed
             certified += "restricted_templates" in fast.phases
     assert certified >= 8  # the certified path, not only the fallback, was exercised
+
+
+def _two_models_one_weak_relaxation():
+    """Model m: X (a, 1/h) and Y (b, 1.5/h) serve 10/s each, Z (c, 2.6/h) 20/s; demand 20/s.
+    A quota of one GPU on a leaves X once, and a quota of none on b no Y at all, so the optimum
+    is Z (2.6): the relaxation, which knows no quotas, bounds it at 2 (X twice) and, with an
+    excluded template forced in, at 2.5 (X + Y). Model n runs alone on d."""
+    m = ModelSpec("m", "m", 100, 100, 1.0, 0.1, demand_rps=20.0)
+    n = ModelSpec("n", "n", 100, 100, 1.0, 0.1, demand_rps=10.0)
+    library = {"m": [_t("a", 10.0), _t("b", 10.0), _t("c", 20.0)],
+               "n": [Template("n", 1, (Stage("d", 4),), 10.0)]}
+    cluster = _cluster({"a": 2, "b": 2, "c": 2, "d": 2},
+                       {"a": 1.0, "b": 1.5, "c": 2.6, "d": 1.0})
+    quotas = (Quota("a-one", 1, gpu_types=("a",)), Quota("b-none", 0, gpu_types=("b",)))
+    return [m, n], library, replace(cluster, quotas=quotas)
+
+
+def _proven_flags(monkeypatch) -> list:
+    from coral_solver import allocate as allocate_module
+
+    seen: list = []
+    inner = allocate_module.certified_restriction
+
+    def recording(*args, **kwargs):
+        found = inner(*args, **kwargs)
+        seen.append(None if found is None else found.proven)
+        return found
+
+    monkeypatch.setattr(allocate_module, "certified_restriction", recording)
+    return seen
+
+
+def test_each_models_own_optimum_proves_a_restricted_plan_the_relaxation_could_not(monkeypatch):
+    from coral_solver import allocate_bound
+
+    models, library, cluster = _two_models_one_weak_relaxation()
+    policy = replace(POLICY, startup_penalty=0.0)
+    whole = allocate(models, library, cluster, replace(policy, prune=False))
+    assert whole.cost_per_hour == pytest.approx(3.6)  # Z for m, one d for n
+    # one round: the restriction's plan (Z) is found, but the relaxation's bound stays at 2.5
+    monkeypatch.setattr(allocate_bound, "MAX_ROUNDS", 1)
+    seen = _proven_flags(monkeypatch)
+    plan = allocate(models, library, cluster, policy)
+    assert seen[0] is False  # the whole problem's restriction: not proven by the relaxation
+    assert plan.status == "optimal" and plan.gap <= 1e-9
+    assert plan.cost_per_hour == pytest.approx(3.6)
+    # proven by the models' own optima, on the restriction: the whole model was never built
+    assert "restricted_templates" in plan.phases
+    assert plan.phases["bound"] == pytest.approx(3.6)
+    assert check_plan(plan, models, cluster, library) == []
+
+
+@pytest.mark.parametrize("seed, disaggregation", [(10, None), (18, "auto")])
+def test_an_unproven_restricted_plan_starts_the_whole_model_at_the_same_optimum(
+        monkeypatch, seed, disaggregation):
+    from coral_solver import allocate as allocate_module
+    from coral_solver.allocate_bound import certified_restriction, lift_point
+    from coral_solver.allocate_model import build_model
+
+    inst = random_instance(seed, disaggregation=disaggregation)
+    policy = replace(inst.policy, startup_penalty=2.0, mip_gap=0.0, time_limit_s=30, prune=True)
+    library = build_library(inst.models, inst.cluster.gpu_types(), policy, inst.throughput,
+                            use_cache=False)
+    # the restricted plan, lifted into the whole model: a plan of it, at the same cost
+    data = prepare(inst.models, library, inst.cluster, policy)
+    restricted = certified_restriction(inst.models, library, inst.cluster, policy, data,
+                                       float("inf"))
+    assert restricted is not None and not restricted.proven
+    sm = build_model(data)
+    point = lift_point(restricted.sm, restricted.result.x, sm)
+    point[sm.demand["phi"]] = 1.0
+    lower = np.asarray(sm.lm.col_lower, float)
+    lower[sm.demand["phi"]] = 1.0
+    assert allocate_module.feasible(sm.lm, point, lower, np.asarray(sm.lm.col_upper, float))
+    assert float(sm.cost @ point) == pytest.approx(restricted.result.objective, rel=1e-9)
+    assert restricted.bound <= restricted.result.objective + 1e-9
+    # started from it, and from nothing (as before): the whole model's optimum either way
+    seen = _proven_flags(monkeypatch)
+    warm = allocate(inst.models, library, inst.cluster, policy)
+    assert seen[0] is False
+    monkeypatch.setattr(allocate_module, "START_FROM_RESTRICTED", False)
+    cold = allocate(inst.models, library, inst.cluster, policy)
+    reference = allocate(inst.models, library, inst.cluster, replace(policy, prune=False))
+    assert warm.status == cold.status == reference.status == "optimal"
+    assert warm.phases["objective"] == pytest.approx(reference.phases["objective"], rel=1e-6)
+    assert cold.phases["objective"] == pytest.approx(reference.phases["objective"], rel=1e-6)
+    assert check_plan(warm, inst.models, inst.cluster, library, inst.throughput) == []
+
+
+def test_a_library_of_few_templates_per_model_is_solved_whole(monkeypatch):
+    from coral_solver import allocate as allocate_module
+
+    monkeypatch.setattr(allocate_module, "PER_MODEL_SHORTCUTS_MIN_TEMPLATES", 100)
+    models, library, cluster = _two_models_one_weak_relaxation()
+    policy = replace(POLICY, startup_penalty=0.0)
+    seen = _proven_flags(monkeypatch)
+    plan = allocate(models, library, cluster, policy)
+    assert seen == []  # 4 templates for 2 models: the relaxations would cost more than they save
+    assert "restricted_templates" not in plan.phases
+    assert plan.status == "optimal" and plan.cost_per_hour == pytest.approx(3.6)

@@ -27,6 +27,7 @@ from coral_hpc.slurm.budget import CallBudget
 from coral_hpc.slurm.errors import classify
 from coral_hpc.slurm.runner import CommandResult, command_kind
 from coral_hpc.store import open_store
+from tests.support.daemon_setup import big_cluster_yaml
 from tests.support.virtual_time import VirtualClock, VirtualStop
 
 RECORDING = Path(__file__).resolve().parents[1] / "data" / "slurm" / "big-22.05.json.gz"
@@ -70,44 +71,10 @@ class ReplayRunner(CommandRunner):
         return CommandResult(tuple(argv), answer["stdout"], answer["stderr"], 0.0)
 
 
-def _config(tmp_path: Path) -> Path:
-    path = tmp_path / "models.yaml"
-    path.write_text(f"""
-deployment: budget-replay
-state_dir: {tmp_path / 'shared'}
-db_path: {tmp_path / 'daemon' / 'coral.db'}
-cluster:
-  time_limit: "01:00:00"
-  partitions:
-    - {{name: a100, gpu_types: [a100]}}
-    - {{name: v100, gpu_types: [v100]}}
-    - {{name: l40s, gpu_types: [l40s]}}
-    - {{name: h100, gpu_types: [h100]}}
-engine: {{kind: sim}}
-models:
-  - name: chat
-    source: Qwen/Qwen3-8B
-    architecture: qwen3-8b
-    mix: {{input_tokens: 512, output_tokens: 128}}
-    demand: {{requests_per_s: 2}}
-    slo: {{ttft_s: 2.0, tpot_s: 0.1}}
-    partitions: [a100, v100, l40s]
-  - name: reasoner
-    source: Qwen/Qwen3-8B
-    architecture: qwen3-8b
-    mix: {{input_tokens: 512, output_tokens: 128}}
-    demand: {{requests_per_s: 2}}
-    slo: {{ttft_s: 2.0, tpot_s: 0.1}}
-    partitions: [h100]
-    min_replicas: 1
-""")
-    return path
-
-
 def _run(tmp_path: Path, paced: bool) -> tuple[ReplayRunner, float]:
     recording = json.loads(gzip.decompress(RECORDING.read_bytes()))
     clock = VirtualClock(recording["recorded_at"])
-    deployment = load_deployment(_config(tmp_path))
+    deployment = load_deployment(big_cluster_yaml(tmp_path, "budget-replay"))
     slurm = deployment.cluster.slurm
     budget = CallBudget(slurm_calls_per_min(deployment),
                         probe_calls_per_min=slurm.probe_calls_per_min,

@@ -56,3 +56,17 @@ def test_shared_path_belongs_to_the_example_connector_only():
     text = VLLM.replace("  kind: vllm\n",
                         "  kind: vllm\n  kv_connector: {name: NixlConnector, shared_path: /x}\n")
     assert "ExampleConnector only" in _problem(text, "engine.kv_connector")
+
+
+def test_measured_only_refuses_disaggregation_and_reaches_the_planner():
+    """Prefill-only and decode-only replicas are never profiled: planning from measurements
+    alone cannot price them."""
+    from coral_hpc.plan.inputs import policy_of
+
+    problem = _problem(BASE + "policy: {measured_only: true, disaggregation: auto}\n",
+                       "policy.measured_only")
+    assert "disaggregation 'off', not 'auto'" in problem
+    dep = parse_deployment(BASE + "policy: {measured_only: true}\n")
+    assert policy_of(dep).measured_only and not policy_of(parse_deployment(BASE)).measured_only
+    long = BASE.replace("    mix:", "    max_model_len: 4096\n    mix:", 1)
+    assert [m.max_model_len for m in model_specs(parse_deployment(long))] == [4096]

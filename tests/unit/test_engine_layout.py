@@ -172,6 +172,32 @@ def test_pipeline_latency_is_the_sum_and_throughput_the_slowest_stage():
     assert [b - a for a, b in itertools.pairwise(ends)] == [2.0, 2.0, 2.0]
 
 
+@pytest.mark.parametrize("stages", [2, 3])
+def test_one_micro_batchs_prompt_stalls_every_micro_batch_of_the_ring(stages):
+    """S micro-batches cycle through S stages (each waits for its own previous step, as vLLM's
+    virtual engines do); every 10th round micro-batch 0 carries a prompt (0.2 s a stage instead of
+    0.01). Every micro-batch follows the slow one through every stage, so each one's token gap
+    grows by S x the prompt's extra time per prompt — the ring accounting that
+    ``coral_solver.perf.PROMPTS_STALL_RING = True`` charges — not by its extra time once (what
+    'each stage pays only its own micro-batch's prompts' would give)."""
+    decode, prompt, every, rounds = 0.01, 0.2, 10, 200
+    clock = PipelineClock(stages)
+    ready = [0.0] * stages
+    ends: list[list[float]] = [[] for _ in range(stages)]
+    for r in range(rounds):
+        for m in range(stages):
+            t = prompt if m == 0 and r % every == 0 else decode
+            ready[m] = clock.reserve(ready[m], [t] * stages)
+            ends[m].append(ready[m])
+    ring = stages * decode + stages * (prompt - decode) / every
+    own = stages * decode + (prompt - decode) / every
+    for m in range(stages):
+        steady = ends[m][50:]
+        gap = (steady[-1] - steady[0]) / (len(steady) - 1)
+        assert gap == pytest.approx(ring, rel=0.05), (m, gap, ring, own)
+        assert gap > own * 1.3
+
+
 def test_a_lone_batch_on_an_idle_pipeline_starts_when_ready():
     clock = PipelineClock(1)
     assert clock.reserve(5.0, (0.5,)) == 5.5

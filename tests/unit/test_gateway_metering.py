@@ -3,18 +3,11 @@
 from __future__ import annotations
 
 from coral_hpc.gateway.metering import DemandMeter
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.virtual_time import VirtualClock
 
 
 def test_rejected_requests_count_as_demand_and_tokens_give_the_mix():
-    clock = Clock()
+    clock = VirtualClock()
     meter = DemandMeter(clock=clock)
     meter.record_arrival("m", "alice")
     meter.record_arrival("m", "alice", rejected=True)

@@ -40,6 +40,7 @@ from coral_hpc.store import open_store
 from coral_hpc.types import JobTag, ReplicaLayout, StageLayout
 from tests.conftest import REPO
 from tests.fakes.slurm import FakeSlurm, recorded_snapshot
+from tests.support.virtual_time import VirtualClock
 
 EXAMPLE = REPO / "examples" / "models.yaml"
 NOW = 50_000.0
@@ -95,38 +96,30 @@ def test_tags_carry_the_instance_through_the_comment():
 # ------------------------------------------------------------------ the lease
 
 
-class Clock:
-    def __init__(self, t: float = NOW):
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
 def test_a_second_daemon_is_refused_naming_the_first(tmp_path: Path):
-    clock = Clock()
+    clock = VirtualClock(NOW)
     first = Lease(tmp_path, "demo", clock=clock, host="login1", pid=4242)
     assert first.acquire(sleep=lambda s: None) is None
     second = Lease(tmp_path, "demo", clock=clock, host="login2", pid=777)
     with pytest.raises(LeaseHeld) as info:
         second.acquire(sleep=lambda s: None)
     assert "host login1 (pid 4242" in str(info.value)
-    clock.t += STALE_AFTER_S - 1  # not yet stale
+    clock.now += STALE_AFTER_S - 1  # not yet stale
     with pytest.raises(LeaseHeld):
         second.acquire(sleep=lambda s: None)
 
 
 def test_renewal_keeps_it_and_a_stale_lease_is_taken_over_after_the_stated_time(tmp_path: Path):
-    clock = Clock()
+    clock = VirtualClock(NOW)
     first = Lease(tmp_path, "demo", clock=clock, host="login1", pid=4242)
     first.acquire(sleep=lambda s: None)
     second = Lease(tmp_path, "demo", clock=clock, host="login2", pid=777)
     for _ in range(20):  # renewed every RENEW_S: never stale
-        clock.t += RENEW_S
+        clock.now += RENEW_S
         assert first.renew()
         with pytest.raises(LeaseHeld):
             second.acquire(sleep=lambda s: None)
-    clock.t += STALE_AFTER_S + 1  # the first stopped renewing (host gone, SIGSTOP)
+    clock.now += STALE_AFTER_S + 1  # the first stopped renewing (host gone, SIGSTOP)
     taken = second.acquire(sleep=lambda s: None)
     assert taken["host"] == "login1" and taken["pid"] == 4242
     assert not first.renew(force=True)  # the old holder learns it lost the lease
@@ -136,7 +129,7 @@ def test_renewal_keeps_it_and_a_stale_lease_is_taken_over_after_the_stated_time(
 def test_a_dead_pid_on_this_host_is_taken_over_at_once(tmp_path: Path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    clock = Clock()
+    clock = VirtualClock(NOW)
     Lease(tmp_path, "demo", clock=clock, pid=dead.pid).acquire(sleep=lambda s: None)  # kill -9
     assert holder(tmp_path, clock()) is None
     taken = Lease(tmp_path, "demo", clock=clock).acquire(sleep=lambda s: None)
@@ -144,7 +137,7 @@ def test_a_dead_pid_on_this_host_is_taken_over_at_once(tmp_path: Path):
 
 
 def test_release_frees_it_for_anyone(tmp_path: Path):
-    clock = Clock()
+    clock = VirtualClock(NOW)
     lease = Lease(tmp_path, "demo", clock=clock, host="login1", pid=1)
     lease.acquire(sleep=lambda s: None)
     lease.publish(gateway="127.0.0.1:8123")

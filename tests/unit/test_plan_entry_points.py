@@ -94,8 +94,7 @@ def test_serve_and_plan_make_the_same_plan(tmp_path, cache):
                      for r in cli["replicas"])
     assert served == planned
     # whether the running replica is kept is the plan's cost choice (start-up penalty against
-    # cheaper layouts; since prompts charge only their own micro-batch under PP, measured in
-    # bench/results/paper_pp.md, multi-node layouts win here): both paths make it alike
+    # cheaper layouts): both paths make it alike
     assert planner.outcome.cost_per_hour == pytest.approx(cli["cost_per_hour"])
     assert planner.outcome.problems == () and cli["checker_problems"] == []
     layouts = {(s.template_id, s.partitions): s.layout for s in daemon.plan.slots}

@@ -34,6 +34,7 @@ from coral_hpc.types import (
 )
 from tests.conftest import REPO
 from tests.fakes.slurm import FakeSlurm, recorded_22_05_snapshot, recorded_snapshot
+from tests.support.virtual_time import VirtualClock
 
 EXAMPLE = REPO / "examples" / "models.yaml"
 START = 50_000.0
@@ -47,19 +48,10 @@ def slot(partition: str = "a100", gpu: str | None = None, model: str = "qwen3-8b
     return Slot(model, f"{model}.tp1.{gpu}-36", count, 2.0, cost, layout)
 
 
-class Clock:
-    """A fake clock that moves a millisecond per reading (the act step reads it after the
-    planning step, as the real clock would), and by whole seconds when told."""
-
-    def __init__(self, now: float = START):
-        self.now = now
-
-    def __call__(self) -> float:
-        self.now += 0.001
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
+def ticking_clock(now: float = START) -> VirtualClock:
+    """A clock that moves a millisecond per reading (the act step reads it after the planning
+    step, as the real clock would), and by whole seconds when told (``advance``)."""
+    return VirtualClock(now, tick_s=0.001)
 
 
 class ScriptedPlanner:
@@ -93,7 +85,7 @@ class Loop:
         self.tmp = tmp_path
         self.deployment = load_deployment(EXAMPLE).model_copy(
             update={"state_dir": tmp_path / "shared"})
-        self.clock = clock or Clock()
+        self.clock = clock or ticking_clock()
         self.slurm = slurm or FakeSlurm(recorded_snapshot(), self.clock)
         self.store = open_store(tmp_path / db)
         self.planner = planner
@@ -156,7 +148,7 @@ def events(loop, kind):
 
 @pytest.mark.parametrize("recording", ["devcluster", "slurm-22.05"])
 def test_a_planned_replica_is_submitted_once_then_routed_when_ready(make, recording):
-    clock = Clock()
+    clock = ticking_clock()
     base = recorded_snapshot() if recording == "devcluster" else recorded_22_05_snapshot()
     loop = make(ScriptedPlanner(slot()), slurm=FakeSlurm(base, clock), clock=clock)
     loop.cycle()

@@ -19,6 +19,7 @@ from coral_hpc.slurm.parse_limits import build_limits, parse_assoc, parse_qos, q
 from coral_hpc.slurm.parse_nodes import parse_nodes_text, parse_partitions_text
 from coral_hpc.slurm.parse_reservations import parse_reservations
 from coral_hpc.slurm.snapshot import ClusterSnapshot, JobShape, StartEstimate
+from tests.support.virtual_time import VirtualClock
 
 REC = Path(__file__).resolve().parents[1] / "data" / "slurm" / "22.05"
 
@@ -196,14 +197,6 @@ class FakeClient:
         )
 
 
-class Clock:
-    def __init__(self, now: float):
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_the_prober_keeps_to_its_budget_and_caches_per_epoch():
     observed = float(rec("sbatch_test_only_busy.observed_at"))
     client = FakeClient(
@@ -218,7 +211,7 @@ def test_the_prober_keeps_to_its_budget_and_caches_per_epoch():
             ("a100", 4): SlurmUnavailable("slurmctld not responding"),
         }
     )
-    clock = Clock(observed)
+    clock = VirtualClock(observed)
     prober = StartProber(client, calls_per_min=3, ttl_s=60, clock=clock)
     shapes = [
         JobShape("v100", 1, "v100"),
@@ -260,7 +253,7 @@ def test_a_shape_beyond_the_budget_keeps_its_stale_estimate():
             ("v100", 4): "sbatch_test_only_busy_4.txt.stderr",
         }
     )
-    clock = Clock(observed)
+    clock = VirtualClock(observed)
     prober = StartProber(client, calls_per_min=1, ttl_s=10, clock=clock)
     (one,) = prober.estimates([JobShape("v100", 1, "v100")])
     clock.now += 20  # stale, and only 1/3 of a token back
@@ -273,7 +266,7 @@ def test_a_shape_beyond_the_budget_keeps_its_stale_estimate():
 def test_cached_gives_this_epochs_estimates_without_a_call():
     observed = float(rec("sbatch_test_only_busy.observed_at"))
     client = FakeClient({("v100", 1): "sbatch_test_only_busy.txt.stderr"})
-    clock = Clock(observed)
+    clock = VirtualClock(observed)
     prober = StartProber(client, calls_per_min=6, ttl_s=60, clock=clock)
     assert prober.cached() == ()
     (one,) = prober.estimates([JobShape("v100", 1, "v100")])

@@ -14,6 +14,7 @@ from coral_hpc.slurm.cli_backend import CliSlurmClient
 from coral_hpc.slurm.errors import classify
 from coral_hpc.slurm.runner import CommandResult, CommandRunner, command_kind
 from coral_hpc.slurm.snapshot import ClusterSnapshot, JobShape, end_kind
+from tests.support.virtual_time import VirtualClock
 
 REC = Path(__file__).resolve().parents[1] / "data" / "slurm" / "22.05"
 
@@ -57,21 +58,13 @@ OBSERVE = {
 }
 
 
-class Clock:
-    def __init__(self, now: float = 1000.0):
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def client(answers=None, clock=None) -> tuple[CliSlurmClient, ReplayRunner]:
     runner = ReplayRunner(answers or OBSERVE)
-    return CliSlurmClient(runner, user="root", gpu_memory=GPU_MEMORY, clock=clock or Clock(), sleep=lambda s: None), runner
+    return CliSlurmClient(runner, user="root", gpu_memory=GPU_MEMORY, clock=clock or VirtualClock(), sleep=lambda s: None), runner
 
 
 def test_one_call_per_command_kind_per_cycle_and_limits_cached():
-    clock = Clock()
+    clock = VirtualClock()
     c, runner = client(clock=clock)
     c.snapshot("dep1")
     assert dict(runner.calls) == {k: 1 for k in OBSERVE}

@@ -65,6 +65,19 @@ def test_a_partial_run_resumes_and_array_tasks_split_the_shards(tmp_path):
     assert stage1.merge(SPEC, tmp_path, tm) == _serial_reference(SPEC)
 
 
+def test_models_alike_but_for_their_name_share_their_shards(tmp_path):
+    twin = ModelSpec(**{**MODEL.__dict__, "name": "twin"})
+    spec = stage1.Spec((MODEL, twin), SPEC.domains, SPEC.policy)
+    tm = PerfThroughput()
+    report = stage1.run(spec, tmp_path, tm, workers=1)
+    assert report.computed == len(stage1.shard_plan(SPEC, tm))  # the twin's are the same files
+    merged = stage1.merge(spec, tmp_path, tm)
+    assert merged == _serial_reference(spec)
+    assert {t.model for t in merged["east"]["twin"]} == {"twin"}
+    paths = stage1.write_cache(spec, merged, tmp_path / "cache", tm)
+    assert len(paths) == len(spec.domains)  # one cache entry per domain serves both names
+
+
 def test_a_killed_run_continues_from_the_shards_it_finished(tmp_path):
     spec_file = tmp_path / "spec.json"
     spec_file.write_text(json.dumps(SPEC.to_json()))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -156,6 +157,51 @@ def test_library_is_cached_by_input_hash_and_reports_progress(tmp_path):
     assert len(list(tmp_path.glob("*.json"))) == 2 * len(inst.models)
 
 
+def test_models_alike_but_for_their_name_share_one_entry_and_one_search(tmp_path):
+    from coral_solver.templates import PerfThroughput
+
+    gpus = {"a100": (8, 80.0), "l4": (4, 24.0)}
+    policy = Policy(n_max=2)
+    base = ModelSpec("q8", "qwen3-8b", 1024, 256, 2.0, 0.08)
+    twins = [base, replace(base, name="twin", priority=5.0, partitions=("other",))]
+    counting = _Counting(PerfThroughput())
+    lib = build_library(twins, gpus, policy, counting, cache_dir=tmp_path)
+    once = counting.calls
+    assert once > 0 and len(list(tmp_path.glob("*.json"))) == 1  # one entry for both names
+    alone = build_library([base], gpus, policy, counting, use_cache=False)
+    assert counting.calls == 2 * once  # the pair cost what one model costs
+    # the same templates, each named after its own model (ids differ by name only)
+    assert lib["q8"] == alone["q8"] and lib["twin"]
+    assert {t.model for t in lib["twin"]} == {"twin"}
+    assert [replace(t, model="q8") for t in lib["twin"]] == lib["q8"]
+    assert [t.id.removeprefix("twin.") for t in lib["twin"]] == \
+        [t.id.removeprefix("q8.") for t in lib["q8"]]
+    # read back in a later call: still named per model, nothing computed
+    counting.calls = 0
+    again = build_library(list(reversed(twins)), gpus, policy, counting, cache_dir=tmp_path)
+    assert counting.calls == 0 and again == lib
+    # another SLO or architecture is another entry
+    build_library([replace(base, name="strict", tpot_s=0.04),
+                   replace(base, name="big", arch="qwen3-32b")], gpus, policy, counting,
+                  cache_dir=tmp_path)
+    assert counting.calls > 0 and len(list(tmp_path.glob("*.json"))) == 3
+
+
+def test_a_throughput_model_keyed_by_name_keeps_one_library_per_name(tmp_path):
+    inst = random_instance(7)  # TableThroughput: its tables are per model name
+    model = inst.models[0]
+    build_library([model], inst.cluster.gpu_types(), inst.policy, inst.throughput,
+                  cache_dir=tmp_path)
+    renamed = replace(model, name="other")
+    inst.throughput.layer_count["other"] = inst.throughput.layer_count[model.name]
+    inst.throughput.weights_gb["other"] = inst.throughput.weights_gb[model.name]
+    inst.throughput.tps["other"] = inst.throughput.tps[model.name]
+    lib = build_library([renamed], inst.cluster.gpu_types(), inst.policy, inst.throughput,
+                        cache_dir=tmp_path)
+    assert lib["other"] == []  # no table rows under that name: not another name's library
+    assert len(list(tmp_path.glob("*.json"))) == 2
+
+
 def test_a_model_too_big_for_every_layout_gets_no_templates():
     tm = TableThroughput({"m": 4}, {"m": 100.0}, {"m": [1]},
                          {("m", "a", 1, s): [0.0] * 4 for s in range(1, 4)})
@@ -210,8 +256,8 @@ def test_templates_with_a_minimum_layer_stage_are_the_exact_best_layouts():
 
 @pytest.fixture
 def ring_stall():
-    """The model with prompts stalling the pipeline ring: the accounting the paper evaluation's
-    what-if plans on (measured False for the shipped model, bench/results/paper_pp.md)."""
+    """The model with prompts stalling the pipeline ring (the shipped accounting, measured in
+    bench/results/paper_pp.md), whatever PROMPTS_STALL_RING says when this test runs."""
     from coral_solver import perf
 
     saved = perf.PROMPTS_STALL_RING
