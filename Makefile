@@ -40,10 +40,10 @@ demo-vllm: venv cluster vllm-env
 	@scripts/demo-vllm
 
 test: venv cluster vllm-env
-	$(BIN)/python -m pytest tests -q -m "not replacement"
+	$(BIN)/python -m pytest tests -q
 
-# the real-engine replacement session (drain, scancel, walltime rotation with no READY gap):
-# ~10 min, and its engines' start-up on a loaded 2-core machine can outrun its 9-min time limit
+# the real-engine replacement session alone (drain, scancel, walltime rotation with no READY
+# gap; ~13 min, part of `make test`)
 test-replacement: venv cluster vllm-env
 	$(BIN)/python -m pytest tests/vllm/test_replace_vllm.py -q -m replacement
 

@@ -4,8 +4,9 @@ Request path (``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``)
 
     key (401, on the head) → size (413, on the head or while reading) → JSON (400) → model known (404) → a READY replica (503 + Retry-After)
     → forward; on a transport failure before any byte reached the client, mark the replica down
-      and retry on another one (at most ``max_retries`` times); once a stream has started, a failure
-      ends it with an SSE error event.
+      and retry on another one (at most ``max_retries`` times); a replica's own 5xx answer is
+      retried on another one too, without marking it down (the last answer goes back when none
+      is left); once a stream has started, a failure ends it with an SSE error event.
 
 Background tasks: a poller that reloads the routing table, the API-keys file and the replica key
 when they change (a ``stat`` per interval), and a prober that checks every replica's ``/health``
@@ -90,6 +91,21 @@ class GatewaySettings:
 
 class _UpstreamFailed(Exception):
     """A replica failed before any byte of its answer reached the client: safe to retry."""
+
+
+class _UpstreamServerError(Exception):
+    """A replica answered 5xx (nothing of it reached the client yet): try another replica.
+
+    Seen on the real engine: after a SIGTERM that did not come through the daemon (someone's
+    scancel, a preemption) vLLM's API server goes on answering ``/health`` 200 and accepting
+    requests while it drains, but fails every new one with 500 ("cannot schedule new futures
+    after shutdown") until the daemon notices the job has gone. Another replica answers it.
+    The replica is not marked down: one request that fails everywhere must not take every
+    replica of its model out of routing."""
+
+    def __init__(self, response: Response):
+        super().__init__(f"answered {response.status}")
+        self.response = response
 
 
 def _error(status: int, message: str, kind: str, headers: dict[str, str] | None = None
@@ -475,6 +491,14 @@ class Gateway:
                 else:
                     response = await self._forward(request, current, body, payload, key)
                 break
+            except _UpstreamServerError as exc:
+                tried.append(current)
+                replica = (self.router.choose(model, exclude=tried)
+                           if len(tried) <= self.settings.max_retries else None)
+                if replica is None:
+                    response = exc.response  # every replica tried failed it: say what the last said
+                    break
+                self.metrics.retries.labels(model).inc()
             except _UpstreamFailed as exc:
                 current.failures += 1
                 self._mark_down(current, str(exc))
@@ -536,7 +560,10 @@ class Gateway:
             self._count_answer(replica.model, key, payload, data, replica.role)
         else:
             self.metrics.errors.labels(replica.model, f"upstream_{status}").inc()
-        return Response(status=status, body=data, content_type=content_type)
+        response = Response(status=status, body=data, content_type=content_type)
+        if status >= 500:
+            raise _UpstreamServerError(response)
+        return response
 
     def _count_answer(self, model: str, key: str, payload: dict, data: bytes,
                       role: str = "both") -> None:
@@ -596,8 +623,11 @@ class Gateway:
                     raise _UpstreamFailed(f"UpstreamError: {exc}") from None
                 if conn.status != 200:
                     self.metrics.errors.labels(replica.model, f"upstream_{conn.status}").inc()
-                return Response(status=conn.status, body=data,
-                                content_type=content_type or "application/json")
+                response = Response(status=conn.status, body=data,
+                                    content_type=content_type or "application/json")
+                if conn.status >= 500:
+                    raise _UpstreamServerError(response)
+                return response
             # Nothing reaches the client before the first chunk, so a replica that dies before
             # it can still be retried elsewhere.
             try:

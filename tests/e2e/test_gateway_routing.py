@@ -216,3 +216,34 @@ def test_table_reload_keeps_counters_of_surviving_replicas(tmp_path, stubs, gate
     write_table(table, 2, {"m": [("slow", slow.url, 1.0)]})
     time.sleep(1.0)
     assert _routing(gw)["version"] == 3
+
+
+def test_a_replica_answering_500_is_retried_on_another_and_stays_in_routing(
+        tmp_path, stubs, gateway):
+    # real vLLM after a SIGTERM the daemon did not send (a scancel): /health 200, every new
+    # request 500, until the daemon sees the job gone (tests/vllm/test_replace_vllm.py)
+    dying, ok = stubs("dying", "--fail-status", "500"), stubs("ok")
+    table = tmp_path / "table.json"
+    write_table(table, 1, {"m": [("dying", dying.url, 1.0), ("ok", ok.url, 1.0)]})
+    gw = gateway(table)
+    body = {"model": "m", "prompt": "x", "max_tokens": 1}
+    for stream in (False, True):
+        results = asyncio.run(_load(gw.url + "/v1/completions",
+                                    [{**body, "stream": stream}] * 20, 2))
+        assert [s for s, _ in results] == [200] * 20, stream
+    assert stub_stats(dying)["requests"] > 0  # it was chosen, and its 500s went elsewhere
+    routing = {s["id"]: s for s in _routing(gw)["models"]["m"]}
+    assert routing["dying"]["healthy"] is True  # a 500 is no transport failure: not taken out
+
+
+def test_a_request_every_replica_fails_gets_the_last_answer_and_takes_none_out(
+        tmp_path, stubs, gateway):
+    procs = {n: stubs(n, "--fail-status", "500") for n in ("a", "b")}
+    table = tmp_path / "table.json"
+    write_table(table, 1, {"m": [(n, p.url, 1.0) for n, p in procs.items()]})
+    gw = gateway(table)
+    answer = httpx.post(gw.url + "/v1/completions", json={"model": "m", "prompt": "x"},
+                        timeout=10)
+    assert answer.status_code == 500 and "after shutdown" in answer.text
+    assert sum(stub_stats(p)["requests"] for p in procs.values()) == 2  # each tried once
+    assert all(s["healthy"] for s in _routing(gw)["models"]["m"])

@@ -36,6 +36,7 @@ class Stub:
         self.token_delay = args.token_delay
         self.health_delay = args.health_delay
         self.usage = not args.no_usage
+        self.fail_status = args.fail_status
         self.api_key = (Path(args.api_key_file).read_text().strip()
                         if args.api_key_file else None)
         self.stats = {"name": self.name, "pid": os.getpid(), "requests": 0, "by_path": {},
@@ -70,6 +71,10 @@ class Stub:
         self.stats["by_path"][path] = self.stats["by_path"].get(path, 0) + 1
         self.stats["in_flight"] += 1
         try:
+            if self.fail_status:
+                # as real vLLM after a SIGTERM not sent by the daemon: /health still 200
+                return web.json_response({"error": {"message": "cannot schedule new futures "
+                                                    "after shutdown"}}, status=self.fail_status)
             if path == "/v1/embeddings":
                 return self._embeddings(body, raw)
             if body.get("stream"):
@@ -194,4 +199,6 @@ if __name__ == "__main__":
                         help="seconds before /health answers")
     parser.add_argument("--api-key-file")
     parser.add_argument("--no-usage", action="store_true", help="omit usage from answers")
+    parser.add_argument("--fail-status", type=int, default=0,
+                        help="answer every generation request with this status (/health: 200)")
     asyncio.run(main(parser.parse_args()))
