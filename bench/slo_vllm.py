@@ -4,7 +4,7 @@ made for (from measured profiles), and at a multiple of it; the fraction of requ
 model's TTFT and TPOT SLOs. Unlike bench/slo.py (the sim engine, whose latencies are the
 planner's own model), nothing here is self-consistent by construction.
 
-    flock /tmp/coral-slurm.lock .venv/bin/python bench/slo_vllm.py \
+    flock /tmp/coral-slurm.lock flock /tmp/coral-bench.lock .venv/bin/python bench/slo_vllm.py \
         [--seconds 20] [--multipliers 1,3] [--record-metrics FILE]
 
 Writes bench/results/slo_vllm.{json,md} (``--out``: another name). Run on the 2-core dev machine
@@ -211,6 +211,20 @@ def _percentiles(values: list[float]) -> list[float]:
     return [values[min(len(values) - 1, int(q * len(values)))] for q in (0.5, 0.9, 0.99)]
 
 
+def plan_summary(plan) -> dict:
+    """Per model: its replicas' layouts (layers per stage on partition), the capacity the plan
+    counts on (the templates' req/s, from the measured profiles) and the demand it was made for."""
+    out: dict = {}
+    for row in plan.rows:
+        info = out.setdefault(row["model"], {"layouts": [], "capacity_rps": 0.0,
+                                             "demand_rps": plan.demand.get(row["model"], 0.0)})
+        stages = " + ".join(f"{s['layers']} on {s['partition']}"
+                            for s in row["layout"]["stages"])
+        info["layouts"].append(f"{row['count']} x ({stages})")
+        info["capacity_rps"] += row["count"] * row["throughput"]
+    return out
+
+
 def write_results(results: dict, args: argparse.Namespace) -> None:
     """bench/results/OUT.{json,md} from what was measured so far (written after every phase, so
     a run stopped in its 3x phase still leaves its 1x figures)."""
@@ -228,6 +242,14 @@ def write_results(results: dict, args: argparse.Namespace) -> None:
              f"profiles) and at a multiple. Goal: >= {GOAL:.0%} within TTFT and TPOT at 1x, "
              "below it at 3x. Every model READY after "
              f"{results['ready_after_s']} s.", "",
+             "The plan (`coral-hpc serve`'s first plan, from the measured profiles):", "",
+             "| model | replicas (layers per stage on partition) | planned capacity req/s | "
+             "planned demand req/s |", "|---|---|---|---|"]
+    for name, info in results.get("plan", {}).items():
+        lines.append(f"| {name} | {'; '.join(info['layouts'])} | {info['capacity_rps']:.2f} | "
+                     f"{info['demand_rps']:.2f} |")
+    lines += ["", "Load average (1 min) at each phase's start: " + ", ".join(
+                 f"{k} {v:.1f}" for k, v in results.get("loadavg", {}).items()), "",
              "| model | load | req/s | requests | failed | within TTFT and TPOT | "
              "TTFT p50/p90/p99 ms | TPOT p50/p90/p99 ms |",
              "|---|---|---|---|---|---|---|---|"]
@@ -304,11 +326,13 @@ def main() -> int:
         store = open_store(deployment.db_path, readonly=True)
         plan = store.latest_plan()
         store.close()
+        results["plan"] = plan_summary(plan)
         url = f"http://{read_info(info_path(deployment))['gateway']}"
         for multiplier in [float(m) for m in args.multipliers.split(",")]:
             label = f"{multiplier:g}x"
             loads = [(m.name, plan.demand[m.name] * multiplier, m.mix.input_tokens,
                       m.mix.output_tokens) for m in deployment.models]
+            results.setdefault("loadavg", {})[label] = os.getloadavg()[0]
             sampler = FootprintSampler(str(tmp / 'shared'), serve.pid)
             sampler.start()
             got = asyncio.run(load_every_model(url, loads, args.seconds, seed=7))
