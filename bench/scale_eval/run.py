@@ -162,15 +162,22 @@ def _window_load(name: str, days: dict[str, D.ModelDay], mix, start: float,
     return ModelWorkload(name, at, prompt, output, days[name].rows.name, mix)
 
 
-def run_day(cfg: Config, traces_dir: Path, log: Callable[[str], None] = print) -> DayResult:
-    """The day (see the module doc)."""
-    began = time.perf_counter()
+def draw_day(cfg: Config, traces_dir: Path) -> tuple[list, dict, dict]:
+    """The day's models, each one's mean mix and its drawn day (:class:`D.ModelDay`): the same
+    for :func:`run_day` and :func:`count_replans`, from the same seed."""
     models = S.draw_models(cfg.models, cfg.total_rps, cfg.seed)
     rows = {t: D.load_rows(t, traces_dir) for t in sorted({m.trace for m in models})}
     mixes = {m.name: rows[m.trace].mean_mix() for m in models}
     days = {m.name: D.ModelDay(rows[m.trace], m.phase, m.mean_rps, i, cfg.seed,
                                catalog.model_arch(m.arch).max_context)
             for i, m in enumerate(models)}
+    return models, mixes, days
+
+
+def run_day(cfg: Config, traces_dir: Path, log: Callable[[str], None] = print) -> DayResult:
+    """The day (see the module doc)."""
+    began = time.perf_counter()
+    models, mixes, days = draw_day(cfg, traces_dir)
     result = DayResult(cfg, models, mixes, days)
     result.seconds["trace"] = time.perf_counter() - began
     log(f"  {len(models)} models' days drawn in {result.seconds['trace']:.1f} s: "
@@ -420,12 +427,7 @@ def count_replans(cfg: Config, traces_dir: Path) -> Counter:
     """The re-plans the daemon's triggers ask for over the day, by trigger kind, without
     solving: what a threshold costs before a run spends the Stage-2 time (same models, same day,
     same demand meter as :func:`run_day`; a refused plan cannot happen here)."""
-    models = S.draw_models(cfg.models, cfg.total_rps, cfg.seed)
-    rows = {t: D.load_rows(t, traces_dir) for t in sorted({m.trace for m in models})}
-    mixes = {m.name: rows[m.trace].mean_mix() for m in models}
-    days = {m.name: D.ModelDay(rows[m.trace], m.phase, m.mean_rps, i, cfg.seed,
-                               catalog.model_arch(m.arch).max_context)
-            for i, m in enumerate(models)}
+    models, mixes, days = draw_day(cfg, traces_dir)
     deployment = S.deployment(models, mixes, policy_of(cfg))
     settings = ReconcileSettings.from_policy(deployment.policy)
     tau = deployment.policy.replan_interval_s
