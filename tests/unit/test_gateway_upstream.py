@@ -191,6 +191,15 @@ def _slow_accepting_server(backlog: int, accept_every_s: float):
     return f"http://127.0.0.1:{listener.getsockname()[1]}", stopped.set
 
 
+def _listen_overflows() -> int:
+    """The kernel's count of connections dropped because a listen queue was full
+    (``TcpExt: ListenOverflows`` in /proc/net/netstat, this network namespace)."""
+    with open("/proc/net/netstat") as netstat:
+        lines = [line.split() for line in netstat if line.startswith("TcpExt:")]
+    names, values = lines[0], lines[1]
+    return int(values[names.index("ListenOverflows")])
+
+
 @pytest.mark.parametrize("max_opening, all_answered", [(4, True), (10_000, False)])
 def test_a_burst_of_new_connections_is_bounded_so_a_slow_accepting_replica_never_drops_a_syn(
         max_opening, all_answered):
@@ -215,6 +224,7 @@ def test_a_burst_of_new_connections_is_bounded_so_a_slow_accepting_replica_never
         pool = UpstreamPool(url, 1.5, 2.5, max_opening=max_opening)
         return await asyncio.gather(*(one(pool) for _ in range(120)))
 
+    overflows_before = _listen_overflows()
     try:
         answered = asyncio.run(main())
     finally:
@@ -222,7 +232,11 @@ def test_a_burst_of_new_connections_is_bounded_so_a_slow_accepting_replica_never
     if all_answered:
         assert all(answered)
     else:
-        assert answered.count(False) > 20      # the control: the setup does overflow the queue
+        # The control: unbounded, the setup does overflow the listen queue (the kernel counts
+        # it) and requests are lost. How many are lost depends on when the retransmitted SYNs
+        # land against the accept loop, so the control asserts the mechanism, not a count.
+        assert _listen_overflows() > overflows_before
+        assert answered.count(False) > 0
 
 
 def test_pipe_hands_every_byte_to_the_sink_and_times_out_only_on_silence():
