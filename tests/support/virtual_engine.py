@@ -2,23 +2,20 @@
 measure with an infinitely fast CPU and network.
 
 The HTTP replay (:mod:`tests.support.replay`) measures the real processes on a small machine, where
-the gateway, the client and the engines share two cores. This module runs the very same
-:class:`coral_hpc.engine.batching.Scheduler`, :class:`coral_hpc.engine.pipeline.PipelineClock` and
-:class:`coral_hpc.engine.pipeline.StepModel` (the step latencies from :mod:`coral_solver.perf`) as a
-discrete-event simulation, mirroring :class:`coral_hpc.engine.runner.SimEngine`: one step loop per
-virtual engine (one per pipeline stage), a step booked on every stage in turn, its tokens delivered
-when it leaves the last stage. The difference between the two is what the machine adds; where
-both miss an SLO the disagreement is between the engine and the plan, not the test rig.
+the gateway, the client and the engines share two cores. This module serves the same
+requests through :mod:`coral_hpc.engine.virtual_time`: the very same scheduler, pipeline clock and
+step model (the step latencies from :mod:`coral_solver.perf`) as a discrete-event simulation,
+mirroring :class:`coral_hpc.engine.runner.SimEngine`. The difference between the two is what
+the machine adds; where both miss an SLO the disagreement is between the engine and the plan, not the test rig.
 """
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
-from coral_hpc.engine.batching import Batch, Scheduler, Sequence
-from coral_hpc.engine.pipeline import Layout, PipelineClock, StepModel
+from coral_hpc.engine.pipeline import Layout
+from coral_hpc.engine.virtual_time import EngineLimits, Request, serve
 from coral_solver.types import PlanRow
 from tests.support.replay import ReplaySummary, RequestResult, Slo
 from tests.support.trace_slice import Workload
@@ -29,69 +26,30 @@ class EngineShape:
     """What one replica runs and the vLLM scheduler limits it was started with (sim defaults)."""
 
     layout: Layout
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    block_size: int = 16
-    gpu_memory_utilization: float = 0.9
-    speed: float = 1.0  #: ``--sim-speed``: every step takes 1/speed of the modelled time
+    limits: EngineLimits = EngineLimits()
 
 
 def simulate(shape: EngineShape, workload: Workload) -> list[RequestResult]:
-    """Serve ``workload`` on one replica in virtual time; one result per arrival, in order."""
-    model = StepModel(shape.layout, shape.gpu_memory_utilization)
-    scheduler = Scheduler(kv_capacity_tokens=model.kv_capacity_tokens(),
-                          block_size=shape.block_size, max_num_seqs=shape.max_num_seqs,
-                          max_num_batched_tokens=shape.max_num_batched_tokens,
-                          num_engines=shape.layout.stages)
-    clock = PipelineClock(shape.layout.stages)
-    engines = shape.layout.stages
-    busy: list[Batch | None] = [None] * engines
-    events: list[tuple[float, int, int, int]] = []  # (time, order, kind, index); kind 0 = step end
-    order = 0
-    for i, arrival in enumerate(workload.arrivals):
-        heapq.heappush(events, (arrival.at, order := order + 1, 1, i))
-    seqs: dict[int, Sequence] = {}
-    index_of: dict[int, int] = {}  # id(seq) -> arrival index
-    first: dict[int, float] = {}
-    last: dict[int, float] = {}
+    """Serve ``workload`` on one replica in virtual time; one result per arrival, in order.
 
-    def start_idle(now: float) -> None:
-        nonlocal order
-        for e in range(engines):
-            if busy[e] is not None:
-                continue
-            batch = scheduler.schedule(e)
-            if batch is None:
-                continue
-            busy[e] = batch
-            times = model.batch_times(batch)
-            end = clock.reserve(now, [t / shape.speed for t in times])
-            heapq.heappush(events, (end, order := order + 1, 0, e))
-
-    while events:
-        now, _, kind, index = heapq.heappop(events)
-        if kind == 1:
-            arrival = workload.arrivals[index]
-            seq = Sequence(str(index), arrival.prompt_tokens, arrival.max_tokens)
-            scheduler.add(seq)
-            seqs[index] = seq
-            index_of[id(seq)] = index
-        else:
-            batch, busy[index] = busy[index], None
-            for event in scheduler.complete(batch):
-                i = index_of[id(event.seq)]
-                first.setdefault(i, now)
-                last[i] = now
-        start_idle(now)
-
+    A request the KV cache could never hold gets the sim engine's answer, 400 at its arrival."""
+    outcomes = serve(shape.layout,
+                     [Request(a.at, a.prompt_tokens, a.max_tokens) for a in workload.arrivals],
+                     shape.limits)
     results = []
-    for i, arrival in enumerate(workload.arrivals):
-        n = seqs[i].generated
+    for arrival, o in zip(workload.arrivals, outcomes):
+        if o.refused:
+            results.append(RequestResult(
+                at=arrival.at, prompt_tokens=arrival.prompt_tokens, max_tokens=arrival.max_tokens,
+                send_lag_s=0.0, status=400, error="longer than the replica's KV cache"))
+            continue
+        n = o.tokens
         results.append(RequestResult(
             at=arrival.at, prompt_tokens=arrival.prompt_tokens, max_tokens=arrival.max_tokens,
-            send_lag_s=0.0, status=200, ttft_s=first[i] - arrival.at,
-            tpot_s=(last[i] - first[i]) / (n - 1) if n > 1 else None,
-            e2e_s=last[i] - arrival.at, completion_tokens=n, usage_prompt_tokens=arrival.prompt_tokens,
+            send_lag_s=0.0, status=200, ttft_s=o.first_s - arrival.at,
+            tpot_s=(o.last_s - o.first_s) / (n - 1) if n > 1 else None,
+            e2e_s=o.last_s - arrival.at, completion_tokens=n,
+            usage_prompt_tokens=arrival.prompt_tokens,
         ))
     return results
 
@@ -127,7 +85,8 @@ def shapes_of(rows: Seq[PlanRow], arch: str, speed: float = 1.0) -> list[tuple[E
     return [
         (EngineShape(Layout(arch, row.template.tp,
                             tuple(s.gpu_type for s in row.template.stages),
-                            tuple(s.layers for s in row.template.stages)), speed=speed),
+                            tuple(s.layers for s in row.template.stages)),
+                     EngineLimits(speed=speed)),
          row.throughput)
         for row in rows for _ in range(row.count)
     ]

@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 from coral_hpc.engine.pipeline import Layout
+from coral_hpc.engine.virtual_time import EngineLimits
 from tests.support.replay import ReplaySummary, RequestResult, Slo, percentile
 from tests.support.trace_slice import (
     Arrival,
@@ -115,7 +116,7 @@ def test_sim_speed_is_the_same_system_on_a_faster_clock():
     fast = Workload(tuple(replace(a, at=a.at / k) for a in base.arrivals), base.duration_s / k,
                     base.source)
     slow_results = simulate(EngineShape(layout), base)
-    fast_results = simulate(EngineShape(layout, speed=k), fast)
+    fast_results = simulate(EngineShape(layout, EngineLimits(speed=k)), fast)
     assert len(slow_results) == len(fast_results) > 10
     for slow, quick in zip(slow_results, fast_results):
         assert quick.ttft_s == pytest.approx(slow.ttft_s / k, rel=1e-9, abs=1e-12)
