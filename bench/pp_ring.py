@@ -57,13 +57,14 @@ RESULTS = ROOT / "bench/results"
 VENV = Path(os.environ.get("CORAL_VLLM_VENV", "/var/cache/coral-hpc/vllm-cpu"))
 MODEL = Path("/var/cache/coral-hpc/test-models/coral-tiny-llama")
 
-#: name -> (pipeline stages, VLLM_CPU_OMP_THREADS_BIND, VLLM_PP_LAYER_PARTITION or None)
+#: name -> (pipeline stages, VLLM_CPU_OMP_THREADS_BIND, VLLM_PP_LAYER_PARTITION or None); no
+#: name holds a comma: ``--layouts`` is comma-separated (the uneven split 3,1 is named 3+1)
 LAYOUTS = {
     "pp1-1core": (1, "0", None),
     "pp2-pinned": (2, "0|1", None),
     "pp1-2cores": (1, "0-1", None),
     "pp2-shared": (2, "0-1|0-1", None),
-    "pp2-pinned-3,1": (2, "0|1", "3,1"),
+    "pp2-pinned-3+1": (2, "0|1", "3,1"),
 }
 
 
