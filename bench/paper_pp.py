@@ -76,6 +76,31 @@ def profile_dirs() -> list[Path]:
     return [load_deployment(str(path)).measured_profiles_path for path in configs]
 
 
+#: Engine variables that decide where a CPU engine's threads run (vLLM's CPU build)
+BINDING_VARS = ("VLLM_CPU_OMP_THREADS_BIND", "OMP_NUM_THREADS")
+
+
+def bindings() -> list[str]:
+    """Per config: its profile folder and the thread-binding variables its partitions give the
+    engine (unset: vLLM's ``auto``, which on this host binds every engine process, so every
+    pipeline stage, to core 0: its engine logs say ``local_rank=0, core ids=[0]``)."""
+    from coral_hpc.config import load_deployment
+
+    out = []
+    for path in sorted(CONFIGS.glob("*.yaml")) + [ROOT / "examples/vllm-cpu.yaml"]:
+        deployment = load_deployment(str(path))
+        envs = {
+            f"{part.name}: " + (", ".join(f"{k}={env[k]}" for k in BINDING_VARS if k in env)
+                                or "unset (auto)")
+            for part in deployment.cluster.partitions
+            for env in [dict(part.environment.env) if part.environment else {}]
+        }
+        folder = deployment.measured_profiles_path
+        where = folder.relative_to(ROOT) if folder.is_relative_to(ROOT) else folder
+        out.append(f"{path.relative_to(ROOT)} ({where}): " + "; ".join(sorted(envs)))
+    return out
+
+
 def load_profiles(folders: list[Path]) -> list[dict]:
     """Every measured profile document under ``folders`` (PP 1 and pipelines/), with its path."""
     out = []
@@ -266,9 +291,13 @@ MIN_STEP_S = 1e-3
 
 def handoffs(profiles: list[dict]) -> list[dict]:
     """Per pipeline profile: the median over decode batch sizes of (its TPOT − the PP-1 TPOT of
-    the same model, GPU type and batch) ÷ (stages − 1): what each stage boundary adds to a
-    step on this host (activations sent over loopback between processes sharing its cores),
-    beside the calibration's inter-node hand-off. One micro-batch: all b requests start at once."""
+    the same model, GPU type and batch) ÷ stages: what each stage's hand-off adds on this host
+    (activations sent over loopback between processes sharing its cores), beside the
+    calibration's inter-node hand-off. ÷ S, not ÷ (S − 1): the model adds one hand-off to every
+    stage's step and a token takes S of those steps (``perf.throughput_from_coeffs``: each stage
+    gets TPOT / S), so the prediction reproduces the TPOT the hand-off was taken from only so
+    (÷ (S − 1), as until 20:57 UTC 2026-12-01, it charged 2x the measured rise at PP 2). One
+    micro-batch: all b requests start at once."""
     cal = perf._calibration()
     out = []
     for doc in profiles:
@@ -281,7 +310,7 @@ def handoffs(profiles: list[dict]) -> list[dict]:
                     if p["prefill_tokens"] == 0 and p["seconds"] >= MIN_STEP_S:
                         base.setdefault(p["decode_seqs"], []).append(p["seconds"])
         extra = [
-            (p["seconds"] - statistics.median(base[p["decode_seqs"]])) / (doc["pp"] - 1)
+            (p["seconds"] - statistics.median(base[p["decode_seqs"]])) / doc["pp"]
             for p in doc.get("step_latency", [])
             if p["prefill_tokens"] == 0 and p["decode_seqs"] in base and p["seconds"] >= MIN_STEP_S
         ]
@@ -408,8 +437,9 @@ def main(argv: list[str] | None = None) -> int:
         "own mix" + (", with the host's measured hand-off" if host else "") + "): "
         + "; ".join(f"{k}: {v:.3f}" for k, v in ratio_verdict.items()) + ".",
         "",
-        "Hand-off per stage boundary (median over decode batches of (pipeline TPOT − PP-1 TPOT) "
-        "÷ (S − 1); decode steps under 1 ms, tokens streamed in one burst, are left out):",
+        "Hand-off per stage step (median over decode batches of (pipeline TPOT − PP-1 TPOT) "
+        "÷ S, as the model adds one to each of a token's S stage steps; decode steps under 1 ms, "
+        "tokens streamed in one burst, are left out):",
         "",
         *([f"- {h['model']} PP {h['pp']} ({h['split']}): {h['measured_ms']:.2f} ms "
            f"({h['points']} batch sizes); the calibration's inter-node alpha: "
@@ -432,6 +462,18 @@ def main(argv: list[str] | None = None) -> int:
         "of its own (bench/results/pp_ring.md"
         + ("" if (ROOT / "bench/results/pp_ring.md").is_file() else ": not yet run")
         + ").",
+        "",
+        "Where the engines' threads ran: each config's engine environment as this report was "
+        "written (unset: vLLM's `auto`, which on this host binds every engine process, so every "
+        "stage of a pipeline, to core 0, reserving core 1 — the engine logs of the PP-3 run say "
+        "`local_rank=0, core ids=[0]`, `reserved_cpus=[1]` for each of its three stages). So the "
+        "two configs' PP 1, 2 and 3 profiles ran every stage on the same single core: a "
+        "pipeline's stages took turns on it rather than running side by side, and the ring "
+        "accounting's fit above is a fit on serialised stages (on one core, every stage's "
+        "prompt work is paid by all micro-batches whatever the scheduler does). The example's "
+        "profiles were measured bound or unbound as examples/vllm-cpu.profiles/README.md says.",
+        "",
+        *[f"- {line}" for line in bindings()],
         "",
     ]
     best_key = {"prompts stall the ring": "ring", "own micro-batch only": "own"}.get(best)

@@ -122,8 +122,8 @@ def start_engine(pp: int, bind: str, split: str | None, port: int, log: Path
         env["VLLM_PP_LAYER_PARTITION"] = split
     argv = [str(VENV / "bin/vllm"), "serve", str(MODEL), "--served-model-name", "tiny",
             "--port", str(port), "--host", "127.0.0.1", "--max-model-len", "512",
-            "--dtype", "bfloat16", "--pipeline-parallel-size", str(pp),
-            "--disable-log-requests"]
+            "--dtype", "bfloat16", "--pipeline-parallel-size", str(pp)]
+    # no --disable-log-requests: vLLM 0.32 rejects it (requests are not logged by default)
     with log.open("w") as out:
         return subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)

@@ -44,9 +44,10 @@ def test_each_pipeline_layout_is_priced_with_its_own_measured_hand_off():
     both = _rows(recorded + [pp3])
     # a PP-3 profile measured beside it does not move PP 2's prediction
     assert both[(2, (438, 6))]["host_ring_rps"] == alone[(2, (438, 6))]["host_ring_rps"]
-    # PP 3 is priced with the hand-off of its own decode steps: 0.1 s more per boundary
+    # PP 3 is priced with the hand-off of its own decode steps: 0.2 s more a token over its
+    # 3 stage steps; PP 2's rise over PP 1 spread over its 2
     hand = {h["profile"]: h["measured_ms"] for h in paper_pp.handoffs(recorded + [pp3])}
-    assert hand["pp3"] == pytest.approx(hand[pp2["_path"]] / 2 + 100.0, abs=0.02)
+    assert hand["pp3"] == pytest.approx(hand[pp2["_path"]] * 2 / 3 + 200.0 / 3, abs=0.02)
     pp2_median = (hand[pp2["_path"]] + [v for k, v in hand.items() if k not in
                                         ("pp3", pp2["_path"])][0]) / 2
     fit = paper_pp.fit_steps([p for d in recorded if d["pp"] == 1 for p in d["step_latency"]])
@@ -61,3 +62,28 @@ def test_a_single_stage_hands_nothing_off():
     rows = _rows(_recorded())
     one = rows[(1, (438, 6))]
     assert (one["host_ring_rps"], one["host_own_rps"]) == (one["ring_rps"], one["own_rps"])
+
+
+def test_the_measured_hand_off_reproduces_the_pipeline_tpot_it_was_taken_from():
+    """A PP-2 profile whose decode steps are the PP-1 ones plus 0.1 s: the model, adding the
+    hand-off to each of a token's two stage steps, predicts PP 1's token time plus 0.1 s."""
+    import math
+
+    from coral_solver import catalog
+    from coral_solver.perf_model import step_time
+
+    recorded = _recorded()
+    pp1 = next(d for d in recorded if d["pp"] == 1 and d["throughput"][0]["input_tokens"] == 32)
+    pp2 = copy.deepcopy(pp1)
+    pp2.update(pp=2, layer_partition="2,2", _path="pp2")
+    for point in pp2["step_latency"]:
+        if point["prefill_tokens"] == 0:
+            point["seconds"] += 0.1
+    hand_s = next(h for h in paper_pp.handoffs([pp1, pp2]))["measured_ms"] / 1e3
+    fit = paper_pp.fit_steps(pp1["step_latency"])
+    hidden = catalog.model_arch(pp1["arch"]).hidden
+    whole, half = (paper_pp.stage_coeffs(fit, n, 4, hidden) for n in (4, 2))
+    for b in (1, 4, 8):
+        one = step_time(whole, b, 0.0, b * 44.0, 0.0, fit[0], 1, 0.0, math.inf)
+        two = 2 * step_time(half, b, 0.0, b * 44.0, 0.0, fit[0], 2, hand_s, math.inf)
+        assert two == pytest.approx(one + 0.1, abs=1e-3)
