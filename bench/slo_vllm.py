@@ -5,7 +5,7 @@ model's TTFT and TPOT SLOs. Unlike bench/slo.py (the sim engine, whose latencies
 planner's own model), nothing here is self-consistent by construction.
 
     flock /tmp/coral-slurm.lock flock /tmp/coral-bench.lock .venv/bin/python bench/slo_vllm.py \
-        [--seconds 20] [--multipliers 1,3] [--record-metrics FILE]
+        [--seconds 20] [--multipliers 1,3] [--each] [--record-metrics FILE]
 
 Writes bench/results/slo_vllm.{json,md} (``--out``: another name). Run on the 2-core dev machine
 with other work beside it: every node of the local cluster is the same two cores.
@@ -228,9 +228,12 @@ def plan_summary(plan) -> dict:
 def write_results(results: dict, args: argparse.Namespace) -> None:
     """bench/results/OUT.{json,md} from what was measured so far (written after every phase, so
     a run stopped in its 3x phase still leaves its 1x figures)."""
-    verdict = {name: {"1x_met": rows["1x"]["within_slo"] >= GOAL if "1x" in rows else None,
-                      "3x_fails": rows["3x"]["within_slo"] < GOAL if "3x" in rows else None}
-               for name, rows in results["models"].items()}  # None: not measured (yet)
+    # per phase (1x, 3x, and with --each "1x alone", "3x alone"): None where not measured (yet)
+    verdict = {name: {**{f"{label}_met": rows[label]["within_slo"] >= GOAL if label in rows
+                         else None for label in ("1x", "1x alone")},
+                      **{f"{label}_fails": rows[label]["within_slo"] < GOAL if label in rows
+                         else None for label in ("3x", "3x alone")}}
+               for name, rows in results["models"].items()}
     results["goal"], results["verdict"] = GOAL, verdict
     out_dir = REPO / "bench" / "results"
     (out_dir / f"{args.out}.json").write_text(json.dumps(results, indent=1) + "\n")
@@ -241,7 +244,10 @@ def write_results(results: dict, args: argparse.Namespace) -> None:
              "streaming, `ignore_eos`, at the demand the plan was made for (from the measured "
              f"profiles) and at a multiple. Goal: >= {GOAL:.0%} within TTFT and TPOT at 1x, "
              "below it at 3x. Every model READY after "
-             f"{results['ready_after_s']} s.", "",
+             f"{results['ready_after_s']} s."
+             + (" Phases marked *alone* (`--each`) load one model at a time while the other "
+                "replicas stay up and idle, as `coral-hpc profile` measured each layout alone."
+                if args.each else ""), "",
              "The plan (`coral-hpc serve`'s first plan, from the measured profiles):", "",
              "| model | replicas (layers per stage on partition) | planned capacity req/s | "
              "planned demand req/s |", "|---|---|---|---|"]
@@ -283,7 +289,11 @@ def main() -> int:
                         help="results name: bench/results/OUT.{json,md}")
     parser.add_argument("--record-metrics", type=Path, default=None,
                         help="write one replica's /metrics (after the load) to this file")
+    parser.add_argument("--each", action="store_true",
+                        help="then every model's load alone, at each multiplier, the other "
+                             "replicas up and idle")
     args = parser.parse_args()
+    multipliers = [float(m) for m in args.multipliers.split(",")]
     tmp = Path(tempfile.mkdtemp(prefix="coral-slo-vllm-"))
     text = Path(args.config).read_text()
     text = re.sub(r"(?m)^deployment: .*$", f"deployment: slovllm{secrets.token_hex(2)}", text)
@@ -328,16 +338,26 @@ def main() -> int:
         store.close()
         results["plan"] = plan_summary(plan)
         url = f"http://{read_info(info_path(deployment))['gateway']}"
-        for multiplier in [float(m) for m in args.multipliers.split(",")]:
-            label = f"{multiplier:g}x"
+        # every model's load at once (the plan serves them together); with --each, then every
+        # model's alone while the other replicas idle: on this host all "nodes" are the same two
+        # cores, so that tells the layout's own figure apart from the host being shared
+        phases = [(f"{m:g}x", m, None) for m in multipliers]
+        if args.each:
+            phases += [(f"{m:g}x alone", m, model.name) for m in multipliers
+                       for model in deployment.models]
+        for label, multiplier, only in phases:
             loads = [(m.name, plan.demand[m.name] * multiplier, m.mix.input_tokens,
-                      m.mix.output_tokens) for m in deployment.models]
-            results.setdefault("loadavg", {})[label] = os.getloadavg()[0]
+                      m.mix.output_tokens) for m in deployment.models
+                     if only is None or m.name == only]
+            phase = label if only is None else f"{label} {only}"
+            results.setdefault("loadavg", {})[phase] = os.getloadavg()[0]
             sampler = FootprintSampler(str(tmp / 'shared'), serve.pid)
             sampler.start()
             got = asyncio.run(load_every_model(url, loads, args.seconds, seed=7))
-            results["footprint"][label] = sampler.result()
+            results["footprint"][phase] = sampler.result()
             for model in deployment.models:
+                if only is not None and model.name != only:
+                    continue
                 runs = got.get(model.name, [])
                 done = [g for g in runs if g]
                 ok = [g for g in done if g[0] <= model.slo.ttft_s and g[1] <= model.slo.tpot_s]
@@ -349,7 +369,7 @@ def main() -> int:
                 results["models"].setdefault(model.name, {})[label] = row
                 print(model.name, label, row, flush=True)
             write_results(results, args)
-            if args.record_metrics and multiplier == 1:
+            if args.record_metrics and label == "1x":
                 endpoint = next(r["endpoint"] for r in results["replicas"] if r["endpoint"])
                 with urllib.request.urlopen(f"{endpoint}/metrics", timeout=10) as r:
                     args.record_metrics.write_bytes(r.read())

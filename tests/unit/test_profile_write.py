@@ -129,7 +129,7 @@ def test_a_pipeline_over_named_partitions_is_one_task_with_a_stage_each():
                                                 ("a100", "a100")))
     assert task.gpu_label == "v100+v100+a100"
     assert profile_path(REPO, task.architecture, task.gpu_label, 1, task.pp).name == (
-        "coral-tiny-qwen2__v100+v100+a100__tp1__pp3.yaml")
+        "coral-tiny-qwen2-long__v100+v100+a100__tp1__pp3.yaml")
     with pytest.raises(ProfileError, match=r"partition 'h100' not in cluster.partitions"):
         pipeline_task(deployment, "tiny-qwen2", ["v100", "h100"])
     with pytest.raises(ProfileError, match="at least two partitions"):

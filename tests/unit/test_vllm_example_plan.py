@@ -1,0 +1,68 @@
+"""examples/vllm-cpu.yaml is planned from its measured profiles (examples/vllm-cpu.profiles,
+``coral-hpc profile`` on the local cluster's real engine) alone, and what Stage 1 offers each
+model follows from what was measured: tiny-chat a single a100 node; tiny-llama, whose 600,000-
+token context does not fit one node's measured KV space, only its measured two-node v100
+pipeline; tiny-qwen2 only its measured v100 + a100 hetjob with the uneven 3 + 2 split."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from coral_hpc.config import load_deployment
+from coral_hpc.plan.figures import figures_used, measured_profile_dirs
+from coral_hpc.plan.inputs import model_specs, policy_of
+from coral_solver import catalog, perf
+from coral_solver.templates import PerfThroughput, build_library
+from coral_solver.types import Stage
+
+REPO = Path(__file__).resolve().parents[2]
+#: the local cluster's node shapes (scripts/dev-cluster: 4 GPUs a node; catalogue memory)
+GPUS = {"v100": (4, 32.0), "a100": (4, 40.0)}
+
+
+@pytest.fixture(scope="module")
+def example():
+    deployment = load_deployment(REPO / "examples" / "vllm-cpu.yaml")
+    perf.configure(measured=measured_profile_dirs(deployment))
+    yield deployment
+    perf.configure()
+
+
+def test_every_template_of_the_example_is_a_measured_layout(example):
+    models = {m.name: m for m in model_specs(example)}
+    library = build_library(models.values(), GPUS, policy_of(example), PerfThroughput(),
+                            use_cache=False)
+    # Stage 1 does not know partitions (Stage 2 places templates on them): a layout counts when
+    # every stage's GPU type is on a partition the model may use
+    allowed = {m.name: {g for p in example.cluster.partitions
+                        if not m.partitions or p.name in m.partitions for g in p.gpu_types}
+               for m in example.models}
+    library = {name: [t for t in templates if all(s.gpu_type in allowed[name] for s in t.stages)]
+               for name, templates in library.items()}
+    layouts = {name: sorted((t.stages for t in templates), key=repr)
+               for name, templates in library.items()}
+    assert layouts["tiny-chat"] == [(Stage("a100", 4),)]
+    assert layouts["tiny-llama"] == [(Stage("v100", 2), Stage("v100", 2))]
+    assert layouts["tiny-qwen2"] == [(Stage("v100", 3), Stage("a100", 2))]
+    for name, templates in library.items():
+        for template in templates:
+            assert figures_used(template, models[name].arch).startswith("measured"), template
+            # the demand is what the measured layout served within the SLO, with the plan's
+            # headroom (policy.demand_headroom)
+            assert template.throughput >= models[name].demand_rps * (
+                1 + example.policy.demand_headroom), (name, template.throughput)
+
+
+def test_the_long_context_models_do_not_fit_one_node_by_the_measured_kv(example):
+    """The measured KV space (the pipeline heads' kv_capacity_tokens) holds one request of the
+    model's max_model_len over at most 3 layers: not over tiny-llama's 4 or tiny-qwen2's 5 (one
+    node), so each needs two stages, and tiny-qwen2's split is 3 + 2 or 2 + 3, never 4 + 1."""
+    v100 = catalog.gpu_spec("v100")
+    for name in ("tiny-llama", "tiny-qwen2"):
+        model = example.model(name)
+        arch = catalog.model_arch(model.architecture)
+        assert model.max_model_len is not None
+        assert perf.stage_kv_capacity_tokens(arch, v100, 1, 3) >= model.max_model_len
+        assert perf.stage_kv_capacity_tokens(arch, v100, 1, 4) < model.max_model_len
