@@ -4,10 +4,11 @@ The question: under pipeline parallelism, does a prompt stall the whole ring of 
 (each stage then pays S x b / n_out prompts per step: ``coral_solver.perf.PROMPTS_STALL_RING =
 True``, the model's assumption until measured), or does each stage pay only its own micro-batch's
 b / n_out? Compared with predictions that keep to what the profile measured (at most 32
-requests in flight, the host's own hand-off per stage boundary), the ring fits: PP 2 ÷ PP 1 =
-0.60 predicted vs 0.62 measured at 438/6 tokens, 0.21 vs 0.17 at 32/64, where each stage paying
-only its own prompts predicts 1.27 at 438/6 (bench/results/paper_pp.md). The planner uses the ring
-(``PROMPTS_STALL_RING = True``), and so does the sim engine's pipeline.
+requests in flight, the host's own hand-off, counted as the model applies it), the data do not
+decide: the prompt penalty favours the own-micro-batch charge, the PP ÷ PP 1 ratios the ring, and
+these profiles ran every stage on one core (bench/results/paper_pp.md says which). The planner
+and the sim engine's pipeline keep the ring (``PROMPTS_STALL_RING = True``) for the scheduling
+reason its comment gives, until bench/pp_ring.py measures stages on cores of their own.
 
 Measure first, on the real engine (vLLM's CPU build and the generated test models, in Slurm jobs,
 under the shared lock), at a prompt-heavy and a decode-heavy mix, PP 1 and 2 on one partition and
@@ -68,12 +69,16 @@ CONFIGS = ROOT / "bench/paper_pp_configs"
 
 
 def profile_dirs() -> list[Path]:
-    """Each config's measured-profile folder (its state_dir's default), and the example's
-    (examples/vllm-cpu.yaml's profiles_dir: its pipeline is measured at a third mix)."""
+    """Each config's measured-profile folder (its ``profiles_dir``). Not the example's
+    (examples/vllm-cpu.profiles): since the vllm branch its engines run unbound
+    (``VLLM_CPU_OMP_THREADS_BIND=nobind``, one OMP thread) and its "tiny-llama" is another
+    architecture (coral-tiny-llama-long), while these configs' engines run vLLM's ``auto``
+    binding: pooled, their ratios and hand-offs would mix two conditions (``--profiles``
+    adds a folder on purpose)."""
     from coral_hpc.config import load_deployment
 
-    configs = sorted(CONFIGS.glob("*.yaml")) + [ROOT / "examples/vllm-cpu.yaml"]
-    return [load_deployment(str(path)).measured_profiles_path for path in configs]
+    return [load_deployment(str(path)).measured_profiles_path
+            for path in sorted(CONFIGS.glob("*.yaml"))]
 
 
 #: Engine variables that decide where a CPU engine's threads run (vLLM's CPU build)
@@ -87,7 +92,7 @@ def bindings() -> list[str]:
     from coral_hpc.config import load_deployment
 
     out = []
-    for path in sorted(CONFIGS.glob("*.yaml")) + [ROOT / "examples/vllm-cpu.yaml"]:
+    for path in sorted(CONFIGS.glob("*.yaml")):
         deployment = load_deployment(str(path))
         envs = {
             f"{part.name}: " + (", ".join(f"{k}={env[k]}" for k in BINDING_VARS if k in env)
@@ -373,6 +378,12 @@ def main(argv: list[str] | None = None) -> int:
         best = "not decided: no layout was measured at two mixes (see below)"
     elif finite:
         best = min(finite, key=finite.get)
+        by_ratio = {k: v for k, v in ratio_verdict.items() if math.isfinite(v)}
+        if by_ratio and min(by_ratio, key=by_ratio.get) != best:
+            # the prompt penalty cancels host-wide factors, the ratios keep every layout: when
+            # they disagree the data decide nothing
+            best = (f"not decided: the prompt penalty favours {best}, the PP ÷ PP 1 ratios "
+                    f"{min(by_ratio, key=by_ratio.get)}")
     else:
         best = "neither: the model predicts 0 req/s for every point with these step times"
     out = Path(args.out)
@@ -471,18 +482,21 @@ def main(argv: list[str] | None = None) -> int:
         "pipeline's stages took turns on it rather than running side by side, and the ring "
         "accounting's fit above is a fit on serialised stages (on one core, every stage's "
         "prompt work is paid by all micro-batches whatever the scheduler does). The example's "
-        "profiles were measured bound or unbound as examples/vllm-cpu.profiles/README.md says.",
+        "profiles (examples/vllm-cpu.profiles, not read here: unbound since the vllm branch) "
+        "show what that binding cost: its 2-node tiny-llama pipeline, unbound, decodes at "
+        "8.4 ms a step where pinned to core 0 it took 236 ms (its README).",
         "",
         *[f"- {line}" for line in bindings()],
         "",
     ]
-    best_key = {"prompts stall the ring": "ring", "own micro-batch only": "own"}.get(best)
-    if best_key:
-        key = f"host_{best_key}" if host else best_key
-        fitted = [r for r in rows if r["pp"] > 1 and r.get(f"{key}_vs_pp1")
+    names = {"prompts stall the ring": "ring", "own micro-batch only": "own"}
+    shown = [best] if best in names else list(names)  # undecided: measured vs both
+    for name in shown:
+        key = f"host_{names[name]}" if host else names[name]
+        fitted = [r for r in rows if r["pp"] > 1 and r.get(f"{key}_vs_pp1") is not None
                   and "measured_vs_pp1" in r]
         lines += [
-            f"PP ÷ PP 1 per mix, measured vs **{best}**"
+            f"PP ÷ PP 1 per mix, measured vs **{name}**"
             + (" with the host's hand-off" if host else "") + ": "
             + "; ".join(f"{r['model']} PP {r['pp']} ({r['split']}) at "
                         f"{r['mix'][0]}/{r['mix'][1]}: {r['measured_vs_pp1']:.2f} vs "
