@@ -422,6 +422,13 @@ def main(argv: list[str] | None = None) -> int:
             + " | ".join(num(r.get(f"{k}_vs_pp1")) for k in ("measured", *KEYS))
             + " |"
         )
+    unserved = [d for d in profiles if not d.get("throughput")]
+    if unserved:
+        lines += ["", "Measured with no load level within the SLO (`coral-hpc profile` writes no "
+                  "throughput point; its log has the levels): " + "; ".join(
+                      f"{d['model']} PP {d['pp']} ({d.get('layer_partition', '—')}) in "
+                      f"{Path(d['_path']).parents[0 if d['pp'] == 1 else 1].name}"
+                      for d in unserved) + "."]
     lines += ["", "Prompt penalty of PP (PP ÷ PP 1 at the prompt-heavy mix, divided by the same "
               "at the decode-heavy mix; see `prompt_penalties`):", ""]
     if penalties:
