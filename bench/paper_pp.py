@@ -328,6 +328,14 @@ def handoffs(profiles: list[dict]) -> list[dict]:
     return out
 
 
+def _ring_state() -> str:
+    """What bench/results/pp_ring.md says so far, for the sentence that points to it."""
+    path = ROOT / "bench/results/pp_ring.md"
+    if not path.is_file():
+        return ": not yet run"
+    return ": no verdict yet, see there" if "No verdict" in path.read_text() else ""
+
+
 def _log_err(pred: float, meas: float) -> float:
     return abs(math.log(pred / meas)) if pred > 0 and meas > 0 else math.inf
 
@@ -478,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
         "throughput points compared here. Where stages share cores a stall and CPU contention "
         "are entangled; bench/pp_ring.py measures the stall alone, with each stage on a core "
         "of its own (bench/results/pp_ring.md"
-        + ("" if (ROOT / "bench/results/pp_ring.md").is_file() else ": not yet run")
+        + _ring_state()
         + ").",
         "",
         "Where the engines' threads ran: each config's engine environment as this report was "

@@ -289,6 +289,13 @@ def run_layout(name: str, args, log_dir: Path) -> dict:
     return result
 
 
+def _shows_steps(r: dict) -> bool:
+    """Whether a layout's streams measured the engine's steps: tokens not delivered in bursts
+    (median TPOT of phase A at least 1 ms) and not sped up by the prompts phase B adds."""
+    a, b = r["decode_only"], r["with_prompts"]
+    return (a.get("tpot_median_ms") or 0.0) >= 1.0 and b["tokens_per_s"] <= a["tokens_per_s"]
+
+
 def _ms(value: float | None) -> str:
     return "—" if value is None else f"{value:.1f}"
 
@@ -329,7 +336,16 @@ def write(results: dict[str, dict], args) -> None:
             f"| {name} | {r['pp']} | {r.get('split', 'even')} | `{r['omp_bind']}` "
             "| — | — | — | — | — | — |")
     one, pinned = results.get("pp1-1core"), results.get("pp2-pinned")
-    if one and pinned and one["lost_ms_per_prompt"] and pinned["lost_ms_per_prompt"]:
+    unusable = [f"{r['layout']}: median TPOT {r['decode_only']['tpot_median_ms']:.2f} ms in A, "
+                f"stream tok/s A {r['decode_only']['tokens_per_s']:.0f} → B "
+                f"{r['with_prompts']['tokens_per_s']:.0f}"
+                for r in (one, pinned) if r and not _shows_steps(r)]
+    if unusable:
+        lines += ["", "**No verdict: the streams do not show the engine's steps here** — their "
+                  "tokens arrive in bursts (a median TPOT under 1 ms, first to last chunk) or "
+                  "they went faster with prompts injected, so neither their token gaps nor their "
+                  "rates measure what a prompt costs them (" + "; ".join(unusable) + ")."]
+    elif one and pinned and one["lost_ms_per_prompt"] and pinned["lost_ms_per_prompt"]:
         ratio = pinned["lost_ms_per_prompt"] / one["lost_ms_per_prompt"]
         verdict = ("closer to the ring stall (1.0)" if abs(ratio - 1.0) < abs(ratio - 0.5)
                    else "closer to own-micro-batch accounting (0.5)")
