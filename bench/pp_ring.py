@@ -326,14 +326,15 @@ def write(results: dict[str, dict], args) -> None:
             continue
         a, b = r["decode_only"], r["with_prompts"]
         lost = r["lost_ms_per_prompt"]
+        bind = r["omp_bind"].replace("|", "\\|")  # a bare | would end the table cell
         lines.append(
-            f"| {name} | {r['pp']} | {r.get('split', 'even')} | `{r['omp_bind']}` | "
+            f"| {name} | {r['pp']} | {r.get('split', 'even')} | `{bind}` | "
             f"{_ms(a['tpot_mean_ms'])} | {_ms(b['tpot_mean_ms'])} | "
             f"{a['requests']}/{b['requests']} | "
             f"{b['prompt_ttft_median_ms']:.0f} | {lost:.1f} | "
             f"{a.get('run_queue_wait_ms_per_round', float('nan')):.1f} | "
             f"{r['load_before']}/{r['load_after']} |" if lost is not None else
-            f"| {name} | {r['pp']} | {r.get('split', 'even')} | `{r['omp_bind']}` "
+            f"| {name} | {r['pp']} | {r.get('split', 'even')} | `{bind}` "
             "| — | — | — | — | — | — |")
     one, pinned = results.get("pp1-1core"), results.get("pp2-pinned")
     unusable = [f"{r['layout']}: median TPOT {r['decode_only']['tpot_median_ms']:.2f} ms in A, "
