@@ -10,7 +10,9 @@ and why it falls short of the paper's ratios where it does.
 
 Usage: python bench/paper.py [--setups all|core/default/*,...] [--epochs 5] [--sim-seconds 360]
 Writes bench/results/paper.json and bench/results/paper.md (``--render-only`` rewrites the .md
-from the .json).
+from the .json). Each run records its provenance (commit, niceness) in both; ``--render-only
+--provenance TEXT`` sets it for a run that did not, or adds what the run cannot see (other work
+on the shared host beside it).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import json
 import math
 import os
 import platform
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -67,6 +70,21 @@ def trace_folder() -> Path:
         "bench/paper.py: the Azure LLM 2023 traces were not found beside the "
         "checkout (../shared/data/traces/azure-llm-2023); set CORAL_AZURE_TRACE_DIR"
     )
+
+
+def run_provenance() -> str:
+    """The code this run ran (commit, and whether the work tree differed) and the CPU priority
+    it ran at: the host is shared, and plan times and time-limited solves depend on both."""
+    try:
+        commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                                capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--",
+                                "bench", "solver", "coral_hpc"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+        code = f"commit {commit}" + (" with uncommitted changes" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        code = "commit unknown (not a git checkout)"
+    return f"{code}, at niceness {os.nice(0)}"
 
 
 def pick_setups(spec: str) -> list[S.Setup]:
@@ -397,6 +415,7 @@ def markdown(
         "Seconds of each epoch served in the simulation differ by setup: "
         + "; ".join(f"{r['setup']} {r.get('sim_seconds', args.sim_seconds):g} s" for r in results)
         + ".")
+    provenance = getattr(args, "provenance", None)
     loads = [f"{r['setup']} {r['load_avg_1min'][0]:g}→{r['load_avg_1min'][1]:g}"
              for r in results if r.get("load_avg_1min")]
     lines = [
@@ -411,6 +430,7 @@ def markdown(
             f"{platform.python_version()}."
         ),
         "",
+        *([f"Provenance: {provenance}", ""] if provenance else []),
         "Load average (1 min) before → after each setup's run: "
         + ("; ".join(loads) if loads else "not recorded (a run from before it was kept)")
         + ("" if len(loads) in (0, len(results)) else "; the others not recorded")
@@ -628,8 +648,10 @@ def markdown(
     return "\n".join(lines) + "\n"
 
 
-def render_only(out: Path) -> int:
-    """Rewrite the report from the figures of the last run (its own command line kept)."""
+def render_only(out: Path, provenance: str | None = None) -> int:
+    """Rewrite the report from the figures of the last run (its own command line kept);
+    ``provenance``: what is known of how the run ran, stored in OUT.json first (a run from before
+    paper.py recorded it, or what it cannot see: other work on the host beside it)."""
     path = out.with_suffix(".json")
     if not path.is_file():
         print(
@@ -639,9 +661,12 @@ def render_only(out: Path) -> int:
         return 2
     data = json.loads(path.read_text())
     meta = data["meta"]
+    if provenance:
+        meta["provenance"] = provenance
+        path.write_text(json.dumps(data, indent=1) + "\n")
     setups = meta.get("setups", "all")
     args = argparse.Namespace(epochs=meta["epochs"], sim_seconds=meta["sim_seconds"], setups=setups,
-                              command=meta.get("command"))
+                              command=meta.get("command"), provenance=meta.get("provenance"))
     out.with_suffix(".md").write_text(
         markdown(data["setups"], args, meta["seconds"], meta.get("merged"))
     )
@@ -693,9 +718,16 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="rewrite OUT.md from OUT.json (the figures of the last run), no run",
     )
+    parser.add_argument(
+        "--provenance",
+        help="with --render-only: how the run in OUT.json ran (code, priority, what ran beside "
+        "it), stored there and printed under the report's header; a run records its own",
+    )
     args = parser.parse_args(argv)
+    if args.provenance and not args.render_only:
+        parser.error("--provenance: only with --render-only (a run records its own)")
     if args.render_only:
-        return render_only(Path(args.out))
+        return render_only(Path(args.out), args.provenance)
     args.methods = [m for m in args.methods.split(",") if m]
     unknown = [m for m in args.methods if m not in METHODS]
     if unknown or "coral" not in args.methods:
@@ -722,12 +754,16 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     command = " ".join(["python", "bench/paper.py"] + (argv or sys.argv[1:]))
     merged: list[dict] = []
+    provenance = run_provenance()
     if args.merge and out.with_suffix(".json").is_file():
         previous = json.loads(out.with_suffix(".json").read_text())["meta"]
         results, merged = merge_into(out, results, command)
         command, seconds = previous["command"], previous["seconds"] + seconds
+        provenance = (f"{previous.get('provenance') or 'first run not recorded'}; "
+                      f"the re-run: {provenance}")
     meta = {
         "command": command,
+        "provenance": provenance,
         "merged": merged,
         # a merge keeps the first run's settings; each setup records its own sim_seconds
         "epochs": previous["epochs"] if merged else args.epochs,
@@ -745,6 +781,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     if merged:  # the report names the first run's command, and the re-runs beside it
         return render_only(out)
+    args.provenance = provenance
     out.with_suffix(".md").write_text(markdown(results, args, seconds, merged))
     print(f"wrote {out.with_suffix('.md')} and .json in {seconds:.0f} s")
     return 0

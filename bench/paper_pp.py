@@ -4,10 +4,11 @@ The question: under pipeline parallelism, does a prompt stall the whole ring of 
 (each stage then pays S x b / n_out prompts per step: ``coral_solver.perf.PROMPTS_STALL_RING =
 True``, the model's assumption until measured), or does each stage pay only its own micro-batch's
 b / n_out? Compared with predictions that keep to what the profile measured (at most 32
-requests in flight, the host's own hand-off per stage boundary), the ring fits: PP 2 ÷ PP 1 =
-0.60 predicted vs 0.62 measured at 438/6 tokens, 0.21 vs 0.17 at 32/64, where each stage paying
-only its own prompts predicts 1.27 at 438/6 (bench/results/paper_pp.md). The planner uses the ring
-(``PROMPTS_STALL_RING = True``), and so does the sim engine's pipeline.
+requests in flight, the host's own hand-off, counted as the model applies it), the data do not
+decide: the prompt penalty favours the own-micro-batch charge, the PP ÷ PP 1 ratios the ring, and
+these profiles ran every stage on one core (bench/results/paper_pp.md says which). The planner
+and the sim engine's pipeline keep the ring (``PROMPTS_STALL_RING = True``) for the scheduling
+reason its comment gives, until bench/pp_ring.py measures stages on cores of their own.
 
 Measure first, on the real engine (vLLM's CPU build and the generated test models, in Slurm jobs,
 under the shared lock), at a prompt-heavy and a decode-heavy mix, PP 1 and 2 on one partition and
@@ -68,12 +69,41 @@ CONFIGS = ROOT / "bench/paper_pp_configs"
 
 
 def profile_dirs() -> list[Path]:
-    """Each config's measured-profile folder (its state_dir's default), and the example's
-    (examples/vllm-cpu.yaml's profiles_dir: its pipeline is measured at a third mix)."""
+    """Each config's measured-profile folder (its ``profiles_dir``). Not the example's
+    (examples/vllm-cpu.profiles): since the vllm branch its engines run unbound
+    (``VLLM_CPU_OMP_THREADS_BIND=nobind``, one OMP thread) and its "tiny-llama" is another
+    architecture (coral-tiny-llama-long), while these configs' engines run vLLM's ``auto``
+    binding: pooled, their ratios and hand-offs would mix two conditions (``--profiles``
+    adds a folder on purpose)."""
     from coral_hpc.config import load_deployment
 
-    configs = sorted(CONFIGS.glob("*.yaml")) + [ROOT / "examples/vllm-cpu.yaml"]
-    return [load_deployment(str(path)).measured_profiles_path for path in configs]
+    return [load_deployment(str(path)).measured_profiles_path
+            for path in sorted(CONFIGS.glob("*.yaml"))]
+
+
+#: Engine variables that decide where a CPU engine's threads run (vLLM's CPU build)
+BINDING_VARS = ("VLLM_CPU_OMP_THREADS_BIND", "OMP_NUM_THREADS")
+
+
+def bindings() -> list[str]:
+    """Per config: its profile folder and the thread-binding variables its partitions give the
+    engine (unset: vLLM's ``auto``, which on this host binds every engine process, so every
+    pipeline stage, to core 0: its engine logs say ``local_rank=0, core ids=[0]``)."""
+    from coral_hpc.config import load_deployment
+
+    out = []
+    for path in sorted(CONFIGS.glob("*.yaml")):
+        deployment = load_deployment(str(path))
+        envs = {
+            f"{part.name}: " + (", ".join(f"{k}={env[k]}" for k in BINDING_VARS if k in env)
+                                or "unset (auto)")
+            for part in deployment.cluster.partitions
+            for env in [dict(part.environment.env) if part.environment else {}]
+        }
+        folder = deployment.measured_profiles_path
+        where = folder.relative_to(ROOT) if folder.is_relative_to(ROOT) else folder
+        out.append(f"{path.relative_to(ROOT)} ({where}): " + "; ".join(sorted(envs)))
+    return out
 
 
 def load_profiles(folders: list[Path]) -> list[dict]:
@@ -159,10 +189,12 @@ def compare(profiles: list[dict]) -> list[dict]:
     """Predicted vs measured for every throughput point, per (model, GPU type) and layout; each
     (model, GPU type)'s step times fitted to its own PP-1 profile; each accounting twice, with
     the calibration's hand-off (GPU link) and with the one measured on this host (``host_``:
-    the median of :func:`handoffs` of the same model)."""
-    host = {}
+    the median of :func:`handoffs` of the same model and layout: PP 2 and 3 put two and three
+    engine processes on the same 2 cores, so a stage boundary need not cost both the same)."""
+    host: dict[tuple, list[float]] = {}
     for h in handoffs(profiles):
-        host.setdefault(h["model"], []).append(h["measured_ms"] / 1e3)
+        host.setdefault(layout_key(h["model"], h["pp"], h["split"]), []).append(
+            h["measured_ms"] / 1e3)
     rows = []
     for model, gpu in sorted({(d["model"], d["gpu"]) for d in profiles}):
         docs = [d for d in profiles if d["model"] == model and d["gpu"] == gpu]
@@ -174,9 +206,13 @@ def compare(profiles: list[dict]) -> list[dict]:
             for point in doc.get("throughput", []):
                 measured = float(point["requests_per_s"])
                 ring, own = predict(doc, fit, point, True), predict(doc, fit, point, False)
-                h = statistics.median(host[model]) if model in host else None
-                host_ring = predict(doc, fit, point, True, handoff_s=h) if h else None
-                host_own = predict(doc, fit, point, False, handoff_s=h) if h else None
+                key = layout_key(model, doc["pp"], doc.get("layer_partition"))
+                h = statistics.median(host[key]) if key in host else None
+                if doc["pp"] == 1:  # no stage boundary, nothing handed off
+                    host_ring, host_own = ring, own
+                else:
+                    host_ring = predict(doc, fit, point, True, handoff_s=h) if h else None
+                    host_own = predict(doc, fit, point, False, handoff_s=h) if h else None
                 rows.append(
                     {
                         "model": model,
@@ -197,6 +233,11 @@ def compare(profiles: list[dict]) -> list[dict]:
                     }
                 )
     return rows
+
+
+def layout_key(model: str, pp: int, split: str | None) -> tuple[str, int, str]:
+    """(model, stages, layer split): which hand-off measurements price which layout."""
+    return model, pp, str(split)
 
 
 #: predictions: ring / own accounting, with the calibration's hand-off or the host's measured one
@@ -255,9 +296,13 @@ MIN_STEP_S = 1e-3
 
 def handoffs(profiles: list[dict]) -> list[dict]:
     """Per pipeline profile: the median over decode batch sizes of (its TPOT − the PP-1 TPOT of
-    the same model, GPU type and batch) ÷ (stages − 1): what each stage boundary adds to a
-    step on this host (activations sent over loopback between processes sharing its cores),
-    beside the calibration's inter-node hand-off. One micro-batch: all b requests start at once."""
+    the same model, GPU type and batch) ÷ stages: what each stage's hand-off adds on this host
+    (activations sent over loopback between processes sharing its cores), beside the
+    calibration's inter-node hand-off. ÷ S, not ÷ (S − 1): the model adds one hand-off to every
+    stage's step and a token takes S of those steps (``perf.throughput_from_coeffs``: each stage
+    gets TPOT / S), so the prediction reproduces the TPOT the hand-off was taken from only so
+    (÷ (S − 1), as until 20:57 UTC 2026-12-01, it charged 2x the measured rise at PP 2). One
+    micro-batch: all b requests start at once."""
     cal = perf._calibration()
     out = []
     for doc in profiles:
@@ -270,7 +315,7 @@ def handoffs(profiles: list[dict]) -> list[dict]:
                     if p["prefill_tokens"] == 0 and p["seconds"] >= MIN_STEP_S:
                         base.setdefault(p["decode_seqs"], []).append(p["seconds"])
         extra = [
-            (p["seconds"] - statistics.median(base[p["decode_seqs"]])) / (doc["pp"] - 1)
+            (p["seconds"] - statistics.median(base[p["decode_seqs"]])) / doc["pp"]
             for p in doc.get("step_latency", [])
             if p["prefill_tokens"] == 0 and p["decode_seqs"] in base and p["seconds"] >= MIN_STEP_S
         ]
@@ -281,6 +326,14 @@ def handoffs(profiles: list[dict]) -> list[dict]:
                         "calibration_alpha_ms": round(1e3 * cal.pp_alpha_s, 3),
                         "profile": doc["_path"]})
     return out
+
+
+def _ring_state() -> str:
+    """What bench/results/pp_ring.md says so far, for the sentence that points to it."""
+    path = ROOT / "bench/results/pp_ring.md"
+    if not path.is_file():
+        return ": not yet run"
+    return ": no verdict yet, see there" if "No verdict" in path.read_text() else ""
 
 
 def _log_err(pred: float, meas: float) -> float:
@@ -312,6 +365,9 @@ def main(argv: list[str] | None = None) -> int:
     penalties = prompt_penalties(rows)
     hand = handoffs(profiles)
     verdict = {}
+    #: the same over every PP > 1 row's ratio to PP 1 (layouts measured at one mix only, PP 3
+    #: among them, count here; host-wide errors of the step fit cancel, the hand-off does not)
+    ratio_verdict = {}
     basis = "penalty" if penalties else "ratio"
     host = any(p.get("host_own") for p in penalties)
     accountings = (("prompts stall the ring", "ring"), ("own micro-batch only", "own"))
@@ -324,18 +380,26 @@ def main(argv: list[str] | None = None) -> int:
         ]
         pen_errs = [_log_err(p[key] or 0.0, p["measured"]) for p in penalties]
         verdict[name] = statistics.median(pen_errs or ratio_errs or [math.inf])
+        ratio_verdict[name] = statistics.median(ratio_errs or [math.inf])
     finite = {k: v for k, v in verdict.items() if math.isfinite(v)}
     if basis != "penalty":
         best = "not decided: no layout was measured at two mixes (see below)"
     elif finite:
         best = min(finite, key=finite.get)
+        by_ratio = {k: v for k, v in ratio_verdict.items() if math.isfinite(v)}
+        if by_ratio and min(by_ratio, key=by_ratio.get) != best:
+            # the prompt penalty cancels host-wide factors, the ratios keep every layout: when
+            # they disagree the data decide nothing
+            best = (f"not decided: the prompt penalty favours {best}, the PP ÷ PP 1 ratios "
+                    f"{min(by_ratio, key=by_ratio.get)}")
     else:
         best = "neither: the model predicts 0 req/s for every point with these step times"
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(
         json.dumps({"rows": rows, "prompt_penalties": penalties, "handoffs": hand, "basis": basis,
-                    "median_log_error": verdict, "fits_best": best}, indent=1) + "\n"
+                    "median_log_error": verdict, "median_log_error_vs_pp1": ratio_verdict,
+                    "fits_best": best}, indent=1) + "\n"
     )
     lines = [
         "# Pipeline accounting vs the real engine (bench/paper_pp.py)",
@@ -366,6 +430,13 @@ def main(argv: list[str] | None = None) -> int:
             + " | ".join(num(r.get(f"{k}_vs_pp1")) for k in ("measured", *KEYS))
             + " |"
         )
+    unserved = [d for d in profiles if not d.get("throughput")]
+    if unserved:
+        lines += ["", "Measured with no load level within the SLO (`coral-hpc profile` writes no "
+                  "throughput point; its log has the levels): " + "; ".join(
+                      f"{d['model']} PP {d['pp']} ({d.get('layer_partition', '—')}) in "
+                      f"{Path(d['_path']).parents[0 if d['pp'] == 1 else 1].name}"
+                      for d in unserved) + "."]
     lines += ["", "Prompt penalty of PP (PP ÷ PP 1 at the prompt-heavy mix, divided by the same "
               "at the decode-heavy mix; see `prompt_penalties`):", ""]
     if penalties:
@@ -388,8 +459,13 @@ def main(argv: list[str] | None = None) -> int:
         + "; ".join(f"{k}: {v:.3f}" for k, v in verdict.items())
         + f". Fits best: **{best}**.",
         "",
-        "Hand-off per stage boundary (median over decode batches of (pipeline TPOT − PP-1 TPOT) "
-        "÷ (S − 1); decode steps under 1 ms, tokens streamed in one burst, are left out):",
+        "Median |log(predicted / measured)| of PP ÷ PP 1 over every PP > 1 row (each at its "
+        "own mix" + (", with the host's measured hand-off" if host else "") + "): "
+        + "; ".join(f"{k}: {v:.3f}" for k, v in ratio_verdict.items()) + ".",
+        "",
+        "Hand-off per stage step (median over decode batches of (pipeline TPOT − PP-1 TPOT) "
+        "÷ S, as the model adds one to each of a token's S stage steps; decode steps under 1 ms, "
+        "tokens streamed in one burst, are left out):",
         "",
         *([f"- {h['model']} PP {h['pp']} ({h['split']}): {h['measured_ms']:.2f} ms "
            f"({h['points']} batch sizes); the calibration's inter-node alpha: "
@@ -410,17 +486,32 @@ def main(argv: list[str] | None = None) -> int:
         "throughput points compared here. Where stages share cores a stall and CPU contention "
         "are entangled; bench/pp_ring.py measures the stall alone, with each stage on a core "
         "of its own (bench/results/pp_ring.md"
-        + ("" if (ROOT / "bench/results/pp_ring.md").is_file() else ": not yet run")
+        + _ring_state()
         + ").",
         "",
+        "Where the engines' threads ran: each config's engine environment as this report was "
+        "written (unset: vLLM's `auto`, which on this host binds every engine process, so every "
+        "stage of a pipeline, to core 0, reserving core 1 — the engine logs of the PP-3 run say "
+        "`local_rank=0, core ids=[0]`, `reserved_cpus=[1]` for each of its three stages). So the "
+        "two configs' PP 1, 2 and 3 profiles ran every stage on the same single core: a "
+        "pipeline's stages took turns on it rather than running side by side, and the ring "
+        "accounting's fit above is a fit on serialised stages (on one core, every stage's "
+        "prompt work is paid by all micro-batches whatever the scheduler does). The example's "
+        "profiles (examples/vllm-cpu.profiles, not read here: unbound since the vllm branch) "
+        "show what that binding cost: its 2-node tiny-llama pipeline, unbound, decodes at "
+        "8.4 ms a step where pinned to core 0 it took 236 ms (its README).",
+        "",
+        *[f"- {line}" for line in bindings()],
+        "",
     ]
-    best_key = {"prompts stall the ring": "ring", "own micro-batch only": "own"}.get(best)
-    if best_key:
-        key = f"host_{best_key}" if host else best_key
-        fitted = [r for r in rows if r["pp"] > 1 and r.get(f"{key}_vs_pp1")
+    names = {"prompts stall the ring": "ring", "own micro-batch only": "own"}
+    shown = [best] if best in names else list(names)  # undecided: measured vs both
+    for name in shown:
+        key = f"host_{names[name]}" if host else names[name]
+        fitted = [r for r in rows if r["pp"] > 1 and r.get(f"{key}_vs_pp1") is not None
                   and "measured_vs_pp1" in r]
         lines += [
-            f"PP ÷ PP 1 per mix, measured vs **{best}**"
+            f"PP ÷ PP 1 per mix, measured vs **{name}**"
             + (" with the host's hand-off" if host else "") + ": "
             + "; ".join(f"{r['model']} PP {r['pp']} ({r['split']}) at "
                         f"{r['mix'][0]}/{r['mix'][1]}: {r['measured_vs_pp1']:.2f} vs "

@@ -447,12 +447,14 @@ def _largest_feasible_batch(feasible: Callable[[int], tuple[bool, float]], lo: i
 #: each stage runs the micro-batches in order, so every micro-batch follows the one holding a
 #: prompt through every stage (the sim engine's PipelineClock does exactly this; tested in
 #: tests/unit/test_engine_layout.py: test_one_micro_batchs_prompt_stalls_every_micro_batch_...).
-#: MEASURED on the real engine (bench/results/paper_pp.md, bench/paper_pp.py: vLLM 0.32.0's CPU
-#: build, coral-tiny-llama, PP 2 ÷ PP 1), with predictions kept to what `coral-hpc profile`
-#: measured (at most 32 requests in flight, the host's 55-83 ms hand-off per stage boundary):
-#: the ring predicts 0.60 at 438/6 tokens (measured 0.62) and 0.21 at 32/64 (measured 0.17);
-#: the own-micro-batch charge predicts 1.27 at 438/6. (An earlier comparison let the predicted
-#: batch grow past those 32 requests and read the data the other way.)
+#: The real engine does NOT decide it yet (bench/results/paper_pp.md, bench/paper_pp.py: vLLM
+#: 0.32.0's CPU build, coral-tiny-llama, PP 2 and PP 3 ÷ PP 1 at 438/6 and 32/64 tokens): those
+#: profiles ran every pipeline stage on the same core (vLLM's auto binding on this host), and
+#: with the host's hand-off counted as the model applies it (the TPOT rise ÷ S; until
+#: 2026-12-01 ÷ (S - 1), which read the data as a ring fit) the prompt penalty favours the
+#: own-micro-batch charge and the PP ÷ PP 1 ratios the ring; both predict 0 req/s for PP 3
+#: where the engine served 0.52. Kept True for the scheduling reason above until a run with
+#: each stage on a core of its own (bench/pp_ring.py) measures it.
 PROMPTS_STALL_RING = True
 
 
