@@ -10,10 +10,12 @@ For a model whose plan has prefill and decode replicas (routing-table ``role``),
    and the usual failure rules hold: a failure before a byte reached the client is retried —
    here both phases again, on other replicas, since the KV may have gone with a dead decode
    replica; with no decode replica left, the whole request goes to an aggregated or a prefill
-   replica (vLLM's ``kv_both`` engines serve whole requests too). A 5xx answer from the decode
-   side counts as a failure too (the prefill replica accepted the request, so it is valid; vLLM
-   answers 500 once its engine has shut down). Once a stream has started, a failure ends it
-   with an SSE error event.
+   replica (vLLM's ``kv_both`` engines serve whole requests too). A 5xx answer, from either
+   phase, is tried on another replica too, as on the aggregated path: vLLM answers 500 to every
+   new request while it drains after a SIGTERM the daemon did not send (``proxy``'s
+   ``_UpstreamServerError``). Such a replica is skipped for this request but not taken out of
+   routing; when every replica answered 5xx the client gets the last answer. Once a stream has
+   started, a failure ends it with an SSE error event.
 
 A model with aggregated replicas as well (``policy.disaggregation: auto``) splits its traffic
 between the two paths in proportion to their capacity: the aggregated replicas' weights against
@@ -68,15 +70,6 @@ def decode_payload(payload: dict, kv_transfer_params: object) -> dict:
 
 def _capacity(router: Router, model: str, role: str) -> float:
     return sum(s.weight for s in router.replicas(model) if s.healthy and s.role == role)
-
-
-def _raise_if_server_error(gw: Gateway, response: Response | StreamResponse) -> None:
-    """A whole (not yet sent) 5xx answer from a decode-side replica counts as that replica
-    failing: the prefill replica took the request, so it is valid, and a replica that is going
-    away (vLLM answers 500 once its engine has shut down) must not hand its error to the
-    client while another replica could answer."""
-    if isinstance(response, Response) and response.status >= 500:
-        raise gw.upstream_failed(f"answered {response.status}")
 
 
 class _PhaseFailed(Exception):
@@ -140,6 +133,7 @@ class Disaggregation:
         failed_decode: list[ReplicaState] = []
         attempts = gw.settings.max_retries + 1
         last = "no replica"
+        answered: Response | None = None  # the last 5xx a decode replica answered
         for _ in range(attempts):
             # the decode replica first: with none left, a prefill would be wasted work
             decode = gw.router.choose(model, exclude=failed_decode, role="decode")
@@ -158,7 +152,12 @@ class Disaggregation:
                                                         children, started)
                 else:
                     response = await gw._forward(request, decode, body, payload, key)
-                _raise_if_server_error(gw, response)
+            except gw.upstream_server_error as exc:  # a draining replica: skip it, keep it in
+                last, answered = str(exc), exc.response
+                failed_decode.append(decode)
+                self.phase_failures.labels(model, "decode").inc()
+                gw.metrics.retries.labels(model).inc()
+                continue
             except gw.upstream_failed as exc:  # nothing reached the client: both phases again
                 last = str(exc)
                 decode.failures += 1
@@ -172,14 +171,15 @@ class Disaggregation:
             self.phase_requests.labels(model, "decode").inc()
             return response
         return await self._whole(request, model, payload, key, children, started,
-                                 failed_prefill + failed_decode, last)
+                                 failed_prefill + failed_decode, last, answered)
 
     async def _whole(self, request: Request, model: str, payload: dict, key: str, children,
-                     started: float, failed: list[ReplicaState], last: str
-                     ) -> Response | StreamResponse:
+                     started: float, failed: list[ReplicaState], last: str,
+                     answered: Response | None = None) -> Response | StreamResponse:
         """No decode replica could answer: the request as it came, to an aggregated replica or,
         failing that, a prefill replica (vLLM's kv_both engines serve whole requests too), so
-        losing the decode side does not lose the request."""
+        losing the decode side does not lose the request. ``answered``: the last 5xx answer
+        so far, what the client gets when no replica does better."""
         gw = self._gw
         body = json.dumps(payload).encode()
         for role in ("both", "prefill"):
@@ -194,7 +194,10 @@ class Disaggregation:
                                                             children, started)
                     else:
                         response = await gw._forward(request, replica, body, payload, key)
-                    _raise_if_server_error(gw, response)
+                except gw.upstream_server_error as exc:
+                    last, answered = str(exc), exc.response
+                    failed.append(replica)
+                    continue
                 except gw.upstream_failed as exc:
                     last = str(exc)
                     replica.failures += 1
@@ -207,19 +210,25 @@ class Disaggregation:
                 log.warning("%s: no decode replica answered; served whole on %s replica %s",
                             model, role, replica.id)
                 return response
+        if answered is not None:  # every replica tried answered 5xx: say what the last said
+            return answered
         gw.metrics.errors.labels(model, "upstream_failed").inc()
         return gw.error_response(502, f"decode replica(s) of {model!r} failed: {last}",
                                  "upstream_error")
 
     async def _prefill(self, request: Request, model: str, body: bytes, request_id: str,
                        failed: list[ReplicaState]) -> object:
-        """Prefill on a replica (another one after a transport failure); the answer's
-        ``kv_transfer_params``. A non-200 answer is the client's answer (its request is bad)."""
+        """Prefill on a replica (another one after a transport failure or a 5xx answer); the
+        answer's ``kv_transfer_params``. A 4xx answer is the client's answer (its request is
+        bad), and so is the last 5xx when every prefill replica tried answered one."""
         gw = self._gw
         path = request.path
+        answered: Response | None = None
         while True:
             replica = gw.router.choose(model, exclude=failed, role="prefill")
             if replica is None or len(failed) > gw.settings.max_retries:
+                if answered is not None:
+                    raise _PhaseFailed(answered)
                 gw.metrics.errors.labels(model, "upstream_failed").inc()
                 raise _PhaseFailed(gw.error_response(
                     502, f"{len(failed)} prefill replica(s) of {model!r} failed",
@@ -238,6 +247,11 @@ class Disaggregation:
                 gw._done_with(replica)
             if status != 200:
                 gw.metrics.errors.labels(model, f"upstream_{status}").inc()
+                if status >= 500:  # a draining replica (module docstring): try another one
+                    answered = Response(status=status, body=data)
+                    failed.append(replica)
+                    self.phase_failures.labels(model, "prefill").inc()
+                    continue
                 raise _PhaseFailed(Response(status=status, body=data))
             try:
                 answer = json.loads(data)

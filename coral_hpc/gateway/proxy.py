@@ -183,6 +183,7 @@ class Gateway:
 
     #: for :mod:`coral_hpc.gateway.disagg`, which forwards through this gateway's machinery
     upstream_failed = _UpstreamFailed
+    upstream_server_error = _UpstreamServerError
     error_response = staticmethod(_error)
 
     def __init__(self, settings: GatewaySettings, keys: KeyChecker | None = None) -> None:

@@ -1,7 +1,7 @@
 """A disaggregated model through the real gateway to real sim engines: the request goes to a
 prefill replica (one token, vLLM's kv_transfer_params), then to a decode replica that continues
 from the prompt's KV; the client sees one answer, streamed or not, and loses nothing when a
-decode replica dies mid-load."""
+decode replica dies mid-load or, draining, answers 500 to everything."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ from tests.support.gateway_harness import (
     Proc,
     start_gateway,
     start_sim_engine,
+    start_stub,
+    stub_stats,
     write_models_yaml,
 )
 
@@ -152,3 +154,77 @@ def test_with_no_decode_replica_left_the_prefill_replica_answers_whole(tmp_path)
     finally:
         gateway.stop()
         prefill.stop()
+
+
+def _routing(gateway: Proc) -> dict[str, dict]:
+    routes = httpx.get(gateway.url + "/internal/routing", timeout=10).json()["models"]["d"]
+    return {r["id"]: r for r in routes}
+
+
+def _gateway_over(tmp_path, routes: list[tuple[str, Proc, str]]) -> Proc:
+    key_file = tmp_path / "replica.key"
+    key_file.write_text(REPLICA_KEY + "\n")
+    key_file.chmod(0o600)
+    table = tmp_path / "table.json"
+    write_routing_table(table, RoutingTable(1, {"d": tuple(
+        ReplicaRoute(n, proc.url, 1.0, role) for n, proc, role in routes)}))
+    return start_gateway(tmp_path, write_models_yaml(tmp_path, ["d"]), table,
+                         "--replica-key-file", str(key_file))
+
+
+@pytest.mark.parametrize("draining_role", ["decode", "prefill"])
+def test_a_draining_replica_answering_500_is_skipped_and_kept_in_routing(tmp_path, draining_role):
+    # real vLLM after a SIGTERM the daemon did not send (scancel of the decode job in
+    # tests/vllm/test_disagg_vllm.py): /health 200, every new request 500 until the daemon
+    # sees the job gone. Every request must still be answered, by the other replica of that role
+    procs = {"p": _start_sim(tmp_path, "p"), "d": _start_sim(tmp_path, "d"),
+             "dying": start_stub(tmp_path, "dying", "--fail-status", "500")}
+    roles = {"p": "prefill", "d": "decode", "dying": draining_role}
+    gateway = _gateway_over(tmp_path, [(n, procs[n], roles[n]) for n in ("dying", "p", "d")])
+    try:
+        for stream in (False, True):
+            for i in range(6):
+                r = httpx.post(gateway.url + "/v1/chat/completions",
+                               json={**_chat(5, stream=stream), "user": str(i)}, timeout=30)
+                assert r.status_code == 200, (stream, r.text)
+                if stream:
+                    assert r.content.endswith(b"data: [DONE]\n\n")
+                else:
+                    assert r.json()["usage"]["completion_tokens"] == 5
+        assert stub_stats(procs["dying"])["requests"] > 0  # it was chosen; its 500s went elsewhere
+        assert _routing(gateway)["dying"]["healthy"] is True  # a 500 is no transport failure
+        assert _metric(gateway.url, "coral_gateway_phase_failures_total", model="d",
+                       phase=draining_role) >= 1
+    finally:
+        gateway.stop()
+        for proc in procs.values():
+            proc.stop()
+
+
+def test_with_only_a_draining_decode_replica_the_prefill_replica_answers_whole(tmp_path):
+    prefill = _start_sim(tmp_path, "p")
+    dying = start_stub(tmp_path, "dying", "--fail-status", "500")
+    gateway = _gateway_over(tmp_path, [("p", prefill, "prefill"), ("dying", dying, "decode")])
+    try:
+        r = httpx.post(gateway.url + "/v1/chat/completions", json=_chat(9), timeout=30)
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 9
+        assert _metric(gateway.url, "coral_gateway_phase_requests_total", model="d",
+                       phase="whole_on_prefill") == 1
+    finally:
+        gateway.stop()
+        prefill.stop()
+        dying.stop()
+
+
+def test_when_every_replica_answers_500_the_client_gets_the_last_answer(tmp_path):
+    procs = {n: start_stub(tmp_path, n, "--fail-status", "500") for n in ("p", "d")}
+    gateway = _gateway_over(tmp_path, [("p", procs["p"], "prefill"), ("d", procs["d"], "decode")])
+    try:
+        r = httpx.post(gateway.url + "/v1/chat/completions", json=_chat(3), timeout=30)
+        assert r.status_code == 500 and "after shutdown" in r.text, r.text
+        assert all(s["healthy"] for s in _routing(gateway).values())
+    finally:
+        gateway.stop()
+        for proc in procs.values():
+            proc.stop()
