@@ -181,8 +181,8 @@ class Daemon:
     # ------------------------------------------------------------------ the reconcile step
 
     def reconcile_once(self) -> bool:
-        """observe → re-plan if out of date → decide → act → publish. Returns True when the
-        cycle should run again at once (a new exclusion asks for a new plan)."""
+        """observe → publish → re-plan if out of date → decide → act → publish. Returns True
+        when the cycle should run again at once (a new exclusion asks for a new plan)."""
         with self._lock:
             began = time.monotonic()
             observed = self.observer.observe()
@@ -192,6 +192,9 @@ class Daemon:
                 self.metrics.slurm_errors.labels("observe").inc()
                 log.warning("%s", observed.error)
             now = self.clock()
+            # route what is READY now: planning (a solve) and acting (sbatch) take seconds, and
+            # `status` already calls these replicas READY
+            self.publish(now)
             self._learn_startup()
             self._maybe_plan(observed, now)
             if self.fatal is not None:

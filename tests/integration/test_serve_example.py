@@ -145,8 +145,20 @@ def test_serve_the_example_end_to_end(tmp_path, env):
         for replica in data["replicas"]:
             assert replica["job_id"] and replica["endpoint"]
 
-        # every model answers through the gateway, streamed and not
+        # the gateway routes every READY replica within a poll or two of the daemon's cycle
         address = read_info(info_path(deployment))["gateway"]
+        ready_ids = {m: {r["id"] for r in data["replicas"] if r["model"] == m} for m in models}
+
+        def routed() -> dict[str, set[str]]:
+            routes = httpx.get(f"http://{address}/internal/routing", timeout=10).json()["models"]
+            return {m: {r["id"] for r in routes.get(m, []) if r["healthy"]} for m in models}
+
+        deadline = time.monotonic() + 30
+        while (seen := routed()) != ready_ids and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert seen == ready_ids, (seen, (tmp_path / "serve.log").read_text()[-4000:])
+
+        # every model answers through the gateway, streamed and not
         for model in models:
             text, chunks = streamed_chat(address, model)
             assert text.strip() and chunks >= 2, (model, text, chunks)

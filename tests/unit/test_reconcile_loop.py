@@ -166,6 +166,26 @@ def test_a_planned_replica_is_submitted_once_then_routed_when_ready(make, record
     assert len(loop.slurm.submitted) == 1 and not loop.slurm.cancelled
 
 
+def test_a_ready_replica_is_routed_before_the_same_cycle_plans_and_acts(make):
+    # planning (a HiGHS solve) and acting (sbatch) take seconds; a replica `status` already
+    # calls READY must not wait for them to get traffic (CI saw a 503 in that window)
+    seen: list[dict | None] = []
+
+    class Watching(ScriptedPlanner):
+        def __call__(self, request: PlanRequest) -> PlanOutcome:
+            path = loop.tmp / "routes.json"
+            seen.append(read_routing_table(path).models if path.exists() else None)
+            return super().__call__(request)
+
+    loop = make(Watching(slot()))
+    loop.cycle()
+    (record,) = loop.live()
+    url = loop.serve(record.id)
+    loop.cycle(loop.deployment.policy.replan_interval_s + 1)  # READY now, and a plan is due
+    assert len(seen) == 2, "the second cycle did not re-plan"
+    assert [r.url for r in seen[1]["qwen3-8b"]] == [url]
+
+
 # --------------------------------------------------------------------------- restarts
 
 
