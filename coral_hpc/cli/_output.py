@@ -40,6 +40,9 @@ EXIT_INTERNAL = 1
 EXIT_INVALID = 2
 #: Slurm, accounting or a port could not be reached or taken: try again later.
 EXIT_UNAVAILABLE = 3
+#: An engine job coral-hpc started to measure failed, or never answered ``/health``: not a
+#: coral-hpc bug and not the file's fault as far as coral-hpc can tell; the job's log says why.
+EXIT_ENGINE_FAILED = 4
 
 #: The exit statuses, as README's CLI table and every command's ``--help`` state them.
 EXIT_STATUSES: tuple[tuple[int, str], ...] = (
@@ -48,6 +51,8 @@ EXIT_STATUSES: tuple[tuple[int, str], ...] = (
     (EXIT_INVALID, "invalid input, named by file and field, or another daemon (host, pid) "
                    "already serves this deployment; nothing was changed"),
     (EXIT_UNAVAILABLE, "Slurm, accounting or a port unavailable: try again"),
+    (EXIT_ENGINE_FAILED, "an engine job (coral-hpc profile) failed or never answered /health; "
+                         "its log is named"),
 )
 
 

@@ -8,7 +8,14 @@ from __future__ import annotations
 
 import click
 
-from coral_hpc.cli._output import EXIT_UNAVAILABLE, err_console, fail, print_json
+from coral_hpc.cli._output import (
+    EXIT_ENGINE_FAILED,
+    EXIT_INTERNAL,
+    EXIT_UNAVAILABLE,
+    err_console,
+    fail,
+    print_json,
+)
 
 
 @click.command()
@@ -33,7 +40,7 @@ def profile(models_yaml: str, partitions: tuple[str, ...], models: tuple[str, ..
     from coral_hpc.config import load_deployment
     from coral_hpc.errors import ConfigError, TransientError
     from coral_hpc.profile import profile_tasks, run_profiles
-    from coral_hpc.profile.run import ProfileError, pipeline_task
+    from coral_hpc.profile.run import EngineFailed, ProfileError, pipeline_task
     from coral_hpc.slurm import client_for_deployment
 
     try:
@@ -64,7 +71,9 @@ def profile(models_yaml: str, partitions: tuple[str, ...], models: tuple[str, ..
                                progress=lambda m: err_console.print(m, highlight=False))
     except TransientError as exc:
         fail(f"Slurm is unreachable, try again later: {exc}", status=EXIT_UNAVAILABLE)
+    except EngineFailed as exc:
+        fail(f"coral-hpc profile: the engine failed: {exc}", status=EXIT_ENGINE_FAILED)
     except ProfileError as exc:
-        fail(f"coral-hpc profile: {exc}", status=1)
+        fail(f"coral-hpc profile: {exc}", status=EXIT_INTERNAL)
     if as_json:
         print_json({"profiles": [str(p) for p in written]})

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from coral_hpc.engine import vllm_metrics
+from coral_hpc.errors import PermanentError
 
 #: token ids the prompts are made of: above the tokenizer's special tokens, below its vocabulary
 _PROMPT_IDS = range(16, 480)
@@ -56,6 +57,12 @@ class EngineMeasurements:
     decode: list[tuple[int, int, float]] = field(default_factory=list)  # (seqs, context, s)
     throughput: list[tuple[int, int, float, float, float]] = field(default_factory=list)
     #: ^ (input, output, ttft_s, tpot_s, requests/s that met them)
+
+
+class EngineFailed(PermanentError, RuntimeError):
+    """The engine being measured failed: its job ended or never answered ``/health``, or its
+    requests failed. Not a coral-hpc bug: the engine's log says why (``coral-hpc profile``
+    exits 4)."""
 
 
 def prompt_ids(length: int, salt: int = 0) -> list[int]:
@@ -99,7 +106,7 @@ def stream_completion(url: str, model: str, prompt: list[int], max_tokens: int,
             if chunk.get("usage"):
                 tokens = int(chunk["usage"].get("completion_tokens") or 0)
     if first is None or last is None or tokens < 1:
-        raise RuntimeError(f"{url}: a streamed completion returned no tokens")
+        raise EngineFailed(f"{url}: a streamed completion returned no tokens")
     tpot = (last - first) / (tokens - 1) if tokens > 1 else 0.0
     return RequestTiming(first - start, tpot, tokens)
 
@@ -131,7 +138,7 @@ def run_load(url: str, model: str, concurrency: int, input_tokens: int, output_t
     for t in threads:
         t.join()
     if errors:
-        raise RuntimeError(f"{url}: {len(errors)} request(s) failed: {errors[0]!r}")
+        raise EngineFailed(f"{url}: {len(errors)} request(s) failed: {errors[0]!r}")
     return LoadResult(concurrency, tuple(timings), time.perf_counter() - start)
 
 

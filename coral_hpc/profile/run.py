@@ -20,7 +20,7 @@ from coral_hpc.launch.spec import replica_spec
 from coral_hpc.launch.stop import stop_replicas
 from coral_hpc.launch.submit import submit_replica
 from coral_hpc.plan.layout import layout_dtype
-from coral_hpc.profile.measure import measure_engine
+from coral_hpc.profile.measure import EngineFailed, measure_engine
 from coral_hpc.profile.write import profile_document, profile_path, write_profile
 from coral_hpc.types import ReplicaLayout, StageLayout
 
@@ -166,10 +166,11 @@ def _wait_ready(client: ProfileClient, job_id: str, endpoint_file: Path, timeout
             progress(f"  job {job_id}: {state}")
             last_state = state
         if state in ("FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "COMPLETED"):
-            raise ProfileError(f"job {job_id} ended {state} before the engine answered /health "
+            raise EngineFailed(f"job {job_id} ended {state} before the engine answered /health "
                                f"(logs under {endpoint_file.parent.parent / 'logs'})")
         time.sleep(2.0)
-    raise ProfileError(f"job {job_id}: no healthy engine after {timeout_s:.0f}s")
+    raise EngineFailed(f"job {job_id}: no healthy engine after {timeout_s:.0f}s (logs under "
+                       f"{endpoint_file.parent.parent / 'logs'})")
 
 
 def run_profiles(deployment: Deployment, tasks: Sequence[ProfileTask], client: ProfileClient, *,
@@ -232,5 +233,5 @@ def run_profiles(deployment: Deployment, tasks: Sequence[ProfileTask], client: P
     return written
 
 
-__all__ = ["CoralError", "ProfileError", "ProfileTask", "pipeline_task", "profile_tasks",
+__all__ = ["CoralError", "EngineFailed", "ProfileError", "ProfileTask", "pipeline_task", "profile_tasks",
            "run_profiles"]

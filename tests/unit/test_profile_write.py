@@ -150,3 +150,31 @@ def test_a_mixed_gpu_pipeline_profile_never_answers_for_a_one_type_pipeline(tmp_
             arch, gpu, 1, (2, 2), perf.Slo(4.0, 0.4), perf.Mix(438, 6)) is None
     finally:
         perf.configure()
+
+
+class _EndedJob:
+    """A Slurm client whose profiling job has already failed (as `sacct` would say)."""
+
+    def job_states(self, job_ids):
+        return {job_id: type("State", (), {"state": "FAILED"})() for job_id in job_ids}
+
+
+def test_an_engine_job_that_ends_before_health_is_an_engine_failure_naming_its_logs(tmp_path):
+    from coral_hpc.profile.run import EngineFailed, ProfileError, _wait_ready
+
+    endpoint_file = tmp_path / "state" / "endpoints" / "profile-1.json"
+    with pytest.raises(EngineFailed, match=r"job 42 ended FAILED .*logs under .*state/logs"
+                       ) as raised:
+        _wait_ready(_EndedJob(), "42", endpoint_file, 30, progress=lambda _: None)
+    assert not isinstance(raised.value, ProfileError)  # exit 4 (engine), not 1 (a bug)
+
+
+def test_profile_help_lists_exit_status_4_for_a_failed_engine():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", "from coral_hpc.cli import main; main()",
+                          "profile", "--help"], capture_output=True, text=True, timeout=60,
+                         check=False, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
+    assert "4  an engine job (coral-hpc profile) failed" in out.stdout
