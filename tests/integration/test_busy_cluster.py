@@ -19,7 +19,6 @@ import re
 import secrets
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -29,10 +28,11 @@ from coral_hpc.config import load_deployment
 from coral_hpc.slurm import make_client
 from tests.conftest import REPO, wait_until
 from tests.support import busy_cluster
+from tests.support.serve_cli import CLI, cli
+from tests.support.serve_cli import status_if_any as status
 
 pytestmark = pytest.mark.slurm
 
-CLI = [sys.executable, "-c", "from coral_hpc.cli import main; main()"]
 
 
 def config_copy(tmp_path: Path, models: str | None = None, **policy: object) -> Path:
@@ -62,18 +62,6 @@ def config_copy(tmp_path: Path, models: str | None = None, **policy: object) -> 
     path = tmp_path / "models.yaml"
     path.write_text(text)
     return path
-
-
-def cli(env: dict, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([*CLI, *args], check=False, capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=REPO)
-
-
-def status(env: dict, config: Path) -> dict | None:
-    if not Path(load_deployment(config).db_path).exists():
-        return None
-    out = cli(env, "status", str(config), "--json")
-    return json.loads(out.stdout) if out.returncode == 0 else None
 
 
 def own_jobs(env: dict, deployment: str):

@@ -12,7 +12,6 @@ import re
 import secrets
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -25,11 +24,9 @@ from coral_hpc.daemon.process import info_path, read_info
 from coral_hpc.slurm import make_client
 from coral_hpc.store import open_store
 from tests.conftest import REPO, wait_until
+from tests.support.serve_cli import CLI, cli, live_jobs, status
 
 pytestmark = pytest.mark.slurm
-
-CLI = [sys.executable, "-c", "from coral_hpc.cli import main; main()"]
-
 
 def example_copy(tmp_path: Path) -> Path:
     """examples/models.yaml with its own deployment name, state folders and short intervals."""
@@ -50,29 +47,12 @@ def example_copy(tmp_path: Path) -> Path:
     return path
 
 
-def cli(env: dict, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([*CLI, *args], check=False, capture_output=True, text=True,
-                          timeout=timeout,
-                          env=env, cwd=REPO)
-
-
-def status(env: dict, config: Path) -> dict:
-    out = cli(env, "status", str(config), "--json")
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
-
-
 def every_model_ready(env: dict, config: Path, models: list[str]) -> dict | None:
     if not Path(load_deployment(config).db_path).exists():
         return None  # serve has not made its database yet
     data = status(env, config)
     ready = {m["name"] for m in data["models"] if m["ready_replicas"] >= 1}
     return data if ready >= set(models) else None
-
-
-def live_jobs(env: dict, deployment: str) -> list[str]:
-    snapshot = make_client("cli", env=env).snapshot(deployment)
-    return sorted(j.job_id for j in snapshot.jobs if j.end_kind is None)
 
 
 def streamed_chat(address: str, model: str) -> tuple[str, int]:

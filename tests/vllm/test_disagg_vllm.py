@@ -30,8 +30,9 @@ from coral_hpc.launch import read_endpoint, submit_replica
 from coral_hpc.launch.spec import ReplicaSpec, StageSpec
 from coral_hpc.slurm import make_client
 from tests.conftest import wait_until
+from tests.support.serve_cli import CLI, cli, live_jobs, status
 from tests.vllm.engine_client import completion, token_ids
-from tests.vllm.test_serve_vllm import CLI, cli, example_copy, live_jobs, status
+from tests.vllm.test_serve_vllm import example_copy
 
 pytestmark = [pytest.mark.slurm, pytest.mark.vllm]
 

@@ -32,7 +32,6 @@ import os
 import secrets
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -51,11 +50,11 @@ from coral_hpc.reconcile.status import walltime_lead
 from coral_hpc.slurm import make_client
 from coral_hpc.store import open_store
 from tests.conftest import REPO, wait_until
+from tests.support.serve_cli import CLI
 
 #: part of `make test`; `make test-replacement` runs it alone
 pytestmark = [pytest.mark.slurm, pytest.mark.vllm, pytest.mark.replacement]
 
-CLI = [sys.executable, "-c", "from coral_hpc.cli import main; main()"]
 MODEL = "tiny-llama"
 #: the deployment's time limit and the walltime lead. A replica's successor is due the lead
 #: before Slurm's USR2 warning (90 s before the limit): 180 s, or the slowest recent start-up the

@@ -12,7 +12,6 @@ import re
 import secrets
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import httpx
@@ -22,10 +21,10 @@ from coral_hpc.config import load_deployment
 from coral_hpc.daemon.process import info_path, read_info
 from coral_hpc.slurm import make_client
 from tests.conftest import REPO, wait_until
+from tests.support.serve_cli import CLI, cli, live_jobs, status
 
 pytestmark = [pytest.mark.slurm, pytest.mark.vllm]
 
-CLI = [sys.executable, "-c", "from coral_hpc.cli import main; main()"]
 SIM_HEADER = "x-coral-engine"
 
 
@@ -49,22 +48,6 @@ def example_copy(tmp_path: Path, venv: Path, models: Path) -> Path:
     path = tmp_path / "models.yaml"
     path.write_text(text)
     return path
-
-
-def cli(env: dict, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run([*CLI, *args], check=False, capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=REPO)
-
-
-def status(env: dict, config: Path) -> dict:
-    out = cli(env, "status", str(config), "--json")
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
-
-
-def live_jobs(env: dict, deployment: str) -> list[str]:
-    snapshot = make_client("cli", env=env).snapshot(deployment)
-    return sorted(j.job_id for j in snapshot.jobs if j.end_kind is None)
 
 
 def test_serve_the_vllm_example_on_the_real_engine(tmp_path, vllm_env, vllm_venv, test_models):
