@@ -65,7 +65,7 @@ def _add_exit_statuses(command: click.Command) -> None:
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]},
              epilog="Exit status: 0 done, 1 a bug to report, 2 invalid input or another daemon "
                     "already serving the deployment (nothing changed), 3 Slurm/accounting/port "
-                    "unavailable (try again), 4 a profiled engine job failed (its log named). "
+                    "unavailable (try again), 5 a profiled engine job failed (its log named). "
                     "Tables fold to the terminal's width; --wide keeps "
                     "one line per row.")
 @click.version_option(__version__, prog_name="coral-hpc")

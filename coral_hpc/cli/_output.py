@@ -42,7 +42,9 @@ EXIT_INVALID = 2
 EXIT_UNAVAILABLE = 3
 #: An engine job coral-hpc started to measure failed, or never answered ``/health``: not a
 #: coral-hpc bug and not the file's fault as far as coral-hpc can tell; the job's log says why.
-EXIT_ENGINE_FAILED = 4
+#: (Not 4: exit 4 once meant "another daemon serves this deployment", now 2; a script
+#: written for that must not read an engine failure as it.)
+EXIT_ENGINE_FAILED = 5
 
 #: The exit statuses, as README's CLI table and every command's ``--help`` state them.
 EXIT_STATUSES: tuple[tuple[int, str], ...] = (

@@ -62,7 +62,7 @@ class EngineMeasurements:
 class EngineFailed(PermanentError, RuntimeError):
     """The engine being measured failed: its job ended or never answered ``/health``, or its
     requests failed. Not a coral-hpc bug: the engine's log says why (``coral-hpc profile``
-    exits 4)."""
+    exits 5)."""
 
 
 def prompt_ids(length: int, salt: int = 0) -> list[int]:

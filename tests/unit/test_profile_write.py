@@ -166,10 +166,10 @@ def test_an_engine_job_that_ends_before_health_is_an_engine_failure_naming_its_l
     with pytest.raises(EngineFailed, match=r"job 42 ended FAILED .*logs under .*state/logs"
                        ) as raised:
         _wait_ready(_EndedJob(), "42", endpoint_file, 30, progress=lambda _: None)
-    assert not isinstance(raised.value, ProfileError)  # exit 4 (engine), not 1 (a bug)
+    assert not isinstance(raised.value, ProfileError)  # exit 5 (engine), not 1 (a bug)
 
 
-def test_profile_help_lists_exit_status_4_for_a_failed_engine():
+def test_profile_help_lists_exit_status_5_for_a_failed_engine():
     import subprocess
     import sys
 
@@ -177,4 +177,4 @@ def test_profile_help_lists_exit_status_4_for_a_failed_engine():
                           "profile", "--help"], capture_output=True, text=True, timeout=60,
                          check=False, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr
-    assert "4  an engine job (coral-hpc profile) failed" in out.stdout
+    assert "5  an engine job (coral-hpc profile) failed" in out.stdout
