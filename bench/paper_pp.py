@@ -330,6 +330,12 @@ def handoffs(profiles: list[dict]) -> list[dict]:
     return out
 
 
+def _config_of(profile: str) -> str:
+    """The config a profile was measured with: its folder under paper_pp_profiles/."""
+    parts = Path(profile).parts
+    return parts[parts.index("paper_pp_profiles") + 1] if "paper_pp_profiles" in parts else "?"
+
+
 def unbound() -> bool:
     """True when every partition of every config runs its engine unbound
     (``VLLM_CPU_OMP_THREADS_BIND=nobind``), as examples/vllm-cpu.yaml does."""
@@ -559,7 +565,8 @@ def main(argv: list[str] | None = None) -> int:
         "÷ S, as the model adds one to each of a token's S stage steps; decode steps under 1 ms, "
         "tokens streamed in one burst, are left out):",
         "",
-        *([f"- {h['model']} PP {h['pp']} ({h['split']}): {h['measured_ms']:.2f} ms "
+        *([f"- {h['model']} PP {h['pp']} ({h['split']}), {_config_of(h['profile'])}: "
+           f"{h['measured_ms']:.2f} ms "
            f"({h['points']} batch sizes); the calibration's inter-node alpha: "
            f"{h['calibration_alpha_ms']:.3f} ms (GPU nodes, another link)" for h in hand]
           or ["- none measured (no PP-1 decode step above 1 ms to compare with)"]),
