@@ -4,11 +4,13 @@ The question: under pipeline parallelism, does a prompt stall the whole ring of 
 (each stage then pays S x b / n_out prompts per step: ``coral_solver.perf.PROMPTS_STALL_RING =
 True``, the model's assumption until measured), or does each stage pay only its own micro-batch's
 b / n_out? Compared with predictions that keep to what the profile measured (at most 32
-requests in flight, the host's own hand-off, counted as the model applies it), the data do not
-decide: the prompt penalty favours the own-micro-batch charge, the PP ÷ PP 1 ratios the ring, and
-these profiles ran every stage on one core (bench/results/paper_pp.md says which). The planner
-and the sim engine's pipeline keep the ring (``PROMPTS_STALL_RING = True``) for the scheduling
-reason its comment gives, until bench/pp_ring.py measures stages on cores of their own.
+requests in flight, the host's own hand-off, counted as the model applies it). With every stage
+bound to core 0 (vLLM's ``auto`` binding on this host, the profiles until 22:45 UTC 2026-12-01)
+the data did not decide; with the stages unbound (the configs' engine environment since, as
+examples/vllm-cpu.yaml) bench/results/paper_pp.md says what they favour, and what on this
+2-core host keeps that from being a clean test of the stall. The planner and the sim engine's
+pipeline keep the ring (``PROMPTS_STALL_RING = True``) for the scheduling reason its comment
+gives.
 
 Measure first, on the real engine (vLLM's CPU build and the generated test models, in Slurm jobs,
 under the shared lock), at a prompt-heavy and a decode-heavy mix, PP 1 and 2 on one partition and
@@ -71,10 +73,10 @@ CONFIGS = ROOT / "bench/paper_pp_configs"
 def profile_dirs() -> list[Path]:
     """Each config's measured-profile folder (its ``profiles_dir``). Not the example's
     (examples/vllm-cpu.profiles): since the vllm branch its engines run unbound
-    (``VLLM_CPU_OMP_THREADS_BIND=nobind``, one OMP thread) and its "tiny-llama" is another
-    architecture (coral-tiny-llama-long), while these configs' engines run vLLM's ``auto``
-    binding: pooled, their ratios and hand-offs would mix two conditions (``--profiles``
-    adds a folder on purpose)."""
+    (``VLLM_CPU_OMP_THREADS_BIND=nobind``, one OMP thread, as these configs' since 22:45 UTC
+    2026-12-01), but its "tiny-llama" is another architecture (coral-tiny-llama-long) at other
+    mixes: pooled, its ratios and hand-offs would mix two models (``--profiles`` adds a folder
+    on purpose)."""
     from coral_hpc.config import load_deployment
 
     return [load_deployment(str(path)).measured_profiles_path
@@ -328,6 +330,101 @@ def handoffs(profiles: list[dict]) -> list[dict]:
     return out
 
 
+def _config_of(profile: str) -> str:
+    """The config a profile was measured with: its folder under paper_pp_profiles/."""
+    parts = Path(profile).parts
+    return parts[parts.index("paper_pp_profiles") + 1] if "paper_pp_profiles" in parts else "?"
+
+
+def unbound() -> bool:
+    """True when every partition of every config runs its engine unbound
+    (``VLLM_CPU_OMP_THREADS_BIND=nobind``), as examples/vllm-cpu.yaml does."""
+    from coral_hpc.config import load_deployment
+
+    return all(
+        part.environment is not None
+        and dict(part.environment.env).get("VLLM_CPU_OMP_THREADS_BIND") == "nobind"
+        for path in sorted(CONFIGS.glob("*.yaml"))
+        for part in load_deployment(str(path)).cluster.partitions
+    )
+
+
+def binding_paragraph() -> str:
+    """Where the profiled engines' threads ran, from the configs' engine environment (the
+    engine logs' own lines are recorded per run in :data:`RUNS`)."""
+    if unbound():
+        return (
+            "Where the engines' threads ran: unbound, as in examples/vllm-cpu.yaml "
+            "(`VLLM_CPU_OMP_THREADS_BIND=nobind`, `OMP_NUM_THREADS=1`): each stage's engine "
+            "computes on one thread that the OS may put on either of the host's 2 cores, so "
+            "PP 2's two stages can run side by side and PP 3's three share 2 cores. Every "
+            "stage's engine log of the runs below says `VLLM_CPU_OMP_THREADS_BIND='nobind'`, "
+            "`reserved_cpus=[]`. Until 22:45 UTC 2026-12-01 (commit df79e4b's profiles) the "
+            "configs left vLLM's `auto` binding, which on this host bound every stage of a "
+            "pipeline to core 0 (`local_rank=0, core ids=[0]`, `reserved_cpus=[1]`), so its "
+            "stages took turns on one core; those figures (PP 2 ÷ PP 1 = 0.62 at 438/6, 0.17 "
+            "at 32/64; PP 3 0.07 at 438/6) are in git history, not here."
+        )
+    return (
+        "Where the engines' threads ran: each config's engine environment as this report was "
+        "written (unset: vLLM's `auto`, which on this host binds every engine process, so every "
+        "stage of a pipeline, to core 0, reserving core 1 — the engine logs of the PP-3 run say "
+        "`local_rank=0, core ids=[0]`, `reserved_cpus=[1]` for each of its three stages). So the "
+        "two configs' PP 1, 2 and 3 profiles ran every stage on the same single core: a "
+        "pipeline's stages took turns on it rather than running side by side (on one core, "
+        "every stage's prompt work is paid by all micro-batches whatever the scheduler does)."
+    )
+
+
+#: When, under what load and with which binding the committed profiles were measured: written
+#: by hand from each `coral-hpc profile` run's console and engine logs (the logs are not kept)
+RUNS = ROOT / "bench/results/paper_pp_profiles/runs.yaml"
+
+
+def measurement_runs() -> list[str]:
+    """The md lines that say how each profile was measured and what was seen beside the
+    figures (:data:`RUNS`: ``runs``, each with its time, load, binding and optional ``cpu`` and
+    ``result``; ``notes``)."""
+    if not RUNS.is_file():
+        return []
+    record = yaml.safe_load(RUNS.read_text()) or {}
+    lines = ["Measurement runs (both the Slurm and the bench lock held; the 1-min load average "
+             "at start and end; the binding each stage's engine log reported; cpu: mean over the "
+             "measurement window, % of one core):", ""]
+    for run in record.get("runs", []):
+        lines.append(
+            f"- {run['config']} {run['layouts']}: {run['start_utc']}–{run['end_utc']} UTC, "
+            f"load {run['load_start']}–{run['load_end']}; {run['binding']}"
+            + (f"; cpu: {run['cpu']}" if run.get("cpu") else "")
+            + (f"; measured {run['result']}" if run.get("result") else "")
+            + ("" if run.get("committed", True) else " (not the committed profiles)"))
+    notes = record.get("notes", [])
+    if notes:
+        lines += ["", "Seen beside the figures:", "", *[f"- {note}" for note in notes]]
+    return [*lines, ""]
+
+
+def penalty_direction(penalties: list[dict], prefix: str) -> list[str]:
+    """A line on the sign of the prompt penalty, which the medians hide: above 1, a pipeline
+    loses more at the decode-heavy mix; a ring stall predicts the prompt-heavy mix losing more
+    (below 1, with the same hand-off)."""
+    pairs = [(p["measured"], p.get(f"{prefix}ring"), p.get(f"{prefix}own")) for p in penalties]
+    if not pairs:
+        return []
+    n = len(pairs)
+
+    def above(i: int) -> int:
+        return sum(1 for pair in pairs if pair[i] is not None and pair[i] > 1)
+
+    return [
+        f"Direction of the prompt penalty: above 1 (the pipeline loses more at the decode-heavy "
+        f"mix) in {above(0)} of {n} layouts measured (" + ", ".join(
+            f"{p[0]:.2f}" for p in pairs) + f"); the ring predicts above 1 in {above(1)} of {n}, "
+        f"own micro-batch in {above(2)} of {n}.",
+        "",
+    ]
+
+
 def _ring_state() -> str:
     """What bench/results/pp_ring.md says so far, for the sentence that points to it."""
     path = ROOT / "bench/results/pp_ring.md"
@@ -459,6 +556,7 @@ def main(argv: list[str] | None = None) -> int:
         + "; ".join(f"{k}: {v:.3f}" for k, v in verdict.items())
         + f". Fits best: **{best}**.",
         "",
+        *penalty_direction(penalties, "host_" if host else ""),
         "Median |log(predicted / measured)| of PP ÷ PP 1 over every PP > 1 row (each at its "
         "own mix" + (", with the host's measured hand-off" if host else "") + "): "
         + "; ".join(f"{k}: {v:.3f}" for k, v in ratio_verdict.items()) + ".",
@@ -467,7 +565,8 @@ def main(argv: list[str] | None = None) -> int:
         "÷ S, as the model adds one to each of a token's S stage steps; decode steps under 1 ms, "
         "tokens streamed in one burst, are left out):",
         "",
-        *([f"- {h['model']} PP {h['pp']} ({h['split']}): {h['measured_ms']:.2f} ms "
+        *([f"- {h['model']} PP {h['pp']} ({h['split']}), {_config_of(h['profile'])}: "
+           f"{h['measured_ms']:.2f} ms "
            f"({h['points']} batch sizes); the calibration's inter-node alpha: "
            f"{h['calibration_alpha_ms']:.3f} ms (GPU nodes, another link)" for h in hand]
           or ["- none measured (no PP-1 decode step above 1 ms to compare with)"]),
@@ -477,8 +576,10 @@ def main(argv: list[str] | None = None) -> int:
         f"clients per level, the best level whose requests all met the SLO), with at most "
         f"{MAX_CLIENTS} requests in flight: the sweep stops there. The model prices stages as "
         "parallel hardware; here all stages share one 2-core host (every node of the local "
-        "cluster is that host, no cgroups), and each stage boundary costs a step tens of ms "
-        "there (above), not the GPU link's 0.03 ms: so only the host hand-off columns are "
+        "cluster is that host, no cgroups), and each stage boundary costs a step "
+        + (f"{min(h['measured_ms'] for h in hand):.1f}–{max(h['measured_ms'] for h in hand):.1f} ms"
+           if hand else "an unmeasured time")
+        + " there (above), not the GPU link's 0.03 ms: so only the host hand-off columns are "
         "comparable with the engine. The prompt penalty does not cancel that hand-off (it is "
         "paid per step, and the decode-heavy mix makes 64 steps per request where the "
         "prompt-heavy one makes 6), which is why it is compared with the host hand-off "
@@ -489,20 +590,11 @@ def main(argv: list[str] | None = None) -> int:
         + _ring_state()
         + ").",
         "",
-        "Where the engines' threads ran: each config's engine environment as this report was "
-        "written (unset: vLLM's `auto`, which on this host binds every engine process, so every "
-        "stage of a pipeline, to core 0, reserving core 1 — the engine logs of the PP-3 run say "
-        "`local_rank=0, core ids=[0]`, `reserved_cpus=[1]` for each of its three stages). So the "
-        "two configs' PP 1, 2 and 3 profiles ran every stage on the same single core: a "
-        "pipeline's stages took turns on it rather than running side by side, and the ring "
-        "accounting's fit above is a fit on serialised stages (on one core, every stage's "
-        "prompt work is paid by all micro-batches whatever the scheduler does). The example's "
-        "profiles (examples/vllm-cpu.profiles, not read here: unbound since the vllm branch) "
-        "show what that binding cost: its 2-node tiny-llama pipeline, unbound, decodes at "
-        "8.4 ms a step where pinned to core 0 it took 236 ms (its README).",
+        binding_paragraph(),
         "",
         *[f"- {line}" for line in bindings()],
         "",
+        *measurement_runs(),
     ]
     names = {"prompts stall the ring": "ring", "own micro-batch only": "own"}
     shown = [best] if best in names else list(names)  # undecided: measured vs both

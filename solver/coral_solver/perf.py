@@ -447,14 +447,16 @@ def _largest_feasible_batch(feasible: Callable[[int], tuple[bool, float]], lo: i
 #: each stage runs the micro-batches in order, so every micro-batch follows the one holding a
 #: prompt through every stage (the sim engine's PipelineClock does exactly this; tested in
 #: tests/unit/test_engine_layout.py: test_one_micro_batchs_prompt_stalls_every_micro_batch_...).
-#: The real engine does NOT decide it yet (bench/results/paper_pp.md, bench/paper_pp.py: vLLM
-#: 0.32.0's CPU build, coral-tiny-llama, PP 2 and PP 3 ÷ PP 1 at 438/6 and 32/64 tokens): those
-#: profiles ran every pipeline stage on the same core (vLLM's auto binding on this host), and
-#: with the host's hand-off counted as the model applies it (the TPOT rise ÷ S; until
-#: 2026-12-01 ÷ (S - 1), which read the data as a ring fit) the prompt penalty favours the
-#: own-micro-batch charge and the PP ÷ PP 1 ratios the ring; both predict 0 req/s for PP 3
-#: where the engine served 0.52. Kept True for the scheduling reason above until a run with
-#: each stage on a core of its own (bench/pp_ring.py) measures it.
+#: Measured on the real engine (bench/results/paper_pp.md, written by bench/paper_pp.py: vLLM
+#: 0.32.0's CPU build, coral-tiny-llama and coral-tiny-qwen2, PP 2 and PP 3 with even and
+#: uneven splits, each stage's engine unbound, at 438/6 and 32/64 tokens, 2026-12-01 22:45-23:10
+#: UTC), with the host's measured hand-off of 2.1-5.7 ms per stage step, the ring fits better
+#: on both measures: median |log(predicted / measured)| of PP / PP 1 0.135 (own micro-batch
+#: only 0.480), of the prompt penalty 0.265 (0.498). What it does not capture there: the
+#: penalty's direction (measured 1.02-1.20, the pipelines lose a little more at the
+#: decode-heavy mix; the ring predicts 0.82-0.97), under a closed loop of at most 32 clients
+#: on stages sharing the host's 2 cores. (The earlier profiles, every stage bound to core 0,
+#: could not tell the two apart.)
 PROMPTS_STALL_RING = True
 
 

@@ -15,9 +15,10 @@ RECORDED = REPO / "bench/results/paper_pp_profiles"
 
 
 def _recorded() -> list[dict]:
-    """PP 1 and 2 at both mixes (the prompt-heavy PP-1 decode steps are token bursts under
-    1 ms, so the hand-off is taken against the decode-heavy PP-1 steps)."""
-    return paper_pp.load_profiles([RECORDED / "prompt-heavy", RECORDED / "decode-heavy"])
+    """tiny-llama's PP 1 and 2 at both mixes (the recorded PP 3 and the other model are left
+    out: the test adds a PP 3 of its own, and its rows are keyed by layout and mix)."""
+    profiles = paper_pp.load_profiles([RECORDED / "prompt-heavy", RECORDED / "decode-heavy"])
+    return [d for d in profiles if d["model"] == "tiny-llama" and d["pp"] <= 2]
 
 
 def _pp3_from(pp2: dict, extra_step_s: float) -> dict:
@@ -87,3 +88,14 @@ def test_the_measured_hand_off_reproduces_the_pipeline_tpot_it_was_taken_from():
         one = step_time(whole, b, 0.0, b * 44.0, 0.0, fit[0], 1, 0.0, math.inf)
         two = 2 * step_time(half, b, 0.0, b * 44.0, 0.0, fit[0], 2, hand_s, math.inf)
         assert two == pytest.approx(one + 0.1, abs=1e-3)
+
+
+def test_the_penalty_direction_counts_the_layouts_on_each_side_of_one():
+    """The sign the medians hide: measured above 1 in one layout of two, the ring in none, the
+    own-micro-batch charge in one (a missing prediction counts as not above)."""
+    penalties = [{"measured": 1.2, "host_ring": 0.9, "host_own": 1.5},
+                 {"measured": 0.8, "host_ring": 0.7, "host_own": None}]
+    line = paper_pp.penalty_direction(penalties, "host_")[0]
+    assert "in 1 of 2 layouts measured (1.20, 0.80)" in line
+    assert "the ring predicts above 1 in 0 of 2, own micro-batch in 1 of 2" in line
+    assert paper_pp.penalty_direction([], "host_") == []
