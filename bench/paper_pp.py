@@ -7,10 +7,9 @@ b / n_out? Compared with predictions that keep to what the profile measured (at 
 requests in flight, the host's own hand-off, counted as the model applies it). With every stage
 bound to core 0 (vLLM's ``auto`` binding on this host, the profiles until 22:45 UTC 2026-12-01)
 the data did not decide; with the stages unbound (the configs' engine environment since, as
-examples/vllm-cpu.yaml) bench/results/paper_pp.md says what they favour, and what on this
-2-core host keeps that from being a clean test of the stall. The planner and the sim engine's
-pipeline keep the ring (``PROMPTS_STALL_RING = True``) for the scheduling reason its comment
-gives.
+examples/vllm-cpu.yaml) they fit the ring on both measures (bench/results/paper_pp.md, with
+what on this 2-core host they leave unexplained). The planner and the sim engine's pipeline
+keep the ring (``PROMPTS_STALL_RING = True``), whose comment cites that fit.
 
 Measure first, on the real engine (vLLM's CPU build and the generated test models, in Slurm jobs,
 under the shared lock), at a prompt-heavy and a decode-heavy mix, PP 1 and 2 on one partition and
