@@ -34,7 +34,6 @@ from tests.support.serve_cli import status_if_any as status
 pytestmark = pytest.mark.slurm
 
 
-
 def config_copy(tmp_path: Path, models: str | None = None, **policy: object) -> Path:
     """examples/models.yaml with its own deployment, state folders, short intervals, and
     ``policy`` overrides; ``models`` keeps only the model of that name."""
@@ -129,7 +128,7 @@ def test_with_every_gpu_held_serve_submits_at_once_and_models_become_ready_as_jo
     hold_s = 70
     others = busy_cluster.fill_every_gpu(hold_s)
     held_since = time.monotonic()
-    wait_until(lambda: all(s == "RUNNING" for _, s, _ in busy_cluster.other_jobs()), 30,
+    wait_until(lambda: busy_cluster.other_jobs_running(others.values()), 30,
                "the other lab's jobs running on every GPU node")
     config = config_copy(tmp_path)
     serve = Serve(env, config, tmp_path)
@@ -164,12 +163,16 @@ def test_a_queued_replica_moves_when_another_shape_starts_sooner(tmp_path, env):
     nodes = {n.name: n for n in busy_cluster.gpu_nodes()}
     hold = {"a100-01": 240, "a100-02": 240, "v100-01": 420, "v100-02": 420, "a100-80g-01": 420}
     others = busy_cluster.fill_every_gpu(hold, [nodes[n] for n in hold])
-    wait_until(lambda: len(busy_cluster.other_jobs()) == len(others), 30, "the other lab's jobs")
+    # RUNNING, not just listed: a plan made while they are still PENDING sees every GPU free
+    # and takes the cheapest shape (CI: the v100 pipeline, queued behind them for 7 min)
+    jobs = wait_until(lambda: busy_cluster.other_jobs_running(others.values()), 30,
+                      "the other lab's jobs running")
     config = config_copy(tmp_path, models="qwen3-8b", max_queue_wait_s=30)
     serve = Serve(env, config, tmp_path)
     try:
         (first,) = wait_until(lambda: own_jobs(env, serve.deployment), 40, "the queued replica")
-        assert first.state == "PENDING" and first.partition.split(",")[0] in ("a100", "gpu")
+        assert first.state == "PENDING" and first.partition.split(",")[0] in ("a100", "gpu"), (
+            first.state, first.partition, jobs)
         # the other lab ends its v100 jobs early: v100 GPUs are free now, sooner than a100's
         make_client("cli", env=env).cancel([others["v100-01"], others["v100-02"]])
         moved = wait_until(lambda: replaced_and_running(env, serve.deployment, first.job_id),
@@ -215,8 +218,8 @@ def test_a_min_replicas_the_whole_cluster_could_never_hold_is_refused(tmp_path, 
     """More replicas than the cluster has GPUs, busy or not (every GPU held by the other lab):
     ``plan`` (asking Slurm) and ``serve`` exit 2 naming the file, line and field, and nothing
     is submitted, instead of queueing replicas that could never all run."""
-    busy_cluster.fill_every_gpu(90)
-    wait_until(lambda: all(s == "RUNNING" for _, s, _ in busy_cluster.other_jobs()), 30,
+    others = busy_cluster.fill_every_gpu(90)
+    wait_until(lambda: busy_cluster.other_jobs_running(others.values()), 30,
                "the other lab's jobs running on every GPU node")
     total = sum(n.gpus for n in busy_cluster.gpu_nodes())
     config = config_copy(tmp_path)

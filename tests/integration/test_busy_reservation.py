@@ -66,7 +66,9 @@ def test_serve_plans_on_the_users_reservation_when_every_other_gpu_is_held(tmp_p
 def _serve_in(tmp_path, env, reserved: str) -> None:
     others = busy_cluster.fill_every_gpu(240, [n for n in busy_cluster.gpu_nodes()
                                                if n.name != "v100-02"])
-    wait_until(lambda: len(busy_cluster.other_jobs()) == len(others), 30, "the other lab's jobs")
+    # RUNNING, not just listed: while they are PENDING a plan sees their GPUs free
+    wait_until(lambda: busy_cluster.other_jobs_running(others.values()), 30,
+               "the other lab's jobs running")
     config = config_copy(tmp_path, models="qwen3-8b")
     serve = Serve(env, config, tmp_path)
     try:

@@ -88,6 +88,14 @@ def other_jobs() -> list[tuple[str, str, str]]:
     return [tuple(line.split("|")) for line in out.splitlines() if line.strip()]  # type: ignore[misc]
 
 
+def other_jobs_running(job_ids: Iterable[str]) -> list[tuple[str, str, str]] | None:
+    """The other user's jobs ``job_ids`` once every one of them is RUNNING (holding its GPUs),
+    else None: listed is not enough, a PENDING job holds nothing yet."""
+    wanted = set(job_ids)
+    jobs = [j for j in other_jobs() if j[0] in wanted]
+    return jobs if len(jobs) == len(wanted) and all(s == "RUNNING" for _, s, _ in jobs) else None
+
+
 def cancel_other() -> None:
     """Cancel every job of the other user."""
     subprocess.run(["scancel", "-u", OTHER_USER], check=False, capture_output=True, env=_env(),
