@@ -133,29 +133,6 @@ def test_decode_replica_killed_mid_load_loses_no_plain_request(stack):
     assert _metric(gw.url, "coral_gateway_phase_failures_total", model="d", phase="decode") >= 1
 
 
-def test_with_no_decode_replica_left_the_prefill_replica_answers_whole(tmp_path):
-    key_file = tmp_path / "replica.key"
-    key_file.write_text(REPLICA_KEY + "\n")
-    key_file.chmod(0o600)
-    prefill, decode = _start_sim(tmp_path, "p"), _start_sim(tmp_path, "d")
-    table = tmp_path / "table.json"
-    write_routing_table(table, RoutingTable(1, {"d": (
-        ReplicaRoute("p", prefill.url, 1.0, "prefill"),
-        ReplicaRoute("d", decode.url, 1.0, "decode"))}))
-    gateway = start_gateway(tmp_path, write_models_yaml(tmp_path, ["d"]), table,
-                            "--replica-key-file", str(key_file))
-    try:
-        decode.kill9()
-        r = httpx.post(gateway.url + "/v1/chat/completions", json=_chat(9), timeout=30)
-        assert r.status_code == 200, r.text
-        assert r.json()["usage"]["completion_tokens"] == 9
-        assert _metric(gateway.url, "coral_gateway_phase_requests_total", model="d",
-                       phase="whole_on_prefill") == 1
-    finally:
-        gateway.stop()
-        prefill.stop()
-
-
 def _routing(gateway: Proc) -> dict[str, dict]:
     routes = httpx.get(gateway.url + "/internal/routing", timeout=10).json()["models"]["d"]
     return {r["id"]: r for r in routes}
@@ -201,11 +178,16 @@ def test_a_draining_replica_answering_500_is_skipped_and_kept_in_routing(tmp_pat
             proc.stop()
 
 
-def test_with_only_a_draining_decode_replica_the_prefill_replica_answers_whole(tmp_path):
+@pytest.mark.parametrize("decode_gone", ["killed", "draining"])
+def test_with_no_decode_replica_left_the_prefill_replica_answers_whole(tmp_path, decode_gone):
+    # killed: its connection refused; draining: it answers 500 to everything (a scancel)
     prefill = _start_sim(tmp_path, "p")
-    dying = start_stub(tmp_path, "dying", "--fail-status", "500")
-    gateway = _gateway_over(tmp_path, [("p", prefill, "prefill"), ("dying", dying, "decode")])
+    decode = (_start_sim(tmp_path, "d") if decode_gone == "killed"
+              else start_stub(tmp_path, "d", "--fail-status", "500"))
+    gateway = _gateway_over(tmp_path, [("p", prefill, "prefill"), ("d", decode, "decode")])
     try:
+        if decode_gone == "killed":
+            decode.kill9()
         r = httpx.post(gateway.url + "/v1/chat/completions", json=_chat(9), timeout=30)
         assert r.status_code == 200, r.text
         assert r.json()["usage"]["completion_tokens"] == 9
@@ -214,7 +196,7 @@ def test_with_only_a_draining_decode_replica_the_prefill_replica_answers_whole(t
     finally:
         gateway.stop()
         prefill.stop()
-        dying.stop()
+        decode.stop()
 
 
 def test_when_every_replica_answers_500_the_client_gets_the_last_answer(tmp_path):
