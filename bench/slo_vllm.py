@@ -5,10 +5,19 @@ model's TTFT and TPOT SLOs. Unlike bench/slo.py (the sim engine, whose latencies
 planner's own model), nothing here is self-consistent by construction.
 
     flock /tmp/coral-slurm.lock flock /tmp/coral-bench.lock .venv/bin/python bench/slo_vllm.py \
-        [--seconds 20] [--multipliers 1,3] [--each] [--record-metrics FILE]
+        [--profile-here] [--demand-share 0.5] [--seconds 20] [--multipliers 1,3] [--each] \
+        [--record-metrics FILE]
 
-Writes bench/results/slo_vllm.{json,md} (``--out``: another name). Run on the 2-core dev machine
-with other work beside it: every node of the local cluster is the same two cores.
+``--profile-here`` first measures the example's layouts on this host (``coral-hpc profile``, as
+scripts/demo-vllm runs it, into the run's own folder) and plans from those: a profile holds for
+the hardware it was measured on, and the CPU build's speed differs several-fold between hosts
+(AVX-512 with bf16 against AVX2 alone). ``--demand-share F`` sets each model's demand to F times
+the requests/s its layout served within the SLO when measured, in place of the file's: with
+F = 0.5 the plan (20 % headroom) asks 0.6 of what a replica serves, and 3x asks 1.8 of it.
+
+Writes bench/results/slo_vllm.{json,md} (``--out``: another name). Every node of the local
+cluster is the same two cores: load each model alone (``--each``) to tell a layout's own figure
+apart from the host being shared.
 """
 
 from __future__ import annotations
@@ -46,6 +55,15 @@ CLI = [sys.executable, "-c", "from coral_hpc.cli import main; main()"]
 GOAL = 0.95
 #: a request still unanswered after this long counts as failed (at 3x they queue)
 REQUEST_TIMEOUT_S = 60.0
+#: a phase runs long enough for at least this many requests at its rate: at a low rate the
+#: share within the SLO of a few requests says little (one of 12 missed is already 92 %)
+MIN_REQUESTS = 40
+
+
+def phase_seconds(rate: float, seconds: float, min_requests: int = MIN_REQUESTS) -> float:
+    """How long a phase at ``rate`` requests/s lasts: ``seconds``, or longer to expect
+    ``min_requests`` requests."""
+    return max(seconds, min_requests / rate) if rate > 0 else seconds
 
 
 async def one_request(client: httpx.AsyncClient, url: str, model: str, n_in: int, n_out: int,
@@ -105,11 +123,96 @@ async def _bounded(request) -> tuple[float, float] | None:
 
 async def load_every_model(url: str, loads: list[tuple[str, float, int, int]], seconds: float,
                            seed: int) -> dict[str, list[tuple[float, float] | None]]:
-    """Every model's load at once: the plan is made for all of them sharing the cluster."""
-    runs = [load(url, name, rate, seconds, n_in, n_out, random.Random(f"{seed}-{name}"))
+    """Every model's load at once (the plan is made for all of them sharing the cluster), each
+    for :func:`phase_seconds` of its rate."""
+    runs = [load(url, name, rate, phase_seconds(rate, seconds), n_in, n_out,
+                 random.Random(f"{seed}-{name}"))
             for name, rate, n_in, n_out in loads if rate > 0]
     names = [name for name, rate, _, _ in loads if rate > 0]
     return dict(zip(names, await asyncio.gather(*runs)))
+
+
+# ------------------------------------------------------- measuring on this host, demand from it
+
+#: examples/vllm-cpu.yaml's layouts as scripts/demo-vllm profiles them (the example's comments
+#: say why each): tiny-chat on one a100 node, tiny-llama's two-node v100 pipeline, tiny-qwen2's
+#: v100+a100 hetjob with its uneven split
+EXAMPLE_PROFILES = (("--model", "tiny-chat"), ("--model", "tiny-llama", "--pp", "2"),
+                    ("--model", "tiny-qwen2", "--stages", "v100,a100"))
+
+
+def profile_here(config: Path, env: dict | None = None,
+                 commands: tuple[tuple[str, ...], ...] = EXAMPLE_PROFILES) -> list[Path]:
+    """Run ``coral-hpc profile CONFIG ARGS --json`` for each of ``commands`` (one engine job at a
+    time, on this host's cluster); the profile files written. Profiles already in the config's
+    ``profiles_dir`` are reused, as the command does: point it at an empty folder to measure."""
+    written: list[Path] = []
+    for args in commands:
+        out = subprocess.run([*CLI, "profile", str(config), *args, "--json"], cwd=REPO, env=env,
+                             capture_output=True, text=True, check=False, timeout=1800)
+        if out.returncode != 0:
+            raise RuntimeError(f"coral-hpc profile {' '.join(args)} exited {out.returncode}:\n"
+                               f"{out.stderr[-3000:]}")
+        written += [Path(p) for p in json.loads(out.stdout)["profiles"]]
+    return written
+
+
+def measured_capacity(profile_files: list[Path], deployment) -> dict[str, float]:
+    """Per model: the requests/s its measured layout served with every request within the
+    model's TTFT and TPOT at the model's mix (the figure the planner plans with)."""
+    import yaml
+
+    models = {m.name: m for m in deployment.models}
+    capacity: dict[str, float] = {}
+    for path in profile_files:
+        profile = yaml.safe_load(path.read_text())
+        model = models[profile["model"]]
+        want = (model.mix.input_tokens, model.mix.output_tokens, model.slo.ttft_s,
+                model.slo.tpot_s)
+        points = [t for t in profile.get("throughput") or ()
+                  if (t["input_tokens"], t["output_tokens"], t["ttft_s"], t["tpot_s"]) == want]
+        if not points:
+            raise ValueError(f"{path}: no throughput point for {model.name}'s mix and SLO "
+                             f"(input, output, TTFT, TPOT) = {want}")
+        capacity[model.name] = float(points[0]["requests_per_s"])
+    return capacity
+
+
+def with_demand(config_text: str, demand: dict[str, float]) -> str:
+    """The config with each named model's declared demand set to ``demand[name]`` requests/s."""
+    import yaml
+
+    data = yaml.safe_load(config_text)
+    for model in data["models"]:
+        if model["name"] in demand:
+            model["demand"] = {"requests_per_s": round(demand[model["name"]], 3)}
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def host_cpu() -> str:
+    """This host's CPU as the engine sees it: model name, cores, and whether it has AVX-512 with
+    bf16 (vLLM's CPU build computes bf16 with oneDNN there, and falls back to plain torch
+    matmuls without it: the same model runs several times slower)."""
+    info = Path("/proc/cpuinfo").read_text()
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines()
+                 if line.startswith("model name")), "unknown CPU")
+    flags = set(next((line.split(":", 1)[1].split() for line in info.splitlines()
+                      if line.startswith("flags")), []))
+    isa = ("AVX-512 with bf16" if "avx512_bf16" in flags else
+           "AVX-512, no bf16" if "avx512f" in flags else
+           "AVX2, no AVX-512" if "avx2" in flags else "no AVX2")
+    return f"{name}, {os.cpu_count()} cores, {isa}"
+
+
+def phase_row(model, rate: float, runs: list[tuple[float, float] | None]) -> dict:
+    """One model's figures for one load phase: requests, failures, the share within both SLOs
+    (a failed request is not within), TTFT and TPOT percentiles."""
+    done = [g for g in runs if g]
+    ok = [g for g in done if g[0] <= model.slo.ttft_s and g[1] <= model.slo.tpot_s]
+    return {"rate": rate, "requests": len(runs), "failed": len(runs) - len(done),
+            "within_slo": len(ok) / len(runs) if runs else 0.0,
+            "ttft_ms": [round(v * 1000) for v in _percentiles([g[0] for g in done])],
+            "tpot_ms": [round(v * 1000) for v in _percentiles([g[1] for g in done])]}
 
 
 # ---------------------------------------------------------------- the engine processes' footprint
@@ -225,6 +328,19 @@ def plan_summary(plan) -> dict:
     return out
 
 
+def _profiles_line(profiles: dict) -> str:
+    """Where the plan's figures were measured, for the results file."""
+    host = profiles.get("host", "this host")
+    if not profiles.get("measured_here"):
+        return (f"Host: {host}. Planned from examples/vllm-cpu.profiles (measured earlier, on "
+                "the host named there), with the file's demand.")
+    capacity = ", ".join(f"{name} {rps:.2f}" for name, rps in profiles["capacity_rps"].items())
+    demand = (f"; each model's demand {profiles['demand_share']:g} of that"
+              if "demand_share" in profiles else "; the file's demand")
+    return (f"Host: {host}. Profiled on this host first (`--profile-here`: `coral-hpc profile` "
+            f"of the example's three layouts), req/s within the SLO: {capacity}{demand}.")
+
+
 def write_results(results: dict, args: argparse.Namespace) -> None:
     """bench/results/OUT.{json,md} from what was measured so far (written after every phase, so
     a run stopped in its 3x phase still leaves its 1x figures)."""
@@ -240,7 +356,8 @@ def write_results(results: dict, args: argparse.Namespace) -> None:
     lines = [f"# SLO check on the real engine (vLLM CPU build, {results['config']})", "",
              f"`bench/slo_vllm.py`, {results['date']}: `coral-hpc serve` of that file on the "
              "local cluster (every node is the same 2-core host, shared with other work), every "
-             f"model's open-loop Poisson load at once through the gateway for {args.seconds:g} s, "
+             "model's open-loop Poisson load at once through the gateway for "
+             f"{args.seconds:g} s (longer where that gives fewer than {MIN_REQUESTS} requests), "
              "streaming, `ignore_eos`, at the demand the plan was made for (from the measured "
              f"profiles) and at a multiple. Goal: >= {GOAL:.0%} within TTFT and TPOT at 1x, "
              "below it at 3x. Every model READY after "
@@ -248,6 +365,7 @@ def write_results(results: dict, args: argparse.Namespace) -> None:
              + (" Phases marked *alone* (`--each`) load one model at a time while the other "
                 "replicas stay up and idle, as `coral-hpc profile` measured each layout alone."
                 if args.each else ""), "",
+             _profiles_line(results.get("profiles", {})), "",
              "The plan (`coral-hpc serve`'s first plan, from the measured profiles):", "",
              "| model | replicas (layers per stage on partition) | planned capacity req/s | "
              "planned demand req/s |", "|---|---|---|---|"]
@@ -292,17 +410,35 @@ def main() -> int:
     parser.add_argument("--each", action="store_true",
                         help="then every model's load alone, at each multiplier, the other "
                              "replicas up and idle")
+    parser.add_argument("--profile-here", action="store_true",
+                        help="measure the example's layouts on this host first and plan from "
+                             "those (default: the example's profiles_dir)")
+    parser.add_argument("--demand-share", type=float, default=None,
+                        help="each model's demand = this share of its measured capacity "
+                             "(default: the file's demand)")
     args = parser.parse_args()
     multipliers = [float(m) for m in args.multipliers.split(",")]
     tmp = Path(tempfile.mkdtemp(prefix="coral-slo-vllm-"))
+    profiles = tmp / "profiles" if args.profile_here else REPO / "examples" / "vllm-cpu.profiles"
     text = Path(args.config).read_text()
     text = re.sub(r"(?m)^deployment: .*$", f"deployment: slovllm{secrets.token_hex(2)}", text)
     text = re.sub(r"(?m)^state_dir: .*$", f"state_dir: {tmp / 'shared'}", text)
     text = re.sub(r"(?m)^db_path: .*$", f"db_path: {tmp / 'coral.db'}", text)
-    text = re.sub(r"(?m)^profiles_dir: .*$",
-                  f"profiles_dir: {REPO / 'examples' / 'vllm-cpu.profiles'}", text)
+    text = re.sub(r"(?m)^profiles_dir: .*$", f"profiles_dir: {profiles}", text)
     config = tmp / "models.yaml"
     config.write_text(text)
+    measured: dict = {"host": host_cpu(), "measured_here": args.profile_here}
+    if args.demand_share is not None and not args.profile_here:
+        parser.error("--demand-share needs --profile-here (the capacities measured here)")
+    if args.profile_here:
+        print("profiling the example's layouts on this host into", profiles, flush=True)
+        capacity = measured_capacity(profile_here(config), load_deployment(config))
+        measured["capacity_rps"] = capacity
+        print("measured capacity (req/s within the SLO):", capacity, flush=True)
+    if args.demand_share is not None:
+        measured["demand_share"] = args.demand_share
+        text = with_demand(text, {name: args.demand_share * rps for name, rps in capacity.items()})
+        config.write_text(text)
     deployment = load_deployment(config)
     began = time.monotonic()
     serve = subprocess.Popen([*CLI, "serve", str(config), "--listen", "127.0.0.1:0"], cwd=REPO,
@@ -311,7 +447,8 @@ def main() -> int:
     results: dict = {"config": str(Path(args.config).relative_to(REPO))
                      if Path(args.config).is_relative_to(REPO) else args.config,
                      "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                     "seconds": args.seconds, "models": {}, "footprint": {}}
+                     "seconds": args.seconds, "models": {}, "footprint": {},
+                     "profiles": measured}
     try:
         deadline = time.monotonic() + 900
         while time.monotonic() < deadline:
@@ -358,14 +495,8 @@ def main() -> int:
             for model in deployment.models:
                 if only is not None and model.name != only:
                     continue
-                runs = got.get(model.name, [])
-                done = [g for g in runs if g]
-                ok = [g for g in done if g[0] <= model.slo.ttft_s and g[1] <= model.slo.tpot_s]
-                row = {"rate": plan.demand[model.name] * multiplier, "requests": len(runs),
-                       "failed": len(runs) - len(done),
-                       "within_slo": len(ok) / len(runs) if runs else 0.0,
-                       "ttft_ms": [round(v * 1000) for v in _percentiles([g[0] for g in done])],
-                       "tpot_ms": [round(v * 1000) for v in _percentiles([g[1] for g in done])]}
+                row = phase_row(model, plan.demand[model.name] * multiplier,
+                                got.get(model.name, []))
                 results["models"].setdefault(model.name, {})[label] = row
                 print(model.name, label, row, flush=True)
             write_results(results, args)
