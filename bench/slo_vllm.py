@@ -355,8 +355,8 @@ def write_results(results: dict, args: argparse.Namespace) -> None:
     (out_dir / f"{args.out}.json").write_text(json.dumps(results, indent=1) + "\n")
     lines = [f"# SLO check on the real engine (vLLM CPU build, {results['config']})", "",
              f"`bench/slo_vllm.py`, {results['date']}: `coral-hpc serve` of that file on the "
-             "local cluster (every node is the same 2-core host, shared with other work), every "
-             "model's open-loop Poisson load at once through the gateway for "
+             "local cluster (every node is the same 2-core host; the load average says what "
+             "else ran), every model's open-loop Poisson load at once through the gateway for "
              f"{args.seconds:g} s (longer where that gives fewer than {MIN_REQUESTS} requests), "
              "streaming, `ignore_eos`, at the demand the plan was made for (from the measured "
              f"profiles) and at a multiple. Goal: >= {GOAL:.0%} within TTFT and TPOT at 1x, "
