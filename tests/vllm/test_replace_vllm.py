@@ -50,7 +50,7 @@ from coral_hpc.reconcile.status import walltime_lead
 from coral_hpc.slurm import make_client
 from coral_hpc.store import open_store
 from tests.conftest import REPO, wait_until
-from tests.support.serve_cli import CLI
+from tests.support.serve_cli import cli, start_serve
 
 #: part of `make test`; `make test-replacement` runs it alone
 pytestmark = [pytest.mark.slurm, pytest.mark.vllm, pytest.mark.replacement]
@@ -209,11 +209,7 @@ def test_drain_scancel_and_walltime_replace_with_no_ready_gap(
     config = write_config(tmp_path, vllm_venv, test_models)
     deployment = load_deployment(config)
     session = Session(deployment)
-    log = open(tmp_path / "serve.log", "ab")  # noqa: SIM115 - closed below
-    serve = subprocess.Popen(
-        [*CLI, "serve", str(config), "--listen", "127.0.0.1:0",
-         "--cache-dir", str(tmp_path / "templates")],
-        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    serve = start_serve(env, config, tmp_path)
     client = make_client("cli", env=env)
     watch = None
     try:
@@ -316,9 +312,7 @@ def test_drain_scancel_and_walltime_replace_with_no_ready_gap(
         if serve.poll() is None:
             serve.send_signal(signal.SIGTERM)
             serve.wait(60)
-        log.close()
-        subprocess.run([*CLI, "down", str(config), "--grace", "30"], check=False, cwd=REPO,
-                       env=env, capture_output=True, timeout=120)
+        cli(env, "down", str(config), "--grace", "30", timeout=120)
         leftover = [j.job_id for j in client.snapshot(deployment.deployment).jobs
                     if j.end_kind is None]
         if leftover:

@@ -21,7 +21,7 @@ from coral_hpc.config import load_deployment
 from coral_hpc.daemon.process import info_path, read_info
 from coral_hpc.slurm import make_client
 from tests.conftest import REPO, wait_until
-from tests.support.serve_cli import CLI, cli, live_jobs, status
+from tests.support.serve_cli import cli, live_jobs, start_serve, wait_every_model_ready
 
 pytestmark = [pytest.mark.slurm, pytest.mark.vllm]
 
@@ -55,20 +55,9 @@ def test_serve_the_vllm_example_on_the_real_engine(tmp_path, vllm_env, vllm_venv
     config = example_copy(tmp_path, vllm_venv, test_models)
     deployment = load_deployment(config)
     models = [m.name for m in deployment.models]
-    log = open(tmp_path / "serve.log", "ab")  # noqa: SIM115 - closed below
-    serve = subprocess.Popen(
-        [*CLI, "serve", str(config), "--listen", "127.0.0.1:0",
-         "--cache-dir", str(tmp_path / "templates")],
-        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    serve = start_serve(env, config, tmp_path)
     try:
-        def every_model_ready():
-            if not Path(deployment.db_path).exists():
-                return None
-            data = status(env, config)
-            ready = {m["name"] for m in data["models"] if m["ready_replicas"] >= 1}
-            return data if ready >= set(models) else None
-
-        data = wait_until(every_model_ready, 600, "a READY replica of every model (real vLLM)")
+        data = wait_every_model_ready(env, config, 600)
         address = read_info(info_path(deployment))["gateway"]
         for model in models:
             resp = httpx.post(f"http://{address}/v1/completions", timeout=120, json={
@@ -126,7 +115,6 @@ def test_serve_the_vllm_example_on_the_real_engine(tmp_path, vllm_env, vllm_venv
         if serve.poll() is None:
             serve.send_signal(signal.SIGTERM)
             serve.wait(60)
-        log.close()
         leftover = live_jobs(env, deployment.deployment)
         if leftover:
             make_client("cli", env=env).cancel(leftover)

@@ -23,8 +23,6 @@ import os
 import random
 import re
 import signal
-import subprocess
-from pathlib import Path
 
 import pytest
 
@@ -41,8 +39,7 @@ from coral_hpc.config import load_deployment
 from coral_hpc.daemon.process import info_path, read_info
 from coral_hpc.slurm import make_client
 from coral_hpc.store import open_store
-from tests.conftest import REPO, wait_until
-from tests.support.serve_cli import CLI, cli, live_jobs, status
+from tests.support.serve_cli import cli, live_jobs, start_serve, wait_every_model_ready
 from tests.vllm.test_serve_vllm import example_copy
 
 pytestmark = [pytest.mark.slurm, pytest.mark.vllm]
@@ -84,19 +81,9 @@ def test_slo_holds_at_the_planned_demand_and_fails_at_3x(tmp_path, vllm_env, vll
     config.write_text(with_demand(text, {m: DEMAND_SHARE * rps for m, rps in capacity.items()}))
     deployment = load_deployment(config)
 
-    log = open(tmp_path / "serve.log", "ab")  # noqa: SIM115 - closed below
-    serve = subprocess.Popen(
-        [*CLI, "serve", str(config), "--listen", "127.0.0.1:0",
-         "--cache-dir", str(tmp_path / "templates")],
-        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    serve = start_serve(env, config, tmp_path)
     try:
-        def every_model_ready():
-            if not Path(deployment.db_path).exists():
-                return None
-            data = status(env, config)
-            return all(m["ready_replicas"] >= 1 for m in data["models"]) or None
-
-        wait_until(every_model_ready, 600, "a READY replica of every model (real vLLM)")
+        wait_every_model_ready(env, config, 600)
         store = open_store(deployment.db_path, readonly=True)
         plan = store.latest_plan()
         store.close()
@@ -123,7 +110,6 @@ def test_slo_holds_at_the_planned_demand_and_fails_at_3x(tmp_path, vllm_env, vll
         if serve.poll() is None:
             serve.send_signal(signal.SIGTERM)
             serve.wait(60)
-        log.close()
         cli(env, "down", str(config), "--grace", "30")
         leftover = live_jobs(env, deployment.deployment)
         if leftover:
