@@ -32,7 +32,7 @@ from coral_hpc.slurm import make_client
 from tests.conftest import wait_until
 from tests.support.serve_cli import CLI, cli, live_jobs, status
 from tests.vllm.engine_client import completion, token_ids
-from tests.vllm.test_serve_vllm import example_copy
+from tests.vllm.example import example_copy, example_engine_env
 
 pytestmark = [pytest.mark.slurm, pytest.mark.vllm]
 
@@ -72,7 +72,7 @@ def _disaggregated_copy(tmp_path: Path, venv: Path, models: Path) -> Path:
 
 def _reference_tokens(tmp_path: Path, env: dict, venv: Path, models: Path) -> list[int]:
     """PROMPT's token ids from an aggregated vLLM replica job (no KV connector), then cancelled."""
-    environment = VenvEnvironment(path=str(venv), env={"VLLM_CPU_KVCACHE_SPACE": "1"})
+    environment = VenvEnvironment(path=str(venv), env=example_engine_env())
     spec = ReplicaSpec(
         deployment=f"disaggref{secrets.token_hex(2)}", model="tiny-llama",
         model_source=str(models / MODEL_DIR), replica_id="agg-1", template_id="t-agg",

@@ -29,6 +29,7 @@ from coral_hpc.launch.spec import ReplicaSpec, StageSpec
 from coral_hpc.slurm import make_client
 from tests.conftest import wait_until
 from tests.vllm.engine_client import chat, completion, streamed_completion, token_ids
+from tests.vllm.example import example_engine_env
 
 pytestmark = [pytest.mark.slurm, pytest.mark.vllm]
 
@@ -43,7 +44,7 @@ READY_TIMEOUT_S = 420
 
 
 def _spec(tmp_path: Path, venv: Path, models: Path, layout: str) -> ReplicaSpec:
-    environment = VenvEnvironment(path=str(venv), env={"VLLM_CPU_KVCACHE_SPACE": "1"})
+    environment = VenvEnvironment(path=str(venv), env=example_engine_env())
     stages = LAYOUTS[layout]
     return ReplicaSpec(
         deployment=f"vllmtest{secrets.token_hex(2)}", model="tiny", model_source=str(models / MODEL),

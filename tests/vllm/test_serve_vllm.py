@@ -8,11 +8,8 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import secrets
 import signal
 import subprocess
-from pathlib import Path
 
 import httpx
 import pytest
@@ -20,34 +17,13 @@ import pytest
 from coral_hpc.config import load_deployment
 from coral_hpc.daemon.process import info_path, read_info
 from coral_hpc.slurm import make_client
-from tests.conftest import REPO, wait_until
+from tests.conftest import wait_until
 from tests.support.serve_cli import cli, live_jobs, start_serve, wait_every_model_ready
+from tests.vllm.example import example_copy
 
 pytestmark = [pytest.mark.slurm, pytest.mark.vllm]
 
 SIM_HEADER = "x-coral-engine"
-
-
-def example_copy(tmp_path: Path, venv: Path, models: Path) -> Path:
-    """examples/vllm-cpu.yaml with its own deployment name and state, this run's venv and models
-    folders, and short intervals."""
-    text = (REPO / "examples" / "vllm-cpu.yaml").read_text()
-    name = f"vllm{secrets.token_hex(3)}"
-    replacements = {
-        r"(?m)^deployment: .*$": f"deployment: {name}",
-        r"(?m)^state_dir: .*$": f"state_dir: {tmp_path / 'shared'}",
-        r"(?m)^db_path: .*$": f"db_path: {tmp_path / 'daemon' / 'coral.db'}",
-        r"(?m)^  poll_interval_s: .*$": "  poll_interval_s: 1",
-        r"(?m)^profiles_dir: .*$": f"profiles_dir: {REPO / 'examples' / 'vllm-cpu.profiles'}",
-    }
-    for pattern, value in replacements.items():
-        text, count = re.subn(pattern, value, text)
-        assert count == 1, f"examples/vllm-cpu.yaml no longer has {pattern!r}"
-    text = text.replace("/var/cache/coral-hpc/vllm-cpu", str(venv))
-    text = text.replace("/var/cache/coral-hpc/test-models", str(models))
-    path = tmp_path / "models.yaml"
-    path.write_text(text)
-    return path
 
 
 def test_serve_the_vllm_example_on_the_real_engine(tmp_path, vllm_env, vllm_venv, test_models):

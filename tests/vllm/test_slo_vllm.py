@@ -40,7 +40,7 @@ from coral_hpc.daemon.process import info_path, read_info
 from coral_hpc.slurm import make_client
 from coral_hpc.store import open_store
 from tests.support.serve_cli import cli, live_jobs, start_serve, wait_every_model_ready
-from tests.vllm.test_serve_vllm import example_copy
+from tests.vllm.example import example_copy
 
 pytestmark = [pytest.mark.slurm, pytest.mark.vllm]
 
@@ -103,6 +103,7 @@ def test_slo_holds_at_the_planned_demand_and_fails_at_3x(tmp_path, vllm_env, vll
                 rows[model.name, multiplier] = phase_row(model, rate, runs)
         report = "\n".join(f"{m} {x}x: {row}" for (m, x), row in rows.items())
         report += f"\nmeasured capacity req/s: {capacity}"
+        print(report)  # pytest shows it with -s or -rP, and on failure
         for model in deployment.models:
             assert rows[model.name, 1]["within_slo"] >= GOAL, report
             assert rows[model.name, 3]["within_slo"] < GOAL, report
