@@ -30,7 +30,7 @@ from coral_hpc.launch import read_endpoint, submit_replica
 from coral_hpc.launch.spec import ReplicaSpec, StageSpec
 from coral_hpc.slurm import make_client
 from tests.conftest import wait_until
-from tests.support.serve_cli import CLI, cli, live_jobs, status
+from tests.support.serve_cli import cli, live_jobs, start_serve, status
 from tests.vllm.engine_client import completion, token_ids
 from tests.vllm.example import example_copy, example_engine_env
 
@@ -106,11 +106,7 @@ def test_prefill_and_decode_jobs_serve_the_same_tokens_and_survive_losing_decode
 
     config = _disaggregated_copy(tmp_path, vllm_venv, test_models)
     deployment = load_deployment(config)
-    log = open(tmp_path / "serve.log", "ab")  # noqa: SIM115 - closed below
-    serve = subprocess.Popen(
-        [*CLI, "serve", str(config), "--listen", "127.0.0.1:0",
-         "--cache-dir", str(tmp_path / "templates")],
-        cwd=Path(__file__).resolve().parents[2], env=env, stdout=log, stderr=subprocess.STDOUT)
+    serve = start_serve(env, config, tmp_path)
     try:
         def both_roles_ready():
             if not Path(deployment.db_path).exists():
@@ -178,7 +174,6 @@ def test_prefill_and_decode_jobs_serve_the_same_tokens_and_survive_losing_decode
         if serve.poll() is None:
             serve.send_signal(signal.SIGTERM)
             serve.wait(60)
-        log.close()
         cli(env, "down", str(config), "--grace", "30", "--json", timeout=240)
         leftover = live_jobs(env, deployment.deployment)
         if leftover:
