@@ -1,8 +1,11 @@
 """The SLO check on the REAL engine (issue 11), on the host it runs on:
 
-1. ``coral-hpc profile`` measures examples/vllm-cpu.yaml's three layouts here (a fresh folder:
-   a profile holds for the hardware it was measured on, and vLLM's CPU build runs the same model
-   several times faster on a host with AVX-512 bf16 than on one with AVX2 alone);
+1. ``coral-hpc profile`` measures examples/vllm-cpu.yaml's three layouts on this host (a profile
+   holds for the hardware it was measured on: vLLM's CPU build runs the same model several
+   times faster on a host with AVX-512 bf16 than on one with AVX2 alone). The figures are kept
+   per host, like the engine venv, keyed by the CPU and by what decides them (the example, the
+   profile code, the engine and model scripts): a later run on the same host with the same
+   inputs reuses them (tests/vllm/example.py);
 2. each model's demand is half of what its layout served within the SLO, so the plan (20 %
    headroom) asks 0.6 of a replica's measured capacity at 1x and 1.8 of it at 3x;
 3. ``coral-hpc serve`` plans from those profiles alone (``measured_only``) and must choose the
@@ -32,7 +35,6 @@ from bench.slo_vllm import (
     measured_capacity,
     phase_row,
     phase_seconds,
-    profile_here,
     with_demand,
 )
 from coral_hpc.config import load_deployment
@@ -40,7 +42,7 @@ from coral_hpc.daemon.process import info_path, read_info
 from coral_hpc.slurm import make_client
 from coral_hpc.store import open_store
 from tests.support.serve_cli import cli, live_jobs, start_serve, wait_every_model_ready
-from tests.vllm.example import example_copy
+from tests.vllm.example import example_copy, profiles_of_this_host
 
 pytestmark = [pytest.mark.slurm, pytest.mark.vllm]
 
@@ -75,7 +77,7 @@ def test_slo_holds_at_the_planned_demand_and_fails_at_3x(tmp_path, vllm_env, vll
     assert count == 1
     config.write_text(text)
 
-    capacity = measured_capacity(profile_here(config, env), load_deployment(config))
+    capacity = measured_capacity(profiles_of_this_host(config, env), load_deployment(config))
     assert set(capacity) == set(EXPECTED_LAYOUTS), capacity
     assert all(rps > 0 for rps in capacity.values()), f"a layout met the SLO at no rate: {capacity}"
     config.write_text(with_demand(text, {m: DEMAND_SHARE * rps for m, rps in capacity.items()}))
