@@ -1,7 +1,8 @@
 # Two commands for a newcomer on a fresh Debian/Ubuntu machine (as root, for the local cluster):
 #   make demo   install what is missing, create .venv, bring up the local Slurm cluster, run coral-hpc
 #   make test   the same set-up, then the whole test suite (real-engine lane included: it builds
-#               vLLM's CPU build and the test models once, cached in /var/cache/coral-hpc)
+#               vLLM's CPU build and the test models once, and the SLO test profiles this host's
+#               engine once, all cached in /var/cache/coral-hpc)
 #   make demo-vllm   make demo on the real engine (vLLM's CPU build, generated models)
 PYTHON ?= python3
 VENV   := .venv
