@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.installed
 CLUSTER := scripts/dev-cluster
 export SLURM_CONF ?= /var/tmp/coral-dev-cluster/etc/slurm.conf
 
-.PHONY: demo demo-vllm test test-replacement test-vllm vllm-env unit integration venv cluster cluster-down lint wheel-check clean
+.PHONY: demo demo-vllm test test-slo test-replacement test-vllm vllm-env unit integration venv cluster cluster-down lint wheel-check clean
 
 venv: $(STAMP)
 
@@ -41,7 +41,11 @@ demo-vllm: venv cluster vllm-env
 	@scripts/demo-vllm
 
 test: venv cluster vllm-env
-	$(BIN)/python -m pytest tests -q
+	$(BIN)/python -m pytest tests -q -m "not slo"
+
+# the real-engine SLO check alone (profiles this host once, then ~7 min; not yet in `make test`)
+test-slo: venv cluster vllm-env
+	$(BIN)/python -m pytest tests/vllm/test_slo_vllm.py -q -m slo
 
 # the real-engine replacement session alone (drain, scancel, walltime rotation with no READY
 # gap; ~13 min, part of `make test`)

@@ -44,7 +44,7 @@ from coral_hpc.store import open_store
 from tests.support.serve_cli import cli, live_jobs, start_serve, wait_every_model_ready
 from tests.vllm.example import example_copy, profiles_of_this_host
 
-pytestmark = [pytest.mark.slurm, pytest.mark.vllm]
+pytestmark = [pytest.mark.slurm, pytest.mark.vllm, pytest.mark.slo]
 
 #: each model's demand as a share of its layout's measured capacity (see the module doc)
 DEMAND_SHARE = 0.5
