@@ -211,8 +211,91 @@ def phase_row(model, rate: float, runs: list[tuple[float, float] | None]) -> dic
     ok = [g for g in done if g[0] <= model.slo.ttft_s and g[1] <= model.slo.tpot_s]
     return {"rate": rate, "requests": len(runs), "failed": len(runs) - len(done),
             "within_slo": len(ok) / len(runs) if runs else 0.0,
+            "ttft_mean_ms": round(1000 * sum(g[0] for g in done) / len(done), 1) if done else None,
             "ttft_ms": [round(v * 1000) for v in _percentiles([g[0] for g in done])],
             "tpot_ms": [round(v * 1000) for v in _percentiles([g[1] for g in done])]}
+
+
+# ------------------------------------------------------- where a phase's time went (diagnostics)
+
+#: vLLM's own latency histograms (seconds): TTFT as the engine's API server saw it, and the
+#: part of it a request waited in the scheduler's queue
+ENGINE_HISTOGRAMS = {"ttft": "vllm:time_to_first_token_seconds",
+                     "queue": "vllm:request_queue_time_seconds"}
+
+
+def engine_latency_totals(endpoint: str) -> dict[str, tuple[float, float]]:
+    """Per ENGINE_HISTOGRAMS entry: (sum of seconds, count) in the engine's ``/metrics`` (which
+    vLLM serves without the API key), summed over its label sets."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from coral_hpc.engine.vllm_metrics import fetch_metrics_text
+
+    totals = {key: [0.0, 0.0] for key in ENGINE_HISTOGRAMS}
+    names = {f"{name}_{part}": (key, i) for key, name in ENGINE_HISTOGRAMS.items()
+             for i, part in enumerate(("sum", "count"))}
+    for family in text_string_to_metric_families(fetch_metrics_text(endpoint, timeout=10)):
+        for sample in family.samples:
+            if sample.name in names:
+                key, i = names[sample.name]
+                totals[key][i] += sample.value
+    return {key: (s, n) for key, (s, n) in totals.items()}
+
+
+def engine_latency_means(before: dict[str, tuple[float, float]],
+                         after: dict[str, tuple[float, float]]) -> dict[str, float | None]:
+    """Mean milliseconds per ENGINE_HISTOGRAMS entry over the requests between two
+    :func:`engine_latency_totals` (None where none finished)."""
+    means: dict[str, float | None] = {}
+    for key in ENGINE_HISTOGRAMS:
+        seconds, count = (a - b for a, b in zip(after[key], before[key]))
+        means[key] = round(1000 * seconds / count, 1) if count > 0 else None
+    return means
+
+
+def host_cpu_ticks() -> tuple[int, int, int]:
+    """(busy, stolen, total) clock ticks of the whole host so far, from /proc/stat. Stolen
+    ticks are time the hypervisor ran another guest while this one had work: on a shared VM a
+    latency tail can come from there, not from anything on this host."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    user, nice, system, idle, iowait, irq, softirq, steal = fields[:8]
+    busy = user + nice + system + irq + softirq
+    return busy, steal, busy + idle + iowait + steal
+
+
+def host_cpu_share(before: tuple[int, int, int], after: tuple[int, int, int]) -> dict[str, float]:
+    """The host's cores busy and the share of its time stolen between two
+    :func:`host_cpu_ticks`."""
+    busy, steal, total = (a - b for a, b in zip(after, before))
+    return {"cores_busy": round((os.cpu_count() or 1) * busy / total, 2) if total else 0.0,
+            "steal": round(steal / total, 3) if total else 0.0}
+
+
+def process_cpu_ticks() -> dict[int, tuple[int, str]]:
+    """Every process's CPU clock ticks so far (user + system) and its name and command line's
+    start, from /proc."""
+    out: dict[int, tuple[int, str]] = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+            name = (proc / "comm").read_text().strip()
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        out[int(proc.name)] = (int(fields[11]) + int(fields[12]), f"{name}: {cmdline[:100]}")
+    return out
+
+
+def busiest_processes(before: dict[int, tuple[int, str]], after: dict[int, tuple[int, str]],
+                      seconds: float, top: int = 6) -> list[str]:
+    """The ``top`` processes by cores used between two :func:`process_cpu_ticks`: who else
+    computed while a phase ran (``0.85 1234 VLLM::Worker: ...``)."""
+    hz = os.sysconf("SC_CLK_TCK")
+    used = sorted(((ticks - before.get(pid, (0, ""))[0]) / hz / max(seconds, 1e-9), pid, name)
+                  for pid, (ticks, name) in after.items())
+    return [f"{cores:.2f} {pid} {name}" for cores, pid, name in reversed(used[-top:]) if cores > 0]
 
 
 # ---------------------------------------------------------------- the engine processes' footprint

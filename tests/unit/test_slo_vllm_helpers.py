@@ -4,12 +4,23 @@ written into the deployment, and how long a phase runs."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 import yaml
 
-from bench.slo_vllm import measured_capacity, phase_seconds, with_demand
+from bench.slo_vllm import (
+    busiest_processes,
+    engine_latency_means,
+    engine_latency_totals,
+    host_cpu_share,
+    host_cpu_ticks,
+    measured_capacity,
+    phase_seconds,
+    process_cpu_ticks,
+    with_demand,
+)
 from coral_hpc.config import load_deployment
 from tests.conftest import REPO
 
@@ -60,3 +71,69 @@ def test_a_phase_at_a_low_rate_runs_long_enough_for_its_requests():
     assert phase_seconds(10.0, 20.0) == 20.0
     assert phase_seconds(1.0, 20.0) == 40.0
     assert phase_seconds(0.0, 20.0) == 20.0
+
+
+def _serve_metrics(texts: list[str]):
+    """A local HTTP server answering ``/metrics`` with each of ``texts`` in turn (real HTTP, the
+    recorded engine's text): the engine the SLO check reads its histograms from."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the http.server name
+            body = texts.pop(0).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_engine_means_are_the_histograms_growth_over_the_phase():
+    before_text = (REPO / "tests" / "data" / "vllm" / "metrics-vllm-0.32.0-cpu.txt").read_text()
+    # the same engine after a phase of 10 requests: 3 s more TTFT in all, 1 s more queueing
+    label = '{engine="0",model_name="tiny-llama"}'
+    after_text = before_text
+    for name, old, grown in (("time_to_first_token_seconds_sum", "26060.627678871155",
+                              "26063.627678871155"),
+                             ("time_to_first_token_seconds_count", "865.0", "875.0"),
+                             ("request_queue_time_seconds_sum", "13237.709368185024",
+                              "13238.709368185024")):
+        line = f"vllm:{name}{label} {old}\n"
+        assert before_text.count(line) == 1, line
+        after_text = after_text.replace(line, f"vllm:{name}{label} {grown}\n")
+    server = _serve_metrics([before_text, after_text])
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        before, after = engine_latency_totals(url), engine_latency_totals(url)
+    finally:
+        server.shutdown()
+    assert before["ttft"] == pytest.approx((26060.627678871155, 865.0))
+    # queue time's count did not grow (no request left the queue): no mean, not a division by 0
+    assert engine_latency_means(before, after) == {"ttft": 300.0, "queue": None}
+
+
+def test_host_share_counts_busy_cores_and_stolen_time():
+    # (busy, stolen, total) ticks on a 2-core host: 150 busy and 20 stolen of 200
+    before, after = (1000, 10, 5000), (1150, 30, 5200)
+    share = host_cpu_share(before, after)
+    assert share["steal"] == 0.1
+    assert share["cores_busy"] == round((os.cpu_count() or 1) * 150 / 200, 2)
+    busy, steal, total = host_cpu_ticks()
+    assert 0 <= steal <= total and 0 < busy <= total
+
+
+def test_busiest_processes_rank_by_cores_used_over_the_phase():
+    hz = os.sysconf("SC_CLK_TCK")
+    before = {1: (0, "idle: a"), 2: (10 * hz, "worker: b"), 3: (0, "gone: c")}
+    # over 10 s: 2 used 8 s (0.8 cores), 4 started and used 1 s, 1 used nothing; 3 ended
+    after = {1: (0, "idle: a"), 2: (18 * hz, "worker: b"), 4: (1 * hz, "new: d")}
+    assert busiest_processes(before, after, 10.0) == ["0.80 2 worker: b", "0.10 4 new: d"]
+    assert busiest_processes(before, after, 10.0, top=1) == ["0.80 2 worker: b"]
+    assert any(pid == os.getpid() for pid in process_cpu_ticks())

@@ -26,15 +26,22 @@ import os
 import random
 import re
 import signal
+import time
 
 import pytest
 
 from bench.slo_vllm import (
     GOAL,
+    busiest_processes,
+    engine_latency_means,
+    engine_latency_totals,
+    host_cpu_share,
+    host_cpu_ticks,
     load,
     measured_capacity,
     phase_row,
     phase_seconds,
+    process_cpu_ticks,
     with_demand,
 )
 from coral_hpc.config import load_deployment
@@ -85,7 +92,8 @@ def test_slo_holds_at_the_planned_demand_and_fails_at_3x(tmp_path, vllm_env, vll
 
     serve = start_serve(env, config, tmp_path)
     try:
-        wait_every_model_ready(env, config, 600)
+        ready = wait_every_model_ready(env, config, 600)
+        endpoints = {r["model"]: r["endpoint"] for r in ready["replicas"] if r["endpoint"]}
         store = open_store(deployment.db_path, readonly=True)
         plan = store.latest_plan()
         store.close()
@@ -98,11 +106,22 @@ def test_slo_holds_at_the_planned_demand_and_fails_at_3x(tmp_path, vllm_env, vll
         for multiplier in (1, 3):  # every 1x phase before any overload
             for model in deployment.models:
                 rate = plan.demand[model.name] * multiplier
+                engine0, host0 = engine_latency_totals(endpoints[model.name]), host_cpu_ticks()
+                procs0, began = process_cpu_ticks(), time.monotonic()
                 runs = asyncio.run(load(url, model.name, rate, phase_seconds(rate, PHASE_S),
                                         model.mix.input_tokens,
                                         model.mix.output_tokens,
                                         random.Random(f"{model.name}-{multiplier}")))
-                rows[model.name, multiplier] = phase_row(model, rate, runs)
+                row = phase_row(model, rate, runs)
+                # where the time went, should the phase miss: the engine's own TTFT and queue
+                # wait (the rest of the client's TTFT is the gateway and the client), and how
+                # busy the host was and how much of its time the hypervisor took
+                row["engine_mean_ms"] = engine_latency_means(
+                    engine0, engine_latency_totals(endpoints[model.name]))
+                row["host"] = host_cpu_share(host0, host_cpu_ticks())
+                row["busiest"] = busiest_processes(procs0, process_cpu_ticks(),
+                                                   time.monotonic() - began)
+                rows[model.name, multiplier] = row
         report = "\n".join(f"{m} {x}x: {row}" for (m, x), row in rows.items())
         report += f"\nmeasured capacity req/s: {capacity}"
         print(report)  # pytest shows it with -s or -rP, and on failure
