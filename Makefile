@@ -11,7 +11,7 @@ STAMP  := $(VENV)/.installed
 CLUSTER := scripts/dev-cluster
 export SLURM_CONF ?= /var/tmp/coral-dev-cluster/etc/slurm.conf
 
-.PHONY: demo demo-vllm test test-slo test-replacement test-vllm vllm-env unit integration venv cluster cluster-down lint wheel-check clean
+.PHONY: demo demo-vllm test test-serve-vllm test-replacement test-vllm vllm-env unit integration venv cluster cluster-down lint wheel-check clean
 
 venv: $(STAMP)
 
@@ -41,11 +41,13 @@ demo-vllm: venv cluster vllm-env
 	@scripts/demo-vllm
 
 test: venv cluster vllm-env
-	$(BIN)/python -m pytest tests -q -m "not slo"
+	$(BIN)/python -m pytest tests -q
 
-# the real-engine SLO check alone (profiles this host once, then ~7 min; not yet in `make test`)
-test-slo: venv cluster vllm-env
-	$(BIN)/python -m pytest tests/vllm/test_slo_vllm.py -q -m slo
+# serve examples/vllm-cpu.yaml on the real engine alone: profile this host's three layouts,
+# plan, answers through the gateway, the SLO check under load, down (~10 min, part of
+# `make test`)
+test-serve-vllm: venv cluster vllm-env
+	$(BIN)/python -m pytest tests/vllm/test_serve_vllm.py -q
 
 # the real-engine replacement session alone (drain, scancel, walltime rotation with no READY
 # gap; ~13 min, part of `make test`)
