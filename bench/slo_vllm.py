@@ -36,6 +36,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -273,19 +274,8 @@ def host_cpu_share(before: tuple[int, int, int], after: tuple[int, int, int]) ->
 
 def process_cpu_ticks() -> dict[int, tuple[int, str]]:
     """Every process's CPU clock ticks so far (user + system) and its name and command line's
-    start, from /proc."""
-    out: dict[int, tuple[int, str]] = {}
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
-            name = (proc / "comm").read_text().strip()
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        out[int(proc.name)] = (int(fields[11]) + int(fields[12]), f"{name}: {cmdline[:100]}")
-    return out
+    start."""
+    return {pid: (p.ticks, f"{p.name}: {p.cmdline[:100]}") for pid, p in processes().items()}
 
 
 def busiest_processes(before: dict[int, tuple[int, str]], after: dict[int, tuple[int, str]],
@@ -300,34 +290,52 @@ def busiest_processes(before: dict[int, tuple[int, str]], after: dict[int, tuple
 
 # ---------------------------------------------------------------- the engine processes' footprint
 
-def _tree(root_marker: str, exclude: int) -> list[int]:
-    """Every process whose command line names ``root_marker`` (the replica jobs' state folder,
-    which their batch scripts and submitit's loader name), and all their descendants: the
-    replica entrypoints and every vLLM process they started — less ``exclude`` (``serve``) and
-    its own descendants (the daemon and the gateway are not engine processes)."""
-    parents: dict[int, int] = {}
-    roots = []
+@dataclass(frozen=True)
+class Process:
+    """One process as /proc shows it."""
+
+    parent: int
+    ticks: int  # CPU clock ticks so far, user + system
+    name: str  # /proc/PID/comm
+    cmdline: str  # its arguments joined by spaces
+
+
+def processes() -> dict[int, Process]:
+    """Every process now, from /proc (one that ends while being read is left out)."""
+    table: dict[int, Process] = {}
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
-            stat = (proc / "stat").read_text()
+            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+            name = (proc / "comm").read_text().strip()
             cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        parents[int(proc.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-        if root_marker in cmdline:
-            roots.append(int(proc.name))
+        table[int(proc.name)] = Process(int(fields[1]), int(fields[11]) + int(fields[12]), name,
+                                        cmdline)
+    return table
+
+
+def _tree(table: dict[int, Process], root_marker: str, exclude: int) -> list[int]:
+    """Every process whose command line names ``root_marker`` (the replica jobs' state folder,
+    which their batch scripts and submitit's loader name), and all their descendants: the
+    replica entrypoints and every vLLM process they started — less ``exclude`` (``serve``) and
+    its own descendants (the daemon and the gateway are not engine processes)."""
+    children: dict[int, list[int]] = {}
+    for pid, proc in table.items():
+        children.setdefault(proc.parent, []).append(pid)
+
     def descendants(pids: list[int]) -> set[int]:
         found, frontier = set(pids), list(pids)
         while frontier:
-            pid = frontier.pop()
-            for child, parent in parents.items():
-                if parent == pid and child not in found:
+            for child in children.get(frontier.pop(), ()):
+                if child not in found:
                     found.add(child)
                     frontier.append(child)
         return found
 
+    roots = [pid for pid, proc in table.items() if root_marker in proc.cmdline]
     return sorted(descendants(roots) - descendants([exclude]))
 
 
@@ -336,15 +344,15 @@ def footprint(root_marker: str, exclude: int) -> tuple[int, int, float, int]:
     tree. RSS counts the pages processes share (torch's libraries) once per process; PSS splits
     them between the sharers, so the tree's PSS is what it takes of the machine."""
     rss = pss = ticks = 0
-    pids = _tree(root_marker, exclude)
+    table = processes()
+    pids = _tree(table, root_marker, exclude)
     for pid in pids:
         try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
             status = Path(f"/proc/{pid}/status").read_text()
             rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
         except OSError:
             continue
-        ticks += int(fields[11]) + int(fields[12])  # utime + stime
+        ticks += table[pid].ticks
         rss += _kib(status, "VmRSS:")
         pss += _kib(rollup, "Pss:")
     return rss, pss, ticks / os.sysconf("SC_CLK_TCK"), len(pids)
