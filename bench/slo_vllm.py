@@ -48,6 +48,7 @@ sys.path[:] = [str(REPO)] + [p for p in sys.path if Path(p or ".").resolve() != 
 
 from coral_hpc.config import load_deployment
 from coral_hpc.daemon.process import info_path, read_info
+from coral_hpc.engine import vllm_metrics
 from coral_hpc.profile.measure import prompt_ids
 from coral_hpc.store import open_store
 
@@ -219,28 +220,16 @@ def phase_row(model, rate: float, runs: list[tuple[float, float] | None]) -> dic
 
 # ------------------------------------------------------- where a phase's time went (diagnostics)
 
-#: vLLM's own latency histograms (seconds): TTFT as the engine's API server saw it, and the
-#: part of it a request waited in the scheduler's queue
-ENGINE_HISTOGRAMS = {"ttft": "vllm:time_to_first_token_seconds",
-                     "queue": "vllm:request_queue_time_seconds"}
+#: vLLM's own latency histograms: TTFT as the engine saw it, and its queue wait
+ENGINE_HISTOGRAMS = {"ttft": vllm_metrics.TTFT_SECONDS, "queue": vllm_metrics.QUEUE_TIME_SECONDS}
 
 
 def engine_latency_totals(endpoint: str) -> dict[str, tuple[float, float]]:
     """Per ENGINE_HISTOGRAMS entry: (sum of seconds, count) in the engine's ``/metrics`` (which
     vLLM serves without the API key), summed over its label sets."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    from coral_hpc.engine.vllm_metrics import fetch_metrics_text
-
-    totals = {key: [0.0, 0.0] for key in ENGINE_HISTOGRAMS}
-    names = {f"{name}_{part}": (key, i) for key, name in ENGINE_HISTOGRAMS.items()
-             for i, part in enumerate(("sum", "count"))}
-    for family in text_string_to_metric_families(fetch_metrics_text(endpoint, timeout=10)):
-        for sample in family.samples:
-            if sample.name in names:
-                key, i = names[sample.name]
-                totals[key][i] += sample.value
-    return {key: (s, n) for key, (s, n) in totals.items()}
+    totals = vllm_metrics.histogram_totals(
+        vllm_metrics.fetch_metrics_text(endpoint, timeout=10), tuple(ENGINE_HISTOGRAMS.values()))
+    return {key: totals[name] for key, name in ENGINE_HISTOGRAMS.items()}
 
 
 def engine_latency_means(before: dict[str, tuple[float, float]],

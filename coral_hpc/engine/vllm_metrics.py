@@ -36,6 +36,10 @@ GENERATION_TOKENS = "vllm:generation_tokens_total"
 PREEMPTIONS = "vllm:num_preemptions_total"
 #: info gauge whose labels carry the cache configuration
 CACHE_CONFIG = "vllm:cache_config_info"
+#: latency histograms (seconds): TTFT as the engine's API server saw it, and the part of it a
+#: request waited in the scheduler's queue (read by bench/slo_vllm.py to place a latency tail)
+TTFT_SECONDS = "vllm:time_to_first_token_seconds"
+QUEUE_TIME_SECONDS = "vllm:request_queue_time_seconds"
 
 #: every name :class:`EngineLoad` needs (one of the KV-usage names suffices)
 REQUIRED = (REQUESTS_RUNNING, REQUESTS_WAITING, PROMPT_TOKENS, GENERATION_TOKENS, PREEMPTIONS)
@@ -105,6 +109,17 @@ def parse_engine_metrics(text: str) -> EngineLoad:
         prompt_tokens=int(total(PROMPT_TOKENS)),
         generation_tokens=int(total(GENERATION_TOKENS)),
         preemptions=int(total(PREEMPTIONS)), kv_capacity_tokens=_capacity(samples))
+
+
+def histogram_totals(text: str, names: tuple[str, ...]) -> dict[str, tuple[float, float]]:
+    """Per histogram name: (sum, count) of its observations so far, summed over its label sets
+    (0, 0 where the engine has not exported it)."""
+    samples = _samples(text)
+
+    def total(name: str) -> float:
+        return sum(value for _labels, value in samples.get(name, []))
+
+    return {name: (total(f"{name}_sum"), total(f"{name}_count")) for name in names}
 
 
 def fetch_metrics_text(url: str, timeout: float = 5.0,

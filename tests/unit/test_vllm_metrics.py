@@ -108,3 +108,12 @@ def test_fetch_and_the_daemons_gauges():
     assert value("coral_engine_replicas_scraped", {"model": "a"}) == 2
     assert value("coral_engine_replicas_unscraped", {"model": "a"}) == 1
     assert value("coral_engine_requests_running", {"model": "b"}) == 0
+
+
+def test_latency_histograms_are_in_the_real_engines_output():
+    totals = vllm_metrics.histogram_totals(
+        RECORDED.read_text(),
+        (vllm_metrics.TTFT_SECONDS, vllm_metrics.QUEUE_TIME_SECONDS, "vllm:no_such_seconds"))
+    assert totals[vllm_metrics.TTFT_SECONDS] == pytest.approx((26060.627678871155, 865.0))
+    assert totals[vllm_metrics.QUEUE_TIME_SECONDS] == pytest.approx((13237.709368185024, 822.0))
+    assert totals["vllm:no_such_seconds"] == (0.0, 0.0)
