@@ -17,9 +17,8 @@ from dataclasses import dataclass, field
 
 from coral_hpc.engine import vllm_metrics
 from coral_hpc.errors import PermanentError
-
-#: token ids the prompts are made of: above the tokenizer's special tokens, below its vocabulary
-_PROMPT_IDS = range(16, 480)
+from coral_hpc.profile import openloop
+from coral_hpc.profile.prompts import prompt_ids
 
 
 @dataclass(frozen=True)
@@ -56,20 +55,17 @@ class EngineMeasurements:
     prefill: list[tuple[int, float]] = field(default_factory=list)  # (prompt tokens, seconds)
     decode: list[tuple[int, int, float]] = field(default_factory=list)  # (seqs, context, s)
     throughput: list[tuple[int, int, float, float, float]] = field(default_factory=list)
-    #: ^ (input, output, ttft_s, tpot_s, requests/s that met them)
+    #: ^ (input, output, ttft_s, tpot_s, requests/s that met them): open-loop (Poisson)
+    closed_loop: list[tuple[int, int, float, float, float]] = field(default_factory=list)
+    #: ^ the same, the closed-loop sweep's figure (the open-loop search starts there)
+    open_loop_phases: list[dict[str, float | bool]] = field(default_factory=list)
+    #: ^ every open-loop phase the search ran: rate, share within, met, the generator's cores
 
 
 class EngineFailed(PermanentError, RuntimeError):
     """The engine being measured failed: its job ended or never answered ``/health``, or its
     requests failed. Not a coral-hpc bug: the engine's log says why (``coral-hpc profile``
     exits 5)."""
-
-
-def prompt_ids(length: int, salt: int = 0) -> list[int]:
-    """A deterministic prompt of exactly ``length`` token ids (``salt`` varies it, so prefix
-    caching cannot serve one request from another's cache)."""
-    ids = list(_PROMPT_IDS)
-    return [ids[(i * 7 + salt * 13 + i // len(ids)) % len(ids)] for i in range(length)]
 
 
 def _headers(api_key: str | None) -> dict[str, str]:
@@ -153,6 +149,51 @@ def kv_capacity_tokens(url: str, api_key: str | None = None) -> int | None:
 CONCURRENCY_LEVELS = (1, 2, 4, 8, 16, 32)
 
 
+def closed_loop_capacity(url: str, model: str, n_in: int, n_out: int, ttft: float, tpot: float,
+                         api_key: str | None, progress: Callable[[str], None]) -> float:
+    """The most requests/s of a closed-loop sweep over CONCURRENCY_LEVELS whose requests all
+    met both SLOs (it stops at the first level that misses): where the open-loop search
+    starts."""
+    best = 0.0
+    for concurrency in CONCURRENCY_LEVELS:
+        load = run_load(url, model, concurrency, n_in, n_out, rounds=2, api_key=api_key,
+                        salt=5000 + concurrency)
+        progress(f"closed loop, SLO {ttft:g}s/{tpot:g}s, mix {n_in}/{n_out}, concurrency "
+                 f"{concurrency}: {load.requests_per_s:.2f} req/s, "
+                 f"{load.fraction_within(ttft, tpot):.0%} within")
+        if load.fraction_within(ttft, tpot) < 0.95:
+            break
+        best = max(best, load.requests_per_s)
+    return best
+
+
+def open_loop_capacity(url: str, model: str, n_in: int, n_out: int, ttft: float, tpot: float,
+                       start: float, api_key: str | None, record: list[dict[str, float | bool]],
+                       progress: Callable[[str], None]) -> float:
+    """The highest Poisson arrival rate at which the goal share of requests met both SLOs
+    (:mod:`coral_hpc.profile.openloop`), searched from ``start`` (0: nothing to search, the
+    engine missed the SLO even one request at a time). Every phase is appended to ``record``."""
+    if start <= 0:
+        return 0.0
+
+    def met_at(rate: float) -> bool:
+        phase = openloop.poisson_phase(url, model, rate, input_tokens=n_in,
+                                       output_tokens=n_out, ttft_s=ttft, tpot_s=tpot,
+                                       seed=f"profile-{rate:.4f}", api_key=api_key)
+        met = phase.met(ttft, tpot)
+        record.append({"requests_per_s": round(rate, 4), "requests": len(phase.timings),
+                       "within_slo": round(phase.within(ttft, tpot), 4), "met": met,
+                       "client_late_p99_s": round(phase.late_p99_s, 4),
+                       "client_cores": round(phase.client_cores(), 3)})
+        progress(f"open loop, SLO {ttft:g}s/{tpot:g}s, mix {n_in}/{n_out}, Poisson {rate:.2f} "
+                 f"req/s: {phase.within(ttft, tpot):.0%} within of {len(phase.timings)}, "
+                 f"client late p99 {phase.late_p99_s * 1e3:.0f} ms, "
+                 f"{phase.client_cores():.2f} cores -> {'met' if met else 'missed'}")
+        return met
+
+    return openloop.search_capacity(met_at, start).capacity
+
+
 def measure_engine(
     url: str, model: str, *, slos: Sequence[tuple[int, int, float, float]],
     prefill_lengths: Sequence[int] = (32, 128, 384), batch_sizes: Sequence[int] = (1, 2, 4, 8),
@@ -161,8 +202,8 @@ def measure_engine(
 ) -> EngineMeasurements:
     """Measure a running engine: KV capacity; prefill step (TTFT of one request) per prompt
     length; decode step (median TPOT) per batch size; per (input, output, TTFT, TPOT) in
-    ``slos``, the most requests/s whose requests all met both (a sweep over concurrency that
-    stops at the first level that misses)."""
+    ``slos``, the highest Poisson arrival rate at which 95 % of requests met both
+    (:func:`open_loop_capacity`, searched from a closed-loop sweep's figure)."""
     result = EngineMeasurements(kv_capacity_tokens=kv_capacity_tokens(url, api_key))
     stream_completion(url, model, prompt_ids(8), 2, api_key)  # warm-up, not recorded
     for length in prefill_lengths:
@@ -176,16 +217,9 @@ def measure_engine(
         result.decode.append((batch, batch * (32 + decode_tokens // 2), step))
         progress(f"decode batch {batch}: {step * 1e3:.1f} ms/step")
     for n_in, n_out, ttft, tpot in slos:
-        best = 0.0
-        for concurrency in CONCURRENCY_LEVELS:
-            load = run_load(url, model, concurrency, n_in, n_out, rounds=2, api_key=api_key,
-                            salt=5000 + concurrency)
-            met = load.fraction_within(ttft, tpot) >= 0.95
-            progress(f"SLO {ttft:g}s/{tpot:g}s, mix {n_in}/{n_out}, concurrency {concurrency}: "
-                     f"{load.requests_per_s:.2f} req/s, "
-                     f"{load.fraction_within(ttft, tpot):.0%} within")
-            if not met:
-                break
-            best = max(best, load.requests_per_s)
-        result.throughput.append((n_in, n_out, ttft, tpot, best))
+        closed = closed_loop_capacity(url, model, n_in, n_out, ttft, tpot, api_key, progress)
+        result.closed_loop.append((n_in, n_out, ttft, tpot, closed))
+        result.throughput.append((n_in, n_out, ttft, tpot, open_loop_capacity(
+            url, model, n_in, n_out, ttft, tpot, closed, api_key, result.open_loop_phases,
+            progress)))
     return result

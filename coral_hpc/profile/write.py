@@ -27,6 +27,7 @@ def profile_document(
 ) -> dict[str, Any]:
     """The YAML document of one measured profile (``stage_gpus``: each stage's GPU type, for a
     pipeline whose stages' types differ; ``gpu`` is then the first stage's)."""
+    closed = {point[:4]: point[4] for point in measured.closed_loop}
     steps = [{"decode_seqs": 0, "prefill_tokens": n, "context_tokens": n, "seconds": round(s, 6)}
              for n, s in measured.prefill]
     steps += [{"decode_seqs": b, "prefill_tokens": 0, "context_tokens": c, "seconds": round(s, 6)}
@@ -36,13 +37,19 @@ def profile_document(
         "model": model, "partition": partition,
         "startup_s": round(startup_s, 1), "submit_to_ready_s": round(submit_to_ready_s, 1),
         "kv_capacity_tokens": measured.kv_capacity_tokens,
+        # requests_per_s: the highest Poisson arrival rate with 95 % of requests within both
+        # SLOs (coral_hpc.profile.openloop); the closed-loop sweep's figure beside it
         "throughput": [
             {"input_tokens": i, "output_tokens": o, "ttft_s": ttft, "tpot_s": tpot,
-             "requests_per_s": round(rps, 4)}
+             "requests_per_s": round(rps, 4), "method": "open-loop Poisson",
+             **({"closed_loop_requests_per_s": round(closed[(i, o, ttft, tpot)], 4)}
+                if (i, o, ttft, tpot) in closed else {})}
             for i, o, ttft, tpot, rps in measured.throughput if rps > 0
         ],
         "step_latency": steps,
     }
+    if measured.open_loop_phases:
+        doc["open_loop_phases"] = list(measured.open_loop_phases)
     if pp > 1:
         doc["pp"] = pp
         doc["layer_partition"] = layer_partition

@@ -1,0 +1,82 @@
+"""The open-loop capacity search and its judgement (coral_hpc.profile.openloop), on synthetic
+outcomes: the search brackets and bisects, the capacity is never above a rate that missed, and
+a phase whose generator fell behind its schedule is not met whatever its share within."""
+
+from __future__ import annotations
+
+import pytest
+
+from coral_hpc.profile.openloop import MAX_LATE_SHARE, Phase, Timing, search_capacity
+
+
+def _threshold(capacity: float):
+    calls: list[float] = []
+
+    def met_at(rate: float) -> bool:
+        calls.append(rate)
+        return rate <= capacity
+
+    return met_at, calls
+
+
+def test_the_search_climbs_until_a_miss_then_bisects_once():
+    met_at, calls = _threshold(10.0)
+    search = search_capacity(met_at, 4.0, factor=1.5, bisections=1)
+    # 4, 6, 9 met; 13.5 missed; then sqrt(9 * 13.5) = 11.02 missed
+    assert calls == pytest.approx([4.0, 6.0, 9.0, 13.5, (9.0 * 13.5) ** 0.5])
+    assert search.capacity == 9.0
+
+
+def test_the_search_descends_from_a_start_above_capacity():
+    met_at, calls = _threshold(3.0)
+    search = search_capacity(met_at, 10.0, factor=2.0, bisections=1)
+    # 10, 5 missed; 2.5 met; sqrt(2.5 * 5) = 3.54 missed
+    assert calls == pytest.approx([10.0, 5.0, 2.5, (2.5 * 5.0) ** 0.5])
+    assert search.capacity == 2.5
+
+
+@pytest.mark.parametrize("capacity", [0.7, 3.3, 12.0, 55.0])
+def test_the_capacity_found_is_met_and_within_one_bisection_step(capacity):
+    met_at, _ = _threshold(capacity)
+    found = search_capacity(met_at, 5.0, factor=1.5, bisections=1).capacity
+    assert found <= capacity
+    assert found >= capacity / 1.5 ** 0.5 - 1e-9
+
+
+def test_noise_never_raises_the_capacity_above_a_missed_rate():
+    outcomes = iter([True, False, True])  # 4 met, 6 missed, then sqrt(24) met
+
+    search = search_capacity(lambda rate: next(outcomes), 4.0, factor=1.5, bisections=1)
+    assert search.capacity == pytest.approx(24 ** 0.5)
+    search.tried.append((3.0, False))  # a lower rate missed too: nothing above it counts
+    assert search.capacity == 0.0
+
+
+def test_no_rate_met_gives_zero_and_the_search_stops_at_its_bounds():
+    calls: list[float] = []
+    search = search_capacity(lambda rate: calls.append(rate) or False, 1.0, factor=2.0,
+                             max_phases=8, min_rate=0.05)
+    assert search.capacity == 0.0
+    assert calls == [1.0, 0.5, 0.25, 0.125, 0.0625]  # the next, 0.031, is below min_rate
+
+
+def _phase(timings, late_s=0.0):
+    return Phase(rate=1.0, seconds=1.0, timings=tuple(timings), late_p99_s=late_s,
+                 client_cpu_s=0.5, wall_s=2.0)
+
+
+def test_a_failed_request_is_not_within_and_both_slos_count():
+    phase = _phase([Timing(0.5, 0.05)] * 18 + [Timing(3.0, 0.05), None])
+    assert phase.within(2.0, 0.1) == pytest.approx(0.9)
+    assert phase.failed == 1
+    assert not phase.met(2.0, 0.1)
+    assert _phase([Timing(0.5, 0.05)] * 20).within(2.0, 0.04) == 0.0
+    assert _phase([Timing(0.5, 0.05)] * 20).met(2.0, 0.1)
+    assert _phase([Timing(0.5, 0.05)] * 20).client_cores() == 0.25
+
+
+def test_a_generator_that_fell_behind_did_not_offer_its_rate():
+    on_time = _phase([Timing(0.1, 0.01)] * 40, late_s=MAX_LATE_SHARE * 2.0)
+    behind = _phase([Timing(0.1, 0.01)] * 40, late_s=MAX_LATE_SHARE * 2.0 + 0.01)
+    assert on_time.met(2.0, 0.1)
+    assert behind.within(2.0, 0.1) == 1.0 and not behind.met(2.0, 0.1)
