@@ -39,8 +39,6 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
 REPO = Path(__file__).resolve().parents[1]
 # python puts this script's folder first on the import path, where bench/queue.py would shadow
 # the standard library's queue (anyio imports it once the load starts): the repo instead
@@ -49,89 +47,36 @@ sys.path[:] = [str(REPO)] + [p for p in sys.path if Path(p or ".").resolve() != 
 from coral_hpc.config import load_deployment
 from coral_hpc.daemon.process import info_path, read_info
 from coral_hpc.engine import vllm_metrics
-from coral_hpc.profile.measure import prompt_ids
+from coral_hpc.profile import openloop
 from coral_hpc.store import open_store
 
 CLI = [sys.executable, "-c", "from coral_hpc.cli import main; main()"]
-#: the issue's goal: this share of requests within both SLOs at the planned demand
-GOAL = 0.95
-#: a request still unanswered after this long counts as failed (at 3x they queue)
-REQUEST_TIMEOUT_S = 60.0
-#: a phase runs long enough for at least this many requests at its rate: at a low rate the
-#: share within the SLO of a few requests says little (one of 12 missed is already 92 %)
-MIN_REQUESTS = 40
+#: the goal, the phase length and the load generator are coral-hpc profile's own
+#: (coral_hpc.profile.openloop): a capacity it measured is judged here as it was measured
+GOAL = openloop.GOAL
+MIN_REQUESTS = openloop.MIN_REQUESTS
+phase_seconds = openloop.phase_seconds
 
 
-def phase_seconds(rate: float, seconds: float, min_requests: int = MIN_REQUESTS) -> float:
-    """How long a phase at ``rate`` requests/s lasts: ``seconds``, or longer to expect
-    ``min_requests`` requests."""
-    return max(seconds, min_requests / rate) if rate > 0 else seconds
+def timings(phase: openloop.Phase) -> list[tuple[float, float] | None]:
+    """A phase's requests as (TTFT, TPOT), None where one failed (what :func:`phase_row`
+    reads)."""
+    return [(t.ttft_s, t.tpot_s) if t else None for t in phase.timings]
 
 
-async def one_request(client: httpx.AsyncClient, url: str, model: str, n_in: int, n_out: int,
-                      salt: int) -> tuple[float, float] | None:
-    body = {"model": model, "prompt": prompt_ids(n_in, salt), "max_tokens": n_out,
-            "temperature": 0, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}}
-    start = time.perf_counter()
-    first = last = None
-    tokens = 0
-    try:
-        async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
-            if response.status_code != 200:
-                return None
-            async for line in response.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
-                if chunk.get("choices"):
-                    last = time.perf_counter()
-                    first = first or last
-                if chunk.get("usage"):
-                    tokens = chunk["usage"]["completion_tokens"]
-    except httpx.HTTPError:
-        return None
-    if first is None or tokens < 1:
-        return None
-    return first - start, (last - first) / max(tokens - 1, 1)
-
-
-async def load(url: str, model: str, rate: float, seconds: float, n_in: int, n_out: int,
-               rng: random.Random) -> list[tuple[float, float] | None]:
-    """Open-loop Poisson arrivals at ``rate`` for ``seconds``; every request's (TTFT, TPOT), or
-    None where it failed."""
-    async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S,
-                                 limits=httpx.Limits(max_connections=1024)) as c:
-        tasks, t = [], 0.0
-        began = time.perf_counter()
-        while True:
-            t += rng.expovariate(rate)
-            if t >= seconds:
-                break
-            await asyncio.sleep(max(0.0, began + t - time.perf_counter()))
-            tasks.append(asyncio.create_task(_bounded(
-                one_request(c, url, model, n_in, n_out, len(tasks)))))
-        return await asyncio.gather(*tasks)
-
-
-async def _bounded(request) -> tuple[float, float] | None:
-    """A request unanswered after REQUEST_TIMEOUT_S in all is a failure (httpx's timeout bounds
-    each read, so a stream trickling tokens could otherwise run on for minutes)."""
-    try:
-        return await asyncio.wait_for(request, REQUEST_TIMEOUT_S)
-    except asyncio.TimeoutError:
-        return None
-
-
-async def load_every_model(url: str, loads: list[tuple[str, float, int, int]], seconds: float,
+async def load_every_model(url: str, loads: list[tuple[object, float]], seconds: float,
                            seed: int) -> dict[str, list[tuple[float, float] | None]]:
-    """Every model's load at once (the plan is made for all of them sharing the cluster), each
-    for :func:`phase_seconds` of its rate."""
-    runs = [load(url, name, rate, phase_seconds(rate, seconds), n_in, n_out,
-                 random.Random(f"{seed}-{name}"))
-            for name, rate, n_in, n_out in loads if rate > 0]
-    names = [name for name, rate, _, _ in loads if rate > 0]
-    return dict(zip(names, await asyncio.gather(*runs)))
+    """Every model's open-loop load at once (the plan is made for all of them sharing the
+    cluster): ``loads`` is (model, rate) with the model's mix and SLO, each phase
+    :func:`phase_seconds` of its rate."""
+    runs = [openloop.open_loop_phase(
+                url, m.name, rate, phase_seconds(rate, seconds), m.mix.input_tokens,
+                m.mix.output_tokens,
+                openloop.request_deadline(m.slo.ttft_s, m.slo.tpot_s, m.mix.output_tokens),
+                random.Random(f"{seed}-{m.name}"))
+            for m, rate in loads if rate > 0]
+    names = [m.name for m, rate in loads if rate > 0]
+    return {name: timings(phase) for name, phase in zip(names, await asyncio.gather(*runs))}
 
 
 # ------------------------------------------------------- measuring on this host, demand from it
@@ -563,8 +508,7 @@ def main() -> int:
             phases += [(f"{m:g}x alone", m, model.name) for m in multipliers
                        for model in deployment.models]
         for label, multiplier, only in phases:
-            loads = [(m.name, plan.demand[m.name] * multiplier, m.mix.input_tokens,
-                      m.mix.output_tokens) for m in deployment.models
+            loads = [(m, plan.demand[m.name] * multiplier) for m in deployment.models
                      if only is None or m.name == only]
             phase = label if only is None else f"{label} {only}"
             results.setdefault("loadavg", {})[phase] = os.getloadavg()[0]
