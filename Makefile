@@ -1,8 +1,8 @@
 # Two commands for a newcomer on a fresh Debian/Ubuntu machine (as root, for the local cluster):
 #   make demo   install what is missing, create .venv, bring up the local Slurm cluster, run coral-hpc
-#   make test   the same set-up, then the whole test suite (real-engine lane included: it builds
-#               vLLM's CPU build and the test models once, and the SLO test profiles this host's
-#               engine once, all cached in /var/cache/coral-hpc)
+#   make test   the same set-up, then the whole test suite in lanes, fastest first, each timed
+#               (scripts/test-lanes: unit, then the cluster and vLLM's CPU build and test models,
+#               cached in /var/cache/coral-hpc, then e2e, integration, the real engine)
 #   make demo-vllm   make demo on the real engine (vLLM's CPU build, generated models)
 PYTHON ?= python3
 VENV   := .venv
@@ -40,8 +40,8 @@ vllm-env:
 demo-vllm: venv cluster vllm-env
 	@scripts/demo-vllm
 
-test: venv cluster vllm-env
-	$(BIN)/python -m pytest tests -q
+test: venv
+	scripts/test-lanes
 
 # serve examples/vllm-cpu.yaml on the real engine alone: profile this host's three layouts,
 # plan, answers through the gateway, the SLO check under load, down (~10 min, part of
