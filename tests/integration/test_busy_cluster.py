@@ -27,6 +27,7 @@ import pytest
 from coral_hpc.config import load_deployment
 from coral_hpc.slurm import make_client
 from tests.conftest import REPO, wait_until
+from tests.integration.serve_harness import wait_cycles
 from tests.support import busy_cluster
 from tests.support.serve_cli import CLI, cli
 from tests.support.serve_cli import status_if_any as status
@@ -203,7 +204,8 @@ def test_max_jobs_and_partition_max_time_are_honoured(tmp_path, env):
         serve = Serve(env, config, tmp_path)
         try:
             wait_until(lambda: own_jobs(env, serve.deployment), 60, "one replica job")
-            time.sleep(5)  # a few more cycles: still one job, however much demand is unmet
+            # a few more cycles (counted, not slept): still one job, however much demand is unmet
+            wait_cycles([load_deployment(config)], 3)
             jobs = own_jobs(env, serve.deployment)
             assert len(jobs) == 1, [(j.job_id, j.state) for j in jobs]
             limits = {"v100": 172800, "a100": 172800, "a100-80g": 86400}

@@ -69,7 +69,8 @@ def test_two_copies_of_one_deployment_leave_each_other_alone(tmp_path, env, clea
         (ready_a,) = wait_until(lambda: ready(dep_a), 120, "a READY replica of copy a")
         (ready_b,) = wait_until(lambda: ready(dep_b), 120, "a READY replica of copy b")
         assert ready_a["job_id"] != ready_b["job_id"]
-        time.sleep(15)  # ~15 reconcile cycles at poll_interval_s 1: the loop showed within 10
+        # 15 reconcile cycles of each copy, counted (the loop showed within 10), not 15 s slept
+        harness.wait_cycles([dep_a, dep_b], 15)
         jobs = {j.job_id for j in tagged_jobs(env, dep_a)}
         assert jobs == {ready_a["job_id"], ready_b["job_id"]}, jobs
         for dep, own, other in ((dep_a, ready_a, ready_b), (dep_b, ready_b, ready_a)):

@@ -44,6 +44,7 @@ from tests.integration.serve_harness import (
     sim_models_yaml,
     slot,
     tagged_jobs,
+    wait_cycles,
 )
 
 pytestmark = pytest.mark.slurm
@@ -263,7 +264,7 @@ def test_a_maintenance_drain_of_every_node_keeps_every_replica_serving(session):
     wait_until(lambda: [e for e in events(session.deployment, "plan")
                         if e.time >= resumed and "no replicas" not in e.message], 30,
                "a plan after the resume")
-    time.sleep(5)
+    wait_cycles([session.deployment], 5)  # nothing moves over 5 cycles, counted, not slept
     assert {m: _replica(session.deployment, m)["id"] for m in (A, B)} == still
     assert session.failures_since(began) == []
     assert not [e for e in events(session.deployment, "submit") if e.time >= began]
