@@ -41,7 +41,7 @@ class Stub:
                         if args.api_key_file else None)
         self.stats = {"name": self.name, "pid": os.getpid(), "requests": 0, "by_path": {},
                       "cancelled": 0, "in_flight": 0, "streams_in_flight": 0,
-                      "unauthorized": 0}
+                      "unauthorized": 0, "health": 0}
 
     def _authorized(self, request: web.Request) -> bool:
         if self.api_key is None:
@@ -49,6 +49,7 @@ class Stub:
         return request.headers.get("Authorization") == f"Bearer {self.api_key}"
 
     async def health(self, request: web.Request) -> web.Response:
+        self.stats["health"] += 1  # probes received (counted on arrival, answered or not)
         if self.health_delay:
             await asyncio.sleep(self.health_delay)   # a replica too busy to answer at once
         return web.Response(text="")
