@@ -158,7 +158,12 @@ def test_the_gateway_outlives_kill_9_and_down_stops_it(tmp_path, env, cleanup):
             serve.proc.kill()  # kill -9: no cleanup at all
             serve.proc.wait(30)
             serve.log.close()
-            time.sleep(2)  # the gateway alone, routing by the last table
+            # the gateway alone, routing by the last table: 5 requests answered through it,
+            # counted (a 2 s sleep held fewer on a slow host; the old '> 50 in all' assumed
+            # how long restarts take on this host)
+            alone_from = len(requests.results)
+            wait_until(lambda: len(requests.results) >= alone_from + 5, 60,
+                       f"cycle {cycle}: 5 answers through the gateway alone")
             assert gateway_processes(config) == [gateway_pid], f"cycle {cycle}"
             serve = ServeProcess(tmp_path, config, [ON_A100], env)
             wait_until(lambda: any("adopted the running gateway" in e.message
@@ -168,7 +173,7 @@ def test_the_gateway_outlives_kill_9_and_down_stops_it(tmp_path, env, cleanup):
             assert (read_info(info_path(deployment)) or {}).get("gateway") == address
         statuses = requests.stop()
         failed = [(i, s) for i, s in enumerate(statuses) if s != 200]
-        assert len(statuses) > 50 and not failed, (
+        assert len(statuses) >= 15 and not failed, (
             f"{len(failed)} of {len(statuses)} requests failed: {failed[:20]}")
         assert gateway_processes(config) == [gateway_pid]  # 3 kill/restart cycles, no leak
         jobs = tagged_jobs(env, deployment)

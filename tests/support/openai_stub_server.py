@@ -3,7 +3,7 @@
 It answers like vLLM's OpenAI server — same JSON shapes, SSE with one token per chunk, an optional
 final ``usage`` chunk, ``data: [DONE]`` — with deterministic content (a function of the request), so
 an answer fetched through the gateway can be compared byte for byte with one fetched directly.
-It also counts what it saw (``GET /stats``): requests per path, requests cancelled by the client
+It also counts what it saw (``GET /stats``): /health probes, requests per path, requests cancelled by the client
 going away, and the ``Authorization`` it was given, so tests check the gateway's behaviour from the
 replica's side.
 
