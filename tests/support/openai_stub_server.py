@@ -3,9 +3,9 @@
 It answers like vLLM's OpenAI server — same JSON shapes, SSE with one token per chunk, an optional
 final ``usage`` chunk, ``data: [DONE]`` — with deterministic content (a function of the request), so
 an answer fetched through the gateway can be compared byte for byte with one fetched directly.
-It also counts what it saw (``GET /stats``): /health probes, requests per path, requests cancelled by the client
-going away, and the ``Authorization`` it was given, so tests check the gateway's behaviour from the
-replica's side.
+It also counts what it saw (``GET /stats``): /health probes, requests per path, requests
+cancelled by the client going away, and the ``Authorization`` it was given, so tests check the
+gateway's behaviour from the replica's side.
 
     python tests/support/openai_stub_server.py --name r1 --ready-file /tmp/r1.addr \
         [--token-delay 0.01] [--api-key-file key] [--no-usage]
