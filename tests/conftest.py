@@ -1,5 +1,20 @@
 """Shared fixtures. Integration tests (marker ``slurm``) run against the local cluster that
-``scripts/dev-cluster up`` starts; without it they are skipped with the reason."""
+``scripts/dev-cluster up`` starts; without it they are skipped with the reason.
+
+Tests that depend on the wall clock (sleeps, deadlines, request rates, durations) run on hosts
+several times faster or slower than the author's, with other work on the same two cores. So:
+
+- Name the resource a timing assumes (Slurm's scheduling pass, the daemon's cycle, the engine's
+  token rate, this host's cores) in a comment beside it.
+- Wait on the event, not the clock: :func:`wait_until` on what the code under test shows (the
+  engine's running gauge, the gateway's log line, the product's own sacct query), never a sleep
+  that assumes an order of events. A check that something does *not* happen runs over counted
+  cycles or requests (``tests.integration.serve_harness.wait_cycles``), not over seconds.
+- What depends on the host's speed (a rate meant to overload, a latency bound, how long a step
+  may take) scales with a measurement made in the same run, never a constant tuned on one host.
+- A deadline only bounds a failure: generous, naming what was awaited and the last value seen.
+  Never widen a tolerance to make a test pass; find what it assumed instead.
+"""
 
 from __future__ import annotations
 

@@ -216,7 +216,12 @@ class CliSlurmClient:
 
     def accounting(self, deployment: str, start: float, end: float) -> list[AccountingRecord]:
         """This deployment's allocations that ran in ``[start, end]`` (epoch seconds), one per
-        hetjob component and per requeued run; running jobs' elapsed time counts up to now."""
+        hetjob component and per requeued run; running jobs' elapsed time counts up to now.
+
+        slurmdbd selects a range by the job's *eligible* time, which it may record a second or
+        two after the job's start — after its end, for a job of a few seconds (seen on 22.05):
+        until then ``sacct -j`` shows the job but this range query does not. A job that started
+        in the last seconds may be missing; a later call counts it."""
         observed_at = self.clock()
         out = self.runner.run(
             ["sacct", "-n", "-P", "-X", "--duplicates", "-u", self.user, "-S", _slurm_time(start),

@@ -213,8 +213,11 @@ def test_table_reload_keeps_counters_of_surviving_replicas(tmp_path, stubs, gate
     assert [status for status, _ in results] == [200] * 5
     assert stub_stats(slow)["requests"] == 5
     # an older table is ignored: versions only move forward
+    # wait for the gateway to have read it (its log says so), not a fixed 1 s: on a slow host the
+    # poller may not have looked yet, and the check below would pass without testing anything
     write_table(table, 2, {"m": [("slow", slow.url, 1.0)]})
-    time.sleep(1.0)
+    _wait(lambda: "has version 2, not newer than 3; ignored" in gw.log.read_text(errors="replace"),
+          "the gateway to read and ignore the version-2 table")
     assert _routing(gw)["version"] == 3
 
 

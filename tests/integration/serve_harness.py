@@ -45,7 +45,7 @@ from coral_hpc.slurm import make_client
 from coral_hpc.store import open_store
 from coral_hpc.types import ReplicaLayout, StageLayout
 from coral_solver.catalog import model_arch
-from tests.conftest import REPO
+from tests.conftest import REPO, wait_until
 from tests.support.daemon_setup import SimModel, headless_daemon, write_models_yaml
 
 
@@ -205,6 +205,46 @@ def events(deployment: Deployment, kind: str | None = None) -> list:
         return store.events(limit=500, kind=kind)
     finally:
         store.close()
+
+
+def _last_observed(deployment: Deployment) -> float | None:
+    """When the daemon last observed any live replica in Slurm (it stamps every live replica's
+    ``last_seen_at`` once per reconcile cycle); None before it has."""
+    if not Path(deployment.db_path).exists():
+        return None
+    store = open_store(deployment.db_path, readonly=True)
+    try:
+        return max((r.last_seen_at or 0.0 for r in store.replicas(live_only=True)), default=None)
+    finally:
+        store.close()
+
+
+def wait_cycles(deployments: Sequence[Deployment], cycles: int, timeout: float = 180.0) -> None:
+    """Return once each daemon of ``deployments`` has run ``cycles`` more reconcile cycles that
+    observed a live replica (each stamps a new ``last_seen_at``).
+
+    A check that something does *not* happen ("still one job", "no second submit") is made over
+    the daemon's cycles, not over a fixed sleep: a slow host fits fewer cycles into the same
+    seconds and the check would prove less; a fast one more. ``timeout`` only bounds a daemon
+    that stopped cycling. A missed stamp (two cycles between polls) only makes this wait longer."""
+    baseline = {d.db_path: _last_observed(d) for d in deployments}
+    stamps: dict[str, set[float]] = {d.db_path: set() for d in deployments}
+
+    def counted() -> dict[str, int] | None:
+        for d in deployments:
+            stamp = _last_observed(d)
+            first = baseline[d.db_path]
+            if stamp is not None and (first is None or stamp > first):
+                stamps[d.db_path].add(stamp)
+        seen = {str(d.db_path): len(stamps[d.db_path]) for d in deployments}
+        return None if min(seen.values()) < cycles else seen
+
+    try:
+        wait_until(counted, timeout, f"{cycles} more reconcile cycles of each daemon",
+                   interval=0.05)
+    except AssertionError as exc:
+        got = {str(d.db_path): len(stamps[d.db_path]) for d in deployments}
+        raise AssertionError(f"{exc}; cycles seen: {got}") from None
 
 
 def tagged_jobs(env: dict, deployment: Deployment) -> list:

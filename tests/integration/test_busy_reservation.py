@@ -49,11 +49,18 @@ def reservation(env: dict, nodes: tuple[str, ...]):
         yield name
     finally:
         # our jobs in it first: Slurm refuses to delete a reservation jobs still run in
-        ids = subprocess.run(["squeue", "-h", "-R", name, "-o", "%i"], capture_output=True,
-                             text=True, env=env, timeout=30).stdout.split()
+        def in_it() -> list[str]:
+            return subprocess.run(["squeue", "-h", "-R", name, "-o", "%i"], capture_output=True,
+                                  text=True, env=env, timeout=30).stdout.split()
+
+        ids = in_it()
         if ids:
             subprocess.run(["scancel", *ids], capture_output=True, env=env, timeout=30)
-            time.sleep(3)
+            # until Slurm has let them go (COMPLETING ones too), not a fixed 3 s; never raising
+            # here, where it would hide the test's own failure
+            deadline = time.monotonic() + 60
+            while in_it() and time.monotonic() < deadline:
+                time.sleep(0.2)
         subprocess.run(["scontrol", "delete", f"ReservationName={name}"], capture_output=True,
                        env=env, timeout=30)
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
 
+from coral_hpc.engine.vllm_metrics import fetch_engine_load
 from coral_hpc.launch.endpoint import read_endpoint
 from coral_hpc.launch.spec import ReplicaSpec, StageSpec
 from coral_hpc.launch.stop import DRAIN_SIGNAL, stop_replicas
@@ -127,7 +127,12 @@ def test_submitit_replica_serves_then_drains_without_requeue(slurm, client, tmp_
 
     worker = threading.Thread(target=long_request)
     worker.start()
-    time.sleep(0.5)  # the request is running
+    # wait for the engine to hold the request (its own running gauge), not a fixed 0.5 s that
+    # a slow host may not reach the engine in
+    wait_until(lambda: "status" in result or "error" in result
+               or ((load := fetch_engine_load(endpoint.url)) is not None and load.running + load.waiting >= 1),
+               30, "the engine to report the long request held")
+    assert not result, f"the request ended before the drain signal, nothing to drain: {result}"
     outcome = stop_replicas(client, [job_id], grace_s=40)
     worker.join(60)
     assert outcome == {job_id: "exited"}, "the replica ended by itself within the grace period"

@@ -69,7 +69,8 @@ def test_two_copies_of_one_deployment_leave_each_other_alone(tmp_path, env, clea
         (ready_a,) = wait_until(lambda: ready(dep_a), 120, "a READY replica of copy a")
         (ready_b,) = wait_until(lambda: ready(dep_b), 120, "a READY replica of copy b")
         assert ready_a["job_id"] != ready_b["job_id"]
-        time.sleep(15)  # ~15 reconcile cycles at poll_interval_s 1: the loop showed within 10
+        # 15 reconcile cycles of each copy, counted (the loop showed within 10), not 15 s slept
+        harness.wait_cycles([dep_a, dep_b], 15)
         jobs = {j.job_id for j in tagged_jobs(env, dep_a)}
         assert jobs == {ready_a["job_id"], ready_b["job_id"]}, jobs
         for dep, own, other in ((dep_a, ready_a, ready_b), (dep_b, ready_b, ready_a)):
@@ -157,7 +158,12 @@ def test_the_gateway_outlives_kill_9_and_down_stops_it(tmp_path, env, cleanup):
             serve.proc.kill()  # kill -9: no cleanup at all
             serve.proc.wait(30)
             serve.log.close()
-            time.sleep(2)  # the gateway alone, routing by the last table
+            # the gateway alone, routing by the last table: 5 requests answered through it,
+            # counted (a 2 s sleep held fewer on a slow host; the old '> 50 in all' assumed
+            # how long restarts take on this host)
+            alone_from = len(requests.results)
+            wait_until(lambda: len(requests.results) >= alone_from + 5, 60,
+                       f"cycle {cycle}: 5 answers through the gateway alone")
             assert gateway_processes(config) == [gateway_pid], f"cycle {cycle}"
             serve = ServeProcess(tmp_path, config, [ON_A100], env)
             wait_until(lambda: any("adopted the running gateway" in e.message
@@ -167,7 +173,7 @@ def test_the_gateway_outlives_kill_9_and_down_stops_it(tmp_path, env, cleanup):
             assert (read_info(info_path(deployment)) or {}).get("gateway") == address
         statuses = requests.stop()
         failed = [(i, s) for i, s in enumerate(statuses) if s != 200]
-        assert len(statuses) > 50 and not failed, (
+        assert len(statuses) >= 15 and not failed, (
             f"{len(failed)} of {len(statuses)} requests failed: {failed[:20]}")
         assert gateway_processes(config) == [gateway_pid]  # 3 kill/restart cycles, no leak
         jobs = tagged_jobs(env, deployment)

@@ -44,6 +44,7 @@ from tests.integration.serve_harness import (
     sim_models_yaml,
     slot,
     tagged_jobs,
+    wait_cycles,
 )
 
 pytestmark = pytest.mark.slurm
@@ -155,6 +156,16 @@ class Session:
                    "a first answer through the gateway")
         return self
 
+    def wait_answers(self, count: int, since: float | None = None, timeout: float = 120) -> None:
+        """Until ``count`` requests have been answered (any status) since ``since`` (default:
+        now). Serving through a change is measured in requests, not in seconds that a slow host
+        fills with fewer of them; ``timeout`` only bounds traffic that stopped."""
+        traffic = self.traffic
+        assert traffic is not None
+        t = time.time() if since is None else since
+        wait_until(lambda: len(traffic.since(t)) >= count, timeout,
+                   f"{count} answers through the gateway")
+
     def failures_since(self, t: float) -> list[Answer]:
         assert self.traffic is not None
         return [a for a in self.traffic.since(t) if a.status != 200]
@@ -217,7 +228,7 @@ def test_one_node_drained_replaces_only_that_nodes_replica(session):
         wait_until(lambda: a["id"] not in {r["id"] for r in replicas(session.deployment)}, 60,
                    f"{A}'s replica on {node} drained and cancelled")
         assert _node_of(moved[0]) != node
-        time.sleep(3)
+        session.wait_answers(10)  # serving after the move, counted, not 3 s slept
         failures = session.failures_since(began)
     finally:
         _resume(runner, [node])
@@ -242,11 +253,14 @@ def test_a_maintenance_drain_of_every_node_keeps_every_replica_serving(session):
     began = time.time()
     try:
         _set_nodes(runner, nodes, "State=DRAIN", "Reason=coral-test-maintenance")
-        # a re-plan on the drained cluster, then 20 s of serving through it
+        # a re-plan on the drained cluster, then 20 reconcile cycles (20 s at POLL_S 1 on a
+        # quick host, counted, not slept) and at least 40 requests served through it
         wait_until(lambda: [e for e in events(session.deployment, "plan")
                             if e.time >= began and "no replicas" in e.message], 30,
                    "a plan that places nothing")
-        time.sleep(20)
+        planned_nothing = time.time()
+        wait_cycles([session.deployment], 20)
+        session.wait_answers(40, since=planned_nothing)
         during = session.failures_since(began)
         still = {m: _replica(session.deployment, m)["id"] for m in (A, B)}
         drained = [e for e in events(session.deployment, "drain") if e.time >= began]
@@ -263,7 +277,7 @@ def test_a_maintenance_drain_of_every_node_keeps_every_replica_serving(session):
     wait_until(lambda: [e for e in events(session.deployment, "plan")
                         if e.time >= resumed and "no replicas" not in e.message], 30,
                "a plan after the resume")
-    time.sleep(5)
+    wait_cycles([session.deployment], 5)  # nothing moves over 5 cycles, counted, not slept
     assert {m: _replica(session.deployment, m)["id"] for m in (A, B)} == still
     assert session.failures_since(began) == []
     assert not [e for e in events(session.deployment, "submit") if e.time >= began]
@@ -307,7 +321,7 @@ def test_a_controller_outage_fails_nothing_cancels_nothing_and_converges(session
 
     wait_until(observed_since_back, 10, "every replica observed after the controller's return")
     converged_s = time.time() - back
-    time.sleep(2)
+    session.wait_answers(8)  # serving after convergence, counted, not 2 s slept
     assert session.failures_since(began) == []
     assert sorted(j.job_id for j in tagged_jobs(runner.env, session.deployment)) == jobs
     for kind in ("cancel", "drain", "submit"):
@@ -331,7 +345,7 @@ def test_walltime_rotation_at_a_3_minute_limit_fails_no_request(slurm_cluster, t
             began = time.time()
             wait_until(lambda: first["id"] not in {r["id"] for r in replicas(deployment)}, 200,
                        "the first replica rotated out")
-            time.sleep(3)
+            session.wait_answers(10)  # serving after the rotation, counted, not 3 s slept
             assert session.traffic is not None
             answers = session.traffic.since(began)
             failures = session.failures_since(began)

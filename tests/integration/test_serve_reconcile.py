@@ -38,6 +38,7 @@ from tests.integration.serve_harness import (
     serve_deployment,
     slot,
     tagged_jobs,
+    wait_cycles,
 )
 
 pytestmark = pytest.mark.slurm
@@ -147,7 +148,7 @@ def test_kill_9_and_restart_adopts_without_duplicates(tmp_path, env, cleanup):
                                   env={**os.environ, **env})
         # let the restarted daemon observe, plan and decide several times
         wait_until(lambda: len(events(deployment, "plan")) >= 2, 60, "a plan after the restart")
-        time.sleep(5)
+        wait_cycles([deployment], 5)  # counted, not slept: a slow host fits fewer into 5 s
         jobs = tagged_jobs(env, deployment)
         assert [j.job_id for j in jobs] == [first["job_id"]], "duplicate or lost job"
         assert [r["job_id"] for r in ready(deployment)] == [first["job_id"]]
@@ -226,7 +227,7 @@ def test_a_template_that_crashes_at_start_cools_down(tmp_path, env, cleanup):
         wait_until(lambda: [r for r in ready(run.deployment) if r["partition"] == "a100"],
                    90, "a READY replica of the next template")
         submitted = [e for e in events(run.deployment, "submit") if CRASHES.template_id in e.message]
-        time.sleep(3)
+        wait_cycles([run.deployment], 3)  # cycles while cooling down, counted, not slept
         again = [e for e in events(run.deployment, "submit") if CRASHES.template_id in e.message]
         assert len(again) == len(submitted) == 2  # none while cooling down
     finally:

@@ -3,9 +3,9 @@
 It answers like vLLM's OpenAI server — same JSON shapes, SSE with one token per chunk, an optional
 final ``usage`` chunk, ``data: [DONE]`` — with deterministic content (a function of the request), so
 an answer fetched through the gateway can be compared byte for byte with one fetched directly.
-It also counts what it saw (``GET /stats``): requests per path, requests cancelled by the client
-going away, and the ``Authorization`` it was given, so tests check the gateway's behaviour from the
-replica's side.
+It also counts what it saw (``GET /stats``): /health probes, requests per path, requests
+cancelled by the client going away, and the ``Authorization`` it was given, so tests check the
+gateway's behaviour from the replica's side.
 
     python tests/support/openai_stub_server.py --name r1 --ready-file /tmp/r1.addr \
         [--token-delay 0.01] [--api-key-file key] [--no-usage]
@@ -41,7 +41,7 @@ class Stub:
                         if args.api_key_file else None)
         self.stats = {"name": self.name, "pid": os.getpid(), "requests": 0, "by_path": {},
                       "cancelled": 0, "in_flight": 0, "streams_in_flight": 0,
-                      "unauthorized": 0}
+                      "unauthorized": 0, "health": 0}
 
     def _authorized(self, request: web.Request) -> bool:
         if self.api_key is None:
@@ -49,6 +49,7 @@ class Stub:
         return request.headers.get("Authorization") == f"Bearer {self.api_key}"
 
     async def health(self, request: web.Request) -> web.Response:
+        self.stats["health"] += 1  # probes received (counted on arrival, answered or not)
         if self.health_delay:
             await asyncio.sleep(self.health_delay)   # a replica too busy to answer at once
         return web.Response(text="")
