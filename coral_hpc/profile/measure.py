@@ -184,10 +184,12 @@ def open_loop_capacity(url: str, model: str, n_in: int, n_out: int, ttft: float,
         record.append({"requests_per_s": round(rate, 4), "requests": len(phase.timings),
                        "within_slo": round(phase.within(ttft, tpot), 4), "met": met,
                        "client_late_p99_s": round(phase.late_p99_s, 4),
+                       "client_behind_at_end_s": round(phase.behind_at_end_s, 4),
                        "client_cores": round(phase.client_cores(), 3)})
         progress(f"open loop, SLO {ttft:g}s/{tpot:g}s, mix {n_in}/{n_out}, Poisson {rate:.2f} "
                  f"req/s: {phase.within(ttft, tpot):.0%} within of {len(phase.timings)}, "
-                 f"client late p99 {phase.late_p99_s * 1e3:.0f} ms, "
+                 f"client late p99 {phase.late_p99_s * 1e3:.0f} ms "
+                 f"(at the end {phase.behind_at_end_s * 1e3:.0f} ms), "
                  f"{phase.client_cores():.2f} cores -> {'met' if met else 'missed'}")
         return met
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from coral_hpc.profile.openloop import MAX_LATE_SHARE, Phase, Timing, search_capacity
+from coral_hpc.profile.openloop import MAX_BEHIND_SHARE, Phase, Timing, search_capacity
 
 
 def _threshold(capacity: float):
@@ -60,9 +60,9 @@ def test_no_rate_met_gives_zero_and_the_search_stops_at_its_bounds():
     assert calls == [1.0, 0.5, 0.25, 0.125, 0.0625]  # the next, 0.031, is below min_rate
 
 
-def _phase(timings, late_s=0.0):
-    return Phase(rate=1.0, seconds=1.0, timings=tuple(timings), late_p99_s=late_s,
-                 client_cpu_s=0.5, wall_s=2.0)
+def _phase(timings, behind_s=0.0, late_p99_s=0.0):
+    return Phase(rate=1.0, seconds=20.0, timings=tuple(timings), late_p99_s=late_p99_s,
+                 behind_at_end_s=behind_s, client_cpu_s=0.5, wall_s=2.0)
 
 
 def test_a_failed_request_is_not_within_and_both_slos_count():
@@ -76,7 +76,9 @@ def test_a_failed_request_is_not_within_and_both_slos_count():
 
 
 def test_a_generator_that_fell_behind_did_not_offer_its_rate():
-    on_time = _phase([Timing(0.1, 0.01)] * 40, late_s=MAX_LATE_SHARE * 2.0)
-    behind = _phase([Timing(0.1, 0.01)] * 40, late_s=MAX_LATE_SHARE * 2.0 + 0.01)
+    on_time = _phase([Timing(0.1, 0.01)] * 40, behind_s=MAX_BEHIND_SHARE * 20.0)
+    behind = _phase([Timing(0.1, 0.01)] * 40, behind_s=MAX_BEHIND_SHARE * 20.0 + 0.01)
     assert on_time.met(2.0, 0.1)
     assert behind.within(2.0, 0.1) == 1.0 and not behind.met(2.0, 0.1)
+    # a moment's delay mid-phase (a late request or two) leaves the rate offered
+    assert _phase([Timing(0.1, 0.01)] * 40, behind_s=0.0, late_p99_s=0.8).met(2.0, 0.1)

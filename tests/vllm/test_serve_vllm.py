@@ -174,6 +174,7 @@ def _load_phase(url: str, endpoint: str, model, rate: float, seed: str) -> dict:
     row = phase_row(model, rate, timings(phase))
     row["met"] = phase.met(model.slo.ttft_s, model.slo.tpot_s)
     row["client"] = {"late_p99_ms": round(phase.late_p99_s * 1e3, 1),
+                     "behind_at_end_ms": round(phase.behind_at_end_s * 1e3, 1),
                      "cores": round(phase.client_cores(), 2)}
     row["engine_mean_ms"] = engine_latency_means(engine0, engine_latency_totals(endpoint))
     row["host"] = host_cpu_share(host0, host_cpu_ticks())
