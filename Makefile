@@ -1,5 +1,7 @@
-# Two commands for a newcomer on a fresh Debian/Ubuntu machine (as root, for the local cluster):
+# Two commands, as in the README, on a throwaway Debian/Ubuntu machine (as root: they install
+# Slurm and start a local cluster):
 #   make demo   install what is missing, create .venv, bring up the local Slurm cluster, run coral-hpc
+#               on it: the main job on the embedded default (examples/models.yaml, the sim engine)
 #   make test   the same set-up, then the whole test suite in lanes, fastest first, each timed
 #               (scripts/test-lanes: unit, then the cluster and vLLM's CPU build and test models,
 #               cached in /var/cache/coral-hpc, then e2e, integration, the real engine)

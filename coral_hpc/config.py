@@ -155,8 +155,10 @@ class _EnvironmentBase(_Frozen):
     #: config (and every spec holding it) stays hashable
     env: tuple[tuple[str, str], ...] = Field(
         default=(),
-        description="extra environment variables for the engine (a mapping NAME: value), "
-        "e.g. VLLM_CPU_KVCACHE_SPACE for vLLM's CPU build",
+        description="extra environment variables for the engine, a mapping NAME: value "
+        "(`env: {VLLM_CPU_KVCACHE_SPACE: \"1\"}`); HF_TOKEN and VLLM_API_KEY are refused: they "
+        "come from their files",
+        json_schema_extra={"yaml_type": "map of string → string"},
     )
 
     @field_validator("env", mode="before")
@@ -180,7 +182,7 @@ class _EnvironmentBase(_Frozen):
 class VenvEnvironment(_EnvironmentBase):
     """vLLM installed in a virtual environment on the shared filesystem."""
 
-    kind: Literal["venv"] = "venv"
+    kind: Literal["venv"] = Field(default="venv", description="selects this kind: a venv")
     path: str = Field(description="venv directory; its bin/ holds `vllm`")
     modules: tuple[str, ...] = Field(default=(), description="`module load` these first (CUDA)")
 
@@ -190,14 +192,16 @@ class VenvEnvironment(_EnvironmentBase):
 class ModuleEnvironment(_EnvironmentBase):
     """vLLM provided by environment modules."""
 
-    kind: Literal["module"] = "module"
+    kind: Literal["module"] = Field(default="module",
+                                    description="selects this kind: environment modules")
     modules: tuple[str, ...] = Field(min_length=1, description="`module load` lines, in order")
 
 
 class ApptainerEnvironment(_EnvironmentBase):
     """vLLM inside an Apptainer/Singularity image (`apptainer exec --nv`)."""
 
-    kind: Literal["apptainer"] = "apptainer"
+    kind: Literal["apptainer"] = Field(default="apptainer",
+                                       description="selects this kind: an Apptainer image")
     image: str = Field(description="path to the .sif image on the shared filesystem")
     binds: tuple[str, ...] = Field(default=(), description="extra --bind specs (model cache)")
     modules: tuple[str, ...] = Field(default=(), description="`module load apptainer` etc.")
@@ -372,7 +376,10 @@ class ClusterConfig(_Frozen):
     account: str | None = Field(default=None, description="Slurm account (-A)")
     qos: str | None = Field(default=None, description="Slurm QOS (--qos)")
     slurm: SlurmSettings = SlurmSettings()
-    time_limit: str | int = Field(default="04:00:00", description="replica job time limit")
+    time_limit: str | int = Field(
+        default="04:00:00",
+        description="replica job time limit: a Slurm time (HH:MM:SS, D-HH:MM:SS) or minutes",
+    )
     partitions: tuple[PartitionConfig, ...] = Field(min_length=1)
     gpu_quotas: dict[str, int] = Field(
         default_factory=dict, description="GPUs held at most per GPU type, over all partitions"
@@ -505,7 +512,10 @@ class GatewayConfig(_Frozen):
     api_keys_file: str | None = Field(
         default=None, description="file of hashed API keys; required beyond loopback"
     )
-    max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0, le=1 << 30)
+    max_body_bytes: int = Field(
+        default=4 * 1024 * 1024, gt=0, le=1 << 30,
+        description="largest request body accepted, in bytes; a larger one is answered 413",
+    )
     tls_cert: str | None = Field(
         default=None, description="PEM certificate (chain) the gateway serves HTTPS with"
     )
@@ -584,7 +594,11 @@ class PolicyConfig(_Frozen):
     crash_limit: int = Field(
         default=3, ge=1, le=1000, description="crashes before a template cools down"
     )
-    crash_cooldown_s: float = Field(default=1800.0, gt=0, le=7 * 86400)
+    crash_cooldown_s: float = Field(
+        default=1800.0, gt=0, le=7 * 86400,
+        description="a template with crash_limit crashes within this window is kept out of "
+                    "plans this long",
+    )
     n_max: int = Field(default=6, ge=1, le=16, description="Stage 1: nodes per template at most")
     rho: float = Field(default=12.0, gt=1, description="Stage 1: GPU memory ≤ ρ × model size")
     heterogeneous: bool = Field(default=True, description="allow stages on different GPU types")
@@ -598,8 +612,14 @@ class PolicyConfig(_Frozen):
 
     max_tp: int = Field(default=8, ge=1, le=64,
                         description="Stage 1: largest tensor-parallel degree (1: pipelines only)")
-    solver_time_limit_s: float = Field(default=10.0, gt=0, le=3600)
-    solver_mip_gap: float = Field(default=1e-4, ge=0, lt=1)
+    solver_time_limit_s: float = Field(
+        default=10.0, gt=0, le=3600,
+        description="Stage 2: time one solve may take; the best plan found by then is used",
+    )
+    solver_mip_gap: float = Field(
+        default=1e-4, ge=0, lt=1,
+        description="Stage 2: stop when the plan's cost is within this fraction of the optimum",
+    )
     # Off by default: prefill and decode replicas need a KV connector the site has set up
     # (engine.kv_connector: a network connector on GPU nodes, or a shared directory) and each
     # request makes two hops; a site opts in. "auto" then lets Stage 2 pick per model whatever
@@ -637,8 +657,9 @@ class PolicyConfig(_Frozen):
 class RequestMix(_Frozen):
     """Mean request shape of a model's traffic."""
 
-    input_tokens: int = Field(gt=0, le=1_048_576)
-    output_tokens: int = Field(gt=0, le=1_048_576)
+    input_tokens: int = Field(gt=0, le=1_048_576, description="mean prompt tokens per request")
+    output_tokens: int = Field(gt=0, le=1_048_576,
+                               description="mean generated tokens per request")
 
 
 class Demand(_Frozen):
@@ -646,8 +667,13 @@ class Demand(_Frozen):
 
     # Upper bounds far above any deployment (a million requests/s is ~thousands of GPUs per
     # model) that keep the Stage-2 coefficients within what HiGHS's tolerances resolve.
-    requests_per_s: float | None = Field(default=None, ge=0, le=1e6)
-    output_tokens_per_s: float | None = Field(default=None, ge=0, le=1e9)
+    requests_per_s: float | None = Field(
+        default=None, ge=0, le=1e6, description="requests per second of the model's mix"
+    )
+    output_tokens_per_s: float | None = Field(
+        default=None, ge=0, le=1e9,
+        description="generated tokens per second; divided by mix.output_tokens on load",
+    )
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Demand:
@@ -673,19 +699,37 @@ class ModelConfig(_Frozen):
     source: str = Field(min_length=1, description="Hugging Face id or path on the shared FS")
     architecture: str = Field(description="an architecture in profiles/models.yaml")
     mix: RequestMix
-    demand: Demand | Literal["auto"]
+    demand: Demand | Literal["auto"] = Field(
+        description="{requests_per_s: N} or {output_tokens_per_s: N}, or `auto`: measured at the "
+        "gateway, averaged over about one policy.replan_interval_s, with the measured mix; a "
+        "model with no traffic yet gets min_replicas, and its first requests, answered 503, "
+        "count as demand",
+    )
     slo: SLO
     # priorities weight served demand in the scarce objective: a ratio beyond 10^6 between two
     # models is below the solver's relative tolerance, so it could not be honoured anyway
     priority: float = Field(
         default=1.0, ge=1e-3, le=1000, description="weight when GPUs are scarce (0.001 .. 1000)"
     )
-    min_replicas: int = Field(default=0, ge=0, le=10_000)
-    max_replicas: int | None = Field(default=None, ge=0, le=10_000)
+    min_replicas: int = Field(
+        default=0, ge=0, le=10_000,
+        description="replicas kept whatever the demand (queued when they cannot start now; "
+                    "refused when the model's partitions could never hold them)",
+    )
+    max_replicas: int | None = Field(
+        default=None, ge=0, le=10_000,
+        description="replicas at most; unset = as many as the demand needs",
+    )
     partitions: tuple[str, ...] = Field(default=(), description="allowed partitions; empty = all")
     gpu_types: tuple[str, ...] = Field(default=(), description="allowed GPU types; empty = all")
-    max_model_len: int | None = Field(default=None, gt=0, le=1 << 24)
-    vllm_args: tuple[str, ...] = Field(default=())
+    max_model_len: int | None = Field(
+        default=None, gt=0, le=1 << 24,
+        description="context length in tokens (vLLM --max-model-len); only layouts whose KV "
+                    "cache holds one such request are planned; unset = the model's own",
+    )
+    vllm_args: tuple[str, ...] = Field(
+        default=(), description="extra vLLM arguments for this model, after engine.args"
+    )
 
     @field_validator("demand", mode="before")
     @classmethod

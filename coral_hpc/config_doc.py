@@ -19,8 +19,19 @@ HEADER = """# models.yaml reference
 Generated from the pydantic models in `coral_hpc/config.py` by `scripts/config-reference`; do not
 edit by hand (a test fails when this page and the models disagree). `coral-hpc validate FILE`
 checks a file against exactly these rules: unknown keys are refused, every error names the file,
-line and field. Units: demand and throughput in requests per second of the model's own mix,
-times in seconds unless the key says otherwise.
+line and field.
+
+Units: a key ending in `_s` is in seconds, `_days` in days, `_mb` and `_gb` in megabytes and
+gigabytes; `cluster.time_limit` is a Slurm time (`HH:MM:SS`, `D-HH:MM:SS`, or an integer number
+of minutes). Demand and throughput are requests per second of the model's own mix
+(`models[].mix`); `demand: {output_tokens_per_s: N}` is converted on load to N ÷
+`mix.output_tokens` requests per second.
+
+`demand: auto` means the demand is measured instead of declared: the gateway counts each model's
+requests (those answered 503 for lack of a READY replica included) and their prompt and output
+tokens, the daemon averages the rate over about one `policy.replan_interval_s`, and plans for it
+with the measured mix. A model with no traffic yet is planned at `min_replicas`; its first
+requests raise its demand and the next plan gives it replicas.
 """
 
 
@@ -69,7 +80,7 @@ def _default(field: Any) -> str:
     if value is None:
         return "null"
     if value in ((), {}):
-        return "[]" if value == () else "{}"
+        return "{}" if value == {} or field_type(field).startswith("map of") else "[]"
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, tuple):
@@ -104,12 +115,24 @@ def render_reference() -> str:
         parts.append(f"\n## {model.__name__}\n\n`{title}` — {_doc(model)}\n")
         parts.append("| key | type | default | what it is |\n|---|---|---|---|")
         for name, field in model.model_fields.items():
-            description = field.description or "; ".join(
-                _doc(sub) for sub in _models_in(field.annotation))
-            description = description.replace("|", "\\|").replace("\n", " ")
-            parts.append(f"| `{name}` | {_type_name(field.annotation)} | {_default(field)} | "
+            description = field_description(field).replace("|", "\\|").replace("\n", " ")
+            parts.append(f"| `{name}` | {field_type(field)} | {_default(field)} | "
                          f"{description} |")
     return "\n".join(parts) + "\n"
+
+
+def field_description(field: Any) -> str:
+    """What the reference says a field is: its own description, else the docstring of the
+    section it holds (``cluster``, ``policy``, ...)."""
+    return field.description or "; ".join(_doc(sub) for sub in _models_in(field.annotation))
+
+
+def field_type(field: Any) -> str:
+    """The type as a models.yaml author writes it: a field stored in another shape than it is
+    written (``env``: a mapping kept as sorted pairs) names it in ``json_schema_extra``."""
+    extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+    written = extra.get("yaml_type")
+    return str(written) if written else _type_name(field.annotation)
 
 
 def _doc(model: type[BaseModel]) -> str:
