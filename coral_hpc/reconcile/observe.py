@@ -223,10 +223,11 @@ class Observer:
             events.append(message)
             log.warning("%s", message)
             self.store.add_event(now, "slurm_outage", message)
-        # keep what can still overlap a live replica's time in the queue
-        live = [r.submitted_at or r.created_at for r in self.store.replicas(live_only=True)]
-        oldest = min(live, default=now)
-        self._outages = [(b, e) for b, e in self._outages if e > oldest][-1000:]
+        if self._outages:
+            # keep what can still overlap a live replica's time in the queue
+            live = [r.submitted_at or r.created_at for r in self.store.replicas(live_only=True)]
+            oldest = min(live, default=now)
+            self._outages = [(b, e) for b, e in self._outages if e > oldest][-1000:]
 
     # ------------------------------------------------------------------ facts
 
