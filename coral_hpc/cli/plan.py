@@ -115,7 +115,7 @@ def _print_table(outcome, wide: bool = False) -> None:
         rows.append([row.model, row.role, ", ".join(dict.fromkeys(row.partitions)), layout,
                      f"{t.tp}×{t.pp}", row.count, f"{row.throughput:.3g}",
                      f"{row.cost_per_hour:.3g}", figures_used(t, arch[row.model]),
-                     start_label(row.wait_s, queued)])
+                     start_label(row.wait_s, queued, row.start_known)])
     columns = [Column("model", "id"), Column("role", "id"), Column("partition"),
                Column("layout [layers]"), Column("TP×PP", "id"), Column("count", "num"),
                Column("req/s each", "num"), Column("cost/h each", "num"), Column("figures"),

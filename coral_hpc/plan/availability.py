@@ -13,6 +13,8 @@ snapshot's facts into those solver inputs, between ``coral_hpc.plan``'s cluster 
 - :func:`probe_shapes`: the job shapes the library could use, for ``sbatch --test-only``;
 - :func:`with_estimates`: busy nodes Slurm would give us within the horizon become node groups
   with a wait; every estimate becomes a queue option;
+- :func:`with_unknown_starts`: shapes Slurm gave no estimate for still become queue options,
+  of unknown start, ranked after every known one (busy is not invalid input);
 - :func:`job_limits` / :func:`environment_groups`: site limits and the partitions whose engine
   environments may serve one pipeline together.
 """
@@ -266,6 +268,44 @@ def with_estimates(cluster: Cluster, estimates: Iterable[ShapeEstimate],
                    queue_options=tuple(held) + tuple(options))
 
 
+def with_unknown_starts(cluster: Cluster, shapes: Iterable[JobShape],
+                        estimates: Iterable[ShapeEstimate] = ()) -> Cluster:
+    """``cluster`` with a queue option of unknown start (``start_known`` False) for each job
+    shape Slurm gave no estimate for (none saved, ``sbatch --test-only`` refused or
+    rate-limited) and that the partition's nodes could hold were they free: a busy site
+    without estimates still gets its replicas queued, after every shape with a known start.
+    A shape Slurm refused among ``estimates`` that it answered for others (no node could run
+    it, a limit forbids it) is not queued: sbatch would refuse it too."""
+    known: set[tuple[str, str | None, int, int]] = {
+        (q.partition, q.gpu_type, q.gpus_per_node, q.nodes) for q in cluster.queue_options}
+    estimates = tuple(estimates)
+    if any(e.start is not None for e in estimates):
+        known |= {(e.partition, e.gpu_type, e.gpus_per_node, e.nodes) for e in estimates
+                  if e.start is None and e.reservation is None}
+    groups = {g.name: g for g in cluster.node_groups}
+    options = []
+    for shape in shapes:
+        if shape.gpu_type is None:
+            continue
+        key = (shape.partition, shape.gpu_type, shape.gpus_per_node, shape.nodes)
+        if key in known:
+            continue
+        part = next((p for p in cluster.partitions if p.name == shape.partition), None)
+        if part is None or not part.usable:
+            continue
+        nodes = sum(len(groups[g].nodes) for g in part.node_groups if g in groups
+                    and groups[g].gpu_type == shape.gpu_type
+                    and groups[g].gpus_per_node >= shape.gpus_per_node)
+        if nodes < shape.nodes:
+            continue
+        known.add(key)
+        options.append(QueueOption(shape.partition, shape.gpu_type, shape.gpus_per_node,
+                                   shape.nodes, wait_s=0.0, start_known=False))
+    if not options:
+        return cluster
+    return replace(cluster, queue_options=cluster.queue_options + tuple(options))
+
+
 def job_limits(deployment: Deployment, snapshot: ClusterSnapshot) -> JobLimits:
     """Per-job and jobs-at-once site limits: partition MaxNodes and its QOS's MaxTRES, the
     account's association/QOS MaxTRES, MaxJobs and MaxSubmit (with this user's other jobs)."""
@@ -338,9 +378,12 @@ def with_site_rules(deployment: Deployment, snapshot: ClusterSnapshot, cluster: 
                    environment_groups=environment_groups(deployment))
 
 
-def start_label(wait_s: float, queued: bool = False) -> str:
-    """``now``, ``expected in N min`` (within the horizon) or ``queued`` (beyond it: submitted
-    where Slurm expects to start it first; ``binding`` says where and when) for a plan row."""
+def start_label(wait_s: float, queued: bool = False, start_known: bool = True) -> str:
+    """``now``, ``expected in N min`` (within the horizon), ``queued`` (beyond it: submitted
+    where Slurm expects to start it first; ``binding`` says where and when) or ``start
+    unknown`` (queued where Slurm gave no start estimate) for a plan row."""
+    if not start_known:
+        return "start unknown"
     if queued:
         return "queued"
     if wait_s <= 0:

@@ -29,6 +29,9 @@ class Slot:
     expected_wait_s: float = 0.0
     #: beyond the horizon: submitted where Slurm expects to start it first, and left to wait
     queued: bool = False
+    #: False for a queued slot Slurm gave no start estimate for (``expected_wait_s`` means
+    #: nothing then)
+    start_known: bool = True
 
     @property
     def partitions(self) -> tuple[str, ...]:
@@ -68,6 +71,7 @@ def slot_rows(plan: DesiredPlan) -> list[dict[str, Any]]:
             "time_limit_s": s.time_limit_s,
             "expected_wait_s": s.expected_wait_s,
             "queued": s.queued,
+            "start_known": s.start_known,
         }
         for s in plan.slots
     ]
@@ -88,6 +92,7 @@ def plan_from_rows(rows: list[dict[str, Any]], time: float) -> DesiredPlan:
                 time_limit_s=r.get("time_limit_s"),
                 expected_wait_s=float(r.get("expected_wait_s") or 0.0),
                 queued=bool(r.get("queued", False)),
+                start_known=bool(r.get("start_known", True)),
             )
             for r in rows
         ),

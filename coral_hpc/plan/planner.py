@@ -22,7 +22,9 @@ check → :class:`PlanOutcome`.
    partition QOS) and engine-environment groups bind.
 6. Stage 2, :func:`coral_solver.allocate.allocate`, with the replicas that go on serving as
    ``running``; a model left with nothing gets one replica queued where Slurm expects to
-   start it first.
+   start it first — without any estimate (none saved, ``sbatch --test-only`` refused or
+   rate-limited), on its best shape the site could run, marked start unknown: a busy
+   cluster is not invalid input.
 7. The independent checker (:func:`coral_solver.check.check_plan`) re-verifies the plan, re-checking
    every planned template's throughput with the same throughput model.
 
@@ -139,7 +141,8 @@ def desired_plan(plan: Plan, models: list[ModelSpec], now: float,
              throughput=float(row.template.throughput), cost_per_hour=float(row.cost_per_hour),
              layout=layout_of(row.template, row.partitions, arch[row.template.model]),
              time_limit_s=time_limit_of(tuple(row.partitions)) if time_limit_of else None,
-             expected_wait_s=float(row.wait_s), queued=queued)
+             expected_wait_s=float(row.wait_s), queued=queued,
+             start_known=row.start_known)
         for row, queued in rows if row.count > 0))
 
 
@@ -271,10 +274,13 @@ class Planner:
         warnings += availability.preemption_warnings(deployment, snapshot)
         base, full_library = cluster, library
         excluded_shapes = request.excluded_shapes
+        shapes = availability.probe_shapes(deployment, snapshot, full_library)
 
         def stage2(estimates: tuple) -> tuple[Cluster, dict, Plan]:
             cluster = availability.with_estimates(base, estimates, policy.max_queue_wait_s,
                                                   availability.own_queue_options(snapshot))
+            # shapes without an estimate still queue, of unknown start (after known ones)
+            cluster = availability.with_unknown_starts(cluster, shapes, estimates)
             # a queued replica waits for its nodes: every template may be queued, not only
             # those that fit in the GPUs available now
             library = inputs.placeable(full_library, cluster)
@@ -291,8 +297,7 @@ class Planner:
         estimates = tuple(snapshot.estimates) or (prober.cached() if prober is not None else ())
         cluster, library, plan = stage2(estimates)
         if prober is not None and plan.status not in ("optimal", "feasible"):
-            estimates = prober.estimates(availability.probe_shapes(deployment, snapshot,
-                                                                   full_library))
+            estimates = prober.estimates(shapes)
             cluster, library, plan = stage2(estimates)
         stage2_s = time.perf_counter() - began - stage1
         problems = tuple(check_plan(plan, models, cluster, library, throughput))

@@ -50,9 +50,11 @@ def plan_json(outcome: PlanOutcome) -> dict[str, Any]:
             # Slurm may preempt it (a preemptible partition): the model has a replica elsewhere
             "preemptible": bool(set(row.partitions) & solved.cluster.preemptible()),
             "nodes": [list(n) for n in row.nodes],
-            # Slurm's estimate when the replica starts: now, within the horizon, or queued
-            "expected_wait_s": row.wait_s,
-            "start": start_label(row.wait_s, queued),
+            # Slurm's estimate when the replica starts: now, within the horizon, or queued;
+            # queued without an estimate: start unknown (expected_wait_s null)
+            "expected_wait_s": row.wait_s if row.start_known else None,
+            "start": start_label(row.wait_s, queued, row.start_known),
+            "start_known": row.start_known,
             "queued": queued,
         })
     return {

@@ -11,7 +11,8 @@ Rules, in the order they are applied:
    ``stale_after_polls`` polls) or the last Slurm call failed or was partial, nothing is submitted
    and nothing drained or cancelled: a job we cannot see may still be running.
    When only the cluster snapshot is stale, submissions may go on but nothing destructive does.
-3. **Pending too long.** A replica pending past ``pending_timeout_s`` is cancelled (it serves
+3. **Pending too long.** A replica pending past ``pending_timeout_s`` — counted only while Slurm
+   answered: a controller outage pauses it (``ReplicaFacts.unanswered_s``) — is cancelled (it serves
    nothing) and its shape — template on those partitions — is excluded for
    ``pending_exclusion_s``, so the next plan places that capacity elsewhere. Not while Slurm
    expects to start it within the horizon (``max_queue_wait_s``: it would lose its place in the

@@ -111,6 +111,11 @@ class Observer:
         self.instance = instance
         self._pool: ThreadPoolExecutor | None = None
         self._reported: set[str] = set()  # job ids already reported as left alone
+        # Slurm outages: from the last answer before a failed snapshot to the next answer. Queue
+        # wait counts only time Slurm answered (issue 27: an outage cancelled nothing it paused)
+        self._answered_at: float | None = None
+        self._unanswered_since: float | None = None
+        self._outages: list[tuple[float, float]] = []
 
     # ------------------------------------------------------------------ the step
 
@@ -122,11 +127,15 @@ class Observer:
             snapshot = self.client.snapshot(self.deployment.deployment)
         except CoralError as exc:
             # nothing is recorded from a failed observation; decide() does nothing destructive
+            if self._unanswered_since is None:
+                self._unanswered_since = (self._answered_at if self._answered_at is not None
+                                          else now)
             return Observed(
                 Observation(jobs_at=None, cluster_at=None, complete=False), None,
                 frozenset(), self._facts(now, frozenset()), error=f"Slurm snapshot failed: {exc}",
             )
         events: list[str] = []
+        self._answered(now, events)
         snapshot, foreign = split_instance(snapshot, self.instance)
         if self.instance:
             # jobs from before instance tags existed: ours when their spec.json in our state
@@ -191,12 +200,43 @@ class Observer:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
 
+    # ------------------------------------------------------------------ Slurm outages
+
+    def unanswered_s(self, since: float | None, now: float) -> float:
+        """Seconds between ``since`` and ``now`` during which Slurm did not answer (recorded
+        outages and the one going on); 0 for ``since`` None."""
+        if since is None:
+            return 0.0
+        spans = list(self._outages)
+        if self._unanswered_since is not None:
+            spans.append((self._unanswered_since, now))
+        return sum(max(0.0, min(end, now) - max(start, since)) for start, end in spans)
+
+    def _answered(self, now: float, events: list[str]) -> None:
+        """Slurm answered at ``now``: close the outage going on, if any."""
+        began, self._unanswered_since = self._unanswered_since, None
+        self._answered_at = now
+        if began is not None and now > began:
+            self._outages.append((began, now))
+            message = (f"Slurm did not answer for {now - began:.0f}s; that time does not count "
+                       "as queue wait (pending timeout paused)")
+            events.append(message)
+            log.warning("%s", message)
+            self.store.add_event(now, "slurm_outage", message)
+        if self._outages:
+            # keep what can still overlap a live replica's time in the queue
+            live = [r.submitted_at or r.created_at for r in self.store.replicas(live_only=True)]
+            oldest = min(live, default=now)
+            self._outages = [(b, e) for b, e in self._outages if e > oldest][-1000:]
+
     # ------------------------------------------------------------------ facts
 
     def _facts(self, now: float, unavailable: frozenset[str]) -> list[ReplicaFacts]:
         records = self.store.replicas(live_only=True)
         records += self.store.ended_replicas_since(now - self.settings.crash_cooldown_s)
-        return [ReplicaFacts(r, node_unavailable=on_unavailable(r, unavailable)) for r in records]
+        return [ReplicaFacts(r, node_unavailable=on_unavailable(r, unavailable),
+                             unanswered_s=self.unanswered_s(r.submitted_at or r.created_at, now))
+                for r in records]
 
     def _record_job(self, record: ReplicaRecord, job: JobInfo, now: float, events: list) -> None:
         state = slurm_word(job.state)

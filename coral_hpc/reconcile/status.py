@@ -59,6 +59,8 @@ class ReplicaFacts:
     record: ReplicaRecord
     #: a node of the job, or its partition, is draining, drained or down
     node_unavailable: bool = False
+    #: seconds since it was submitted during which Slurm did not answer: not queue wait
+    unanswered_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,7 @@ class ReplicaStatus:
     state: ReplicaState
     #: seconds until Slurm's time limit ends the job; None before it starts or without a limit
     time_left_s: float | None = None
-    #: seconds in the queue (SUBMITTING or PENDING)
+    #: seconds in the queue (SUBMITTING, or PENDING while Slurm answered)
     pending_for_s: float | None = None
     #: its successor should be started now: within the lead of Slurm's walltime warning
     near_walltime: bool = False
@@ -153,8 +155,9 @@ def replica_status(
 
     running = slurm in RUNNING_STATES or (slurm not in PENDING_STATES and r.started_at is not None)
     if not running:
-        # PENDING, or submitted and not yet seen by the queue
-        waited = now - (r.submitted_at if r.submitted_at is not None else r.created_at)
+        # PENDING, or submitted and not yet seen by the queue; a Slurm outage pauses the wait
+        since = r.submitted_at if r.submitted_at is not None else r.created_at
+        waited = max(0.0, now - since - facts.unanswered_s)
         return ReplicaStatus(
             r.id, ReplicaState.PENDING, pending_for_s=waited,
             pending_too_long=waited > settings.pending_timeout_s,

@@ -97,7 +97,7 @@ def _replica_trigger(
                            f"replica {record.id} of {record.model} ended unexpectedly ({what})")
         return None
     if status.state is ReplicaState.PENDING and record.submitted_at is not None:
-        deadline = record.submitted_at + settings.pending_timeout_s
+        deadline = record.submitted_at + settings.pending_timeout_s + facts.unanswered_s
         if plan_time < deadline <= now:
             return Trigger(TriggerKind.PENDING_TIMEOUT, f"replica {record.id} of {record.model} "
                            f"pending past {settings.pending_timeout_s:g}s")

@@ -9,6 +9,11 @@ then the least cost per request served. A queued replica is one Slurm job of one
 shape (``pp`` nodes of ``tp`` GPUs of one type in one partition): exactly the shape Slurm
 estimated. Queued replicas hold nothing yet, so they count in neither capacity nor cost, but
 they do count against quotas and MaxSubmit, which bind pending jobs too.
+
+Without an estimate (none saved, ``sbatch --test-only`` refused or rate-limited) a person would
+still queue: shapes the site could run but Slurm gave no start for are queue options with
+``start_known`` False. They rank after every shape with a known start, then by cost per
+request served; the queued row says ``start_known`` False ("start unknown").
 """
 
 from __future__ import annotations
@@ -101,8 +106,9 @@ def queue_unplaced(plan: Plan, models: list[ModelSpec], library: dict[str, list[
                 # the minute: estimates are not finer), the cheapest per request served, the
                 # larger replica
                 wait = option.wait_s - (MOVE_MARGIN_S if option.held else 0.0)
-                key = (contended, round(wait / 60.0), not option.held, cost / served,
-                       -template.throughput, template.id)
+                minutes = round(wait / 60.0) if option.start_known else 0
+                key = (not option.start_known, contended, minutes, not option.held,
+                       cost / served, -template.throughput, template.id)
                 if best is None or key < best[0]:
                     best = (key, template, option, cost)
         if best is None:
@@ -122,11 +128,20 @@ def queue_unplaced(plan: Plan, models: list[ModelSpec], library: dict[str, list[
         jobs += wanted
         nodes = tuple(option.node_names[:template.pp]) if len(option.node_names) >= template.pp \
             else ("?",) * template.pp
+        wait = float(option.wait_s) if option.start_known else 0.0
         queued.append(PlanRow(template, (option.partition,) * template.pp, wanted, cost,
-                              (nodes,) * wanted, (float(option.wait_s),) * wanted))
-        when = (f"after this plan's replicas on {', '.join(option.node_names)} (Slurm's estimate "
-                f"before them: {option.wait_s / 60:.0f} min)") if key[0] else \
-            f"expected in {option.wait_s / 60:.0f} min"
+                              (nodes,) * wanted, (wait,) * wanted,
+                              start_known=option.start_known))
+        if not option.start_known:
+            notes.append(f"model {model.name}: nothing starts now and Slurm gave no start "
+                         f"estimate for its shapes; {wanted} replica(s) queued on "
+                         f"{option.partition}, start unknown")
+            continue
+        if key[1]:
+            when = (f"after this plan's replicas on {', '.join(option.node_names)} (Slurm's "
+                    f"estimate before them: {option.wait_s / 60:.0f} min)")
+        else:
+            when = f"expected in {option.wait_s / 60:.0f} min"
         notes.append(f"model {model.name}: nothing starts within the horizon; {wanted} "
                      f"replica(s) queued on {option.partition}, {when}")
     if not queued and not notes:

@@ -183,6 +183,10 @@ class QueueOption:
     #: a replica of ours already waits in Slurm's queue with this shape (``wait_s`` is its own
     #: expected start): moving it loses its place, so another shape must be clearly sooner
     held: bool = False
+    #: Slurm gave no estimate for this shape (none saved, ``sbatch --test-only`` refused or
+    #: rate-limited): the job may queue here, but when it starts is unknown (``wait_s`` means
+    #: nothing). A shape with a known start is always preferred to one without
+    start_known: bool = True
 
 
 @dataclass(frozen=True)
@@ -385,6 +389,8 @@ class PlanRow:
     nodes: tuple[tuple[str, ...], ...] = ()
     #: per replica (aligned with ``nodes``): seconds until Slurm expects to start it (0 = now)
     waits: tuple[float, ...] = ()
+    #: False for a queued row Slurm gave no start estimate for (``waits`` then mean nothing)
+    start_known: bool = True
 
     @property
     def wait_s(self) -> float:

@@ -33,7 +33,7 @@ UNIVERSITY = REPO / "examples" / "university.yaml"
 BUSY = REPO / "tests" / "data" / "plan" / "university-busy-snapshot.json"
 DEVCLUSTER = REPO / "tests" / "data" / "plan" / "devcluster-snapshot.json"
 MODELS = REPO / "examples" / "models.yaml"
-START = re.compile(r"^(now|expected in \d+ min|queued)$")
+START = re.compile(r"^(now|expected in \d+ min|queued|start unknown)$")
 
 
 @pytest.fixture(scope="module")
@@ -416,17 +416,16 @@ def test_the_university_case_on_the_local_cluster_recorded_busy(tmp_path, cache)
     for row in rows:
         _runnable(deployment, row)
         assert not row.template.heterogeneous  # the partitions run different vLLM images
-    # every model with something to serve has a replica planned or queued, or the plan says
-    # why not: one `plan` spends 6 probes (cluster.slurm.probe_calls_per_min), smallest shapes
-    # first, and recorded so, llama-70b's 4-GPU shapes were not reached (serve probes them in
-    # a later epoch, when the budget has refilled)
+    # every model with something to serve has a replica planned or queued: one `plan` spends 6
+    # probes (cluster.slurm.probe_calls_per_min), smallest shapes first, and recorded so,
+    # llama-70b's 4-GPU shapes were not reached: it is queued all the same, start unknown
+    # (issue 27; serve probes them in a later epoch, when the budget has refilled)
     for model in deployment.models:
         spec = next(m for m in outcome.solved.models if m.name == model.name)
         if model.min_replicas or spec.demand_rps > 0:
-            assert any(r.model == model.name for r in rows) or (
-                f"model {model.name}: nothing to queue (no Slurm estimate for a shape of its "
-                "templates)" in plan.binding), model.name
-    assert sum(1 for m in deployment.models if any(r.model == m.name for r in rows)) >= 4
+            assert any(r.model == model.name for r in rows), model.name
+    unknown = {r.model for r in plan.queued if not r.start_known}
+    assert "llama-70b" in unknown and len(unknown) < len(deployment.models)
     doc = plan_json(outcome)
     starts = [r["start"] for r in doc["replicas"]]
     assert starts and all(START.match(s) for s in starts) and "now" not in starts

@@ -86,8 +86,11 @@ def test_a_full_cluster_plans_on_the_users_active_reservation(cache):
     assert slot.layout.stages[0].reservation == "lab-res"
     assert slot.time_limit_s == 7200 - 60
     doc = plan_json(outcome)
-    assert {s["reservation"] for r in doc["replicas"] for s in r["stages"]} == {"lab-res"}
-    assert all(r["start"] == "now" and not r["preemptible"] for r in doc["replicas"])
+    planned = [r for r in doc["replicas"] if not r["queued"]]
+    assert {s["reservation"] for r in planned for s in r["stages"]} == {"lab-res"}
+    assert all(r["start"] == "now" and not r["preemptible"] for r in planned)
+    # models the reservation has no room for queue outside it, start unknown (no estimates)
+    assert all(r["start"] == "start unknown" for r in doc["replicas"] if r["queued"])
     # without the reservation, the same full cluster has nothing now
     bare = solve(deployment, busy, cache)
     assert not bare.solved.plan.rows
@@ -100,7 +103,8 @@ def test_a_reservation_that_starts_within_the_horizon_counts_with_its_wait(cache
     outcome = solve(deployment, replace(busy, reservations=(soon,)), cache)
     rows = outcome.solved.plan.rows
     assert rows and all(r.wait_s == pytest.approx(600.0) for r in rows)
-    assert {s.expected_wait_s for s in outcome.desired.slots} == {600.0}
+    assert {s.expected_wait_s for s in outcome.desired.slots if not s.queued} == {600.0}
+    assert all(not s.start_known for s in outcome.desired.slots if s.queued)
     late = reservation(busy, "a100-80g-01", start_in=deployment.policy.max_queue_wait_s + 60)
     assert usable_reservations(deployment, replace(busy, reservations=(late,)))[0] == []
 

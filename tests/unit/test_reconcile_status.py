@@ -100,6 +100,15 @@ def test_pending_too_long_counts_from_submission():
     assert status(record, now=100.5).pending_too_long
 
 
+def test_time_slurm_did_not_answer_is_not_queue_wait():
+    # issue 27: pending 18 s, then 64 s of controller outage, then 4 s: 22 s of queue wait
+    record = rec("a", "pending", submitted_at=14.0)
+    paused = replica_status(ReplicaFacts(record, unanswered_s=64.0), 100.0, S)
+    assert paused.pending_for_s == pytest.approx(22.0) and not paused.pending_too_long
+    later = replica_status(ReplicaFacts(record, unanswered_s=64.0), 138.5, S)
+    assert later.pending_too_long
+
+
 def test_a_lost_submission_is_flagged_after_submit_lost_s():
     record = rec("a", "submitting", created_at=90.0)
     assert not status(record, now=110.0).submit_lost
