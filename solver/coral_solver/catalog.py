@@ -20,8 +20,10 @@ _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 from coral_solver.resources import profiles_dir
 
-#: bytes per parameter of a served checkpoint, by quantization
-BYTES_PER_PARAM = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "mxfp4": 4.25 / 8}
+#: bytes per parameter of a served checkpoint, by quantization. int4: AWQ/GPTQ 4-bit with one fp16
+#: scale and one 4-bit zero point per group of 128 (coral_solver.hf_config reads the real group)
+BYTES_PER_PARAM = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": (4 + 20 / 128) / 8,
+                   "mxfp4": 4.25 / 8}
 INTERCONNECTS = ("nvlink", "pcie")
 
 
