@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from coral_solver import catalog
 from coral_solver.catalog import model_arch
 from coral_solver.hf_config import HfConfigError, arch_from_config_json, model_from_config
 
@@ -209,3 +210,9 @@ def test_hook_reads_a_file_or_a_folder(tmp_path):
     (tmp_path / "bad.json").write_text("{")
     with pytest.raises(HfConfigError, match="not valid JSON"):
         arch_from_config_json(tmp_path / "bad.json")
+
+
+def test_the_catalogue_hands_out_the_hook():
+    # coral_hpc may import coral_solver.catalog (the import contract); the hook is there too
+    model = catalog.arch_from_config_json(raw("mixtral-8x7b"), name="mistralai/Mixtral-8x7B-v0.1")
+    assert model.arch.name == "mistralai/mixtral-8x7b-v0.1" and model.arch.experts == 8
