@@ -221,9 +221,11 @@ def _layer_types(cfg: dict[str, Any], layers: int, model_type: str) -> tuple[int
         # every `sliding_window_pattern`-th layer is global, the rest local (Gemma 3 report: 5:1)
         pattern = int(cfg.get("sliding_window_pattern", 6))
         return window, layers - layers // pattern
-    if window >= int(cfg.get("max_position_embeddings", 0) or 0):
-        return None, 0  # a window as long as the context is no window
-    return window, layers  # Mistral-7B v0.1: every layer slides
+    if model_type == "mistral" and window < int(cfg.get("max_position_embeddings", 0) or 0):
+        return window, layers  # Mistral-7B v0.1: every layer slides over 4096 tokens
+    # Any other family's window is not trusted to bound the KV (Phi-3 and Qwen2 configs carry
+    # one their serving path may ignore): every layer keeps every token, the safe side.
+    return None, 0
 
 
 # --- parameter counts -----------------------------------------------------------------------
@@ -288,13 +290,19 @@ def _ffn(cfg: dict[str, Any], model_type: str, layers: int) -> _Ffn:
     shared_width = shared * width
     if model_type == "qwen2_moe":
         shared_width = int(cfg.get("shared_expert_intermediate_size") or 0)
-    dense_layers = int(cfg.get("first_k_dense_replace") or 0)
-    mlp_only = cfg.get("mlp_only_layers") or []
-    dense_layers += len(mlp_only)
-    step = int(cfg.get("decoder_sparse_step") or cfg.get("moe_layer_freq") or 1)
-    if step > 1:  # only every step-th layer is MoE
-        moe_layers = len([i for i in range(dense_layers, layers) if (i + 1) % step == 0])
-        dense_layers = layers - moe_layers
+    if "first_k_dense_replace" in cfg or "moe_layer_freq" in cfg:
+        # DeepSeek modeling code: layer i is MoE when i >= first_k_dense_replace and
+        # i % moe_layer_freq == 0
+        first = int(cfg.get("first_k_dense_replace") or 0)
+        freq = int(cfg.get("moe_layer_freq") or 1)
+        moe = [i for i in range(layers) if i >= first and i % freq == 0]
+    else:
+        # Qwen2/3-MoE modeling code: MoE when i is not in mlp_only_layers and
+        # (i + 1) % decoder_sparse_step == 0
+        mlp_only = set(cfg.get("mlp_only_layers") or [])
+        step = int(cfg.get("decoder_sparse_step") or 1)
+        moe = [i for i in range(layers) if i not in mlp_only and (i + 1) % step == 0]
+    dense_layers = layers - len(moe)
     return _Ffn(_int(cfg, "intermediate_size", default=width), width, experts, active, shared,
                 shared_width, dense_layers, model_type == "gpt_oss")
 

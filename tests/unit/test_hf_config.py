@@ -216,3 +216,43 @@ def test_the_catalogue_hands_out_the_hook():
     # coral_hpc may import coral_solver.catalog (the import contract); the hook is there too
     model = catalog.arch_from_config_json(raw("mixtral-8x7b"), name="mistralai/Mixtral-8x7B-v0.1")
     assert model.arch.name == "mistralai/mixtral-8x7b-v0.1" and model.arch.experts == 8
+
+
+# --- families without a file here: their architecture fields written out ------------------
+
+def test_deepseek_v2_lite_without_q_compression_and_two_shared_experts():
+    # deepseek-ai/DeepSeek-V2-Lite config.json's architecture fields; card: 15.7B total,
+    # 2.4B activated (without the input embedding, 102400 x 2048 = 0.21B)
+    lite = model_from_config({
+        "model_type": "deepseek_v2", "hidden_size": 2048, "num_hidden_layers": 27,
+        "num_attention_heads": 16, "num_key_value_heads": 16, "kv_lora_rank": 512,
+        "q_lora_rank": None, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+        "moe_intermediate_size": 1408, "n_routed_experts": 64, "n_shared_experts": 2,
+        "num_experts_per_tok": 6, "first_k_dense_replace": 1, "moe_layer_freq": 1,
+        "intermediate_size": 10944, "vocab_size": 102400, "max_position_embeddings": 163840,
+        "tie_word_embeddings": False, "torch_dtype": "bfloat16"})
+    assert lite.arch.params_b == pytest.approx(15.7, rel=0.005)
+    assert lite.arch.active_params_b - 102400 * 2048 / 1e9 == pytest.approx(2.4, rel=0.03)
+    assert (lite.shared_experts, lite.dense_layers) == (2, 1)
+    assert lite.arch.kv_bytes_per_token == (512 + 64) * 27 * 2
+
+
+def test_mistral_7b_slides_on_every_layer():
+    # mistralai/Mistral-7B-v0.1 config.json's fields; 7,241,732,096 parameters on the Hub
+    mistral = model_from_config(dict(raw("llama-3.1-8b"), model_type="mistral", vocab_size=32000,
+                                     max_position_embeddings=32768, sliding_window=4096,
+                                     rope_scaling=None))
+    assert mistral.arch.params_b == pytest.approx(7.2417, rel=0.001)
+    assert (mistral.sliding_window, mistral.sliding_layers) == (4096, 32)
+    assert mistral.kv_bytes_at(32768) == 2 * 8 * 128 * 2 * 32 * 4096
+
+
+def test_moe_layer_schedules():
+    base = raw("qwen3-30b-a3b")
+    every_other = model_from_config(dict(base, decoder_sparse_step=2))  # layers 1, 3, ... MoE
+    assert every_other.dense_layers == 24
+    some_dense = model_from_config(dict(base, mlp_only_layers=[0, 47]))
+    assert some_dense.dense_layers == 2
+    dense_mlp = 3 * 2048 * 6144
+    assert some_dense.arch.params_b * 1e9 - derive("qwen3-30b-a3b").arch.params_b * 1e9 == (
+        pytest.approx(2 * (dense_mlp - 128 * 3 * 2048 * 768 - 2048 * 128)))
