@@ -36,7 +36,8 @@ FAMILIES = frozenset({
 
 # vLLM refuses float16 for these model types ("numerical instability"): vllm/config/model.py,
 # _FLOAT16_NOT_SUPPORTED_MODELS. On a GPU without bf16 they cannot run at all.
-_NO_FP16 = frozenset({"gemma2", "gemma3", "gemma3_text"})
+# (float32 would run, at twice the weight memory; the planner does not plan fp32 replicas)
+_NO_FP16 = frozenset({"gemma2", "gemma3", "gemma3_text", "glm4", "plamo2"})
 
 _DTYPES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32",
            "float": "fp32"}
@@ -123,9 +124,11 @@ class HfModel:
         note = ""
         if q == "fp8" and cc < 8.9:
             if self.arch.is_moe or cc < 8.0:
-                # FP8 W8A8 needs Ada/Hopper; the Marlin weight-only fallback has no fused-MoE
-                # kernel (neuralmagic/DeepSeek-Coder-V2-Instruct-FP8 discussion #1, vLLM team).
-                return Support(False, None, f"FP8 needs compute capability >= 8.9 (have {cc})")
+                # FP8 W8A8 needs Ada/Hopper; the Marlin weight-only fallback (vLLM PR #5975,
+                # sm80+) had no fused-MoE kernel (vLLM issues #7322, #17579). Newer vLLM may lift
+                # this for MoE; until a site's version is known, the planner stays on the safe side.
+                return Support(False, None, f"FP8 needs compute capability >= 8.9 (have {cc})"
+                                            + (" for an MoE model" if cc >= 8.0 else ""))
             note = "FP8 weight-only (Marlin W8A16): no FP8 compute below compute capability 8.9"
         if self.arch.is_moe and cc < 7.5:
             # vLLM's fused-MoE Triton kernels do not run on Volta (coral_solver.perf.engine_dtype)
