@@ -93,6 +93,10 @@ def test_sliding_window_layers_hold_at_most_the_window():
     assert (gemma2.sliding_window, gemma2.sliding_layers) == (4096, 13)
     assert gemma2.arch.max_context == 8192
     gemma3 = derive("gemma-3-4b-it")  # text_config; every 6th layer global: 29 local, 5 global
+    # Gemma 3 report, Table 1 (4B): 3,209M non-embedding parameters (+ 417M vision encoder,
+    # which the language model's count leaves out); embeddings tied
+    assert gemma3.arch.tied_embeddings
+    assert gemma3.arch.params_b - 262208 * 2560 / 1e9 == pytest.approx(3.209, rel=0.002)
     assert (gemma3.sliding_window, gemma3.sliding_layers) == (1024, 29)
     assert gemma3.kv_bytes_at(131072) == 2 * 4 * 256 * 2 * (5 * 131072 + 29 * 1024)
 
