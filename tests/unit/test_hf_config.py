@@ -124,6 +124,32 @@ def test_derived_arch_matches_the_catalogue(stem, entry):
         assert derived.active_params_b == pytest.approx(listed.active_params_b, rel=0.005)
 
 
+@pytest.mark.parametrize("stem, changes, entry", [
+    # openai/gpt-oss-120b: gpt-oss-20b's config with 36 layers and 128 experts (model card)
+    ("gpt-oss-20b", {"num_hidden_layers": 36, "num_local_experts": 128,
+                     "layer_types": ["sliding_attention", "full_attention"] * 18}, "gpt-oss-120b"),
+    # Qwen/Qwen3-235B-A22B: Qwen3-30B-A3B's config at 94 layers, hidden 4096, 64 q / 4 kv heads,
+    # expert width 1536 (GPU-AND-MODEL-FACTS §2, from THUDM/slime's qwen3-235B-A22B.sh)
+    ("qwen3-30b-a3b", {"num_hidden_layers": 94, "hidden_size": 4096, "num_attention_heads": 64,
+                       "num_key_value_heads": 4, "moe_intermediate_size": 1536},
+     "qwen3-235b-a22b"),
+    # meta-llama/Llama-3.1-70B: Llama-3.1-8B's config at 80 layers, hidden 8192, 64 q heads,
+    # FFN 28672 (GPU-AND-MODEL-FACTS §2)
+    ("llama-3.1-8b", {"num_hidden_layers": 80, "hidden_size": 8192, "num_attention_heads": 64,
+                      "intermediate_size": 28672}, "llama-3.1-70b"),
+])
+def test_larger_siblings_match_the_catalogue(stem, changes, entry):
+    derived, listed = model_from_config(dict(raw(stem), **changes)).arch, model_arch(entry)
+    for field in ("layers", "hidden", "q_heads", "kv_heads", "head_dim", "ffn", "experts",
+                  "active_experts", "vocab", "max_context", "kv_bytes_per_token"):
+        assert getattr(derived, field) == getattr(listed, field), field
+    assert derived.params_b == pytest.approx(listed.params_b, rel=0.005)
+    assert derived.weight_bytes == pytest.approx(listed.weight_bytes, rel=0.005)
+    # the catalogue's gpt-oss active figure is OpenAI's, without the 0.58B input embedding
+    embedding = 201088 * 2880 / 1e9 if entry == "gpt-oss-120b" else 0.0
+    assert derived.active_params_b - embedding == pytest.approx(listed.active_params_b, rel=0.01)
+
+
 # --- weights as served, and which GPUs can serve them --------------------------------------
 
 def test_quantised_weight_bytes():
