@@ -219,7 +219,7 @@ def _layer_types(cfg: dict[str, Any], layers: int, model_type: str) -> tuple[int
     if isinstance(types, list) and types:
         return window, sum(1 for t in types if t == "sliding_attention")
     if model_type == "gemma2":
-        return window, layers // 2  # even layers slide, odd layers are global (Gemma 2 report)
+        return window, (layers + 1) // 2  # layers 0, 2, 4, ... slide (HF modeling_gemma2)
     if model_type in ("gemma3", "gemma3_text"):
         # every `sliding_window_pattern`-th layer is global, the rest local (Gemma 3 report: 5:1)
         pattern = int(cfg.get("sliding_window_pattern", 6))
