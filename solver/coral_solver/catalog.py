@@ -10,9 +10,12 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
+
+if TYPE_CHECKING:
+    from coral_solver.hf_config import HfModel
 
 # libyaml's C loader parses the profile files ~10x faster (the sim engine and every plan load
 # them at start-up); fall back to the pure-Python safe loader where libyaml is missing.
@@ -20,8 +23,10 @@ _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 from coral_solver.resources import profiles_dir
 
-#: bytes per parameter of a served checkpoint, by quantization
-BYTES_PER_PARAM = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "mxfp4": 4.25 / 8}
+#: bytes per parameter of a served checkpoint, by quantization. int4: AWQ/GPTQ 4-bit with one fp16
+#: scale and one 4-bit zero point per group of 128 (coral_solver.hf_config reads the real group)
+BYTES_PER_PARAM = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": (4 + 20 / 128) / 8,
+                   "mxfp4": 4.25 / 8}
 INTERCONNECTS = ("nvlink", "pcie")
 
 
@@ -263,6 +268,17 @@ def model_arch(name: str, profiles: Path | None = None) -> ModelArch:
     if key not in archs:
         raise KeyError(f"unknown model architecture {name!r}; known: {', '.join(sorted(archs))}")
     return archs[key]
+
+
+def arch_from_config_json(source: str | Path | dict[str, Any], name: str | None = None
+                          ) -> HfModel:
+    """A model outside the catalogue, from its own Hugging Face ``config.json`` (a path to the
+    file or its folder, or the parsed dict): a :class:`coral_solver.hf_config.HfModel`, whose
+    ``arch`` is a :class:`ModelArch`. The config layer's hook; it lives here because the import
+    contract lets ``coral_hpc`` read the catalogue (pyproject.toml, importlinter)."""
+    from coral_solver import hf_config  # hf_config imports this module
+
+    return hf_config.arch_from_config_json(source, name)
 
 
 def gpu_memory_gb(gpu_type: str) -> float | None:
