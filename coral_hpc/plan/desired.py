@@ -29,6 +29,10 @@ class Slot:
     expected_wait_s: float = 0.0
     #: beyond the horizon: submitted where Slurm expects to start it first, and left to wait
     queued: bool = False
+    #: CPUs and memory (GB) the job asks per GPU, as the plan packed them
+    #: (``coral_hpc.slurm.job_shape.replica_shape``); None: the configured ones
+    cpus_per_gpu: int | None = None
+    mem_per_gpu_gb: int | None = None
 
     @property
     def partitions(self) -> tuple[str, ...]:
@@ -68,6 +72,8 @@ def slot_rows(plan: DesiredPlan) -> list[dict[str, Any]]:
             "time_limit_s": s.time_limit_s,
             "expected_wait_s": s.expected_wait_s,
             "queued": s.queued,
+            "cpus_per_gpu": s.cpus_per_gpu,
+            "mem_per_gpu_gb": s.mem_per_gpu_gb,
         }
         for s in plan.slots
     ]
@@ -88,6 +94,8 @@ def plan_from_rows(rows: list[dict[str, Any]], time: float) -> DesiredPlan:
                 time_limit_s=r.get("time_limit_s"),
                 expected_wait_s=float(r.get("expected_wait_s") or 0.0),
                 queued=bool(r.get("queued", False)),
+                cpus_per_gpu=r.get("cpus_per_gpu"),
+                mem_per_gpu_gb=r.get("mem_per_gpu_gb"),
             )
             for r in rows
         ),
