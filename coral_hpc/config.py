@@ -384,12 +384,16 @@ class ClusterConfig(_Frozen):
     gpu_quotas: dict[str, int] = Field(
         default_factory=dict, description="GPUs held at most per GPU type, over all partitions"
     )
-    # A replica job asks for CPUs and memory in proportion to its GPUs; the same shape prices a
-    # job under `price: billing`, so plans and accounting agree.
+    # A replica job asks for CPUs and memory in proportion to its GPUs; the same shape packs
+    # nodes and prices a job under `price: billing`, so plans, jobs and accounting agree. Left
+    # out, the partitions' own defaults decide (coral_hpc.slurm.job_shape.replica_shape).
     cpus_per_gpu: int = Field(default=DEFAULT_CPUS_PER_GPU, ge=1, le=1024,
-                              description="CPUs requested per GPU")
+                              description="CPUs requested per GPU; unset: the partitions' "
+                              "DefCpuPerGPU, else the default")
     mem_per_gpu_gb: int = Field(default=DEFAULT_MEM_PER_GPU_GB, ge=1, le=65536,
-                                description="memory (GB) requested per GPU")
+                                description="memory (GB) requested per GPU; unset: the "
+                                "partitions' DefMemPerGPU, else DefMemPerCPU × CPUs per GPU, "
+                                "else the default")
     gpu_type_map: dict[str, str] = Field(
         default_factory=dict,
         description="site GRES type name (or node feature) -> catalogue GPU type, e.g. "

@@ -30,6 +30,7 @@ from coral_hpc.config import (
     hf_home_of,
 )
 from coral_hpc.errors import PermanentError
+from coral_hpc.slurm.job_shape import ReplicaShape, replica_shape
 from coral_hpc.types import SIGNAL_LEAD_S, JobTag, ReplicaLayout, StageLayout
 
 __all__ = ["SIGNAL_LEAD_S", "ReplicaSpec", "SpecError", "StageRequest", "StageSpec", "replica_spec"]
@@ -298,6 +299,7 @@ def replica_spec(
     instance: str = "",
     python: str | None = None,
     time_limit_s: int | None = None,
+    shape: ReplicaShape | None = None,
 ) -> ReplicaSpec:
     """Build the spec of one replica from the deployment and a plan row's ``layout`` (whose
     TP, stages, dtype and role the spec carries unchanged: ``spec.layout == layout``).
@@ -346,8 +348,10 @@ def replica_spec(
         max_model_len=config.max_model_len,
         account=deployment.cluster.account,
         qos=deployment.cluster.qos,
-        cpus_per_gpu=deployment.cluster.cpus_per_gpu,
-        mem_per_gpu_gb=deployment.cluster.mem_per_gpu_gb,
+        # the plan's shape (coral_hpc.slurm.job_shape: models.yaml, else the partitions'
+        # defaults), so the job asks what the planner packed; without one, models.yaml's
+        cpus_per_gpu=(shape or replica_shape(deployment.cluster)).cpus_per_gpu,
+        mem_per_gpu_gb=(shape or replica_shape(deployment.cluster)).mem_per_gpu_gb,
         api_key_file=None if api_key_file is None else str(api_key_file),
         hf_token_file=None if hf_token_file is None else str(Path(hf_token_file).expanduser()),
         hf_home=hf_home_of(deployment),

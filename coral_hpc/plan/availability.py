@@ -26,6 +26,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from coral_hpc.config import Deployment
+from coral_hpc.plan.inputs import job_shape
 from coral_hpc.plan.reservations import reservation_time_limit
 from coral_hpc.slurm.snapshot import ClusterSnapshot, JobShape, ShapeEstimate
 from coral_hpc.types import split_placement
@@ -189,11 +190,12 @@ def probe_shapes(deployment: Deployment, snapshot: ClusterSnapshot,
                 if config is not None and config.partitions and part.name not in config.partitions:
                     continue
                 wanted.add((part.name, gpu, template.tp, template.pp))
+    shape = job_shape(deployment, snapshot)
     shapes = []
     for partition, gpu, tp, nodes in sorted(wanted, key=lambda w: (w[3] * w[2], w[3], w[0], w[1])):
         limit = time_limit_for(deployment, snapshot, [partition])
         shapes.append(JobShape(partition=partition, gpus_per_node=tp, gpu_type=gpu, nodes=nodes,
-                               cpus_per_gpu=cfg.cpus_per_gpu, mem_per_gpu_gb=cfg.mem_per_gpu_gb,
+                               cpus_per_gpu=shape.cpus_per_gpu, mem_per_gpu_gb=shape.mem_per_gpu_gb,
                                time_limit_s=limit, account=cfg.account, qos=cfg.qos))
     return shapes
 

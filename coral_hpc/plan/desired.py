@@ -32,6 +32,10 @@ class Slot:
     #: False for a queued slot Slurm gave no start estimate for (``expected_wait_s`` means
     #: nothing then)
     start_known: bool = True
+    #: CPUs and memory (GB) the job asks per GPU, as the plan packed them
+    #: (``coral_hpc.slurm.job_shape.replica_shape``); None: the configured ones
+    cpus_per_gpu: int | None = None
+    mem_per_gpu_gb: int | None = None
 
     @property
     def partitions(self) -> tuple[str, ...]:
@@ -72,6 +76,8 @@ def slot_rows(plan: DesiredPlan) -> list[dict[str, Any]]:
             "expected_wait_s": s.expected_wait_s,
             "queued": s.queued,
             "start_known": s.start_known,
+            "cpus_per_gpu": s.cpus_per_gpu,
+            "mem_per_gpu_gb": s.mem_per_gpu_gb,
         }
         for s in plan.slots
     ]
@@ -93,6 +99,8 @@ def plan_from_rows(rows: list[dict[str, Any]], time: float) -> DesiredPlan:
                 expected_wait_s=float(r.get("expected_wait_s") or 0.0),
                 queued=bool(r.get("queued", False)),
                 start_known=bool(r.get("start_known", True)),
+                cpus_per_gpu=r.get("cpus_per_gpu"),
+                mem_per_gpu_gb=r.get("mem_per_gpu_gb"),
             )
             for r in rows
         ),

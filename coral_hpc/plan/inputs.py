@@ -9,7 +9,8 @@
   GPU-hour, or Slurm billing of the replica job shape: GPUs, ``cpus_per_gpu`` × GPUs CPUs,
   ``mem_per_gpu_gb`` × GPUs memory, per hour with the partition's TRESBillingWeights),
   deployment quotas and the account's QOS/association GPU limits, and the running replicas;
-- :func:`fit_job_shape`, :func:`placeable`: what Slurm can actually start;
+- :func:`job_shape`, :func:`fit_job_shape`, :func:`placeable`: what Slurm can actually start
+  (every node packed by free GPUs, CPUs and memory with the shape the replica jobs ask);
 - :func:`without_templates`, :func:`excluded_stages`: exclusions (cool-downs, refused shapes);
 - :func:`policy_of`: the solver policy (K = start-up time ÷ re-plan interval).
 """
@@ -21,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from coral_hpc.config import Deployment
+from coral_hpc.slurm.job_shape import ReplicaShape, replica_shape
 from coral_hpc.slurm.snapshot import ClusterSnapshot, JobInfo
 from coral_hpc.types import placement_name
 from coral_solver.catalog import gpu_memory_gb
@@ -66,6 +68,10 @@ def billing_of(weights: Mapping[str, float], cpus_per_gpu: int, mem_per_gpu_gb: 
                    gpu=weights.get("gres/gpu", 0.0), gpu_by_type=by_type,
                    node=weights.get("node", 0.0),
                    cpus_per_gpu=cpus_per_gpu, mem_per_gpu_gb=float(mem_per_gpu_gb))
+
+
+def _billing(weights: Mapping[str, float], shape: ReplicaShape) -> Billing:
+    return billing_of(weights, shape.cpus_per_gpu, shape.mem_per_gpu_gb)
 
 
 #: (template id, partition of each stage) of one replica
@@ -157,6 +163,7 @@ def cluster_from_snapshot(deployment: Deployment, snapshot: ClusterSnapshot,
         for p in parts:
             members.setdefault(p, []).append(name)
     cfg = deployment.cluster
+    shape = job_shape(deployment, snapshot)
     partitions = []
     for name, part in configured.items():
         info = slurm_parts.get(name)
@@ -167,8 +174,7 @@ def cluster_from_snapshot(deployment: Deployment, snapshot: ClusterSnapshot,
             node_groups=tuple(members.get(name, ())),
             usable=info.state == "up",
             prices=dict(part.price) if isinstance(part.price, dict) else None,
-            billing=billing_of(info.billing_weights, cfg.cpus_per_gpu, cfg.mem_per_gpu_gb)
-            if part.price == "billing" else None,
+            billing=_billing(info.billing_weights, shape) if part.price == "billing" else None,
         ))
     quotas = [Quota(f"gpu_quotas[{gpu}]", limit, gpu_types=(gpu,))
               for gpu, limit in sorted(cfg.gpu_quotas.items())]
@@ -187,15 +193,32 @@ def cluster_from_snapshot(deployment: Deployment, snapshot: ClusterSnapshot,
 
 # --------------------------------------------------------------------------- what Slurm can start
 
-def fit_job_shape(cluster: Cluster, snapshot: ClusterSnapshot, held: dict[str, int],
-                  cpus_per_gpu: int,
-                  mem_per_gpu_gb: float) -> Cluster:
+def job_shape(deployment: Deployment, snapshot: ClusterSnapshot) -> ReplicaShape:
+    """The per-GPU CPUs and memory every replica job of the deployment asks
+    (:func:`replica_shape` over the configured partitions Slurm knows). One shape for every
+    stage and partition: packing, billing, ``sbatch --test-only`` probes and the jobs themselves
+    then use the same numbers, wherever a stage lands."""
+    configured = {p.name for p in deployment.cluster.partitions}
+    return replica_shape(deployment.cluster,
+                         [p for p in snapshot.partitions if p.name in configured])
+
+
+def fit_job_shape(cluster: Cluster, snapshot: ClusterSnapshot, held: Mapping[str, int],
+                  shape: ReplicaShape) -> Cluster:
     """Available GPUs per node capped by the CPUs and memory a replica asks per GPU.
 
-    A stage with ``g`` GPUs asks ``g × cpus_per_gpu`` CPUs and ``g × mem_per_gpu_gb`` memory; a
-    node whose free memory holds only two GPUs' worth starts no third stage, however many GPUs
-    it has idle (found on the local cluster: 64 GB nodes with 4-8 GPUs at 32 GB per GPU left a
-    planned hetjob pending). What our serving replicas hold comes back with their GPUs."""
+    A stage with ``g`` GPUs asks ``g × cpus_per_gpu`` CPUs and ``g × mem_per_gpu_gb`` memory
+    (``shape``: :func:`job_shape`, the numbers the job's sbatch asks), so a node takes
+
+        min(GPUs available, ⌊CPUs free / cpus_per_gpu⌋, ⌊memory free / mem_per_gpu_gb⌋)
+
+    GPUs of stages, in any mix of sizes (both sides are linear in GPUs). CPUs free are CPUs
+    (CPUEfctv) less CPUAlloc, memory free is RealMemory less MemSpecLimit and AllocMem, as Slurm
+    counts them; a node whose memory is all held starts nothing, however many GPUs it has idle
+    (issue 27: a successor planned beside our own 70B replica, whose job held the node's memory,
+    pended until its pending timeout). What our serving replicas hold (``held``: their GPUs,
+    :func:`held_gpus`) comes back with the CPUs and memory their jobs asked for those GPUs, the
+    rule for their GPUs. The checker (``coral_solver.check``) holds the plan to these counts."""
     nodes = {n.name: n for n in snapshot.nodes}
     groups = []
     for group in cluster.node_groups:
@@ -206,13 +229,14 @@ def fit_job_shape(cluster: Cluster, snapshot: ClusterSnapshot, held: dict[str, i
                 free.append(gpus)
                 continue
             back = held.get(name, 0)
-            cpus = node.cpus - node.cpus_alloc + back * cpus_per_gpu
-            mem = node.mem_gb - node.mem_alloc_gb + back * mem_per_gpu_gb
+            cpus = node.cpus - node.cpus_alloc + back * shape.cpus_per_gpu
+            mem = node.mem_gb - node.mem_alloc_gb + back * shape.mem_per_gpu_gb
             if group.wait_s > 0:
                 # GPUs given later (a reservation that has not started): what runs there now
                 # is gone by then, so the node's whole CPUs and memory bound the stages
                 cpus, mem = node.cpus, node.mem_gb
-            fit = min(gpus, int(cpus // cpus_per_gpu), int(mem // mem_per_gpu_gb + 1e-9))
+            fit = min(gpus, int(cpus // shape.cpus_per_gpu),
+                      int(mem // shape.mem_per_gpu_gb + 1e-9))
             free.append(max(0, min(fit, group.gpus_per_node)))
         groups.append(replace(group, free=tuple(free)))
     return replace(cluster, node_groups=tuple(groups))

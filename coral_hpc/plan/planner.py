@@ -49,6 +49,7 @@ from coral_hpc.plan import availability, capacity, inputs, reservations
 from coral_hpc.plan.desired import DesiredPlan, Slot
 from coral_hpc.plan.figures import use_measured_profiles
 from coral_hpc.plan.layout import layout_of
+from coral_hpc.slurm.job_shape import ReplicaShape
 from coral_hpc.slurm.snapshot import ClusterSnapshot
 from coral_solver.allocate import allocate
 from coral_solver.check import check_plan
@@ -129,11 +130,13 @@ class PlanOutcome:
 
 
 def desired_plan(plan: Plan, models: list[ModelSpec], now: float,
-                 time_limit_of: Callable[[tuple[str, ...]], int] | None = None) -> DesiredPlan:
+                 time_limit_of: Callable[[tuple[str, ...]], int] | None = None,
+                 shape_of: Callable[[tuple[str, ...]], ReplicaShape] | None = None) -> DesiredPlan:
     """The Stage-2 plan as slots, each with its layout; rows with count 0 are dropped. Queued
     rows (``plan.queued``: nothing starts within the horizon) are slots too, marked ``queued``:
     they are submitted now and wait in Slurm's queue. ``time_limit_of(partitions)`` gives a
-    slot's job time limit when the partitions' MaxTime clips the configured one."""
+    slot's job time limit when the partitions' MaxTime clips the configured one;
+    ``shape_of(partitions)`` the CPUs and memory per GPU its job asks (what Stage 2 packed)."""
     arch = {m.name: m.arch for m in models}
     rows = [(row, False) for row in plan.rows] + [(row, True) for row in plan.queued]
     return DesiredPlan(time=now, slots=tuple(
@@ -142,8 +145,14 @@ def desired_plan(plan: Plan, models: list[ModelSpec], now: float,
              layout=layout_of(row.template, row.partitions, arch[row.template.model]),
              time_limit_s=time_limit_of(tuple(row.partitions)) if time_limit_of else None,
              expected_wait_s=float(row.wait_s), queued=queued,
-             start_known=row.start_known)
+             start_known=row.start_known,
+             **_shape_fields(shape_of(tuple(row.partitions)) if shape_of else None))
         for row, queued in rows if row.count > 0))
+
+
+def _shape_fields(shape: ReplicaShape | None) -> dict[str, int | None]:
+    return ({"cpus_per_gpu": None, "mem_per_gpu_gb": None} if shape is None else
+            {"cpus_per_gpu": shape.cpus_per_gpu, "mem_per_gpu_gb": shape.mem_per_gpu_gb})
 
 
 def refused_plan(models: list[ModelSpec], reasons: list[str], solve_s: float) -> Plan:
@@ -215,8 +224,7 @@ class Planner:
         cluster, _ = reservations.with_reservations(deployment, snapshot, cluster, held)
         cluster, _ = availability.with_preemption(deployment, snapshot, cluster)
         cluster = inputs.fit_job_shape(cluster, snapshot, held,
-                                       deployment.cluster.cpus_per_gpu,
-                                       deployment.cluster.mem_per_gpu_gb)
+                                       inputs.job_shape(deployment, snapshot))
         models = reservations.models_with(models, cluster)
         return models, cluster, inputs.policy_of(deployment, request.startup_s)
 
@@ -304,8 +312,11 @@ class Planner:
         def time_limit(parts: tuple[str, ...]) -> int:
             return availability.time_limit_for(deployment, snapshot, parts)
 
+        def shape(parts: tuple[str, ...]) -> ReplicaShape:
+            return inputs.job_shape(deployment, snapshot)
+
         return PlanOutcome(
-            desired=desired_plan(plan, models, time.time(), time_limit),
+            desired=desired_plan(plan, models, time.time(), time_limit, shape),
             cost_per_hour=plan.cost_per_hour,
             solve_s=time.perf_counter() - began,
             status=plan.status,

@@ -28,6 +28,7 @@ from coral_hpc.errors import CoralError, PermanentError, TransientError
 from coral_hpc.launch.spec import replica_spec
 from coral_hpc.launch.stop import DRAIN_SIGNAL
 from coral_hpc.launch.submit import submit_replica
+from coral_hpc.plan.desired import Slot
 from coral_hpc.reconcile.backoff import Backoff
 from coral_hpc.reconcile.decide import (
     Cancel,
@@ -38,6 +39,7 @@ from coral_hpc.reconcile.decide import (
     Submit,
 )
 from coral_hpc.reconcile.settings import ReconcileSettings
+from coral_hpc.slurm.job_shape import ReplicaShape
 from coral_hpc.store import Exclusion, ReplicaRecord, Store
 from coral_hpc.types import ExclusionKind, ShapeExclusion
 
@@ -157,7 +159,8 @@ class Actor:
         try:
             spec = replica_spec(self.deployment, slot.model, replica_id, slot.template_id,
                                 slot.layout, api_key_file=self.api_key_file,
-                                instance=self.instance, time_limit_s=slot.time_limit_s)
+                                instance=self.instance, time_limit_s=slot.time_limit_s,
+                                shape=_shape(slot))
         except (CoralError, KeyError) as exc:
             self._refuse(action, f"cannot build a job for {slot.template_id}: {exc}", now, result)
             return
@@ -195,3 +198,11 @@ class Actor:
         result.errors.append(message)
         result.excluded.append(target.key)
         log.warning("%s", message)
+
+
+def _shape(slot: Slot) -> ReplicaShape | None:
+    """The per-GPU CPUs and memory the plan packed ``slot`` with; None for a plan stored before
+    slots recorded them (the job then asks models.yaml's)."""
+    if slot.cpus_per_gpu is None or slot.mem_per_gpu_gb is None:
+        return None
+    return ReplicaShape(slot.cpus_per_gpu, slot.mem_per_gpu_gb)

@@ -164,6 +164,9 @@ def build_partitions(
                 qos=raw.qos,
                 preempt_mode=raw.preempt_mode,
                 priority_tier=raw.priority_tier,
+                def_cpu_per_gpu=raw.def_cpu_per_gpu,
+                def_mem_per_gpu_mb=raw.def_mem_per_gpu_mb,
+                def_mem_per_cpu_mb=raw.def_mem_per_cpu_mb,
             )
         )
     return tuple(partitions)

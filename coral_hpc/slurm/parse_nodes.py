@@ -32,8 +32,11 @@ class RawNode:
     gpu_type: str | None
     gpus_total: int
     gpus_alloc: int
+    #: CPUs jobs may be given (CPUEfctv: CPUTot less specialized cores) and those they hold
     cpus: int
     cpus_alloc: int
+    #: memory jobs may be given (RealMemory less MemSpecLimit) and what they hold (AllocMem).
+    #: FreeMem is not read: Slurm schedules on allocations, not on what the OS reports free
     mem_gb: float
     mem_alloc_gb: float
     #: AvailableFeatures (an untyped ``gpu:N`` node's GPU type may be named there)
@@ -66,6 +69,11 @@ class RawPartition:
     #: PriorityTier: with PreemptType=preempt/partition_prio, jobs of a higher tier preempt
     #: jobs of a lower one on the nodes they share
     priority_tier: int = 1
+    #: the partition's JobDefaults DefCpuPerGPU and DefMemPerGPU (MB), and DefMemPerCPU (MB):
+    #: what a job that asks no CPUs or memory of its own gets here; None = not set
+    def_cpu_per_gpu: int | None = None
+    def_mem_per_gpu_mb: int | None = None
+    def_mem_per_cpu_mb: int | None = None
 
 
 def split_key_values(line: str) -> dict[str, str]:
@@ -124,8 +132,8 @@ def _int(value: str | None, default: int = 0) -> int:
         return default
 
 
-_NODE_KEYS = ("NodeName", "State", "Partitions", "Gres", "AllocTRES", "CPUTot", "CPUAlloc",
-              "RealMemory", "AllocMem", "AvailableFeatures")
+_NODE_KEYS = ("NodeName", "State", "Partitions", "Gres", "AllocTRES", "CPUTot", "CPUEfctv",
+              "CPUAlloc", "RealMemory", "MemSpecLimit", "AllocMem", "AvailableFeatures")
 # The node fields we use are single words; only Reason holds spaces (it runs to the next Key=).
 _NODE_FIELDS_RE = re.compile(r"(?:^| )(" + "|".join(_NODE_KEYS) + r")=(\S*)")
 _REASON_RE = re.compile(r" Reason=(.*?)(?= [A-Za-z][A-Za-z0-9_]*=|$)")
@@ -159,9 +167,11 @@ def parse_nodes_text(text: str) -> list[RawNode]:
                 gpu_type=gpu_type,
                 gpus_total=gpus_total,
                 gpus_alloc=int(alloc.get("gres/gpu", 0)),
-                cpus=_int(rec.get("CPUTot")),
+                # CPUEfctv (21.08+): CPUTot less the cores kept for Slurm (CoreSpecCount)
+                cpus=_int(rec.get("CPUEfctv"), _int(rec.get("CPUTot"))),
                 cpus_alloc=_int(rec.get("CPUAlloc")),
-                mem_gb=_int(rec.get("RealMemory")) / 1024,
+                # MemSpecLimit is kept for Slurm's daemons: jobs get RealMemory less it
+                mem_gb=(_int(rec.get("RealMemory")) - _int(rec.get("MemSpecLimit"))) / 1024,
                 mem_alloc_gb=_int(rec.get("AllocMem")) / 1024,
                 features=feature_list(rec.get("AvailableFeatures")),
             )
@@ -209,9 +219,19 @@ def parse_partitions_text(text: str) -> list[RawPartition]:
                 qos=_qos_name(rec.get("QoS")),
                 preempt_mode=(rec.get("PreemptMode") or "OFF").lower(),
                 priority_tier=_tier(_limit(rec.get("PriorityTier"))),
+                **job_defaults(rec.get("JobDefaults"), _limit(rec.get("DefMemPerCPU"))),
             )
         )
     return partitions
+
+
+def job_defaults(text: Any, mem_per_cpu_mb: int | None) -> dict[str, int | None]:
+    """``JobDefaults=DefCpuPerGPU=8,DefMemPerGPU=65536`` (``(null)`` when none) and the
+    partition's DefMemPerCPU (MB) as :class:`RawPartition` fields."""
+    pairs = dict(item.split("=", 1) for item in str(text or "").split(",") if "=" in item)
+    return {"def_cpu_per_gpu": _limit(pairs.get("DefCpuPerGPU")),
+            "def_mem_per_gpu_mb": _limit(pairs.get("DefMemPerGPU")),
+            "def_mem_per_cpu_mb": mem_per_cpu_mb}
 
 
 def _limit(value: str | None) -> int | None:
@@ -284,9 +304,10 @@ def parse_nodes_json(text: str) -> list[RawNode]:
                 gpu_type=gpu_type,
                 gpus_total=gpus_total,
                 gpus_alloc=gpus_alloc,
-                cpus=_number(raw.get("cpus")) or 0,
+                cpus=_number(raw.get("effective_cpus")) or _number(raw.get("cpus")) or 0,
                 cpus_alloc=_number(raw.get("alloc_cpus")) or 0,
-                mem_gb=(_number(raw.get("real_memory")) or 0) / 1024,
+                mem_gb=((_number(raw.get("real_memory")) or 0)
+                        - (_number(raw.get("specialized_memory")) or 0)) / 1024,
                 mem_alloc_gb=(_number(raw.get("alloc_memory")) or 0) / 1024,
                 features=feature_list(raw.get("features")),
             )
@@ -315,6 +336,7 @@ def parse_partitions_json(text: str) -> list[RawPartition]:
         maximums = raw.get("maximums") or {}
         max_time = _number(maximums.get("time")) if maximums else _number(raw.get("max_time_limit"))
         inner = raw.get("partition") if isinstance(raw.get("partition"), dict) else {}
+        defaults = raw.get("defaults") if isinstance(raw.get("defaults"), dict) else {}
         flags = list(raw.get("flags") or []) + list(inner.get("flags") or [])
         try:
             weights = parse_billing_weights(weights_text)
@@ -335,6 +357,10 @@ def parse_partitions_json(text: str) -> list[RawPartition]:
                 preempt_mode=_preempt_mode(raw.get("preempt_mode")),
                 priority_tier=_tier(_number(raw["priority"].get("tier"))
                                     if isinstance(raw.get("priority"), dict) else None),
+                # OpenAPI v0.0.39+: defaults.job is the JobDefaults text, and
+                # defaults.partition_memory_per_cpu the partition's DefMemPerCPU
+                **job_defaults(defaults.get("job"),
+                               _number(defaults.get("partition_memory_per_cpu"))),
             )
         )
     return partitions

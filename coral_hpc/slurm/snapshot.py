@@ -108,6 +108,11 @@ class PartitionInfo:
     qos_limits: Limits | None = None
     #: PriorityTier (preempt/partition_prio: a higher tier's jobs preempt this one's)
     priority_tier: int = 1
+    #: the site's defaults for a job here that asks no CPUs or memory of its own (JobDefaults
+    #: DefCpuPerGPU / DefMemPerGPU, DefMemPerCPU; memory in MB); None = not set
+    def_cpu_per_gpu: int | None = None
+    def_mem_per_gpu_mb: int | None = None
+    def_mem_per_cpu_mb: int | None = None
 
     def billing_for(
         self, gpus: int, gpu_type: str | None, cpus: float, mem_gb: float, nodes: int = 1
