@@ -14,6 +14,7 @@ import math
 import re
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -33,6 +34,7 @@ from coral_hpc.cli._output import (
 from coral_hpc.config import Deployment, load_deployment
 from coral_hpc.errors import ConfigError, PermanentError, TransientError
 from coral_hpc.store import PlanRecord, ReplicaRecord, Store, open_store
+from coral_hpc.types import JobTag
 
 #: what --since/--until accept, for their --help and their errors
 TIME_FORMATS = ("ISO 8601 date or time (2026-11-29, 2026-11-29T10:00, local time unless a zone "
@@ -128,6 +130,7 @@ def build(inputs: Inputs):  # type: ignore[no-untyped-def]
     from coral_hpc.slurm import client_for_deployment
 
     deployment = inputs.deployment
+    owns = _owns(deployment)
     try:
         client = client_for_deployment(deployment)
         records = client.accounting(deployment.deployment, inputs.since, min(inputs.until, inputs.now))
@@ -149,9 +152,29 @@ def build(inputs: Inputs):  # type: ignore[no-untyped-def]
     plans = _plans(store, inputs.since, inputs.until)
     report = build_report(
         deployment, records, inputs.since, inputs.until, inputs.now,
-        demand=demand, plans=plans, replicas=replicas,
+        demand=demand, plans=plans, replicas=replicas, owns=owns,
     )
     return report, replicas
+
+
+def _owns(deployment: Deployment) -> Callable[[JobTag], bool]:
+    """Which tagged jobs are this instance's (``coral_hpc.instance``): another copy of the
+    deployment under the same name has its own instance and its own bill. Jobs from before
+    instance tags count when their spec.json lies in this state folder (as ``down`` decides).
+    Exits 2 when the instance file is unreadable."""
+    from coral_hpc.instance import read_instance
+    from coral_hpc.launch.spec import is_pre_instance_job_of
+
+    try:
+        instance = read_instance(deployment.state_path) or ""
+    except PermanentError as exc:
+        fail(f"{exc}; no figures were produced")
+
+    def owns(tag: JobTag) -> bool:
+        return tag.instance == instance or is_pre_instance_job_of(
+            tag, deployment.state_path, deployment.deployment)
+
+    return owns
 
 
 @click.command()
