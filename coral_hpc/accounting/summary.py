@@ -174,12 +174,14 @@ def build_report(
     tz: tzinfo | None = None,
     edges: Sequence[float] | None = None,
     owns: Callable[[JobTag], bool] | None = None,
+    stops: Sequence[float] = (),
 ) -> CostReport:
     """Price this deployment's sacct ``records`` over ``[since, until)`` (running jobs up to
     ``now``), split by day in ``tz`` (local by default) unless ``edges`` are given; join the
     token counts of ``demand`` intervals that end inside the range; compare with ``plans`` when
     given (None = no plan history available). ``owns`` keeps only this instance's jobs
-    (:func:`coral_hpc.accounting.usage.runs_from_records`)."""
+    (:func:`coral_hpc.accounting.usage.runs_from_records`); ``stops`` are the times the
+    deployment was brought down or its daemon stopped, where the plans' prediction pauses."""
     since, until, now = math.floor(since), math.floor(until), math.floor(now)
     if until <= since:
         raise ValueError(f"empty range: {_iso(since, tz)} to {_iso(until, tz)}")
@@ -213,7 +215,7 @@ def build_report(
     )
     if plans is not None:
         booked = report.total().cost or 0.0
-        comparison = compare(booked, plans, replicas, since, until, now)
+        comparison = compare(booked, plans, replicas, since, until, now, stops)
         report = CostReport(**{**report.__dict__, "comparison": comparison})
     return report
 

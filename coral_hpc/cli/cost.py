@@ -152,9 +152,20 @@ def build(inputs: Inputs):  # type: ignore[no-untyped-def]
     plans = _plans(store, inputs.since, inputs.until)
     report = build_report(
         deployment, records, inputs.since, inputs.until, inputs.now,
-        demand=demand, plans=plans, replicas=replicas, owns=owns,
+        demand=demand, plans=plans, replicas=replicas, owns=owns, stops=_stops(store),
     )
     return report, replicas
+
+
+def _stops(store: Store | None) -> list[float]:
+    """When the deployment was brought down or its daemon stopped, from the database's
+    events: the plans' prediction pauses there until the next plan."""
+    from coral_hpc.accounting.predicted import STOP_EVENT_KINDS
+
+    if store is None:
+        return []
+    return [event.time for kind in STOP_EVENT_KINDS
+            for event in store.events(limit=1_000_000, kind=kind)]
 
 
 def _owns(deployment: Deployment) -> Callable[[JobTag], bool]:

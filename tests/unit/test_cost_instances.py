@@ -1,4 +1,5 @@
-"""``cost``/``report`` bill only this deployment instance's jobs (issue 29a).
+"""``cost``/``report``: only this deployment instance's jobs are billed (issue 29a), and the
+plans' prediction stops when the deployment is brought down (issue 29b).
 
 Two copies of a deployment under one name (two folders) each have their own instance
 (``coral_hpc.instance``); sacct lists both copies' jobs under the same deployment name. The rows
@@ -15,6 +16,7 @@ import pytest
 from coral_hpc.cli import cost as cost_cli
 from coral_hpc.config import parse_deployment
 from coral_hpc.slurm.parse_jobs import parse_sacct_accounting
+from coral_hpc.store import open_store
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "accounting" / "22.05"
 OURS, THEIRS = "aaaaaaaaaaaa", "bbbbbbbbbbbb"
@@ -39,9 +41,8 @@ class _Client:
         return parse_sacct_accounting(_recording_with_instances(), deployment, self.now)
 
 
-def test_cost_counts_only_this_instances_jobs(tmp_path: Path, monkeypatch) -> None:
-    now = float((DATA / "now.txt").read_text())
-    dep = parse_deployment(
+def _deployment(tmp_path: Path):
+    return parse_deployment(
         f"""
 deployment: acctrec
 state_dir: {tmp_path / 'state'}
@@ -56,6 +57,11 @@ models:
       demand: auto, slo: {{ttft_s: 1, tpot_s: 0.1}}}}
 """
     )
+
+
+def test_cost_counts_only_this_instances_jobs(tmp_path: Path, monkeypatch) -> None:
+    now = float((DATA / "now.txt").read_text())
+    dep = _deployment(tmp_path)
     dep.state_path.mkdir(parents=True)
     (dep.state_path / "instance.json").write_text(f'{{"instance": "{OURS}"}}\n')
     monkeypatch.setattr("coral_hpc.slurm.client_for_deployment", lambda d: _Client(now))
@@ -66,3 +72,30 @@ models:
     assert [run.job_id for run in report.runs] == ["43"]
     assert report.total().gpu_seconds == 8
     assert report.total().cost == pytest.approx(8 / 3600 * 1.0)
+
+
+def test_predicted_cost_stops_when_the_deployment_is_brought_down(tmp_path, monkeypatch):
+    """issue 29: 2.31 -> 2.43 in 20 s after `down`, the gap all put down to "other"."""
+    dep = _deployment(tmp_path)
+    store = open_store(dep.db_path)
+    t0 = 1_800_000_000.0
+    store.add_plan(t0, 36.0, [], {"done": 1.0}, solve_s=0.1, status="optimal")  # 0.01 per s
+    store.add_event(t0 + 100, "down", "coral-hpc down: 1 job(s) stopped")
+    store.add_event(t0 + 101, "stop", "daemon stopped; replicas left running")
+    monkeypatch.setattr("coral_hpc.slurm.client_for_deployment", lambda d: _Client(t0))
+    seen = []
+    for now in (t0 + 200, t0 + 220):
+        report, _ = cost_cli.build(cost_cli.Inputs(dep, store, t0, now, now))
+        seen.append(report.comparison.predicted)
+    assert seen == [pytest.approx(1.0), pytest.approx(1.0)]  # 100 s at 36/h, then nothing
+
+
+def test_predicted_cost_resumes_with_the_next_plan(tmp_path):
+    from coral_hpc.accounting.predicted import predicted_cost
+
+    store = open_store(_deployment(tmp_path).db_path)
+    store.add_plan(0.0, 36.0, [], {}, solve_s=0.1, status="optimal")
+    store.add_plan(300.0, 72.0, [], {}, solve_s=0.1, status="optimal")
+    plans = store.plans_between(0.0, 400.0)
+    # stopped at 100 s, served again from the plan at 300 s
+    assert predicted_cost(plans, 0.0, 400.0, stops=[100.0]) == pytest.approx(1.0 + 2.0)
