@@ -457,6 +457,8 @@ class KvConnectorConfig(_Frozen):
             raise ValueError(f"shared_path applies to ExampleConnector only, not {self.name}")
         return self
 
+    _resolve = field_validator("shared_path")(_against_file)
+
 
 class EngineConfig(_Frozen):
     """Which engine replicas run."""
@@ -479,6 +481,9 @@ class EngineConfig(_Frozen):
                     "set in every environment kind and bound into Apptainer images "
                     "[default: <state_dir>/huggingface]",
     )
+
+    # resolved first, so the token file checked below is the one beside models.yaml
+    _resolve = field_validator("hf_token_file", "hf_home")(_against_file)
 
     @field_validator("hf_token_file")
     @classmethod
@@ -783,7 +788,7 @@ class Deployment(_Frozen):
     models: tuple[ModelConfig, ...] = Field(min_length=1)
 
     # relative paths mean "beside this models.yaml", not "below wherever serve was started"
-    _resolve = field_validator("state_dir", "db_path")(_against_file)
+    _resolve = field_validator("state_dir", "db_path", "profiles_dir")(_against_file)
 
     @field_validator("deployment")
     @classmethod
@@ -1014,7 +1019,8 @@ def _validated(source: YamlSource, path: str, base_dir: Path | None) -> Deployme
 def parse_deployment(text: str, path: str = "<string>", base_dir: Path | None = None) -> Deployment:
     """Validate the YAML ``text`` of a models.yaml. Raises :class:`ConfigError`.
 
-    With ``base_dir``, relative paths (state_dir, db_path, api_keys_file, environment paths) are
+    With ``base_dir``, relative paths (state_dir, db_path, profiles_dir, api_keys_file, tls_cert,
+    tls_key, hf_token_file, hf_home, kv_connector.shared_path, environment paths) are
     made absolute against it; without, they are kept as written."""
     try:
         source = parse_yaml(text, path)
@@ -1119,6 +1125,23 @@ def _writable_problem(path: Path, want_dir: bool) -> str | None:
     if not os.access(parent, os.W_OK | os.X_OK):
         return f"cannot create {path}: {parent} is not writable by this user"
     return None
+
+
+def measured_profiles_problems(deployment: Deployment) -> list[str]:
+    """With ``policy.measured_only``, a plan needs measured profiles: a ``profiles_dir`` that is
+    missing or holds none would plan nothing and exit 0 without a word (issue 29c)."""
+    if not deployment.policy.measured_only:
+        return []
+    folder = deployment.measured_profiles_path
+    if folder.is_dir() and any(folder.rglob("*.yaml")):
+        return []
+    field: tuple[str | int, ...] = ("profiles_dir",) if deployment.profiles_dir else (
+        "policy", "measured_only")
+    found = "holds no profiles" if folder.is_dir() else "does not exist"
+    return [deployment.problem(field, (
+        f"policy.measured_only plans from measured profiles only, and {folder} {found} "
+        "(relative paths are against this file's folder); measure them with `coral-hpc "
+        "profile` or set profiles_dir"))]
 
 
 def host_path_problems(deployment: Deployment) -> list[str]:

@@ -46,7 +46,7 @@ def plan(models_yaml: str, snapshot_file: str | None, as_json: bool, export_file
          wide: bool) -> None:
     """Plan replicas for MODELS_YAML at least cost; print the plan (nothing is submitted)."""
     from coral_hpc.cli.cluster import load_snapshot_file, observe
-    from coral_hpc.config import load_deployment
+    from coral_hpc.config import load_deployment, measured_profiles_problems
     from coral_hpc.errors import ConfigError
     from coral_hpc.plan.planner import Planner, PlanRequest
     from coral_hpc.plan.report import infeasible_problems, plan_json, templates_json
@@ -55,6 +55,9 @@ def plan(models_yaml: str, snapshot_file: str | None, as_json: bool, export_file
         deployment = load_deployment(models_yaml)
     except ConfigError as exc:
         fail(exc.problems + [f"{models_yaml}: {len(exc.problems)} problem(s)"])
+    missing = measured_profiles_problems(deployment)
+    if missing:
+        fail(missing + [f"{models_yaml}: {len(missing)} problem(s); nothing was planned"])
     snapshot = load_snapshot_file(snapshot_file) if snapshot_file else observe(models_yaml, None)
     unknown = sorted({m.architecture for m in deployment.models} - _known_architectures())
     if unknown:

@@ -5,7 +5,12 @@ from __future__ import annotations
 import click
 
 from coral_hpc.cli._output import Column, console, fail, print_json, print_table, wide_option
-from coral_hpc.config import Deployment, host_path_problems, load_deployment
+from coral_hpc.config import (
+    Deployment,
+    host_path_problems,
+    load_deployment,
+    measured_profiles_problems,
+)
 from coral_hpc.errors import ConfigError
 from coral_hpc.slurm.snapshot import ClusterSnapshot
 
@@ -22,7 +27,8 @@ def checked_deployment(file: str, outcome: str = "nothing was changed") -> Deplo
     except ConfigError as exc:
         problems = exc.problems
     else:
-        problems = host_path_problems(deployment) + catalog_problems(deployment)
+        problems = (host_path_problems(deployment) + catalog_problems(deployment)
+                    + measured_profiles_problems(deployment))
     if problems:
         fail(problems + [f"{file}: {len(problems)} problem(s); {outcome}"])
     return deployment
