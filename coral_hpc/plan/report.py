@@ -110,9 +110,10 @@ def infeasible_problems(path: str, deployment: Deployment, done: str = "nothing 
     for shortfall in shortfalls:
         for index in shortfall.models:
             loc = ("models", index, "min_replicas")
+            hint = ("name Slurm's partitions in cluster.partitions" if shortfall.no_partition
+                    else "lower min_replicas or widen its partitions / gpu_types")
             lines.append(f"{path}:{field_line(path, loc)}: models[{index}].min_replicas: "
-                         f"{shortfall.refusal(deployment, index)}; lower min_replicas or "
-                         "widen its partitions / gpu_types")
+                         f"{shortfall.refusal(deployment, index)}; {hint}")
     if lines:
         return lines + [f"{path}: no feasible plan; {done}"]
     for index, model in enumerate(deployment.models):
