@@ -976,9 +976,51 @@ def _first_model(annotation: Any) -> Any:
     return None
 
 
+def _union_field(loc: tuple) -> tuple | None:
+    """The location of the union field an error's branch tag (``"literal['auto']"``,
+    ``'dict[str,float]'``) sits under, or None when the error is not from a union branch."""
+    for index, part in enumerate(loc):
+        if isinstance(part, str) and "[" in part:
+            return _clean_loc(loc[:index])
+    return None
+
+
+def _one_error_per_union(errors: list[Any]) -> list[Any]:
+    """pydantic reports a union field's failure once per branch, so a mapping with one bad
+    value also got "Input should be 'auto'" (issue 29d). One error per problem: when the
+    value was a mapping or list, the branches that wanted a plain word are dropped (the
+    mapping's own errors say what is wrong); when every branch failed on the value itself,
+    their expectations become one line ("Input should be a valid dictionary or 'billing'")."""
+    by_field: dict[tuple, list[Any]] = {}
+    for item in errors:
+        field = _union_field(tuple(item["loc"]))
+        if field is not None:
+            by_field.setdefault(field, []).append(item)
+    out = []
+    for item in errors:
+        field = _union_field(tuple(item["loc"]))
+        group = by_field.get(field) if field is not None else None
+        if group is None or len(group) < 2:
+            out.append(item)
+            continue
+        if item is not group[0]:
+            continue
+        structured = [g for g in group if not (g["type"] == "literal_error"
+                                              and isinstance(g["input"], (dict, list)))]
+        if len(structured) < len(group):
+            out.extend(structured)
+            continue
+        expected = [g["msg"].removeprefix("Input should be ") for g in group]
+        merged = dict(group[0], loc=tuple(field),
+                      msg="Input should be " + " or ".join(dict.fromkeys(expected)))
+        out.append(merged)
+    return out
+
+
 def _problems_from(error: ValidationError, lines: dict[tuple, int], path: str) -> list[str]:
     problems = []
-    items = [(item, _clean_loc(tuple(item["loc"]))) for item in error.errors()]
+    items = [(item, _clean_loc(tuple(item["loc"])))
+             for item in _one_error_per_union(error.errors())]
     for item, loc in items:
         # pydantic adds "too short" for a list whose items failed: the item errors say it all
         if item["type"] == "too_short" and any(

@@ -33,3 +33,42 @@ def test_validate_names_the_partition_slurm_lacks(tmp_path: Path):
     assert result.exit_code == 2, result.output
     assert "Slurm has no partition gpu-a100, gpu-v100" in result.output
     assert "(none)" not in result.output and "at most 0" not in result.output
+
+
+def _problems(text: str) -> list[str]:
+    from coral_hpc.config import ConfigError, parse_deployment
+
+    try:
+        parse_deployment(text, "m.yaml")
+    except ConfigError as exc:
+        return exc.problems
+    raise AssertionError("expected a ConfigError")
+
+
+_UNION_CASES = """
+deployment: u
+state_dir: /tmp/u
+db_path: /tmp/u.db
+engine: {kind: sim}
+cluster:
+  partitions:
+    - {name: v100, gpu_types: [v100], price: {v100: fast}}
+    - {name: a100, gpu_types: [a100], price: free}
+models:
+  - {name: m, source: x, architecture: x, mix: {input_tokens: 100, output_tokens: 10},
+     demand: {requests_per_s: -1}, slo: {ttft_s: 1, tpot_s: 0.1}}
+  - {name: n, source: x, architecture: x, mix: {input_tokens: 100, output_tokens: 10},
+     demand: {requests_per_s: 1, bogus: 2}, slo: {ttft_s: 1, tpot_s: 0.1}}
+"""
+
+
+def test_a_union_field_gives_one_error_per_problem():
+    problems = _problems(_UNION_CASES)
+    assert problems == [
+        "m.yaml:8: cluster.partitions[0].price.v100: Input should be a valid number, unable to "
+        "parse string as a number",
+        "m.yaml:9: cluster.partitions[1].price: Input should be a valid dictionary or 'billing'",
+        "m.yaml:12: models[0].demand.requests_per_s: Input should be greater than or equal to 0",
+        "m.yaml:14: models[1].demand.bogus: unknown key 'bogus'; valid keys here: "
+        "output_tokens_per_s, requests_per_s",
+    ]
