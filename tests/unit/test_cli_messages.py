@@ -6,6 +6,7 @@ saved snapshot, real sinfo/sacct output.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -72,3 +73,19 @@ def test_a_union_field_gives_one_error_per_problem():
         "m.yaml:14: models[1].demand.bogus: unknown key 'bogus'; valid keys here: "
         "output_tokens_per_s, requests_per_s",
     ]
+
+
+def test_validate_json_prints_the_errors_and_exits_2(tmp_path: Path):
+    bad = tmp_path / "m.yaml"
+    bad.write_text(_UNION_CASES)
+    result = CliRunner().invoke(cli, ["validate", str(bad), "--json"])
+    assert result.exit_code == 2
+    document = json.loads(result.stdout)
+    assert document["valid"] is False and document["file"] == str(bad)
+    assert len(document["errors"]) == 4 and "price.v100" in document["errors"][0]
+    assert "4 problem(s)" in result.stderr  # the same lines as without --json, on stderr
+    # a problem only Slurm's partitions reveal is reported the same way
+    site = CliRunner().invoke(cli, ["validate", str(_university(tmp_path)), "--json",
+                                    "--snapshot", str(SNAPSHOT)])
+    assert site.exit_code == 2
+    assert "Slurm has no partition" in json.loads(site.stdout)["errors"][0]
