@@ -89,3 +89,16 @@ def test_validate_json_prints_the_errors_and_exits_2(tmp_path: Path):
                                     "--snapshot", str(SNAPSHOT)])
     assert site.exit_code == 2
     assert "Slurm has no partition" in json.loads(site.stdout)["errors"][0]
+
+
+def test_cluster_with_a_missing_slurm_conf_fails_fast_in_slurms_words(tmp_path: Path,
+                                                                     monkeypatch):
+    import time
+
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "slurm.conf"))
+    started = time.monotonic()
+    result = CliRunner().invoke(cli, ["cluster"])
+    assert time.monotonic() - started < 10  # not sinfo's 60 s retry loop, three times over
+    assert result.exit_code == 2, result.output
+    assert f"cannot stat file {tmp_path / 'slurm.conf'}: No such file or directory" in (
+        result.stderr)
