@@ -7,8 +7,10 @@ saved snapshot, real sinfo/sacct output.
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from coral_hpc.cli import cli
@@ -102,3 +104,40 @@ def test_cluster_with_a_missing_slurm_conf_fails_fast_in_slurms_words(tmp_path: 
     assert result.exit_code == 2, result.output
     assert f"cannot stat file {tmp_path / 'slurm.conf'}: No such file or directory" in (
         result.stderr)
+
+
+# ----------------------------------------------------------- --since/--until as sacct reads them
+_NOW = datetime(2026, 12, 2, 18, 0, 5)  # local time, as sacct reads its TIME
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("now-2days", datetime(2026, 11, 30, 18, 0, 5)),
+    ("now-3hours", datetime(2026, 12, 2, 15, 0, 5)),
+    ("now-1weeks", datetime(2026, 11, 25, 18, 0, 5)),
+    ("now-2", datetime(2026, 12, 2, 18, 0, 3)),  # sacct: seconds when no unit
+    ("now-90m", datetime(2026, 12, 2, 16, 30, 5)),
+    ("now+1h", datetime(2026, 12, 2, 19, 0, 5)),
+    ("today", datetime(2026, 12, 2)),
+    ("midnight", datetime(2026, 12, 2)),
+    ("noon", datetime(2026, 12, 2, 12)),
+    ("teatime", datetime(2026, 12, 2, 16)),
+    ("yesterday", datetime(2026, 12, 1)),
+    ("19:00", datetime(2026, 12, 1, 19)),  # ahead of now: sacct takes the last one passed
+    ("9:30am", datetime(2026, 12, 2, 9, 30)),
+    ("12/01", datetime(2026, 12, 1)),
+    ("12/01/25-10:00", datetime(2025, 12, 1, 10)),
+    ("1201", datetime(2026, 12, 1)),
+    ("2026-11-29T10:00", datetime(2026, 11, 29, 10)),
+])
+def test_since_reads_sacct_time_forms(text: str, expected: datetime):
+    from coral_hpc.cli.cost import parse_when
+
+    assert parse_when(text, _NOW.timestamp()) == expected.timestamp()
+
+
+@pytest.mark.parametrize("text", ["now-2fortnights", "soon", "13/45", "25:00"])
+def test_since_refuses_what_is_not_a_time_naming_the_forms(text: str):
+    from coral_hpc.cli.cost import parse_when
+
+    with pytest.raises(ValueError, match="now-2days"):
+        parse_when(text, _NOW.timestamp())
