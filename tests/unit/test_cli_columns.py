@@ -244,6 +244,16 @@ def test_every_help_lists_the_exit_statuses():
     assert "YYYY-MM-DD" in cost and "@EPOCH" in cost and "now-2days" in cost and "noon" in cost
 
 
+
+@pytest.mark.parametrize("columns", [80, 60, 200])
+def test_help_fits_the_terminal_or_80_columns(columns: int):
+    """Issue 29d: the exit-status epilog ran to 128 columns whatever the terminal."""
+    out = run_cli("cost", "--help", columns=columns)
+    assert out.returncode == 0, out.stderr
+    assert "already serves this deployment" in out.stdout
+    assert_fits(out.stdout, min(columns, 80))
+
+
 # --------------------------------------------------------------------------- cost
 
 
