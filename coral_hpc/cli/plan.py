@@ -127,9 +127,16 @@ def _print_table(outcome, wide: bool = False) -> None:
     # what an 80-character terminal has room for
     same = {i: rows[0][i] for i in (1, 8, 9) if rows and len({r[i] for r in rows}) == 1}
     keep = [i for i in range(len(columns)) if i not in same]
+    # the plan's cost counts the replicas that start within the horizon; queued ones cost
+    # nothing until Slurm starts them, and the headline says so rather than leave them out
+    queued_cost = sum(r.count * r.cost_per_hour for r in plan.queued)
+    queued_count = sum(r.count for r in plan.queued)
+    headline = f"Plan: {plan.status}, {plan.cost_per_hour:.2f} {unit} ({priced})"
+    if plan.queued:
+        headline += (f" without the {queued_count} queued replica(s); "
+                     f"{plan.cost_per_hour + queued_cost:.2f} {unit} once they start")
     print_table([columns[i] for i in keep], [[r[i] for i in keep] for r in rows],
-                title=f"Plan: {plan.status}, {plan.cost_per_hour:.2f} {unit} ({priced})",
-                wide=wide)
+                title=headline, wide=wide)
     if 1 in same:
         console.print(f"role of every replica: {same[1]}", highlight=False)
     if 8 in same:

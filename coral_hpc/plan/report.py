@@ -57,7 +57,10 @@ def plan_json(outcome: PlanOutcome) -> dict[str, Any]:
         })
     return {
         "mode": plan.status,
+        # the replicas that start within the horizon; the queued ones add queued_cost_per_hour
+        # once Slurm starts them
         "cost_per_hour": plan.cost_per_hour,
+        "queued_cost_per_hour": sum(r.count * r.cost_per_hour for r in plan.queued),
         "cost_unit": solved.unit,
         "solve_seconds": {"stage1": solved.stage1_s, "stage2": solved.stage2_s},
         "gap": plan.gap if plan.gap != float("inf") else None,
