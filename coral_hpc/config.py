@@ -468,6 +468,8 @@ class KvConnectorConfig(_Frozen):
             raise ValueError(f"shared_path applies to ExampleConnector only, not {self.name}")
         return self
 
+    _resolve = field_validator("shared_path")(_against_file)
+
 
 class EngineConfig(_Frozen):
     """Which engine replicas run."""
@@ -490,6 +492,9 @@ class EngineConfig(_Frozen):
                     "set in every environment kind and bound into Apptainer images "
                     "[default: <state_dir>/huggingface]",
     )
+
+    # resolved first, so the token file checked below is the one beside models.yaml
+    _resolve = field_validator("hf_token_file", "hf_home")(_against_file)
 
     @field_validator("hf_token_file")
     @classmethod
@@ -831,7 +836,7 @@ class Deployment(_Frozen):
     models: tuple[ModelConfig, ...] = Field(min_length=1)
 
     # relative paths mean "beside this models.yaml", not "below wherever serve was started"
-    _resolve = field_validator("state_dir", "db_path")(_against_file)
+    _resolve = field_validator("state_dir", "db_path", "profiles_dir")(_against_file)
 
     @field_validator("deployment")
     @classmethod
@@ -1019,9 +1024,51 @@ def _first_model(annotation: Any) -> Any:
     return None
 
 
+def _union_field(loc: tuple) -> tuple | None:
+    """The location of the union field an error's branch tag (``"literal['auto']"``,
+    ``'dict[str,float]'``) sits under, or None when the error is not from a union branch."""
+    for index, part in enumerate(loc):
+        if isinstance(part, str) and "[" in part:
+            return _clean_loc(loc[:index])
+    return None
+
+
+def _one_error_per_union(errors: list[Any]) -> list[Any]:
+    """pydantic reports a union field's failure once per branch, so a mapping with one bad
+    value also got "Input should be 'auto'" (issue 29d). One error per problem: when the
+    value was a mapping or list, the branches that wanted a plain word are dropped (the
+    mapping's own errors say what is wrong); when every branch failed on the value itself,
+    their expectations become one line ("Input should be a valid dictionary or 'billing'")."""
+    by_field: dict[tuple, list[Any]] = {}
+    for item in errors:
+        field = _union_field(tuple(item["loc"]))
+        if field is not None:
+            by_field.setdefault(field, []).append(item)
+    out = []
+    for item in errors:
+        field = _union_field(tuple(item["loc"]))
+        group = by_field.get(field) if field is not None else None
+        if group is None or len(group) < 2:
+            out.append(item)
+            continue
+        if item is not group[0]:
+            continue
+        structured = [g for g in group if not (g["type"] == "literal_error"
+                                              and isinstance(g["input"], (dict, list)))]
+        if len(structured) < len(group):
+            out.extend(structured)
+            continue
+        expected = [g["msg"].removeprefix("Input should be ") for g in group]
+        merged = dict(group[0], loc=tuple(field),
+                      msg="Input should be " + " or ".join(dict.fromkeys(expected)))
+        out.append(merged)
+    return out
+
+
 def _problems_from(error: ValidationError, lines: dict[tuple, int], path: str) -> list[str]:
     problems = []
-    items = [(item, _clean_loc(tuple(item["loc"]))) for item in error.errors()]
+    items = [(item, _clean_loc(tuple(item["loc"])))
+             for item in _one_error_per_union(error.errors())]
     for item, loc in items:
         # pydantic adds "too short" for a list whose items failed: the item errors say it all
         if item["type"] == "too_short" and any(
@@ -1062,7 +1109,8 @@ def _validated(source: YamlSource, path: str, base_dir: Path | None) -> Deployme
 def parse_deployment(text: str, path: str = "<string>", base_dir: Path | None = None) -> Deployment:
     """Validate the YAML ``text`` of a models.yaml. Raises :class:`ConfigError`.
 
-    With ``base_dir``, relative paths (state_dir, db_path, api_keys_file, environment paths) are
+    With ``base_dir``, relative paths (state_dir, db_path, profiles_dir, api_keys_file, tls_cert,
+    tls_key, hf_token_file, hf_home, kv_connector.shared_path, environment paths) are
     made absolute against it; without, they are kept as written."""
     try:
         source = parse_yaml(text, path)
@@ -1167,6 +1215,23 @@ def _writable_problem(path: Path, want_dir: bool) -> str | None:
     if not os.access(parent, os.W_OK | os.X_OK):
         return f"cannot create {path}: {parent} is not writable by this user"
     return None
+
+
+def measured_profiles_problems(deployment: Deployment) -> list[str]:
+    """With ``policy.measured_only``, a plan needs measured profiles: a ``profiles_dir`` that is
+    missing or holds none would plan nothing and exit 0 without a word (issue 29c)."""
+    if not deployment.policy.measured_only:
+        return []
+    folder = deployment.measured_profiles_path
+    if folder.is_dir() and any(folder.rglob("*.yaml")):
+        return []
+    field: tuple[str | int, ...] = ("profiles_dir",) if deployment.profiles_dir else (
+        "policy", "measured_only")
+    found = "holds no profiles" if folder.is_dir() else "does not exist"
+    return [deployment.problem(field, (
+        f"policy.measured_only plans from measured profiles only, and {folder} {found} "
+        "(relative paths are against this file's folder); measure them with `coral-hpc "
+        "profile` or set profiles_dir"))]
 
 
 def host_path_problems(deployment: Deployment) -> list[str]:

@@ -1,8 +1,11 @@
 """What the plans predicted over a range, and why Slurm's books differ. Pure.
 
 Predicted cost = ∫ plan cost per hour dt: each stored plan is in force from its time until the
-next plan. Booked cost (sacct) differs from it for reasons with names, computed from the daemon's
-replica history at each replica's planned cost per hour:
+next plan, or until the deployment stopped (``coral-hpc down``, the daemon stopping: the database's
+``down``/``stop`` events), whichever comes first. A stopped deployment plans nothing, so its last
+plan must not keep adding to the prediction while nothing is served. Booked cost (sacct) differs
+from it for reasons with names, computed from the daemon's replica history at each replica's
+planned cost per hour:
 
 - ``pending`` — a plan counts a new replica from its submission; Slurm books it from its start.
   Net of the replica it replaces, which Slurm keeps booking while the successor pends:
@@ -56,12 +59,21 @@ class Comparison:
         }
 
 
-def predicted_cost(plans: Sequence[PlanRecord], since: float, until: float) -> float:
-    """∫ cost per hour over ``[since, until)``, each plan in force until the next one."""
+#: event kinds (``Store.add_event``) after which no plan is in force until the next one
+STOP_EVENT_KINDS = ("down", "stop")
+
+
+def predicted_cost(
+    plans: Sequence[PlanRecord], since: float, until: float, stops: Sequence[float] = ()
+) -> float:
+    """∫ cost per hour over ``[since, until)``, each plan in force until the next one or the
+    first of ``stops`` (times the deployment was brought down or its daemon stopped) after it."""
     ordered = sorted(plans, key=lambda p: (p.time, p.id))
+    stop_times = sorted(stops)
     total = 0.0
     for index, plan in enumerate(ordered):
         end = ordered[index + 1].time if index + 1 < len(ordered) else until
+        end = min([end, *(s for s in stop_times if s >= plan.time)])
         total += plan.cost_per_hour * _overlap(plan.time, end, since, until) / 3600.0
     return total
 
@@ -73,8 +85,10 @@ def compare(
     since: float,
     until: float,
     now: float,
+    stops: Sequence[float] = (),
 ) -> Comparison:
-    """Booked cost against the plans' prediction over ``[since, min(until, now))``."""
+    """Booked cost against the plans' prediction over ``[since, min(until, now))``; no plan is
+    in force after one of ``stops`` until the next plan (:func:`predicted_cost`)."""
     end_of_range = min(until, now)
     by_id = {r.id: r for r in replicas}
     pending = startup = overlap = 0.0
@@ -97,7 +111,7 @@ def compare(
         startup += _booked_old(window, started, ready)
         overlap += _booked_old(window, ready, old_end)
     return Comparison(
-        predicted=predicted_cost(plans, since, end_of_range),
+        predicted=predicted_cost(plans, since, end_of_range, stops),
         booked=booked,
         pending=pending,
         startup=startup,

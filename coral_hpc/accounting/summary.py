@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone, tzinfo
 from typing import Any
@@ -18,6 +18,7 @@ from coral_hpc.accounting.usage import Run, Usage, day_bins, runs_from_records, 
 from coral_hpc.config import Deployment
 from coral_hpc.slurm.snapshot import AccountingRecord
 from coral_hpc.store import DemandInterval, PlanRecord, ReplicaRecord
+from coral_hpc.types import JobTag
 
 #: Version of the ``--json`` shape; bump when a field changes meaning or goes away.
 JSON_VERSION = 1
@@ -172,11 +173,15 @@ def build_report(
     partition_gpu_types: Mapping[str, Sequence[str]] | None = None,
     tz: tzinfo | None = None,
     edges: Sequence[float] | None = None,
+    owns: Callable[[JobTag], bool] | None = None,
+    stops: Sequence[float] = (),
 ) -> CostReport:
     """Price this deployment's sacct ``records`` over ``[since, until)`` (running jobs up to
     ``now``), split by day in ``tz`` (local by default) unless ``edges`` are given; join the
     token counts of ``demand`` intervals that end inside the range; compare with ``plans`` when
-    given (None = no plan history available)."""
+    given (None = no plan history available). ``owns`` keeps only this instance's jobs
+    (:func:`coral_hpc.accounting.usage.runs_from_records`); ``stops`` are the times the
+    deployment was brought down or its daemon stopped, where the plans' prediction pauses."""
     since, until, now = math.floor(since), math.floor(until), math.floor(now)
     if until <= since:
         raise ValueError(f"empty range: {_iso(since, tz)} to {_iso(until, tz)}")
@@ -184,7 +189,7 @@ def build_report(
     for part in deployment.cluster.partitions:
         if part.gpu_types and part.name not in types:
             types[part.name] = part.gpu_types
-    runs = runs_from_records(records, deployment.deployment, types)
+    runs = runs_from_records(records, deployment.deployment, types, owns)
     pricing = Pricing.from_deployment(deployment)
     pieces = usage(runs, since, until, now, edges if edges is not None else day_bins(since, until, tz))
     warnings = sorted({pricing.unpriced_reason(p) for p in pieces if pricing.cost(p) is None})
@@ -210,7 +215,7 @@ def build_report(
     )
     if plans is not None:
         booked = report.total().cost or 0.0
-        comparison = compare(booked, plans, replicas, since, until, now)
+        comparison = compare(booked, plans, replicas, since, until, now, stops)
         report = CostReport(**{**report.__dict__, "comparison": comparison})
     return report
 

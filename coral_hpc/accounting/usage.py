@@ -20,12 +20,13 @@ Rules, each the reason for a line below:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta, tzinfo
 from itertools import pairwise
 
 from coral_hpc.slurm.snapshot import AccountingRecord
+from coral_hpc.types import JobTag
 
 #: GPU type shown when neither AllocTRES nor the partition says which GPUs a job had.
 UNKNOWN_GPU_TYPE = "unknown"
@@ -76,11 +77,14 @@ def runs_from_records(
     records: Iterable[AccountingRecord],
     deployment: str,
     partition_gpu_types: Mapping[str, Sequence[str]] | None = None,
+    owns: Callable[[JobTag], bool] | None = None,
 ) -> list[Run]:
     """This deployment's runs among ``records``, one per (job id, start), oldest first.
 
     Records without a coral JobTag of ``deployment`` (someone else's jobs, other deployments) and
-    allocations that never started are left out. The GPU type comes from AllocTRES
+    allocations that never started are left out. With ``owns``, so are jobs whose tag it refuses:
+    another instance's jobs (``coral_hpc.instance``: a second copy of the deployment under the
+    same name) must not be billed to this one. The GPU type comes from AllocTRES
     (``gres/gpu:<type>``); where the site records only ``gres/gpu``, from the partition's single
     GPU type in ``partition_gpu_types``; else :data:`UNKNOWN_GPU_TYPE`.
     """
@@ -89,6 +93,8 @@ def runs_from_records(
     for record in records:
         tag = record.tag
         if tag is None or tag.deployment != deployment or record.start_time is None:
+            continue
+        if owns is not None and not owns(tag):
             continue
         gpu_type = record.gpu_type
         if gpu_type is None:

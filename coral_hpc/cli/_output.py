@@ -58,9 +58,22 @@ EXIT_STATUSES: tuple[tuple[int, str], ...] = (
 )
 
 
-def exit_status_epilog() -> str:
-    """The ``Exit status`` paragraph appended to every command's ``--help``."""
-    return "\b\nExit status:\n" + "\n".join(f"  {code}  {text}" for code, text in EXIT_STATUSES)
+def exit_status_epilog(columns: int | None = None) -> str:
+    """The ``Exit status`` paragraph appended to every command's ``--help``, each entry wrapped
+    (hanging under its text) to the width click gives the rest of the help: the terminal's, at
+    most 80 columns (``columns`` overrides the terminal's). The paragraph is marked ``\\b`` so
+    click keeps its lines as they are: unwrapped, one entry ran to 128 columns (issue 29d)."""
+    import shutil
+    import textwrap
+
+    terminal = columns if columns is not None else shutil.get_terminal_size().columns
+    # click's HelpFormatter: max(min(terminal, 80) - 2, 50) wide; the epilog is indented by 2
+    width = max(min(terminal, 80) - 2, 50) - 2
+    lines = []
+    for code, text in EXIT_STATUSES:
+        lines += textwrap.wrap(text, width=width, initial_indent=f"  {code}  ",
+                               subsequent_indent=" " * (4 + len(str(code))))
+    return "\b\nExit status:\n" + "\n".join(lines)
 
 
 # --------------------------------------------------------------------------- plain output

@@ -9,6 +9,7 @@ import click
 
 from coral_hpc.cli._output import (
     EXIT_INTERNAL,
+    EXIT_INVALID,
     EXIT_UNAVAILABLE,
     Column,
     console,
@@ -50,7 +51,10 @@ def job_shape(config: str | None) -> tuple[int, int]:
 
 
 def observe(config: str | None, deployment: str | None) -> ClusterSnapshot:
-    """One live snapshot; exits 3 when Slurm cannot be reached (never prints an empty cluster)."""
+    """One live snapshot; exits 3 when Slurm cannot be reached (never prints an empty cluster),
+    2 when this host's Slurm configuration cannot be read (SLURM_CONF: a person must fix it)."""
+    from coral_hpc.slurm.errors import SlurmMisconfigured
+
     try:
         if config:
             from coral_hpc.config import load_deployment
@@ -60,6 +64,8 @@ def observe(config: str | None, deployment: str | None) -> ClusterSnapshot:
         return make_client("auto").snapshot(deployment or "")
     except ConfigError as exc:
         fail(exc.problems + [f"{config}: {len(exc.problems)} problem(s)"])
+    except SlurmMisconfigured as exc:
+        fail(f"Slurm error: {exc}", status=EXIT_INVALID)
     except TransientError as exc:
         fail(f"Slurm is unreachable, try again later: {exc}", status=EXIT_UNAVAILABLE)
     except PermanentError as exc:

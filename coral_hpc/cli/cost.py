@@ -1,10 +1,11 @@
 """``coral-hpc cost FILE [--since T] [--until T] [--json | --csv] [--plot FILE.png]``.
 
 What this deployment's jobs cost according to Slurm's own books (sacct), per model, partition,
-GPU type and day, per million tokens, and against what the plans predicted. Times: ISO 8601
-(``2026-11-29``, ``2026-11-29T10:00``, local time unless a zone is given), ``@EPOCH``, ``now``
-or ``now-90m`` / ``now-6h`` / ``now-2d``. Default range: since the deployment started (its first
-replica or plan in the database) until now.
+GPU type and day, per million tokens, and against what the plans predicted. Times: as sacct
+reads them (``now-2days``, ``now-3hours``, ``today``, ``midnight``, ``noon``, ``14:30``,
+``12/01``), plus ``yesterday``, ``now-90m``, ISO 8601 (``2026-11-29T10:00``, local time unless a
+zone is given) and ``@EPOCH``. Default range: since the deployment started (its first replica or
+plan in the database) until now.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ import math
 import re
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import click
@@ -33,30 +35,99 @@ from coral_hpc.cli._output import (
 from coral_hpc.config import Deployment, load_deployment
 from coral_hpc.errors import ConfigError, PermanentError, TransientError
 from coral_hpc.store import PlanRecord, ReplicaRecord, Store, open_store
+from coral_hpc.types import JobTag
 
 #: what --since/--until accept, for their --help and their errors
-TIME_FORMATS = ("ISO 8601 date or time (2026-11-29, 2026-11-29T10:00, local time unless a zone "
-                "such as +01:00 is given), @EPOCH seconds, now, or now-N with s/m/h/d "
-                "(now-90m, now-6h, now-2d)")
+TIME_FORMATS = ("sacct's TIME forms: now[-N[seconds|minutes|hours|days|weeks]] (now-90m, "
+                "now-3hours, now-2days), today, midnight, noon, elevenses, fika, teatime, "
+                "yesterday, tomorrow, HH:MM[:SS][AM|PM], MM/DD[/YY][-HH:MM[:SS]], "
+                "MMDD[YY][-HH:MM[:SS]], YYYY-MM-DD[THH:MM[:SS]] (local time unless a zone such "
+                "as +01:00 is given), or @EPOCH seconds")
 
-_RELATIVE_RE = re.compile(r"^now(?:-(\d+(?:\.\d+)?)([smhd]))?$")
-_UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_RELATIVE_RE = re.compile(
+    r"^now(?:\s*([+-])\s*(\d+(?:\.\d+)?)\s*([a-z]*))?$", re.IGNORECASE)
+#: sacct's units (seconds when none), and the short forms people type
+_UNITS_S = {**{u: 1 for u in ("", "s", "sec", "secs", "second", "seconds")},
+            **{u: 60 for u in ("m", "min", "mins", "minute", "minutes")},
+            **{u: 3600 for u in ("h", "hr", "hrs", "hour", "hours")},
+            **{u: 86400 for u in ("d", "day", "days")},
+            **{u: 604800 for u in ("w", "week", "weeks")}}
+#: sacct's named times of day (slurm's parse_time), hour of the day
+_NAMED_HOURS = {"today": 0, "midnight": 0, "noon": 12, "elevenses": 11, "fika": 15,
+                "teatime": 16}
+_CLOCK_RE = re.compile(r"^(\d{1,2}):(\d{2})(?::(\d{2}))?\s*(am|pm)?$", re.IGNORECASE)
+_TIME_TAIL = r"(?:-(\d{1,2}):(\d{2})(?::(\d{2}))?)?$"
+#: MM/DD[/YY] and MM.DD[.YY], then MMDD[YY], each with an optional -HH:MM[:SS]
+_DATE_RES = (re.compile(r"^(\d{1,2})/(\d{1,2})(?:/(\d{2}))?" + _TIME_TAIL),
+             re.compile(r"^(\d{1,2})\.(\d{1,2})(?:\.(\d{2}))?" + _TIME_TAIL),
+             re.compile(r"^(\d{2})(\d{2})(\d{2})?" + _TIME_TAIL))
 
 
 def parse_when(text: str, now: float) -> float:
-    """Epoch seconds of a ``--since``/``--until`` value; ValueError naming what is valid."""
+    """Epoch seconds of a ``--since``/``--until`` value, read as sacct reads its TIME (local
+    time; a time of day or a date without a year that would lie ahead means the last one
+    passed, as sacct assumes the past); ValueError naming what is valid."""
     value = text.strip()
     match = _RELATIVE_RE.match(value)
     if match:
-        amount, unit = match.groups()
-        return now - (float(amount) * _UNITS_S[unit] if amount else 0.0)
+        sign, amount, unit = match.groups()
+        if amount is None:
+            return now
+        if unit.lower() not in _UNITS_S:
+            raise ValueError(f"{text!r}: unit {unit!r} is not one of seconds, minutes, hours, "
+                             f"days, weeks; use {TIME_FORMATS}")
+        delta = float(amount) * _UNITS_S[unit.lower()]
+        return now - delta if sign == "-" else now + delta
     if value.startswith("@") and value[1:].replace(".", "", 1).isdigit():
         return float(value[1:])
+    current = datetime.fromtimestamp(now)
+    midnight = current.replace(hour=0, minute=0, second=0, microsecond=0)
+    word = value.lower()
+    if word in ("yesterday", "tomorrow"):
+        return (midnight + timedelta(days=-1 if word == "yesterday" else 1)).timestamp()
+    if word in _NAMED_HOURS:
+        return _past_time_of_day(midnight, _NAMED_HOURS[word], 0, 0, now)
+    clock = _CLOCK_RE.match(value)
+    if clock:
+        hour, minute, second, half = clock.groups()
+        h = int(hour)
+        if half:
+            if not 1 <= h <= 12:
+                raise ValueError(f"{text!r}: hour {h} with {half}; use {TIME_FORMATS}")
+            h = h % 12 + (12 if half.lower() == "pm" else 0)
+        return _past_time_of_day(midnight, h, int(minute), int(second or 0), now, text)
+    for pattern in _DATE_RES:
+        date = pattern.match(value)
+        if date:
+            return _month_day(date.groups(), current, now, text)
     try:
         parsed = datetime.fromisoformat(value)
     except ValueError:
         raise ValueError(f"{text!r} is not a time: use {TIME_FORMATS}") from None
     return parsed.timestamp()  # naive = local time, as Slurm prints it
+
+
+def _past_time_of_day(midnight: datetime, hour: int, minute: int, second: int, now: float,
+                      text: str = "") -> float:
+    try:
+        moment = midnight.replace(hour=hour, minute=minute, second=second)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a time of day: use {TIME_FORMATS}") from None
+    if moment.timestamp() > now:  # sacct assumes the past: the last one passed
+        moment -= timedelta(days=1)
+    return moment.timestamp()
+
+
+def _month_day(groups: tuple, current: datetime, now: float, text: str) -> float:
+    month, day, year, hour, minute, second = groups
+    try:
+        moment = datetime(2000 + int(year) if year else current.year, int(month), int(day),
+                          int(hour or 0), int(minute or 0), int(second or 0))
+        if not year and moment.timestamp() > now:  # sacct assumes the past
+            moment = moment.replace(year=moment.year - 1)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a date: use {TIME_FORMATS}") from None
+    return moment.timestamp()
 
 
 @dataclass
@@ -128,6 +199,7 @@ def build(inputs: Inputs):  # type: ignore[no-untyped-def]
     from coral_hpc.slurm import client_for_deployment
 
     deployment = inputs.deployment
+    owns = _owns(deployment)
     try:
         client = client_for_deployment(deployment)
         records = client.accounting(deployment.deployment, inputs.since, min(inputs.until, inputs.now))
@@ -149,9 +221,40 @@ def build(inputs: Inputs):  # type: ignore[no-untyped-def]
     plans = _plans(store, inputs.since, inputs.until)
     report = build_report(
         deployment, records, inputs.since, inputs.until, inputs.now,
-        demand=demand, plans=plans, replicas=replicas,
+        demand=demand, plans=plans, replicas=replicas, owns=owns, stops=_stops(store),
     )
     return report, replicas
+
+
+def _stops(store: Store | None) -> list[float]:
+    """When the deployment was brought down or its daemon stopped, from the database's
+    events: the plans' prediction pauses there until the next plan."""
+    from coral_hpc.accounting.predicted import STOP_EVENT_KINDS
+
+    if store is None:
+        return []
+    return [event.time for kind in STOP_EVENT_KINDS
+            for event in store.events(limit=1_000_000, kind=kind)]
+
+
+def _owns(deployment: Deployment) -> Callable[[JobTag], bool]:
+    """Which tagged jobs are this instance's (``coral_hpc.instance``): another copy of the
+    deployment under the same name has its own instance and its own bill. Jobs from before
+    instance tags count when their spec.json lies in this state folder (as ``down`` decides).
+    Exits 2 when the instance file is unreadable."""
+    from coral_hpc.instance import read_instance
+    from coral_hpc.launch.spec import is_pre_instance_job_of
+
+    try:
+        instance = read_instance(deployment.state_path) or ""
+    except PermanentError as exc:
+        fail(f"{exc}; no figures were produced")
+
+    def owns(tag: JobTag) -> bool:
+        return tag.instance == instance or is_pre_instance_job_of(
+            tag, deployment.state_path, deployment.deployment)
+
+    return owns
 
 
 @click.command()

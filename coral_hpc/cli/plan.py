@@ -46,7 +46,7 @@ def plan(models_yaml: str, snapshot_file: str | None, as_json: bool, export_file
          wide: bool) -> None:
     """Plan replicas for MODELS_YAML at least cost; print the plan (nothing is submitted)."""
     from coral_hpc.cli.cluster import load_snapshot_file, observe
-    from coral_hpc.config import load_deployment
+    from coral_hpc.config import load_deployment, measured_profiles_problems
     from coral_hpc.errors import ConfigError
     from coral_hpc.plan.planner import Planner, PlanRequest
     from coral_hpc.plan.report import infeasible_problems, plan_json, templates_json
@@ -55,6 +55,9 @@ def plan(models_yaml: str, snapshot_file: str | None, as_json: bool, export_file
         deployment = load_deployment(models_yaml)
     except ConfigError as exc:
         fail(exc.problems + [f"{models_yaml}: {len(exc.problems)} problem(s)"])
+    missing = measured_profiles_problems(deployment)
+    if missing:
+        fail(missing + [f"{models_yaml}: {len(missing)} problem(s); nothing was planned"])
     snapshot = load_snapshot_file(snapshot_file) if snapshot_file else observe(models_yaml, None)
     unknown = sorted({m.architecture for m in deployment.models} - _known_architectures())
     if unknown:
@@ -124,9 +127,16 @@ def _print_table(outcome, wide: bool = False) -> None:
     # what an 80-character terminal has room for
     same = {i: rows[0][i] for i in (1, 8, 9) if rows and len({r[i] for r in rows}) == 1}
     keep = [i for i in range(len(columns)) if i not in same]
+    # the plan's cost counts the replicas that start within the horizon; queued ones cost
+    # nothing until Slurm starts them, and the headline says so rather than leave them out
+    queued_cost = sum(r.count * r.cost_per_hour for r in plan.queued)
+    queued_count = sum(r.count for r in plan.queued)
+    headline = f"Plan: {plan.status}, {plan.cost_per_hour:.2f} {unit} ({priced})"
+    if plan.queued:
+        headline += (f" without the {queued_count} queued replica(s); "
+                     f"{plan.cost_per_hour + queued_cost:.2f} {unit} once they start")
     print_table([columns[i] for i in keep], [[r[i] for i in keep] for r in rows],
-                title=f"Plan: {plan.status}, {plan.cost_per_hour:.2f} {unit} ({priced})",
-                wide=wide)
+                title=headline, wide=wide)
     if 1 in same:
         console.print(f"role of every replica: {same[1]}", highlight=False)
     if 8 in same:

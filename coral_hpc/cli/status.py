@@ -41,6 +41,8 @@ def status(file: str, as_json: bool, wide: bool) -> None:
             data = status_data(deployment, store, time.time())
         finally:
             store.close()
+    if data.get("plan") is not None:  # a status published before plans named their unit
+        data["plan"].setdefault("cost_unit", deployment.cluster.price_unit)
     if as_json:
         print_json(data)
         return
@@ -115,13 +117,17 @@ def _print_tables(data: dict, wide: bool = False, now: float | None = None) -> N
     )
     plan = data["plan"]
     if plan:
+        # the deployment's price unit per hour, as `plan` says it
+        billing = plan.get("cost_unit") == "billing"
+        rate = ("billing units/h (Slurm's billing)" if billing
+                else "price units/h (the partitions' prices per GPU-hour)")
         print_table(
             [Column("template", "id"), Column("partitions"), Column("planned", "num"),
              Column("live", "num"), Column("ready", "num"), Column("cost/h", "num")],
             [(row["template"], ", ".join(row["partitions"]), row["planned"], row["live"],
               row["ready"], f"{row['cost_per_hour']:.3g}") for row in plan["rows"]],
             title=f"plan of {local_time(plan['time'], now)}: {plan['status']}, "
-                  f"{plan['cost_per_hour']:.3g}/h",
+                  f"{plan['cost_per_hour']:.3g} {rate}",
             wide=wide,
         )
     print_table(

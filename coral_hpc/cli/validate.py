@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+from typing import NoReturn
+
 import click
 
 from coral_hpc.cli._output import Column, console, fail, print_json, print_table, wide_option
-from coral_hpc.config import Deployment, host_path_problems, load_deployment
+from coral_hpc.config import (
+    Deployment,
+    host_path_problems,
+    load_deployment,
+    measured_profiles_problems,
+)
 from coral_hpc.errors import ConfigError
 from coral_hpc.slurm.snapshot import ClusterSnapshot
 
@@ -15,17 +22,30 @@ def checked_deployment(file: str, outcome: str = "nothing was changed") -> Deplo
     on this host, and the performance model's catalogue (architectures, GPU types, SLOs some
     layout can meet). On any problem print each (file, line, field, what is valid) and exit 2;
     ``outcome`` ends the message (what the refused command did not do)."""
+    deployment, problems = _local_problems(file)
+    if deployment is None or problems:
+        fail(problems + [f"{file}: {len(problems)} problem(s); {outcome}"])
+    return deployment
+
+
+def _local_problems(file: str) -> tuple[Deployment | None, list[str]]:
+    """FILE's deployment (None when it does not load) and the problems
+    :func:`checked_deployment` refuses."""
     from coral_hpc.catalog_checks import catalog_problems
 
     try:
         deployment = load_deployment(file)
     except ConfigError as exc:
-        problems = exc.problems
-    else:
-        problems = host_path_problems(deployment) + catalog_problems(deployment)
-    if problems:
-        fail(problems + [f"{file}: {len(problems)} problem(s); {outcome}"])
-    return deployment
+        return None, exc.problems
+    return deployment, (host_path_problems(deployment) + catalog_problems(deployment)
+                        + measured_profiles_problems(deployment))
+
+
+def _refuse_json(file: str, problems: list[str]) -> NoReturn:
+    """``validate --json`` with problems: a JSON document of them on stdout (scripts read it),
+    the same lines on stderr as without --json, exit 2."""
+    print_json({"file": file, "valid": False, "errors": problems, "warnings": []})
+    fail(problems + [f"{file}: {len(problems)} problem(s); nothing was changed"])
 
 
 def deployment_summary(deployment: Deployment) -> dict:
@@ -105,7 +125,8 @@ def site_problems(file: str, deployment: Deployment, snapshot: ClusterSnapshot |
 
 @click.command()
 @click.argument("file")  # its type is checked by config_source: FIFOs etc. never opened
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the summary, or the errors, as JSON (errors still exit 2).")
 @click.option("--snapshot", "snapshot_file", type=click.Path(dir_okay=False),
               help="Check against a snapshot saved by `coral-hpc cluster --json` instead of Slurm.")
 @click.option("--cache-dir", type=click.Path(file_okay=False),
@@ -114,15 +135,19 @@ def site_problems(file: str, deployment: Deployment, snapshot: ClusterSnapshot |
 def validate(file: str, as_json: bool, snapshot_file: str | None, cache_dir: str | None,
              wide: bool) -> None:
     """Check FILE; print a summary, or every error with file, line and field (exit 2)."""
-    deployment = checked_deployment(file)
-    snapshot = site_snapshot(deployment, snapshot_file)
-    problems = site_problems(file, deployment, snapshot, cache_dir)
-    if problems:
+    deployment, problems = _local_problems(file)
+    snapshot: ClusterSnapshot | str = ""
+    if deployment is not None and not problems:
+        snapshot = site_snapshot(deployment, snapshot_file)
+        problems = site_problems(file, deployment, snapshot, cache_dir)
+    if problems or deployment is None:
+        if as_json:
+            _refuse_json(file, problems)
         fail(problems + [f"{file}: {len(problems)} problem(s); nothing was changed"])
     summary = deployment_summary(deployment)
     summary["warnings"] = site_warnings(deployment, snapshot)
     if as_json:
-        print_json(summary)
+        print_json({"file": file, "valid": True, "errors": [], **summary})
         return
     console.print(
         f"[bold]{file}[/]: deployment [bold]{deployment.deployment}[/], engine "

@@ -92,6 +92,9 @@ def status_data(deployment, store, now: float) -> dict:
         "replicas": replicas,
         "plan": None if plan is None else {
             "time": plan.time, "cost_per_hour": plan.cost_per_hour, "status": plan.status,
+            # cost_per_hour's unit: "billing" (Slurm billing units) or "gpu_hour" (the
+            # partitions' prices per GPU-hour)
+            "cost_unit": deployment.cluster.price_unit,
             "solve_s": plan.solve_s, "rows": rows,
         },
         "events": [

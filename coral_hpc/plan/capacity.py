@@ -39,6 +39,19 @@ class Shortfall:
     total_gpus: int
     #: partitions counted
     partitions: tuple[str, ...]
+    #: configured partitions these models may use that Slurm does not have
+    missing: tuple[str, ...] = ()
+    #: every partition Slurm has
+    slurm_partitions: tuple[str, ...] = ()
+
+    @property
+    def no_partition(self) -> str | None:
+        """When no partition these models may use is in Slurm, that is the problem to name
+        (not "at most 0 on partition(s) (none), 0 GPUs"); else None."""
+        if self.partitions or not self.missing:
+            return None
+        return (f"Slurm has no partition {', '.join(self.missing)} (Slurm's partitions: "
+                f"{', '.join(self.slurm_partitions) or 'none'})")
 
     def _where(self) -> str:
         return (f"partition(s) {', '.join(self.partitions) or '(none)'}, {self.total_gpus} "
@@ -46,6 +59,8 @@ class Shortfall:
 
     def reason(self, deployment: Deployment) -> str:
         """The shortfall in words, for ``binding`` lines and the daemon's log."""
+        if self.no_partition is not None:
+            return f"min_replicas: {self.no_partition}"
         asks = " and ".join(f"{deployment.models[i].name}'s {deployment.models[i].min_replicas}"
                             for i in self.models)
         return (f"min_replicas: {asks} replica(s) do not fit at once on every GPU of "
@@ -54,6 +69,9 @@ class Shortfall:
     def refusal(self, deployment: Deployment, index: int) -> str:
         """Why model ``index``'s ``min_replicas`` is refused, and what would be valid."""
         model = deployment.models[index]
+        if self.no_partition is not None:
+            return (f"{self.no_partition}: {model.min_replicas} replica(s) of {model.name} can "
+                    "never run")
         if len(self.models) == 1:
             return (f"{model.min_replicas} replica(s) of {model.name}: its layouts (Stage 1's "
                     f"templates) fit at most {self.most[index]} at once on every GPU of "
@@ -114,14 +132,21 @@ def never_held(deployment: Deployment, snapshot: ClusterSnapshot,
         eligible[index], partitions[index] = _eligible_gpus(deployment, snapshot, index)
         most[index] = most_replicas(library.get(model.name, ()), _by_type(eligible[index]))
 
+    known = {p.name for p in snapshot.partitions}
+
     def shortfall(indices: tuple[int, ...]) -> Shortfall:
         nodes: dict[str, tuple[str, int]] = {}
         parts: set[str] = set()
+        missing: set[str] = set()
         for i in indices:
             nodes.update(eligible[i])
             parts |= partitions[i]
+            may_use = deployment.models[i].partitions or tuple(
+                p.name for p in deployment.cluster.partitions)
+            missing |= {p for p in may_use if p not in known}
         return Shortfall(indices, {i: most[i] for i in indices},
-                         sum(gpus for _, gpus in nodes.values()), tuple(sorted(parts)))
+                         sum(gpus for _, gpus in nodes.values()), tuple(sorted(parts)),
+                         tuple(sorted(missing)), tuple(sorted(known)))
 
     alone = [shortfall((i,)) for i in sorted(eligible)
              if deployment.models[i].min_replicas > most[i]]

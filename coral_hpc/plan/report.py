@@ -59,7 +59,10 @@ def plan_json(outcome: PlanOutcome) -> dict[str, Any]:
         })
     return {
         "mode": plan.status,
+        # the replicas that start within the horizon; the queued ones add queued_cost_per_hour
+        # once Slurm starts them
         "cost_per_hour": plan.cost_per_hour,
+        "queued_cost_per_hour": sum(r.count * r.cost_per_hour for r in plan.queued),
         "cost_unit": solved.unit,
         "solve_seconds": {"stage1": solved.stage1_s, "stage2": solved.stage2_s},
         "gap": plan.gap if plan.gap != float("inf") else None,
@@ -112,9 +115,10 @@ def infeasible_problems(path: str, deployment: Deployment, done: str = "nothing 
     for shortfall in shortfalls:
         for index in shortfall.models:
             loc = ("models", index, "min_replicas")
+            hint = ("name Slurm's partitions in cluster.partitions" if shortfall.no_partition
+                    else "lower min_replicas or widen its partitions / gpu_types")
             lines.append(f"{path}:{field_line(path, loc)}: models[{index}].min_replicas: "
-                         f"{shortfall.refusal(deployment, index)}; lower min_replicas or "
-                         "widen its partitions / gpu_types")
+                         f"{shortfall.refusal(deployment, index)}; {hint}")
     if lines:
         return lines + [f"{path}: no feasible plan; {done}"]
     for index, model in enumerate(deployment.models):

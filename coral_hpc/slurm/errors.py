@@ -9,7 +9,7 @@ through :data:`STDERR_RULES`.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from coral_hpc.errors import PermanentError, TransientError
 
@@ -52,6 +52,12 @@ class SlurmNotInstalled(SlurmError, PermanentError):
     """A Slurm client command is not on PATH."""
 
 
+class SlurmMisconfigured(SlurmError, PermanentError):
+    """This host's Slurm client configuration (``SLURM_CONF``, slurm.conf) is missing or
+    unreadable: every command fails the same way until a person fixes it, so it is never
+    retried."""
+
+
 class SlurmCommandError(SlurmError, PermanentError):
     """A Slurm command failed in a way the table does not know; surfaced with its stderr."""
 
@@ -65,6 +71,9 @@ class SlurmParseError(SlurmError, PermanentError):
 STDERR_RULES: tuple[tuple[re.Pattern[str], type[SlurmError], str], ...] = tuple(
     (re.compile(pattern, re.IGNORECASE), cls, reason)
     for pattern, cls, reason in (
+        # a missing or broken slurm.conf: every Slurm command fails alike, retrying cannot help
+        (r"Unable to process configuration file|s_p_parse_file: cannot stat file",
+         SlurmMisconfigured, "this host's Slurm configuration cannot be read"),
         (r"Invalid job id specified", SlurmJobNotFound, "unknown job id"),
         # a site without slurmdbd: retrying cannot help, and cost reports must say so, not show 0
         (r"accounting storage is disabled", SlurmRejected,
@@ -105,6 +114,28 @@ def classify(argv: Sequence[str], returncode: int, stderr: str) -> SlurmError:
     return SlurmCommandError(
         f"{command} exited {returncode}: {_last_line(text) or 'no message'}", argv, returncode, stderr
     )
+
+
+def config_file_problem(argv: Sequence[str],
+                        env: Mapping[str, str]) -> SlurmMisconfigured | None:
+    """The error for a ``SLURM_CONF`` that names no readable file, before running ``argv``:
+    Slurm's commands retry such a file for 60 s (``s_p_parse_file: cannot stat file ...,
+    retrying in 1sec up to 60sec``) and then fail, which retries here would only repeat.
+    None when SLURM_CONF is unset (Slurm's own default, or configless) or readable."""
+    path = env.get("SLURM_CONF")
+    if not path:
+        return None
+    try:
+        with open(path, "rb"):
+            return None
+    except OSError as exc:
+        said = (f"s_p_parse_file: cannot stat file {path}: {exc.strerror}" if
+                isinstance(exc, FileNotFoundError) else f"cannot read {path}: {exc.strerror}")
+        command = argv[0] if argv else "?"
+        return SlurmMisconfigured(
+            f"{command}: this host's Slurm configuration cannot be read: {said} "
+            f"(SLURM_CONF={path}); Slurm would retry for 60 s and then stop with "
+            "'Unable to process configuration file'", argv, None, said)
 
 
 def _last_line(text: str) -> str:

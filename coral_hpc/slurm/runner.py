@@ -14,10 +14,12 @@ from dataclasses import dataclass
 
 from coral_hpc.slurm.budget import CallBudget
 from coral_hpc.slurm.errors import (
+    SlurmMisconfigured,
     SlurmNotInstalled,
     SlurmTimeout,
     SlurmUnavailable,
     classify,
+    config_file_problem,
 )
 
 
@@ -105,6 +107,9 @@ class CommandRunner:
         if extra_env:
             env = {**env, **extra_env}
         timeout = timeout_s if timeout_s is not None else self.timeout_s
+        misconfigured = config_file_problem(argv, env)
+        if misconfigured is not None:
+            raise misconfigured  # fail fast: Slurm itself would wait 60 s to say the same
         self.calls[command_kind(argv)] += 1
         if self.budget is not None:
             self.budget.spend(1, probe=tuple(argv[:2]) == ("sbatch", "--test-only"))
@@ -116,11 +121,25 @@ class CommandRunner:
             )
         except FileNotFoundError:
             raise SlurmNotInstalled(f"{argv[0]}: command not found (is Slurm installed?)", argv) from None
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired as exc:
             self.slurm_seconds += time.perf_counter() - started
-            raise SlurmTimeout(f"{argv[0]}: no answer within {timeout:g} s", argv) from None
+            said = _text(exc.stderr)
+            known = classify(argv, -1, said) if said.strip() else None
+            if isinstance(known, SlurmMisconfigured):
+                raise known from None  # Slurm said why (a broken slurm.conf): no retry helps
+            last = said.strip().splitlines()[-1].strip() if said.strip() else ""
+            raise SlurmTimeout(f"{argv[0]}: no answer within {timeout:g} s"
+                               + (f"; it said: {last}" if last else ""), argv, None,
+                               said) from None
         seconds = time.perf_counter() - started
         self.slurm_seconds += seconds
         if proc.returncode not in ok_returncodes:
             raise classify(argv, proc.returncode, proc.stderr)
         return CommandResult(tuple(argv), proc.stdout, proc.stderr, seconds)
+
+
+def _text(output: str | bytes | None) -> str:
+    """What a timed-out command had written (``TimeoutExpired`` may hold bytes)."""
+    if output is None:
+        return ""
+    return output.decode(errors="replace") if isinstance(output, bytes) else output

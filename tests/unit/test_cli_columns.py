@@ -219,6 +219,23 @@ def test_status_at_80_columns_shows_replica_ids_jobs_states_and_endpoints_whole(
         assert str(int(data["events"][0]["time"])) not in out.stdout  # human times
 
 
+
+def test_status_says_the_unit_of_the_plans_cost(tmp_path):
+    """Issue 29d: `status` printed "21.6/h": per hour of what."""
+    path = status_deployment(tmp_path)
+    config = yaml.safe_load(path.read_text())
+    store = open_store(config["db_path"])
+    store.add_plan(time.time(), 21.6, [{"model": "qwen3-8b", "template_id": "qwen3-8b-t0",
+                                        "partitions": ["a100"], "count": 1,
+                                        "cost_per_hour": 21.6}], {"qwen3-8b": 1.0})
+    store.close()
+    out = run_cli("status", str(path), columns=200)
+    assert out.returncode == 0, out.stderr
+    assert "21.6 billing units/h (Slurm's billing)" in out.stdout  # models.yaml: billing
+    data = json.loads(run_cli("status", str(path), "--json").stdout)
+    assert data["plan"]["cost_unit"] == "billing"
+
+
 def test_json_output_is_nothing_but_json(tmp_path):
     path = status_deployment(tmp_path)
     for args in (("validate", str(MODELS), "--json"), ("status", str(path), "--json"),
@@ -241,7 +258,17 @@ def test_every_help_lists_the_exit_statuses():
         assert " 4 " not in text, (name, "exit 4 is gone: a second daemon exits 2")
         assert "5 an engine job (coral-hpc profile) failed" in text, name
     cost = " ".join(run_cli("cost", "--help").stdout.split())
-    assert "ISO 8601" in cost and "@EPOCH" in cost and "now-6h" in cost
+    assert "YYYY-MM-DD" in cost and "@EPOCH" in cost and "now-2days" in cost and "noon" in cost
+
+
+
+@pytest.mark.parametrize("columns", [80, 60, 200])
+def test_help_fits_the_terminal_or_80_columns(columns: int):
+    """Issue 29d: the exit-status epilog ran to 128 columns whatever the terminal."""
+    out = run_cli("cost", "--help", columns=columns)
+    assert out.returncode == 0, out.stderr
+    assert "already serves this deployment" in out.stdout
+    assert_fits(out.stdout, min(columns, 80))
 
 
 # --------------------------------------------------------------------------- cost

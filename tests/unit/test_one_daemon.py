@@ -61,19 +61,47 @@ def test_the_same_file_from_any_working_directory_names_the_same_paths(tmp_path:
              os.path.relpath(copy, cwd)],
             cwd=cwd, capture_output=True, text=True, check=True)
         seen.add(out.stdout.strip())
-    assert seen == {f"{tmp_path}/.state/shared {tmp_path}/.state/daemon/demo.db"}
+    assert seen == {f"{copy.parent}/.state/shared {copy.parent}/.state/daemon/demo.db"}
 
 
-def test_two_copies_in_two_folders_are_two_instances(tmp_path: Path):
-    states = []
+@pytest.mark.parametrize("example", ["models.yaml", "vllm-cpu.yaml"])
+def test_two_copies_in_two_folders_are_two_instances(tmp_path: Path, example: str):
+    """Issue 27.5: each example keeps its state beside itself, so two copies in two sibling
+    folders never share a database or a state folder (``../.state`` made them share one)."""
+    states, dbs = [], []
     for name in ("a", "b"):
-        (tmp_path / name / "examples").mkdir(parents=True)
-        shutil.copy(EXAMPLE, tmp_path / name / "examples" / "models.yaml")
-        deployment = load_deployment(tmp_path / name / "examples" / "models.yaml")
+        (tmp_path / name).mkdir()
+        shutil.copy(REPO / "examples" / example, tmp_path / name / example)
+        deployment = load_deployment(tmp_path / name / example)
+        assert Path(deployment.db_path).is_relative_to(tmp_path / name)
+        assert deployment.state_path.is_relative_to(tmp_path / name)
         states.append(deployment.state_path)
-    assert states[0] != states[1]
+        dbs.append(deployment.db_path)
+    assert states[0] != states[1] and dbs[0] != dbs[1]
     ids = {ensure_instance(p, "demo") for p in states}
     assert len(ids) == 2
+
+
+def test_relative_paths_in_models_yaml_resolve_against_its_folder(tmp_path: Path, monkeypatch):
+    """Issue 29c: profiles_dir (and every other path) means the file's folder, not the working
+    directory: from examples/, `plan vllm-cpu.yaml` found no profiles and planned nothing."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "hf-token").write_text("hf_x\n")
+    (site / "hf-token").chmod(0o600)
+    text = (REPO / "examples" / "vllm-cpu.yaml").read_text()
+    text = text.replace("engine:\n", "engine:\n  hf_token_file: hf-token\n  hf_home: hf\n", 1)
+    (site / "vllm-cpu.yaml").write_text(text)
+    monkeypatch.chdir(tmp_path)
+    deployment = load_deployment("site/vllm-cpu.yaml")
+    assert deployment.measured_profiles_path == site / "vllm-cpu.profiles"
+    assert deployment.engine.hf_token_file == str(site / "hf-token")
+    assert deployment.engine.hf_home == str(site / "hf")
+    # the repository's example finds its measured profiles from any working directory
+    monkeypatch.chdir(REPO / "examples")
+    example = load_deployment("vllm-cpu.yaml")
+    assert example.measured_profiles_path == REPO / "examples" / "vllm-cpu.profiles"
+    assert any(example.measured_profiles_path.iterdir())
 
 
 def test_instance_is_created_once_and_read_back(tmp_path: Path):
@@ -257,3 +285,18 @@ def test_logs_find_a_replica_by_job_id_without_the_database(tmp_path: Path):
     assert by_job == ["4242_0_log.out", "r1.4242.rank0.log", "r1.4242.rank1.log"]
     assert [p.name for p in replica_logs(tmp_path, "r1", None)] == [
         "r1.4242.rank0.log", "r1.4242.rank1.log"]
+
+
+@pytest.mark.parametrize("command", ["validate", "plan"])
+def test_measured_only_without_profiles_is_refused(tmp_path: Path, command: str):
+    """Issue 29c: a measured_only deployment whose profiles_dir holds nothing planned nothing,
+    exit 0 and no warning; `validate` called it valid. Now: exit 2 naming the folder."""
+    from click.testing import CliRunner
+
+    from coral_hpc.cli import cli
+
+    text = (REPO / "examples" / "vllm-cpu.yaml").read_text()
+    (tmp_path / "vllm-cpu.yaml").write_text(text)  # no vllm-cpu.profiles beside the copy
+    result = CliRunner().invoke(cli, [command, str(tmp_path / "vllm-cpu.yaml")])
+    assert result.exit_code == 2, result.output
+    assert f"{tmp_path}/vllm-cpu.profiles does not exist" in result.output

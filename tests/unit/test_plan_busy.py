@@ -10,6 +10,7 @@ and GRES types as NVML autodetect writes them (``nvidia_a100-sxm4-80gb``)."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import replace
@@ -437,3 +438,27 @@ def test_the_university_case_on_the_local_cluster_recorded_busy(tmp_path, cache)
                                                 "--cache-dir", str(cache)])
     assert printed.exit_code == 0, printed.output
     assert re.search(r"expected in \d+ min|queued", printed.output), printed.output
+
+
+def test_plan_headline_says_what_its_cost_leaves_out(cache):
+    """Issue 29d: the headline cost counted only the rows starting within the horizon and said
+    nothing of the queued ones listed under it."""
+    out = CliRunner().invoke(
+        plan_command,
+        [str(UNIVERSITY), "--snapshot", str(BUSY), "--cache-dir", str(cache)],
+        env={"COLUMNS": "250"},
+    )
+    assert out.exit_code == 0, out.output
+    doc = CliRunner().invoke(
+        plan_command,
+        [str(UNIVERSITY), "--snapshot", str(BUSY), "--cache-dir", str(cache), "--json"],
+    )
+    data = json.loads(doc.output)
+    queued = [r for r in data["replicas"] if r["queued"]]
+    assert queued
+    extra = sum(r["count"] * r["cost_per_hour"] for r in queued)
+    assert data["queued_cost_per_hour"] == pytest.approx(extra)
+    count = sum(r["count"] for r in queued)
+    assert (f"{data['cost_per_hour']:.2f} billing/h (Slurm billing units) without the {count} "
+            f"queued replica(s); {data['cost_per_hour'] + extra:.2f} billing/h once they start"
+            ) in " ".join(out.output.split())

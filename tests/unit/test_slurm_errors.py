@@ -14,6 +14,7 @@ from coral_hpc.errors import PermanentError, TransientError
 from coral_hpc.slurm.errors import (
     SlurmCommandError,
     SlurmJobNotFound,
+    SlurmMisconfigured,
     SlurmNotInstalled,
     SlurmRejected,
     SlurmTimeout,
@@ -138,3 +139,47 @@ def test_accounting_disabled_is_a_permanent_refusal_that_says_so():
     error = classify(argv, rc, stderr)
     assert type(error) is SlurmRejected and isinstance(error, PermanentError)
     assert "accounting" in str(error) and "disabled" in str(error)
+
+
+# ------------------------------------------------------------ a slurm.conf retrying cannot fix
+# issue 29d: with a bad SLURM_CONF, `coral-hpc cluster` waited 93 s (sinfo retries a missing
+# file for 60 s; the runner's 30 s timeout was retried three times) and printed "no answer
+# within 30 s", not sinfo's own message.
+
+
+def test_a_broken_slurm_conf_is_permanent_in_slurms_words():
+    # recorded: sinfo with SLURM_CONF naming a file of garbage
+    argv, rc, stderr = recorded("sinfo_bad_conf.txt")
+    error = classify(argv, rc, stderr)
+    assert type(error) is SlurmMisconfigured and isinstance(error, PermanentError)
+    assert "Unable to process configuration file" in str(error)
+
+
+def test_a_missing_slurm_conf_fails_at_once_without_running_slurm(tmp_path):
+    runner = CommandRunner(env={"PATH": os.environ["PATH"],
+                                "SLURM_CONF": str(tmp_path / "slurm.conf")}, attempts=3)
+    with pytest.raises(SlurmMisconfigured) as info:
+        runner.run(["sinfo"])
+    assert f"cannot stat file {tmp_path / 'slurm.conf'}: No such file or directory" in str(
+        info.value)
+    assert sum(runner.calls.values()) == 0  # nothing ran, nothing to retry
+
+
+def test_a_timed_out_command_that_said_its_config_is_missing_is_not_retried(tmp_path):
+    """Slurm's own retry loop outlasts the runner's timeout: what it wrote so far (recorded)
+    decides, and it is shown."""
+    said = (REC / "sinfo_missing_conf.txt.stderr").read_text().splitlines()[0]
+    assert "cannot stat file" in said
+    script = _script(tmp_path, f"echo '{said}' >&2\nsleep 5\n")
+    sleeps: list[float] = []
+    runner = CommandRunner(timeout_s=0.5, attempts=3, sleep=sleeps.append)
+    with pytest.raises(SlurmMisconfigured) as info:
+        runner.run([script])
+    assert "cannot stat file /nonexistent/slurm.conf" in str(info.value)
+    assert sum(runner.calls.values()) == 1 and sleeps == []
+
+
+def test_a_plain_timeout_shows_what_the_command_said(tmp_path):
+    script = _script(tmp_path, "echo 'sinfo: error: slow' >&2\nsleep 5\n")
+    with pytest.raises(SlurmTimeout, match="it said: sinfo: error: slow"):
+        CommandRunner(timeout_s=0.5, attempts=1).run([script])
