@@ -105,6 +105,7 @@ class _Runner:
         self.backend = backend
         self.deadline = deadline
         self.highs = HighsSolver(sm.lm, options=HIGHS_OPTIONS) if backend == "highs" else None
+        self.pyomo = pyomo_name(backend)  # Pyomo's solver, None on HiGHS's matrix path
         self.col_lower = np.asarray(sm.lm.col_lower, float).copy()
         self.col_upper = np.asarray(sm.lm.col_upper, float).copy()
         self.row_bounds: dict[int, tuple[float, float]] = {}
@@ -127,11 +128,11 @@ class _Runner:
         """min cost·x; ``start`` (a point feasible for this phase, e.g. the previous phase's
         optimum) is HiGHS's first incumbent, and its columns stay in the restriction."""
         gap = self.policy.mip_gap
-        if self.backend != "highs":
+        if self.pyomo is not None:
             from coral_solver.allocate_pyomo import solve_pyomo
 
             result = solve_pyomo(self.sm.lm, self.left(), gap, cost, self.col_lower, self.col_upper,
-                                 solver=pyomo_name(self.backend))
+                                 solver=self.pyomo)
             return _Outcome(result, result.bound, len(self.sm.nu))
         highs = self.highs
         assert highs is not None  # every backend but pyomo is HiGHS, built in __init__
@@ -232,6 +233,11 @@ def allocate(
                 f"({relaxed.replicas(m.name)} can); the rest are queued" for m in short))
     return queue_unplaced(plan, models, library if queue_library is None else queue_library,
                           cluster)
+
+
+class SolverUnavailable(RuntimeError):
+    """``policy.solver: pyomo:<name>`` names a solver Pyomo cannot use on this host (raised by
+    :func:`allocate` before any work, the message naming it and how to install it)."""
 
 
 def pyomo_name(backend: str) -> str | None:

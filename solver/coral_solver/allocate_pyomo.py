@@ -21,6 +21,7 @@ from pyomo.opt import TerminationCondition
 from pyomo.opt.base.solvers import UnknownSolver
 from pyomo.solvers.plugins.solvers.persistent_solver import PersistentSolver
 
+from coral_solver.allocate import SolverUnavailable
 from coral_solver.allocate_highs import SolveResult, _gap
 from coral_solver.allocate_model import LinearModel
 
@@ -49,10 +50,6 @@ INSTALL_HINTS: dict[str, str] = {
     "cbc": "put the cbc executable on PATH (coinor-cbc)",
     "glpk": "put glpsol on PATH (glpk-utils)",
 }
-
-
-class SolverUnavailable(RuntimeError):
-    """``policy.solver: pyomo:<name>`` names a solver Pyomo cannot use on this host."""
 
 
 def family(name: str) -> str:
