@@ -1,7 +1,9 @@
 """Stage 2: integer replicas per (template, partition of each stage) at least cost.
 
 :func:`allocate` prepares the data (:func:`coral_solver.allocate_model.prepare`), builds the model once
-(:func:`coral_solver.allocate_model.build_model`) and solves it with HiGHS:
+(:func:`coral_solver.allocate_model.build_model`) and solves it with HiGHS (or, for a site's
+``policy.solver: pyomo:<name>``, the same model through Pyomo with that solver: every phase on
+the whole model, none of the shortcuts below):
 
 1. **Served fraction** first: maximise phi, the smallest fraction of any model's demand served
    (deciding "all demand can be met" this way avoids a slow proof of infeasibility).
