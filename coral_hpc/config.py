@@ -40,6 +40,8 @@ _GPU_TYPE_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
 #: Slurm partition, account and QOS names: what sacctmgr and slurm.conf accept, and nothing a
 #: shell, an #SBATCH line or a comma-separated Slurm list would read differently.
 _SLURM_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+#: policy.solver besides ``highs``: ``pyomo:`` and a name Pyomo's SolverFactory may know
+SOLVER_FORM = re.compile(r"pyomo:[A-Za-z][A-Za-z0-9_.-]{0,63}")
 #: The longest replica job coral-hpc asks for. Slurm's own limit is INFINITE; a year is beyond
 #: every site's MaxTime and keeps the number far from Slurm's 32-bit minute counters.
 MAX_TIME_LIMIT_S = 365 * 86400
@@ -629,6 +631,17 @@ class PolicyConfig(_Frozen):
         default=1e-4, ge=0, lt=1,
         description="Stage 2: stop when the plan's cost is within this fraction of the optimum",
     )
+    # HiGHS through its matrix interface is the fast path and ships with coral-hpc; a site with
+    # a licensed solver (Gurobi, CPLEX, SCIP) names it through Pyomo: the same Stage-2 model,
+    # built through Pyomo (slower) and solved by that solver (INSTALL.md, "Licensed solvers").
+    # Whether the solver is installed here is checked when planning, not on load: `validate`
+    # never imports Pyomo.
+    solver: str = Field(
+        default="highs",
+        description="Stage 2's solver: highs (HiGHS, direct), or pyomo:NAME for any solver "
+                    "Pyomo's SolverFactory drives (pyomo:gurobi, pyomo:cplex, pyomo:scip, "
+                    "pyomo:appsi_highs)",
+    )
     # Off by default: prefill and decode replicas need a KV connector the site has set up
     # (engine.kv_connector: a network connector on GPU nodes, or a shared directory) and each
     # request makes two hops; a site opts in. "auto" then lets Stage 2 pick per model whatever
@@ -648,6 +661,15 @@ class PolicyConfig(_Frozen):
         description="Stage 1: plan only layouts whose throughput was measured (coral-hpc "
                     "profile); others are no candidates",
     )
+
+    @field_validator("solver")
+    @classmethod
+    def _solver_form(cls, value: str) -> str:
+        if value != "highs" and not SOLVER_FORM.fullmatch(value):
+            raise ValueError(f"{value!r} is not a solver: give 'highs' or 'pyomo:<name>', "
+                             "<name> a Pyomo SolverFactory name (pyomo:gurobi, pyomo:cplex, "
+                             "pyomo:scip, pyomo:appsi_highs)")
+        return value
 
     @field_validator("disaggregation", mode="before")
     @classmethod

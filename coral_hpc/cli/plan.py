@@ -48,7 +48,7 @@ def plan(models_yaml: str, snapshot_file: str | None, as_json: bool, export_file
     from coral_hpc.cli.cluster import load_snapshot_file, observe
     from coral_hpc.config import load_deployment, measured_profiles_problems
     from coral_hpc.errors import ConfigError
-    from coral_hpc.plan.planner import Planner, PlanRequest
+    from coral_hpc.plan.planner import Planner, PlanRequest, SolverUnavailable
     from coral_hpc.plan.report import infeasible_problems, plan_json, templates_json
 
     try:
@@ -76,7 +76,10 @@ def plan(models_yaml: str, snapshot_file: str | None, as_json: bool, export_file
     with stage1_progress() as progress:
         planner = Planner(cache_dir=Path(cache_dir) if cache_dir else None, progress=progress,
                           probe=not snapshot_file)
-        outcome = planner.solve(PlanRequest.from_snapshot(deployment, snapshot))
+        try:
+            outcome = planner.solve(PlanRequest.from_snapshot(deployment, snapshot))
+        except SolverUnavailable as exc:  # policy.solver names a solver this host lacks
+            fail([f"{models_yaml}: {exc}", f"{models_yaml}: 1 problem(s); nothing was planned"])
     if save_file and outcome.solved is not None:
         from dataclasses import replace
 
@@ -149,8 +152,8 @@ def _print_table(outcome, wide: bool = False) -> None:
                  Column("capacity", "num")], served,
                 title="Demand (requests/s of each model's mix, headroom included)", wide=wide)
     gap = "unknown" if plan.gap == float("inf") else f"{plan.gap:.1e}"
-    console.print(f"Stage 1 {result.stage1_s:.2f} s, Stage 2 {result.stage2_s:.2f} s, gap {gap}",
-                  highlight=False)
+    console.print(f"Stage 1 {result.stage1_s:.2f} s, Stage 2 {result.stage2_s:.2f} s "
+                  f"({result.solver}), gap {gap}", highlight=False)
     for line in plan.binding:
         console.print(f"binding: {line}", highlight=False)
     for line in result.warnings:

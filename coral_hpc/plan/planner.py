@@ -44,13 +44,14 @@ from typing import Any
 
 from coral_hpc.config import Deployment
 from coral_hpc.demand import ModelDemand, deployment_demand
-from coral_hpc.errors import CoralError
+from coral_hpc.errors import CoralError, PermanentError
 from coral_hpc.plan import availability, capacity, inputs, reservations
 from coral_hpc.plan.desired import DesiredPlan, Slot
 from coral_hpc.plan.figures import use_measured_profiles
 from coral_hpc.plan.layout import layout_of
 from coral_hpc.slurm.job_shape import ReplicaShape
 from coral_hpc.slurm.snapshot import ClusterSnapshot
+from coral_solver.allocate import SolverUnavailable as NoSuchSolver
 from coral_solver.allocate import allocate
 from coral_solver.check import check_plan
 from coral_solver.templates import PerfThroughput, ThroughputModel, build_library
@@ -59,6 +60,11 @@ from coral_solver.types import Cluster, ModelSpec, Plan, Policy, Template
 
 class PlanningError(CoralError):
     """No plan the daemon may act on: the solver found none, or the checker rejected it."""
+
+
+class SolverUnavailable(PlanningError, PermanentError):
+    """``policy.solver`` names a Pyomo solver this host cannot use: the message names it and how
+    to install it. Re-planning will not help until the site installs it or changes the field."""
 
 
 class InfeasiblePlan(PlanningError):
@@ -113,6 +119,8 @@ class Solved:
     estimates: tuple = ()
     #: min_replicas the whole cluster could never hold (the plan is then "infeasible")
     shortfalls: tuple[capacity.Shortfall, ...] = ()
+    #: what solved Stage 2: ``policy.solver`` (``highs`` or ``pyomo:<name>``)
+    solver: str = "highs"
 
 
 @dataclass(frozen=True)
@@ -171,11 +179,12 @@ class Planner:
     Stage 1 caches; the constructor solves nothing."""
 
     def __init__(self, cache_dir: Path | None = None, throughput: ThroughputModel | None = None,
-                 backend: str = "highs",
+                 backend: str | None = None,
                  progress: Callable[[str, int, int], None] | None = None,
                  probe: bool = False, prober: Any = None):
         self.cache_dir = cache_dir
         self.throughput = throughput
+        #: Stage 2's solver for every request; None: each deployment's ``policy.solver``
         self.backend = backend
         self.progress = progress
         #: ask Slurm when each job shape would start (``sbatch --test-only``, within the
@@ -256,7 +265,8 @@ class Planner:
         return tuple(capacity.never_held(deployment, snapshot, library))
 
     def solve(self, request: PlanRequest) -> PlanOutcome:
-        """Plan once; the outcome carries the checker's findings instead of raising."""
+        """Plan once; the outcome carries the checker's findings instead of raising. Raises
+        :class:`SolverUnavailable` when ``policy.solver`` names a Pyomo solver this host lacks."""
         began = time.perf_counter()
         use_measured_profiles(request.deployment)
         models, cluster, policy = self.inputs(request)
@@ -283,6 +293,7 @@ class Planner:
         base, full_library = cluster, library
         excluded_shapes = request.excluded_shapes
         shapes = availability.probe_shapes(deployment, snapshot, full_library)
+        solver = self.backend or deployment.policy.solver
 
         def stage2(estimates: tuple) -> tuple[Cluster, dict, Plan]:
             cluster = availability.with_estimates(base, estimates, policy.max_queue_wait_s,
@@ -294,8 +305,11 @@ class Planner:
             library = inputs.placeable(full_library, cluster)
             cluster = replace(cluster, excluded_stages=inputs.excluded_stages(
                 full_library, excluded_shapes))
-            plan = allocate(models, library, cluster, policy, backend=self.backend,
-                            queue_library=full_library)
+            try:
+                plan = allocate(models, library, cluster, policy, backend=solver,
+                                queue_library=full_library)
+            except NoSuchSolver as exc:  # the site's to fix: named, not a traceback
+                raise SolverUnavailable(str(exc)) from None
             return cluster, library, plan
 
         stage1 = time.perf_counter() - began
@@ -323,7 +337,8 @@ class Planner:
             served=dict(plan.served),
             problems=problems,
             solved=Solved(models, cluster, policy, library, plan, stage1, stage2_s,
-                          request.deployment.cluster.price_unit, tuple(warnings), tuple(estimates)),
+                          request.deployment.cluster.price_unit, tuple(warnings), tuple(estimates),
+                          solver=solver),
         )
 
     def __call__(self, request: PlanRequest) -> PlanOutcome:

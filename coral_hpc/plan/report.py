@@ -65,6 +65,8 @@ def plan_json(outcome: PlanOutcome) -> dict[str, Any]:
         "queued_cost_per_hour": sum(r.count * r.cost_per_hour for r in plan.queued),
         "cost_unit": solved.unit,
         "solve_seconds": {"stage1": solved.stage1_s, "stage2": solved.stage2_s},
+        # policy.solver: "highs", or "pyomo:<name>" (Stage 2 built through Pyomo)
+        "solver": solved.solver,
         "gap": plan.gap if plan.gap != float("inf") else None,
         "models": [{"name": m.name, "demand": m.demand_rps, "served": plan.served[m.name],
                     "capacity": plan.capacity[m.name]} for m in solved.models],

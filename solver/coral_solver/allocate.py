@@ -1,7 +1,9 @@
 """Stage 2: integer replicas per (template, partition of each stage) at least cost.
 
 :func:`allocate` prepares the data (:func:`coral_solver.allocate_model.prepare`), builds the model once
-(:func:`coral_solver.allocate_model.build_model`) and solves it with HiGHS:
+(:func:`coral_solver.allocate_model.build_model`) and solves it with HiGHS (or, for a site's
+``policy.solver: pyomo:<name>``, the same model through Pyomo with that solver: every phase on
+the whole model, none of the shortcuts below):
 
 1. **Served fraction** first: maximise phi, the smallest fraction of any model's demand served
    (deciding "all demand can be met" this way avoids a slow proof of infeasibility).
@@ -105,6 +107,7 @@ class _Runner:
         self.backend = backend
         self.deadline = deadline
         self.highs = HighsSolver(sm.lm, options=HIGHS_OPTIONS) if backend == "highs" else None
+        self.pyomo = pyomo_name(backend)  # Pyomo's solver, None on HiGHS's matrix path
         self.col_lower = np.asarray(sm.lm.col_lower, float).copy()
         self.col_upper = np.asarray(sm.lm.col_upper, float).copy()
         self.row_bounds: dict[int, tuple[float, float]] = {}
@@ -127,10 +130,11 @@ class _Runner:
         """min cost·x; ``start`` (a point feasible for this phase, e.g. the previous phase's
         optimum) is HiGHS's first incumbent, and its columns stay in the restriction."""
         gap = self.policy.mip_gap
-        if self.backend == "pyomo":
+        if self.pyomo is not None:
             from coral_solver.allocate_pyomo import solve_pyomo
 
-            result = solve_pyomo(self.sm.lm, self.left(), gap, cost, self.col_lower, self.col_upper)
+            result = solve_pyomo(self.sm.lm, self.left(), gap, cost, self.col_lower, self.col_upper,
+                                 solver=self.pyomo)
             return _Outcome(result, result.bound, len(self.sm.nu))
         highs = self.highs
         assert highs is not None  # every backend but pyomo is HiGHS, built in __init__
@@ -201,14 +205,22 @@ def allocate(
 ) -> Plan:
     """Stage 2: the least-cost plan meeting every demand, or the fairest when GPUs are scarce.
 
-    ``backend="highs"`` hands the matrix to HiGHS (with the exact column restriction when
-    ``policy.prune``); ``backend="pyomo"`` builds the same model through Pyomo (full, slower).
+    ``backend`` is a site's ``policy.solver``: ``"highs"`` hands the matrix to HiGHS (with the
+    exact column restriction when ``policy.prune``); ``"pyomo:<name>"`` builds the same model
+    through Pyomo (full, slower) and solves it with Pyomo's solver ``<name>`` (``appsi_highs``,
+    ``gurobi``, ``cplex``, ``scip`` …), or raises
+    :class:`~coral_solver.allocate_pyomo.SolverUnavailable` naming it and how to install it.
     GPUs Slurm gives only after a wait (node groups with ``wait_s``) pay for the wait; a model
     left with no replica gets one queued where Slurm expects to start it first
     (:func:`coral_solver.queue.queue_unplaced`, ``Plan.queued``), from ``queue_library`` when given
     (a library not narrowed to what fits in the GPUs available now: a queued job waits for its
     nodes).
     """
+    name = pyomo_name(backend)
+    if name is not None:  # before any work: an unusable solver is the site's to fix
+        from coral_solver.allocate_pyomo import pyomo_solver
+
+        pyomo_solver(name)
     plan = _allocate(models, library, cluster, policy, backend)
     if plan.status in ("infeasible", "no_solution") and any(m.min_replicas for m in models) \
             and cluster.queue_options:
@@ -223,6 +235,23 @@ def allocate(
                 f"({relaxed.replicas(m.name)} can); the rest are queued" for m in short))
     return queue_unplaced(plan, models, library if queue_library is None else queue_library,
                           cluster)
+
+
+class SolverUnavailable(RuntimeError):
+    """``policy.solver: pyomo:<name>`` names a solver Pyomo cannot use on this host (raised by
+    :func:`allocate` before any work, the message naming it and how to install it)."""
+
+
+def pyomo_name(backend: str) -> str | None:
+    """The Pyomo solver of ``backend`` (``"pyomo:gurobi"`` → ``"gurobi"``); None for HiGHS's
+    matrix path (``"highs"``). Any other form is a ValueError naming the valid ones."""
+    if backend == "highs":
+        return None
+    kind, _, name = backend.partition(":")
+    if kind != "pyomo" or not name:
+        raise ValueError(f"solver {backend!r}: expected 'highs' or 'pyomo:<name>' (a Pyomo "
+                         "SolverFactory name, e.g. pyomo:appsi_highs, pyomo:gurobi)")
+    return name
 
 
 def _most_min_replicas(models, library, cluster: Cluster, policy: Policy | None,

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from coral_solver.allocate import allocate
+from coral_solver.allocate import SolverUnavailable, allocate
 from coral_solver.check import check_plan
 from coral_solver.joint import TableThroughput, random_instance
 from coral_solver.templates import build_library
@@ -160,13 +160,17 @@ def test_a_heterogeneous_replica_may_span_partitions_and_billing_prices_it():
     assert row.cost_per_hour == pytest.approx(8.0)
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2, 3, 8, 10])
-def test_pyomo_and_matrix_paths_and_the_column_restriction_reach_the_same_optimum(seed):
+@pytest.mark.parametrize("seed,solver", [(0, "pyomo:appsi_highs"), (1, "pyomo:highs"),
+                                         (2, "pyomo:appsi_highs"), (3, "pyomo:highs"),
+                                         (8, "pyomo:appsi_highs"), (10, "pyomo:highs")])
+def test_pyomo_and_matrix_paths_and_the_column_restriction_reach_the_same_optimum(seed, solver):
+    """``policy.solver: pyomo:<name>`` (Pyomo's APPSI and its newer HiGHS interface, in turn)
+    and the default ``highs`` matrix path: the same objective, phase optima and counts."""
     inst = random_instance(seed)
     lib = build_library(inst.models, inst.cluster.gpu_types(), inst.policy, inst.throughput,
                         use_cache=False)
     full = allocate(inst.models, lib, inst.cluster, inst.policy)
-    pyomo = allocate(inst.models, lib, inst.cluster, inst.policy, backend="pyomo")
+    pyomo = allocate(inst.models, lib, inst.cluster, inst.policy, backend=solver)
     pruned = allocate(inst.models, lib, inst.cluster, replace(inst.policy, prune=True))
     for plan in (full, pyomo, pruned):
         assert check_plan(plan, inst.models, inst.cluster, lib, inst.throughput) == []
@@ -174,6 +178,41 @@ def test_pyomo_and_matrix_paths_and_the_column_restriction_reach_the_same_optimu
         assert plan.cost_per_hour == pytest.approx(full.cost_per_hour, rel=1e-6)
         for key, value in full.phases.items():
             assert plan.phases[key] == pytest.approx(value, rel=1e-6)
+    assert {m.name: pyomo.replicas(m.name) for m in inst.models} == {
+        m.name: full.replicas(m.name) for m in inst.models}
+
+
+def test_a_scarce_instance_gives_pyomo_the_same_lexicographic_optimum():
+    """The three phases (served fraction, weighted served, cost) through Pyomo too: the
+    instance of the fair-share test above, 5 GPUs for 8 wanted."""
+    tm = _tm({"x": 1, "y": 1}, {("x", "a", 1): 10.0, ("y", "a", 1): 10.0})
+    models = [_model("x", 40.0, priority=5.0), _model("y", 40.0)]
+    cluster = Cluster((NodeGroup("a", "a", 5, 40, ("a1",), (5,)),),
+                      (Partition("p", ("a",), prices={"a": 1.0}),))
+    highs, _ = _solve(models, cluster, tm)
+    pyomo, _ = _solve(models, cluster, tm, backend="pyomo:appsi_highs")
+    assert pyomo.status == highs.status == "scarce"
+    assert pyomo.cost_per_hour == pytest.approx(highs.cost_per_hour, rel=1e-6)
+    assert (pyomo.replicas("x"), pyomo.replicas("y")) == (highs.replicas("x"),
+                                                          highs.replicas("y")) == (3, 2)
+    for key, value in highs.phases.items():
+        assert pyomo.phases[key] == pytest.approx(value, rel=1e-6)
+
+
+def test_a_pyomo_solver_this_host_lacks_is_named_with_how_to_install_it():
+    inst = random_instance(0)
+    import pyomo.environ as pyo
+
+    lacking = [("no_such_solver", "pyomo help --solvers")]
+    if not pyo.SolverFactory("gurobi").available(exception_flag=False):
+        lacking.append(("gurobi", "gurobipy"))
+    for name, hint in lacking:
+        with pytest.raises(SolverUnavailable) as info:
+            allocate(inst.models, {}, inst.cluster, inst.policy, backend=f"pyomo:{name}")
+        assert f"pyomo:{name}" in str(info.value) and hint in str(info.value)
+        assert "INSTALL.md" in str(info.value)
+    with pytest.raises(ValueError, match="'highs' or 'pyomo:<name>'"):
+        allocate(inst.models, {}, inst.cluster, inst.policy, backend="gurobi")
 
 
 def test_checker_rejects_overpacked_nodes_wrong_costs_and_unmet_demand():

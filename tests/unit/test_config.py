@@ -57,6 +57,12 @@ def test_token_demand_is_converted_to_requests():
     assert parse_deployment(text).models[0].demand_rps == pytest.approx(5.0)
 
 
+def test_policy_solver_is_highs_unless_a_pyomo_solver_is_named():
+    assert parse_deployment(BASE).policy.solver == "highs"
+    for name in ("pyomo:gurobi", "pyomo:cplex_direct", "pyomo:appsi_highs"):
+        assert parse_deployment(BASE + f"policy: {{solver: '{name}'}}\n").policy.solver == name
+
+
 def test_deployment_is_frozen():
     dep = parse_deployment(BASE)
     with pytest.raises(Exception):
@@ -98,6 +104,8 @@ BAD_CASES = [
     ("no-partitions", lambda t: _edit(t, "  partitions:\n", "  partitions: []\n  old:\n"), "cluster.partitions", 5, "at least 1"),
     ("policy-rho", lambda t: t + "policy: {rho: 0.5}\n", "policy.rho", 21, "greater than 1"),
     ("policy-unknown", lambda t: t + "policy: {replan_every: 10}\n", "policy.replan_every", 21, "valid keys here"),
+    ("policy-solver", lambda t: t + "policy: {solver: gurobi}\n", "policy.solver", 21, "'highs' or 'pyomo:<name>'"),
+    ("policy-solver-empty", lambda t: t + "policy: {solver: 'pyomo:'}\n", "policy.solver", 21, "pyomo:gurobi"),
     ("bad-gpu-type", lambda t: _edit(t, "gpu_types: [v100]", "gpu_types: ['V 100']"), "cluster.partitions[1].gpu_types", 10, "not a GPU type"),
     ("duplicate-yaml-key", lambda t: _edit(t, "deployment: t\n", "deployment: t\ndeployment: u\n"), None, 2, "duplicate key 'deployment'"),
     ("not-yaml", lambda t: t + "models: [unclosed\n", None, 22, "not valid YAML"),
