@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.serve_harness import cancel_deployment
+from tests.support.serve_harness import cancel_deployment
 
 
 @pytest.fixture

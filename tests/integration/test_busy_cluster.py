@@ -26,10 +26,10 @@ import pytest
 from coral_hpc.config import load_deployment
 from coral_hpc.slurm import make_client
 from tests.conftest import REPO, wait_until
-from tests.integration.serve_harness import wait_cycles
 from tests.support import busy_cluster
 from tests.support.serve_cli import CLI, cli
 from tests.support.serve_cli import status_if_any as status
+from tests.support.serve_harness import wait_cycles
 
 pytestmark = pytest.mark.slurm
 

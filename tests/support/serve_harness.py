@@ -1,22 +1,28 @@
-"""The harness of the ``serve`` integration tests: real Slurm (the local cluster), real sim-engine
-replica jobs, the real daemon and SQLite store, and a small rule-based planner for reconcile
-scenarios that must not depend on what the optimiser prefers.
+"""The one harness of the Slurm-backed ``serve`` tests (integration and real-engine): real Slurm
+(the local cluster), real replica jobs, the real daemon and SQLite store, and a small rule-based
+planner for scenarios that must not depend on what the optimiser prefers.
 
-- :func:`sim_models_yaml` writes the models.yaml those tests serve;
-- :func:`serve_deployment` runs :func:`coral_hpc.daemon.serve` (gateway child process included)
-  in a thread of the test process; :class:`ServeProcess` runs it as a process of its own
-  (``tests/integration/serve_process.py``), for tests that signal or kill it;
-- :func:`replicas`, :func:`ready`, :func:`events` read what the daemon recorded, and
-  :func:`tagged_jobs` what Slurm itself runs for the deployment; :func:`cancel_deployment` cleans
+- :func:`sim_models_yaml` and :func:`one_model_yaml` write the models.yaml those tests serve;
+- the daemon three ways: :class:`HeadlessDaemon` (its loops in threads of the test process, no
+  gateway), :func:`serve_deployment` (:func:`coral_hpc.daemon.serve`, gateway child process
+  included, in a thread) and :class:`ServeProcess` (a process of its own, for tests that signal
+  or kill it: ``coral-hpc serve`` itself, or this module as a script with the rule-based
+  planner);
+- :func:`cli` and :func:`status` run the ``coral-hpc`` command line as the tests drive it;
+- :func:`replicas`, :func:`ready`, :func:`events`, :func:`wait_cycles` and
+  :func:`wait_every_model_ready` read what the daemon recorded, :func:`tagged_jobs` and
+  :func:`live_jobs` what Slurm itself runs for the deployment; :func:`cancel_deployment` cleans
   a deployment up whatever happened.
 
 The planner takes candidate slots in order of preference and picks, for each model, the first
 whose partition is up and not excluded — enough to show the reconcile loop moving, replacing,
-rotating and cooling down replicas. The solver's own plans are exercised by the serve test that
-runs ``coral-hpc serve`` on the example.
+rotating and cooling down replicas. The solver's own plans are exercised by the serve tests that
+run ``coral-hpc serve`` on the examples.
 
-Run as a script (``python -m tests.integration.serve_harness CONFIG CANDIDATES_JSON``) it is the
-daemon process the kill -9 test kills and restarts.
+Run as a script (``python -m tests.support.serve_harness CONFIG CANDIDATES_JSON [--headless]``)
+it is the daemon process :meth:`ServeProcess.planned` starts: :func:`coral_hpc.daemon.serve`
+(gateway, info file, SIGTERM/SIGHUP handlers), or with ``--headless`` the daemon's loops alone
+until SIGTERM (the process the kill -9 test kills and restarts).
 """
 
 from __future__ import annotations
@@ -32,9 +38,10 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 from coral_hpc.config import Deployment, load_deployment
 from coral_hpc.daemon.core import Daemon
@@ -42,11 +49,13 @@ from coral_hpc.plan.desired import DesiredPlan, Slot
 from coral_hpc.plan.layout import layout_dtype
 from coral_hpc.plan.planner import PlanOutcome, PlanRequest
 from coral_hpc.slurm import make_client
-from coral_hpc.store import open_store
+from coral_hpc.store import Store, open_store
 from coral_hpc.types import ReplicaLayout, StageLayout
 from coral_solver.catalog import model_arch
 from tests.conftest import REPO, wait_until
 from tests.support.daemon_setup import SimModel, headless_daemon, write_models_yaml
+
+T = TypeVar("T")
 
 
 def slot(model: str, arch: str, partition: str, gpu: str, tp: int = 1, count: int = 1,
@@ -80,6 +89,15 @@ class PreferencePlanner:
         slots = tuple(chosen.values())
         return PlanOutcome(DesiredPlan(0.0, slots), sum(s.count * s.cost_per_hour for s in slots),
                            0.0, "rule")
+
+
+class ConfiguredPreferencePlanner(PreferencePlanner):
+    """:class:`PreferencePlanner` over the candidates of configured models only (so a SIGHUP
+    that adds a model is what lets its candidate be planned)."""
+
+    def __call__(self, request: PlanRequest) -> PlanOutcome:
+        configured = {m.name for m in request.deployment.models}
+        return PreferencePlanner([c for c in self.candidates if c.model in configured])(request)
 
 
 # --------------------------------------------------------------------------- models.yaml
@@ -121,6 +139,24 @@ def build_daemon(deployment: Deployment, planner, env: dict[str, str] | None = N
     return headless_daemon(deployment, make_client("cli", env=env, timeout_s=30), planner)
 
 
+class HeadlessDaemon:
+    """The daemon of ``config`` (:func:`build_daemon`) running in this process, its loops in
+    threads, until :meth:`stop`."""
+
+    def __init__(self, config: Path, planner, env: dict[str, str] | None = None):
+        self.deployment = load_deployment(config)
+        self.daemon = build_daemon(self.deployment, planner, env)
+        self.stop_event = threading.Event()
+        self.threads = [loop.start() for loop in self.daemon.loops(self.stop_event)]
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        for thread in self.threads:
+            thread.join(30)
+        self.daemon.observer.close()
+        self.daemon.store.close()
+
+
 class ServeThread:
     """:func:`coral_hpc.daemon.serve` of one models.yaml in a thread of this process, with the real
     gateway as its child process on a free loopback port."""
@@ -152,29 +188,93 @@ def serve_deployment(config: Path, planner) -> Iterator[ServeThread]:
         served.stop()
 
 
+# --------------------------------------------------------------------------- serve processes
+
+
+#: ``coral-hpc`` in this interpreter (no console script needed in the venv)
+CLI = [sys.executable, "-c", "from coral_hpc.cli import main; main()"]
+
+
+def cli(env: dict, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    """``coral-hpc ARGS`` in the repository; its exit status and output, never raised."""
+    return subprocess.run([*CLI, *args], check=False, capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=REPO)
+
+
 class ServeProcess:
-    """``tests.integration.serve_process`` (serve() in a process of its own) running ``config``
-    with ``candidates``, its output in ``tmp_path/serve.log``."""
+    """A serve daemon in a process of its own, started in the repository with its output
+    appended to ``folder/<log_name>``: ``coral-hpc serve`` (:meth:`cli`) or this module as a
+    script with the rule-based planner (:meth:`planned`)."""
 
-    def __init__(self, tmp_path: Path, config: Path, candidates: list[Slot], env: dict):
-        path = tmp_path / "candidates.json"
+    def __init__(self, argv: list[str], config: Path, folder: Path, env: dict,
+                 log_name: str = "serve.log"):
+        self.config, self.env = config, env
+        self.deployment = load_deployment(config)
+        self.log_path = folder / log_name
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log,
+                                         stderr=subprocess.STDOUT)
+
+    @classmethod
+    def cli(cls, env: dict, config: Path, folder: Path) -> ServeProcess:
+        """``coral-hpc serve CONFIG`` on an ephemeral gateway port, its Stage-1 cache in
+        ``folder/templates``."""
+        return cls([*CLI, "serve", str(config), "--listen", "127.0.0.1:0",
+                    "--cache-dir", str(folder / "templates")], config, folder, env)
+
+    @classmethod
+    def planned(cls, folder: Path, config: Path, candidates: list[Slot], env: dict, *,
+                headless: bool = False) -> ServeProcess:
+        """This module as a script: serve() with :class:`ConfiguredPreferencePlanner` over
+        ``candidates`` (output in ``serve.log``), or with ``headless`` the daemon's loops alone
+        (``daemon.log``)."""
+        path = folder / "candidates.json"
         path.write_text(candidates_to_json(candidates))
-        self.log = open(tmp_path / "serve.log", "ab")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.integration.serve_process", str(config), str(path)],
-            cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **env})
+        argv = [sys.executable, "-m", "tests.support.serve_harness", str(config), str(path)]
+        return cls([*argv, "--headless"] if headless else argv, config, folder,
+                   {**os.environ, **env}, "daemon.log" if headless else "serve.log")
 
-    def stop(self) -> int:
+    def stop(self, timeout: float = 60) -> int:
         """SIGTERM (unless it already ended); its exit status."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def kill(self, timeout: float = 30) -> None:
+        """kill -9: no clean-up at all (its gateway, in a session of its own, lives on)."""
+        self.proc.kill()
+        self.proc.wait(timeout)
+
+    def close(self, down_grace: int | None = None) -> None:
+        """Whatever happened: :meth:`stop`, then ``coral-hpc down --grace DOWN_GRACE`` where
+        given, then :func:`cancel_deployment`."""
         try:
-            return self.proc.wait(60)
+            if self.proc.poll() is None:
+                self.stop()
+            if down_grace is not None:
+                cli(self.env, "down", str(self.config), "--grace", str(down_grace), timeout=240)
         finally:
-            self.log.close()
+            cancel_deployment(self.env, self.deployment)
+
+
+def start_serve(env: dict, config: Path, folder: Path) -> subprocess.Popen:
+    """:meth:`ServeProcess.cli`'s process, for tests that drive it themselves."""
+    return ServeProcess.cli(env, config, folder).proc
 
 
 # --------------------------------------------------------------------------- what it did
+
+
+def read_store(deployment: Deployment, read: Callable[[Store], T], default: T) -> T:
+    """``read`` of the daemon's database, opened read-only and closed after; ``default`` before
+    the daemon has made it."""
+    if not Path(deployment.db_path).exists():
+        return default
+    store = open_store(deployment.db_path, readonly=True)
+    try:
+        return read(store)
+    finally:
+        store.close()
 
 
 def replicas(deployment: Deployment) -> list[dict]:
@@ -182,13 +282,8 @@ def replicas(deployment: Deployment) -> list[dict]:
     its database)."""
     from coral_hpc.cli.status import status_data
 
-    if not Path(deployment.db_path).exists():
-        return []
-    store = open_store(deployment.db_path, readonly=True)
-    try:
-        return status_data(deployment, store, time.time())["replicas"]
-    finally:
-        store.close()
+    return read_store(deployment, lambda s: status_data(deployment, s, time.time())["replicas"],
+                      [])
 
 
 def ready(deployment: Deployment) -> list[dict]:
@@ -196,27 +291,17 @@ def ready(deployment: Deployment) -> list[dict]:
     return [r for r in replicas(deployment) if r["state"] == "READY"]
 
 
-def events(deployment: Deployment, kind: str | None = None) -> list:
-    """The daemon's last 500 events (of ``kind``), newest first; [] before its database exists."""
-    if not Path(deployment.db_path).exists():
-        return []
-    store = open_store(deployment.db_path, readonly=True)
-    try:
-        return store.events(limit=500, kind=kind)
-    finally:
-        store.close()
+def events(deployment: Deployment, kind: str | None = None, limit: int = 500) -> list:
+    """The daemon's last ``limit`` events (of ``kind``), newest first; [] before its database
+    exists."""
+    return read_store(deployment, lambda s: s.events(limit=limit, kind=kind), [])
 
 
 def _last_observed(deployment: Deployment) -> float | None:
     """When the daemon last observed any live replica in Slurm (it stamps every live replica's
     ``last_seen_at`` once per reconcile cycle); None before it has."""
-    if not Path(deployment.db_path).exists():
-        return None
-    store = open_store(deployment.db_path, readonly=True)
-    try:
-        return max((r.last_seen_at or 0.0 for r in store.replicas(live_only=True)), default=None)
-    finally:
-        store.close()
+    return read_store(deployment, lambda s: max(
+        (r.last_seen_at or 0.0 for r in s.replicas(live_only=True)), default=None), None)
 
 
 def wait_cycles(deployments: Sequence[Deployment], cycles: int, timeout: float = 180.0) -> None:
@@ -247,10 +332,48 @@ def wait_cycles(deployments: Sequence[Deployment], cycles: int, timeout: float =
         raise AssertionError(f"{exc}; cycles seen: {got}") from None
 
 
-def tagged_jobs(env: dict, deployment: Deployment) -> list:
+def tagged_jobs(env: dict, deployment: Deployment | str) -> list:
     """This deployment's jobs Slurm still runs or queues (ground truth, read independently)."""
-    snapshot = make_client("cli", env=env).snapshot(deployment.deployment)
+    name = deployment if isinstance(deployment, str) else deployment.deployment
+    snapshot = make_client("cli", env=env).snapshot(name)
     return [j for j in snapshot.jobs if j.end_kind is None]
+
+
+def live_jobs(env: dict, deployment: Deployment | str) -> list[str]:
+    """The ids of :func:`tagged_jobs`, sorted."""
+    return sorted(j.job_id for j in tagged_jobs(env, deployment))
+
+
+def status(env: dict, config: Path) -> dict:
+    """``coral-hpc status --json``, which must succeed."""
+    out = cli(env, "status", str(config), "--json")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def status_if_any(env: dict, config: Path) -> dict | None:
+    """``coral-hpc status --json``, or None while serve has not made its database yet (or
+    status fails)."""
+    if not Path(load_deployment(config).db_path).exists():
+        return None
+    out = cli(env, "status", str(config), "--json")
+    return json.loads(out.stdout) if out.returncode == 0 else None
+
+
+def wait_every_model_ready(env: dict, config: Path, timeout_s: float) -> dict:
+    """``status --json`` once every configured model has a READY replica (fails the test after
+    ``timeout_s``)."""
+    db_path = Path(load_deployment(config).db_path)
+
+    def every_ready() -> dict | None:
+        if not db_path.exists():
+            return None
+        data = status(env, config)
+        return data if all(m["ready_replicas"] >= 1 for m in data["models"]) else None
+
+    data = wait_until(every_ready, timeout_s, "a READY replica of every model")
+    assert isinstance(data, dict)
+    return data
 
 
 def complete(address: str, model: str) -> tuple[int, dict | str]:
@@ -270,14 +393,14 @@ def complete(address: str, model: str) -> tuple[int, dict | str]:
 
 def cancel_deployment(env: dict, deployment: Deployment) -> None:
     """Stop a gateway a killed daemon left running (it lives in its own session by design) and
-    cancel every job of ``deployment``, whatever state the test left them in."""
+    cancel every job of ``deployment`` Slurm still runs or queues, whatever state the test left
+    them in."""
     from coral_hpc.daemon.process import stop_recorded_gateway
 
     stop_recorded_gateway(deployment, timeout_s=5.0)
-    client = make_client("cli", env=env)
-    ids = [j.job_id for j in client.snapshot(deployment.deployment).jobs]
+    ids = live_jobs(env, deployment)
     if ids:
-        client.cancel(ids)
+        make_client("cli", env=env).cancel(ids)
 
 
 # ------------------------------------------------- candidates as JSON (for the daemon processes)
@@ -299,24 +422,24 @@ def candidates_from_json(text: str) -> list[Slot]:
 
 
 def main(argv: list[str]) -> int:
-    """Run a harness daemon until SIGTERM (or until killed)."""
-    import signal
-
+    """serve() of ``argv[0]`` with the candidates of ``argv[1]``; with ``--headless`` the daemon's
+    loops alone, under its lock, until SIGTERM (or until killed)."""
+    from coral_hpc.daemon import serve
     from coral_hpc.daemon.process import DaemonLock, lock_path
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    deployment = load_deployment(argv[0])
-    planner = PreferencePlanner(candidates_from_json(Path(argv[1]).read_text()))
-    lock = DaemonLock(lock_path(deployment))
+    planner = ConfiguredPreferencePlanner(candidates_from_json(Path(argv[1]).read_text()))
+    if "--headless" not in argv[2:]:
+        serve(argv[0], planner, gateway_listen="127.0.0.1:0")
+        return 0
+    lock = DaemonLock(lock_path(load_deployment(argv[0])))
     lock.acquire()
-    daemon = build_daemon(deployment, planner)
+    daemon = HeadlessDaemon(Path(argv[0]), planner)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    threads = [loop.start() for loop in daemon.loops(stop)]
     while not stop.wait(0.5):
         pass
-    for thread in threads:
-        thread.join(30)
+    daemon.stop()
     lock.release()
     return 0
 
