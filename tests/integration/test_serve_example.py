@@ -10,8 +10,6 @@ import json
 import os
 import re
 import secrets
-import signal
-import subprocess
 import time
 from collections import Counter
 from pathlib import Path
@@ -21,10 +19,15 @@ import pytest
 
 from coral_hpc.config import load_deployment
 from coral_hpc.daemon.process import info_path, read_info
-from coral_hpc.slurm import make_client
 from coral_hpc.store import open_store
 from tests.conftest import REPO, wait_until
-from tests.support.serve_cli import CLI, cli, live_jobs, status
+from tests.support.serve_harness import (
+    ServeProcess,
+    cli,
+    live_jobs,
+    status,
+    wait_every_model_ready,
+)
 
 pytestmark = pytest.mark.slurm
 
@@ -45,14 +48,6 @@ def example_copy(tmp_path: Path) -> Path:
     path = tmp_path / "models.yaml"
     path.write_text(text)
     return path
-
-
-def every_model_ready(env: dict, config: Path, models: list[str]) -> dict | None:
-    if not Path(load_deployment(config).db_path).exists():
-        return None  # serve has not made its database yet
-    data = status(env, config)
-    ready = {m["name"] for m in data["models"] if m["ready_replicas"] >= 1}
-    return data if ready >= set(models) else None
 
 
 def streamed_chat(address: str, model: str) -> tuple[str, int]:
@@ -88,15 +83,9 @@ def test_serve_the_example_end_to_end(tmp_path, env):
     config = example_copy(tmp_path)
     deployment = load_deployment(config)
     models = [m.name for m in deployment.models]
-    log = open(tmp_path / "serve.log", "ab")  # noqa: SIM115 - closed below
-    serve = subprocess.Popen(
-        [*CLI, "serve", str(config), "--listen", "127.0.0.1:0",
-         "--cache-dir", str(tmp_path / "templates")],
-        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-    stopped = False
+    serve = ServeProcess.cli(env, config, tmp_path)
     try:
-        data = wait_until(lambda: every_model_ready(env, config, models), 240,
-                          "a READY replica of every model")
+        data = wait_every_model_ready(env, config, 240)
         # let the daemon finish what the plan asks (e.g. a second replica of one model)
         def settled():
             current = status(env, config)
@@ -152,9 +141,7 @@ def test_serve_the_example_end_to_end(tmp_path, env):
 
         # SIGTERM: the daemon and its gateway stop, the replicas keep running
         running = sorted(r["job_id"] for r in data["replicas"])
-        serve.send_signal(signal.SIGTERM)
-        assert serve.wait(60) == 0
-        stopped = True
+        assert serve.stop() == 0
         assert read_info(info_path(deployment)) is None
         with pytest.raises(httpx.TransportError):
             httpx.get(f"http://{address}/v1/models", timeout=5)
@@ -170,11 +157,4 @@ def test_serve_the_example_end_to_end(tmp_path, env):
                    "no live job of the deployment after down")
         assert status(env, config)["replicas"] == []
     finally:
-        if not stopped and serve.poll() is None:
-            serve.send_signal(signal.SIGTERM)
-            serve.wait(60)
-        log.close()
-        client = make_client("cli", env=env)
-        leftover = live_jobs(env, deployment.deployment)
-        if leftover:
-            client.cancel(leftover)
+        serve.close()
