@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import re
-import secrets
 import subprocess
 from pathlib import Path
 
@@ -26,7 +25,13 @@ from coral_hpc.config import load_deployment
 from coral_hpc.slurm import make_client
 from tests.conftest import REPO, wait_until
 from tests.support import busy_cluster
-from tests.support.serve_harness import ServeProcess, cli, tagged_jobs, wait_cycles
+from tests.support.serve_harness import (
+    ServeProcess,
+    cli,
+    example_copy,
+    tagged_jobs,
+    wait_cycles,
+)
 from tests.support.serve_harness import status_if_any as status
 
 pytestmark = pytest.mark.slurm
@@ -35,18 +40,9 @@ pytestmark = pytest.mark.slurm
 def config_copy(tmp_path: Path, models: str | None = None, **policy: object) -> Path:
     """examples/models.yaml with its own deployment, state folders, short intervals, and
     ``policy`` overrides; ``models`` keeps only the model of that name."""
-    text = (REPO / "examples" / "models.yaml").read_text()
-    name = f"busy{secrets.token_hex(3)}"
-    replacements = {
-        r"(?m)^deployment: .*$": f"deployment: {name}",
-        r"(?m)^state_dir: .*$": f"state_dir: {tmp_path / 'shared'}",
-        r"(?m)^db_path: .*$": f"db_path: {tmp_path / 'daemon' / 'coral.db'}",
-        r"(?m)^  poll_interval_s: .*$": "  poll_interval_s: 1",
-        r"(?m)^  replan_interval_s: .*$": "  replan_interval_s: 10",
-    }
-    for pattern, value in replacements.items():
-        text, count = re.subn(pattern, value, text)
-        assert count == 1, f"examples/models.yaml no longer has {pattern!r}"
+    path = example_copy(tmp_path, REPO / "examples" / "models.yaml", "busy",
+                        {r"(?m)^  replan_interval_s: .*$": "  replan_interval_s: 10"})
+    text = path.read_text()
     if policy:
         extra = "".join(f"  {k}: {v}\n" for k, v in policy.items())
         text = text.replace("policy:\n", "policy:\n" + extra, 1)
@@ -56,7 +52,6 @@ def config_copy(tmp_path: Path, models: str | None = None, **policy: object) -> 
         kept = [e for e in entries if e.startswith(f"  - name: {models}\n")]
         assert kept, f"no model {models} in examples/models.yaml"
         text = head + "\nmodels:\n" + "".join(kept)
-    path = tmp_path / "models.yaml"
     path.write_text(text)
     return path
 

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import secrets
 import time
 from collections import Counter
 from pathlib import Path
@@ -28,26 +26,16 @@ from tests.support.serve_harness import (
     status,
     wait_every_model_ready,
 )
+from tests.support.serve_harness import (
+    example_copy as harness_example_copy,
+)
 
 pytestmark = pytest.mark.slurm
 
 def example_copy(tmp_path: Path) -> Path:
-    """examples/models.yaml with its own deployment name, state folders and short intervals."""
-    text = (REPO / "examples" / "models.yaml").read_text()
-    name = f"ex{secrets.token_hex(3)}"
-    replacements = {
-        r"(?m)^deployment: .*$": f"deployment: {name}",
-        r"(?m)^state_dir: .*$": f"state_dir: {tmp_path / 'shared'}",
-        r"(?m)^db_path: .*$": f"db_path: {tmp_path / 'daemon' / 'coral.db'}",
-        r"(?m)^  poll_interval_s: .*$": "  poll_interval_s: 1",
-        r"(?m)^  pending_timeout_s: .*$": "  pending_timeout_s: 120",
-    }
-    for pattern, value in replacements.items():
-        text, count = re.subn(pattern, value, text)
-        assert count == 1, f"examples/models.yaml no longer has {pattern!r}"
-    path = tmp_path / "models.yaml"
-    path.write_text(text)
-    return path
+    """examples/models.yaml as a deployment of its own, with short intervals."""
+    return harness_example_copy(tmp_path, REPO / "examples" / "models.yaml", "ex",
+                                {r"(?m)^  pending_timeout_s: .*$": "  pending_timeout_s: 120"})
 
 
 def streamed_chat(address: str, model: str) -> tuple[str, int]:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -114,6 +115,28 @@ def sim_models_yaml(folder: Path, prefix: str, models: Sequence[str], *, archite
         folder, f"{prefix}{secrets.token_hex(3)}", time_limit=time_limit,
         partitions=("v100", "a100"), cluster={"cpus_per_gpu": 1, "mem_per_gpu_gb": 4},
         policy=policy, models=[SimModel(m, mix, 1, architecture=architecture) for m in models])
+
+
+def example_copy(folder: Path, example: Path, prefix: str,
+                 lines: dict[str, str] | None = None) -> Path:
+    """Write ``example`` (a models.yaml under the repository) to ``folder/models.yaml`` and return
+    its path: a deployment of its own (``prefix`` and six random hex digits), state folder
+    ``folder/shared`` and database ``folder/daemon/coral.db``, a poll every second, and each
+    ``lines`` pattern replaced by its line; every pattern must match exactly one line."""
+    text = example.read_text()
+    replacements = {
+        r"(?m)^deployment: .*$": f"deployment: {prefix}{secrets.token_hex(3)}",
+        r"(?m)^state_dir: .*$": f"state_dir: {folder / 'shared'}",
+        r"(?m)^db_path: .*$": f"db_path: {folder / 'daemon' / 'coral.db'}",
+        r"(?m)^  poll_interval_s: .*$": "  poll_interval_s: 1",
+        **(lines or {}),
+    }
+    for pattern, value in replacements.items():
+        text, count = re.subn(pattern, value, text)
+        assert count == 1, f"{example.relative_to(REPO)} no longer has {pattern!r}"
+    path = folder / "models.yaml"
+    path.write_text(text)
+    return path
 
 
 #: the model most scenarios serve, and its slot on one a100 node
