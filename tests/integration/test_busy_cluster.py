@@ -15,6 +15,7 @@ Real Slurm, real processes, the sim engine (no GPU here). Limits the tests set a
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -81,13 +82,9 @@ def replaced_and_running(env: dict, deployment: str, old_job: str):
 
 
 @pytest.fixture
-def env(slurm_cluster, monkeypatch):
-    monkeypatch.setenv("SLURM_CONF", slurm_cluster["SLURM_CONF"])
-    import os
-
-    busy_cluster.ensure_other_user()
-    yield {**os.environ, **slurm_cluster}
-    busy_cluster.cancel_other()
+def env(env, other_lab):
+    """The integration tests' environment over this process's own, the other lab ready."""
+    return {**os.environ, **env}
 
 
 def test_with_every_gpu_held_serve_submits_at_once_and_models_become_ready_as_jobs_end(

@@ -28,11 +28,9 @@ pytestmark = pytest.mark.slurm
 
 
 @pytest.fixture
-def env(slurm_cluster, monkeypatch):
-    monkeypatch.setenv("SLURM_CONF", slurm_cluster["SLURM_CONF"])
-    busy_cluster.ensure_other_user()
-    yield {**os.environ, **slurm_cluster}
-    busy_cluster.cancel_other()
+def env(env, other_lab):
+    """The integration tests' environment over this process's own, the other lab ready."""
+    return {**os.environ, **env}
 
 
 @contextmanager
