@@ -58,12 +58,12 @@ from coral_hpc.reconcile.settings import ReconcileSettings
 from coral_hpc.slurm import CliSlurmClient, CommandRunner, make_client
 from coral_hpc.slurm.budget import CallBudget
 from coral_hpc.store import open_store
+from tests.conftest import wait_until
 from tests.support.daemon_setup import (
     big_cluster_yaml,
-    cancel_deployment_jobs,
     headless_daemon,
-    wait_for,
 )
+from tests.support.serve_harness import cancel_deployment
 
 RESULTS = REPO / "bench" / "results"
 BIG_CONF = "/var/tmp/coral-big-cluster/etc/slurm.conf"
@@ -187,29 +187,29 @@ def run_daemon(env: dict, steady_s: float, reps: int) -> dict:
         log.thread.start()
         threads = [loop.start() for loop in daemon.loops(stop)]
         started = time.monotonic()
-        wait_for(lambda: ready_chat() and queued_reasoner(), 300,
-                 "chat READY and reasoner queued on h100")
+        wait_until(lambda: ready_chat() and queued_reasoner(), 300,
+                   "chat READY and reasoner queued on h100")
         settled = time.monotonic()
         time.sleep(steady_s)
         steady_end = time.monotonic()
         probes_steady = client.runner.calls.get("sbatch", 0)
         for _ in range(reps):
-            first = wait_for(ready_chat, 180, "one READY chat replica")
+            first = wait_until(ready_chat, 180, "one READY chat replica")
             old = {r.id for r in reader.replicas(live_only=False)}
             node = (first.nodes or "").split(",")[0]
             began = time.time()
             drained.add(node)
             slurm(env, "scontrol", "update", f"NodeName={node}", "State=DRAIN",
                   "Reason=coral-bigbench")
-            new = wait_for(lambda: next((r for r in reader.replicas(live_only=False)
-                                         if r.id not in old and r.model == "chat"
-                                         and r.submitted_at is not None), None), 120,
-                           "a replacement submitted")
-            ready = wait_for(lambda: next((r for r in reader.replicas(live_only=False)
-                                           if r.id == new.id and r.ready_at), None), 180,
-                             "the replacement READY")
-            wait_for(lambda: all(r.id != first.id for r in reader.replicas()), 180,
-                     "the old replica gone")
+            new = wait_until(lambda: next((r for r in reader.replicas(live_only=False)
+                                           if r.id not in old and r.model == "chat"
+                                           and r.submitted_at is not None), None), 120,
+                             "a replacement submitted")
+            ready = wait_until(lambda: next((r for r in reader.replicas(live_only=False)
+                                             if r.id == new.id and r.ready_at), None), 180,
+                               "the replacement READY")
+            wait_until(lambda: all(r.id != first.id for r in reader.replicas()), 180,
+                       "the old replica gone")
             slurm(env, "scontrol", "update", f"NodeName={node}", "State=RESUME")
             drained.discard(node)
             rows.append({"drained_node": node, "to_node": ready.nodes,
@@ -229,7 +229,7 @@ def run_daemon(env: dict, steady_s: float, reps: int) -> dict:
             subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"],
                            check=False, capture_output=True, env=env)
         daemon.observer.close()
-        cancel_deployment_jobs(env, deployment)
+        cancel_deployment(env, deployment)
         reader.close()
         daemon.store.close()
     return {"steady": steady, "whole_run": whole, "probes_in_steady_window": probes_steady,

@@ -46,13 +46,13 @@ from coral_hpc.plan.planner import Planner
 from coral_hpc.reconcile.settings import ReconcileSettings
 from coral_hpc.slurm import make_client
 from coral_hpc.store import open_store
+from tests.conftest import wait_until
 from tests.support.daemon_setup import (
     SimModel,
-    cancel_deployment_jobs,
     headless_daemon,
-    wait_for,
     write_models_yaml,
 )
+from tests.support.serve_harness import cancel_deployment
 
 RESULTS = REPO / "bench" / "results"
 DEV_SLURM_CONF = "/var/tmp/coral-dev-cluster/etc/slurm.conf"
@@ -127,7 +127,7 @@ def replacement(bench: Bench, old_ids: set[str], since: float):
 
 def measure(bench: Bench, kind: str, drained: set[str]) -> dict:
     """One disruption of the single READY replica; times to replacement submitted and READY."""
-    first = wait_for(lambda: one_ready(bench), 180, "one READY replica and nothing else live")
+    first = wait_until(lambda: one_ready(bench), 180, "one READY replica and nothing else live")
     old_ids = {r.id for r in bench.replicas(live_only=False)}
     began = time.time()
     if kind == "drain":
@@ -137,13 +137,13 @@ def measure(bench: Bench, kind: str, drained: set[str]) -> dict:
     else:
         partition = first.partitions[0]
         slurm(bench.env, "scancel", str(first.job_id))
-    new = wait_for(lambda: replacement(bench, old_ids, began), 120, "a replacement submitted")
-    ready = wait_for(lambda: (r := next((x for x in bench.replicas(live_only=False)
-                                        if x.id == new.id), None)) and r.ready_at and r,
-                     180, "the replacement READY")
+    new = wait_until(lambda: replacement(bench, old_ids, began), 120, "a replacement submitted")
+    ready = wait_until(lambda: (r := next((x for x in bench.replicas(live_only=False)
+                                          if x.id == new.id), None)) and r.ready_at and r,
+                       180, "the replacement READY")
     # the old replica gone (drained + cancelled, or ended) before the next round
-    wait_for(lambda: all(r.id != first.id for r in bench.replicas()), 180,
-             "the old replica gone")
+    wait_until(lambda: all(r.id != first.id for r in bench.replicas()), 180,
+               "the old replica gone")
     if kind == "drain":
         slurm(bench.env, "scontrol", "update", f"PartitionName={partition}", "State=UP")
         drained.discard(partition)
@@ -179,7 +179,7 @@ def main() -> int:
         started = time.monotonic()
         calls_at_start = bench.calls()
         bench.start()
-        wait_for(lambda: one_ready(bench), 180, "the first READY replica")
+        wait_until(lambda: one_ready(bench), 180, "the first READY replica")
         # steady state: nothing changes; what does watching cost?
         before, t0 = bench.calls(), time.monotonic()
         time.sleep(args.steady_s)
@@ -197,7 +197,7 @@ def main() -> int:
             subprocess.run(["scontrol", "update", f"PartitionName={partition}", "State=UP"],
                            check=False, capture_output=True, env=env)
         bench.close()
-        cancel_deployment_jobs(env, bench.deployment)
+        cancel_deployment(env, bench.deployment)
         bench.reader.close()
         bench.store.close()
     drains = [r for r in rows if r["kind"] == "drain"]

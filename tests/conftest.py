@@ -9,7 +9,7 @@ several times faster or slower than the author's, with other work on the same tw
 - Wait on the event, not the clock: :func:`wait_until` on what the code under test shows (the
   engine's running gauge, the gateway's log line, the product's own sacct query), never a sleep
   that assumes an order of events. A check that something does *not* happen runs over counted
-  cycles or requests (``tests.integration.serve_harness.wait_cycles``), not over seconds.
+  cycles or requests (``tests.support.serve_harness.wait_cycles``), not over seconds.
 - What depends on the host's speed (a rate meant to overload, a latency bound, how long a step
   may take) scales with a measurement made in the same run, never a constant tuned on one host.
 - A deadline only bounds a failure: generous, naming what was awaited and the last value seen.

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.serve_harness import cancel_deployment
+from tests.support import busy_cluster
+from tests.support.serve_harness import cancel_deployment
 
 
 @pytest.fixture
@@ -13,6 +14,15 @@ def env(slurm_cluster, monkeypatch):
     daemon's (this process's) environment."""
     monkeypatch.setenv("SLURM_CONF", slurm_cluster["SLURM_CONF"])
     return slurm_cluster
+
+
+@pytest.fixture
+def other_lab(env):
+    """The local cluster made busy by another lab (tests/support/busy_cluster.py): its user and
+    account made ready for the test, and every job of it cancelled after, whatever happened."""
+    busy_cluster.ensure_other_user()
+    yield
+    busy_cluster.cancel_other()
 
 
 @pytest.fixture

@@ -15,9 +15,8 @@ Real Slurm, real processes, the sim engine (no GPU here). Limits the tests set a
 from __future__ import annotations
 
 import json
+import os
 import re
-import secrets
-import signal
 import subprocess
 from pathlib import Path
 
@@ -26,10 +25,15 @@ import pytest
 from coral_hpc.config import load_deployment
 from coral_hpc.slurm import make_client
 from tests.conftest import REPO, wait_until
-from tests.integration.serve_harness import wait_cycles
 from tests.support import busy_cluster
-from tests.support.serve_cli import CLI, cli
-from tests.support.serve_cli import status_if_any as status
+from tests.support.serve_harness import (
+    ServeProcess,
+    cli,
+    example_copy,
+    tagged_jobs,
+    wait_cycles,
+)
+from tests.support.serve_harness import status_if_any as status
 
 pytestmark = pytest.mark.slurm
 
@@ -37,18 +41,9 @@ pytestmark = pytest.mark.slurm
 def config_copy(tmp_path: Path, models: str | None = None, **policy: object) -> Path:
     """examples/models.yaml with its own deployment, state folders, short intervals, and
     ``policy`` overrides; ``models`` keeps only the model of that name."""
-    text = (REPO / "examples" / "models.yaml").read_text()
-    name = f"busy{secrets.token_hex(3)}"
-    replacements = {
-        r"(?m)^deployment: .*$": f"deployment: {name}",
-        r"(?m)^state_dir: .*$": f"state_dir: {tmp_path / 'shared'}",
-        r"(?m)^db_path: .*$": f"db_path: {tmp_path / 'daemon' / 'coral.db'}",
-        r"(?m)^  poll_interval_s: .*$": "  poll_interval_s: 1",
-        r"(?m)^  replan_interval_s: .*$": "  replan_interval_s: 10",
-    }
-    for pattern, value in replacements.items():
-        text, count = re.subn(pattern, value, text)
-        assert count == 1, f"examples/models.yaml no longer has {pattern!r}"
+    path = example_copy(tmp_path, REPO / "examples" / "models.yaml", "busy",
+                        {r"(?m)^  replan_interval_s: .*$": "  replan_interval_s: 10"})
+    text = path.read_text()
     if policy:
         extra = "".join(f"  {k}: {v}\n" for k, v in policy.items())
         text = text.replace("policy:\n", "policy:\n" + extra, 1)
@@ -58,17 +53,12 @@ def config_copy(tmp_path: Path, models: str | None = None, **policy: object) -> 
         kept = [e for e in entries if e.startswith(f"  - name: {models}\n")]
         assert kept, f"no model {models} in examples/models.yaml"
         text = head + "\nmodels:\n" + "".join(kept)
-    path = tmp_path / "models.yaml"
     path.write_text(text)
     return path
 
 
-def own_jobs(env: dict, deployment: str):
-    return [j for j in make_client("cli", env=env).snapshot(deployment).jobs if j.end_kind is None]
-
-
 def jobs_of_every_model(env: dict, deployment: str, models: set[str]):
-    jobs = own_jobs(env, deployment)
+    jobs = tagged_jobs(env, deployment)
     return jobs if {j.tag.model for j in jobs} >= models else None
 
 
@@ -85,42 +75,16 @@ def some_model_ready(env: dict, config: Path) -> bool:
 
 
 def replaced_and_running(env: dict, deployment: str, old_job: str):
-    jobs = own_jobs(env, deployment)
+    jobs = tagged_jobs(env, deployment)
     if jobs and all(j.job_id != old_job for j in jobs) and any(j.state == "RUNNING" for j in jobs):
         return jobs
     return None
 
 
 @pytest.fixture
-def env(slurm_cluster, monkeypatch):
-    monkeypatch.setenv("SLURM_CONF", slurm_cluster["SLURM_CONF"])
-    import os
-
-    busy_cluster.ensure_other_user()
-    yield {**os.environ, **slurm_cluster}
-    busy_cluster.cancel_other()
-
-
-class Serve:
-    """``coral-hpc serve CONFIG`` in the background; stopped and its jobs cancelled on exit."""
-
-    def __init__(self, env: dict, config: Path, tmp_path: Path):
-        self.env, self.config = env, config
-        self.deployment = load_deployment(config).deployment
-        self.log = open(tmp_path / "serve.log", "ab")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            [*CLI, "serve", str(config), "--listen", "127.0.0.1:0",
-             "--cache-dir", str(tmp_path / "templates")],
-            cwd=REPO, env=env, stdout=self.log, stderr=subprocess.STDOUT)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(60)
-        self.log.close()
-        left = [j.job_id for j in own_jobs(self.env, self.deployment)]
-        if left:
-            make_client("cli", env=self.env).cancel(left)
+def env(env, other_lab):
+    """The integration tests' environment over this process's own, the other lab ready."""
+    return {**os.environ, **env}
 
 
 def test_with_every_gpu_held_serve_submits_at_once_and_models_become_ready_as_jobs_end(
@@ -133,7 +97,7 @@ def test_with_every_gpu_held_serve_submits_at_once_and_models_become_ready_as_jo
     wait_until(lambda: busy_cluster.other_jobs_running(others.values()), 30,
                "the other lab's jobs running on every GPU node")
     config = config_copy(tmp_path)
-    serve = Serve(env, config, tmp_path)
+    serve = ServeProcess.cli(env, config, tmp_path)
     try:
         models = {m.name for m in load_deployment(config).models}
         # submitted at once although nothing is idle: PENDING in Slurm while the others run
@@ -161,7 +125,7 @@ def test_with_every_gpu_held_serve_submits_at_once_and_models_become_ready_as_jo
 
         wait_until(every_ready, 150, "a READY replica of every model")
     finally:
-        serve.stop()
+        serve.close()
 
 
 def test_a_queued_replica_moves_when_another_shape_starts_sooner(tmp_path, env):
@@ -175,9 +139,9 @@ def test_a_queued_replica_moves_when_another_shape_starts_sooner(tmp_path, env):
     jobs = wait_until(lambda: busy_cluster.other_jobs_running(others.values()), 30,
                       "the other lab's jobs running")
     config = config_copy(tmp_path, models="qwen3-8b", max_queue_wait_s=30)
-    serve = Serve(env, config, tmp_path)
+    serve = ServeProcess.cli(env, config, tmp_path)
     try:
-        (first,) = wait_until(lambda: own_jobs(env, serve.deployment), 40, "the queued replica")
+        (first,) = wait_until(lambda: tagged_jobs(env, serve.deployment), 40, "the queued replica")
         assert first.state == "PENDING" and first.partition.split(",")[0] in ("a100", "gpu"), (
             first.state, first.partition, jobs)
         # the other lab ends its v100 jobs early: v100 GPUs are free now, sooner than a100's
@@ -188,7 +152,7 @@ def test_a_queued_replica_moves_when_another_shape_starts_sooner(tmp_path, env):
         assert all(n.startswith("v100") for j in running for n in j.nodes), running
         wait_until(lambda: some_model_ready(env, config), 60, "the moved replica READY")
     finally:
-        serve.stop()
+        serve.close()
 
 
 def test_max_jobs_and_partition_max_time_are_honoured(tmp_path, env):
@@ -207,17 +171,17 @@ def test_max_jobs_and_partition_max_time_are_honoured(tmp_path, env):
         assert sum(r["count"] for r in doc["replicas"]) == 1
         assert any("MaxJobs=1" in b for b in doc["binding"]), doc["binding"]
         assert any("MaxTime" in w for w in doc["warnings"]), doc["warnings"]
-        serve = Serve(env, config, tmp_path)
+        serve = ServeProcess.cli(env, config, tmp_path)
         try:
-            wait_until(lambda: own_jobs(env, serve.deployment), 60, "one replica job")
+            wait_until(lambda: tagged_jobs(env, serve.deployment), 60, "one replica job")
             # a few more cycles (counted, not slept): still one job, however much demand is unmet
             wait_cycles([load_deployment(config)], 3)
-            jobs = own_jobs(env, serve.deployment)
+            jobs = tagged_jobs(env, serve.deployment)
             assert len(jobs) == 1, [(j.job_id, j.state) for j in jobs]
             limits = {"v100": 172800, "a100": 172800, "a100-80g": 86400}
             assert jobs[0].time_limit_s == min(limits[p] for p in jobs[0].partition.split(","))
         finally:
-            serve.stop()
+            serve.close()
     finally:
         subprocess.run([*sam, "MaxJobs=-1"], check=False, capture_output=True, env=env, timeout=60)
 

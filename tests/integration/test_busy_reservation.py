@@ -20,18 +20,17 @@ from coral_hpc.launch.submit import submit_replica
 from coral_hpc.slurm import make_client
 from coral_hpc.types import ReplicaLayout, StageLayout
 from tests.conftest import wait_until
-from tests.integration.test_busy_cluster import Serve, config_copy, own_jobs, some_model_ready
+from tests.integration.test_busy_cluster import config_copy, some_model_ready
 from tests.support import busy_cluster
+from tests.support.serve_harness import ServeProcess, tagged_jobs
 
 pytestmark = pytest.mark.slurm
 
 
 @pytest.fixture
-def env(slurm_cluster, monkeypatch):
-    monkeypatch.setenv("SLURM_CONF", slurm_cluster["SLURM_CONF"])
-    busy_cluster.ensure_other_user()
-    yield {**os.environ, **slurm_cluster}
-    busy_cluster.cancel_other()
+def env(env, other_lab):
+    """The integration tests' environment over this process's own, the other lab ready."""
+    return {**os.environ, **env}
 
 
 @contextmanager
@@ -77,16 +76,16 @@ def _serve_in(tmp_path, env, reserved: str) -> None:
     wait_until(lambda: busy_cluster.other_jobs_running(others.values()), 30,
                "the other lab's jobs running")
     config = config_copy(tmp_path, models="qwen3-8b")
-    serve = Serve(env, config, tmp_path)
+    serve = ServeProcess.cli(env, config, tmp_path)
     try:
-        jobs = wait_until(lambda: [j for j in own_jobs(env, serve.deployment)
+        jobs = wait_until(lambda: [j for j in tagged_jobs(env, serve.deployment)
                                    if j.state == "RUNNING"], 60, "a replica running")
         assert all(j.reservation == reserved and j.nodes == ("v100-02",) for j in jobs), [
             (j.job_id, j.reservation, j.nodes) for j in jobs]
         wait_until(lambda: some_model_ready(env, config), 60,
                    "the replica in the reservation READY")
     finally:
-        serve.stop()
+        serve.close()
 
 
 def test_a_hetjob_replica_in_the_reservation_names_it_in_every_component(tmp_path, env):

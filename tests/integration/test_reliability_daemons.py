@@ -21,11 +21,13 @@ import pytest
 from coral_hpc.config import load_deployment
 from coral_hpc.daemon.lease import holder
 from tests.conftest import REPO, wait_until
-from tests.integration import serve_harness as harness
-from tests.integration.serve_harness import (
+from tests.support import serve_harness as harness
+from tests.support.serve_harness import (
+    CLI,
     MODEL,
     ON_A100,
     ServeProcess,
+    cli,
     complete,
     one_model_yaml,
     tagged_jobs,
@@ -63,8 +65,8 @@ def test_two_copies_of_one_deployment_leave_each_other_alone(tmp_path, env, clea
     dep_a, dep_b = load_deployment(config_a), load_deployment(config_b)
     assert dep_a.deployment == dep_b.deployment and dep_a.state_path != dep_b.state_path
     cleanup(dep_a)
-    serve_a = ServeProcess(tmp_path / "a", config_a, [ON_A100], env)
-    serve_b = ServeProcess(tmp_path / "b", config_b, [ON_A100], env)
+    serve_a = ServeProcess.planned(tmp_path / "a", config_a, [ON_A100], env)
+    serve_b = ServeProcess.planned(tmp_path / "b", config_b, [ON_A100], env)
     try:
         (ready_a,) = wait_until(lambda: ready(dep_a), 120, "a READY replica of copy a")
         (ready_b,) = wait_until(lambda: ready(dep_b), 120, "a READY replica of copy b")
@@ -84,8 +86,7 @@ def test_two_copies_of_one_deployment_leave_each_other_alone(tmp_path, env, clea
         lease = holder(dep_a.state_path)
         assert lease is not None and lease["pid"] == serve_a.proc.pid
         third = subprocess.run(
-            [sys.executable, "-c", "from coral_hpc.cli import main; main()", "serve",
-             os.path.relpath(config_a, "/")],
+            [*CLI, "serve", os.path.relpath(config_a, "/")],
             cwd="/", env={**os.environ, **env, "PYTHONPATH": str(REPO)}, capture_output=True,
             text=True, timeout=120, check=False)
         assert third.returncode == 2, third.stderr
@@ -146,7 +147,7 @@ def test_the_gateway_outlives_kill_9_and_down_stops_it(tmp_path, env, cleanup):
     config = one_model_yaml(tmp_path)
     deployment = load_deployment(config)
     cleanup(deployment)
-    serve = ServeProcess(tmp_path, config, [ON_A100], env)
+    serve = ServeProcess.planned(tmp_path, config, [ON_A100], env)
     (first,) = wait_until(lambda: ready(deployment), 120, "a READY replica")
     address = wait_until(lambda: (read_info(info_path(deployment)) or {}).get("gateway"), 30,
                          "the gateway address")
@@ -155,9 +156,7 @@ def test_the_gateway_outlives_kill_9_and_down_stops_it(tmp_path, env, cleanup):
     requests = Requester(address, MODEL)
     try:
         for cycle in range(3):
-            serve.proc.kill()  # kill -9: no cleanup at all
-            serve.proc.wait(30)
-            serve.log.close()
+            serve.kill()  # kill -9: no cleanup at all
             # the gateway alone, routing by the last table: 5 requests answered through it,
             # counted (a 2 s sleep held fewer on a slow host; the old '> 50 in all' assumed
             # how long restarts take on this host)
@@ -165,7 +164,7 @@ def test_the_gateway_outlives_kill_9_and_down_stops_it(tmp_path, env, cleanup):
             wait_until(lambda: len(requests.results) >= alone_from + 5, 60,
                        f"cycle {cycle}: 5 answers through the gateway alone")
             assert gateway_processes(config) == [gateway_pid], f"cycle {cycle}"
-            serve = ServeProcess(tmp_path, config, [ON_A100], env)
+            serve = ServeProcess.planned(tmp_path, config, [ON_A100], env)
             wait_until(lambda: any("adopted the running gateway" in e.message
                                    for e in events(deployment, "gateway")
                                    if e.time > time.time() - 60) and ready(deployment),
@@ -178,17 +177,12 @@ def test_the_gateway_outlives_kill_9_and_down_stops_it(tmp_path, env, cleanup):
         assert gateway_processes(config) == [gateway_pid]  # 3 kill/restart cycles, no leak
         jobs = tagged_jobs(env, deployment)
         assert [j.job_id for j in jobs] == [first["job_id"]]  # never duplicated or orphaned
-        serve.proc.kill()  # leave the gateway behind once more: `down` must stop it
-        serve.proc.wait(30)
-        serve.log.close()
+        serve.kill()  # leave the gateway behind once more: `down` must stop it
     finally:
         requests.stop()
         if serve.proc.poll() is None:
             serve.stop()
-    down = subprocess.run(
-        [sys.executable, "-c", "from coral_hpc.cli import main; main()", "down", str(config),
-         "--grace", "5"], cwd=REPO, env={**os.environ, **env}, capture_output=True, text=True,
-        timeout=120, check=False)
+    down = cli({**os.environ, **env}, "down", str(config), "--grace", "5", timeout=120)
     assert down.returncode == 0, down.stderr
     assert f"stopped the gateway (pid {gateway_pid})" in down.stdout
     wait_until(lambda: not gateway_processes(config), 15, "no gateway process left")

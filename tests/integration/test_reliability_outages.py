@@ -33,7 +33,7 @@ from coral_hpc.config import load_deployment
 from coral_hpc.plan.desired import DesiredPlan
 from coral_hpc.plan.planner import PlanOutcome, PlanRequest
 from tests.conftest import REPO, SlurmRunner, wait_until
-from tests.integration.serve_harness import (
+from tests.support.serve_harness import (
     PreferencePlanner,
     ServeThread,
     cancel_deployment,

@@ -8,10 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import secrets
-import signal
-import subprocess
 import time
 from collections import Counter
 from pathlib import Path
@@ -21,38 +17,25 @@ import pytest
 
 from coral_hpc.config import load_deployment
 from coral_hpc.daemon.process import info_path, read_info
-from coral_hpc.slurm import make_client
 from coral_hpc.store import open_store
 from tests.conftest import REPO, wait_until
-from tests.support.serve_cli import CLI, cli, live_jobs, status
+from tests.support.serve_harness import (
+    ServeProcess,
+    cli,
+    live_jobs,
+    status,
+    wait_every_model_ready,
+)
+from tests.support.serve_harness import (
+    example_copy as harness_example_copy,
+)
 
 pytestmark = pytest.mark.slurm
 
 def example_copy(tmp_path: Path) -> Path:
-    """examples/models.yaml with its own deployment name, state folders and short intervals."""
-    text = (REPO / "examples" / "models.yaml").read_text()
-    name = f"ex{secrets.token_hex(3)}"
-    replacements = {
-        r"(?m)^deployment: .*$": f"deployment: {name}",
-        r"(?m)^state_dir: .*$": f"state_dir: {tmp_path / 'shared'}",
-        r"(?m)^db_path: .*$": f"db_path: {tmp_path / 'daemon' / 'coral.db'}",
-        r"(?m)^  poll_interval_s: .*$": "  poll_interval_s: 1",
-        r"(?m)^  pending_timeout_s: .*$": "  pending_timeout_s: 120",
-    }
-    for pattern, value in replacements.items():
-        text, count = re.subn(pattern, value, text)
-        assert count == 1, f"examples/models.yaml no longer has {pattern!r}"
-    path = tmp_path / "models.yaml"
-    path.write_text(text)
-    return path
-
-
-def every_model_ready(env: dict, config: Path, models: list[str]) -> dict | None:
-    if not Path(load_deployment(config).db_path).exists():
-        return None  # serve has not made its database yet
-    data = status(env, config)
-    ready = {m["name"] for m in data["models"] if m["ready_replicas"] >= 1}
-    return data if ready >= set(models) else None
+    """examples/models.yaml as a deployment of its own, with short intervals."""
+    return harness_example_copy(tmp_path, REPO / "examples" / "models.yaml", "ex",
+                                {r"(?m)^  pending_timeout_s: .*$": "  pending_timeout_s: 120"})
 
 
 def streamed_chat(address: str, model: str) -> tuple[str, int]:
@@ -88,15 +71,9 @@ def test_serve_the_example_end_to_end(tmp_path, env):
     config = example_copy(tmp_path)
     deployment = load_deployment(config)
     models = [m.name for m in deployment.models]
-    log = open(tmp_path / "serve.log", "ab")  # noqa: SIM115 - closed below
-    serve = subprocess.Popen(
-        [*CLI, "serve", str(config), "--listen", "127.0.0.1:0",
-         "--cache-dir", str(tmp_path / "templates")],
-        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-    stopped = False
+    serve = ServeProcess.cli(env, config, tmp_path)
     try:
-        data = wait_until(lambda: every_model_ready(env, config, models), 240,
-                          "a READY replica of every model")
+        data = wait_every_model_ready(env, config, 240)
         # let the daemon finish what the plan asks (e.g. a second replica of one model)
         def settled():
             current = status(env, config)
@@ -152,9 +129,7 @@ def test_serve_the_example_end_to_end(tmp_path, env):
 
         # SIGTERM: the daemon and its gateway stop, the replicas keep running
         running = sorted(r["job_id"] for r in data["replicas"])
-        serve.send_signal(signal.SIGTERM)
-        assert serve.wait(60) == 0
-        stopped = True
+        assert serve.stop() == 0
         assert read_info(info_path(deployment)) is None
         with pytest.raises(httpx.TransportError):
             httpx.get(f"http://{address}/v1/models", timeout=5)
@@ -170,11 +145,4 @@ def test_serve_the_example_end_to_end(tmp_path, env):
                    "no live job of the deployment after down")
         assert status(env, config)["replicas"] == []
     finally:
-        if not stopped and serve.poll() is None:
-            serve.send_signal(signal.SIGTERM)
-            serve.wait(60)
-        log.close()
-        client = make_client("cli", env=env)
-        leftover = live_jobs(env, deployment.deployment)
-        if leftover:
-            client.cancel(leftover)
+        serve.close()

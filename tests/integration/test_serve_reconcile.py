@@ -1,7 +1,7 @@
 """The reconcile loop on the real local cluster with the sim engine: every replica is a real Slurm
 job running the replica entrypoint and a sim engine, observed through the real Slurm client and
 recorded in a real SQLite store. Plans come from a small rule-based planner
-(tests/integration/serve_harness.py) so each scenario controls where replicas should be.
+(tests/support/serve_harness.py) so each scenario controls where replicas should be.
 
 Scenarios: a scancelled replica is replaced; a drained partition's replica moves elsewhere with no
 gap in READY replicas; kill -9 of the daemon and a restart adopt the running job (no duplicate, no
@@ -11,26 +11,21 @@ put on cool-down. Short intervals (seconds) throughout; waits poll with deadline
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 from coral_hpc.config import load_deployment
 from coral_hpc.store import open_store
-from tests.conftest import REPO, wait_until
-from tests.integration.serve_harness import (
+from tests.conftest import wait_until
+from tests.support.serve_harness import (
     ARCH,
     MODEL,
     ON_A100,
+    HeadlessDaemon,
     PreferencePlanner,
-    build_daemon,
-    candidates_to_json,
+    ServeProcess,
     events,
     one_model_yaml,
     ready,
@@ -45,23 +40,6 @@ pytestmark = pytest.mark.slurm
 
 ON_V100 = slot(MODEL, ARCH, "v100", "v100", tp=2)  # 8B weights need two 16 GB V100s
 CRASHES = slot(MODEL, ARCH, "v100", "v100", tp=1)  # ... so one V100 fails at start, like an OOM
-
-
-class Running:
-    """A daemon running in this process (loops in threads) until :meth:`stop`."""
-
-    def __init__(self, config: Path, planner, env):
-        self.deployment = load_deployment(config)
-        self.daemon = build_daemon(self.deployment, planner, env)
-        self.stop_event = threading.Event()
-        self.threads = [loop.start() for loop in self.daemon.loops(self.stop_event)]
-
-    def stop(self) -> None:
-        self.stop_event.set()
-        for thread in self.threads:
-            thread.join(30)
-        self.daemon.observer.close()
-        self.daemon.store.close()
 
 
 class ReadyWatch:
@@ -88,7 +66,7 @@ class ReadyWatch:
 
 
 def test_a_scancelled_replica_is_replaced(tmp_path, env, slurm, cleanup):
-    run = Running(one_model_yaml(tmp_path), PreferencePlanner([ON_A100]), env)
+    run = HeadlessDaemon(one_model_yaml(tmp_path), PreferencePlanner([ON_A100]), env)
     cleanup(run.deployment)
     try:
         (first,) = wait_until(lambda: ready(run.deployment), 90, "a READY replica")
@@ -109,7 +87,7 @@ def test_a_scancelled_replica_is_replaced(tmp_path, env, slurm, cleanup):
 
 
 def test_a_drained_partition_moves_its_replica_with_no_gap(tmp_path, env, node_restorer, cleanup):
-    run = Running(one_model_yaml(tmp_path), PreferencePlanner([ON_A100, ON_V100]), env)
+    run = HeadlessDaemon(one_model_yaml(tmp_path), PreferencePlanner([ON_A100, ON_V100]), env)
     cleanup(run.deployment)
     try:
         (first,) = wait_until(lambda: ready(run.deployment), 90, "a READY replica on a100")
@@ -134,18 +112,11 @@ def test_kill_9_and_restart_adopts_without_duplicates(tmp_path, env, cleanup):
     config = one_model_yaml(tmp_path)
     deployment = load_deployment(config)
     cleanup(deployment)
-    candidates = tmp_path / "candidates.json"
-    candidates.write_text(candidates_to_json([ON_A100]))
-    argv = [sys.executable, "-m", "tests.integration.serve_harness", str(config), str(candidates)]
-    log = open(tmp_path / "daemon.log", "ab")  # noqa: SIM115 - held across two daemon runs
-    daemon = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                              env={**os.environ, **env})
+    daemon = ServeProcess.planned(tmp_path, config, [ON_A100], env, headless=True)
     try:
         (first,) = wait_until(lambda: ready(deployment), 90, "a READY replica")
-        daemon.send_signal(signal.SIGKILL)
-        daemon.wait(10)
-        daemon = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                                  env={**os.environ, **env})
+        daemon.kill(10)
+        daemon = ServeProcess.planned(tmp_path, config, [ON_A100], env, headless=True)
         # let the restarted daemon observe, plan and decide several times
         wait_until(lambda: len(events(deployment, "plan")) >= 2, 60, "a plan after the restart")
         wait_cycles([deployment], 5)  # counted, not slept: a slow host fits fewer into 5 s
@@ -154,9 +125,7 @@ def test_kill_9_and_restart_adopts_without_duplicates(tmp_path, env, cleanup):
         assert [r["job_id"] for r in ready(deployment)] == [first["job_id"]]
         assert len(events(deployment, "submit")) == 1
     finally:
-        daemon.send_signal(signal.SIGTERM)
-        daemon.wait(30)
-        log.close()
+        daemon.stop(30)
     # SIGTERM stops the daemon and leaves the replica running
     assert [j.job_id for j in tagged_jobs(env, deployment)] == [first["job_id"]]
 
@@ -171,7 +140,7 @@ def test_a_replica_pending_past_the_timeout_is_replanned_elsewhere(tmp_path, env
         for j in slurm.job_ids), 30, "the a100 nodes filled")
     # the fillers run 10 min: past a 60 s horizon, so Slurm's start estimate for the a100 replica
     # gives it no reason to keep its place (a start within the horizon would, on purpose)
-    run = Running(one_model_yaml(tmp_path, pending_timeout_s=8, max_queue_wait_s=60),
+    run = HeadlessDaemon(one_model_yaml(tmp_path, pending_timeout_s=8, max_queue_wait_s=60),
                   PreferencePlanner([ON_A100, ON_V100]), env)
     cleanup(run.deployment)
     try:
@@ -189,7 +158,7 @@ def test_a_replica_pending_past_the_timeout_is_replanned_elsewhere(tmp_path, env
 def test_short_time_limit_rotates_before_walltime_with_no_gap(tmp_path, env, cleanup):
     # 3 min limit; Slurm warns (USR2) 90 s before it and the replica then drains, so it serves
     # until ~90 s; lead 40 s: the successor is submitted at ~50 s and READY well before 90 s
-    run = Running(one_model_yaml(tmp_path, time_limit="00:03:00", walltime_lead_s=40),
+    run = HeadlessDaemon(one_model_yaml(tmp_path, time_limit="00:03:00", walltime_lead_s=40),
                   PreferencePlanner([ON_A100]), env)
     cleanup(run.deployment)
     try:
@@ -215,7 +184,7 @@ def test_short_time_limit_rotates_before_walltime_with_no_gap(tmp_path, env, cle
 
 
 def test_a_template_that_crashes_at_start_cools_down(tmp_path, env, cleanup):
-    run = Running(one_model_yaml(tmp_path, crash_limit=2),
+    run = HeadlessDaemon(one_model_yaml(tmp_path, crash_limit=2),
                   PreferencePlanner([CRASHES, ON_A100]), env)
     cleanup(run.deployment)
     try:

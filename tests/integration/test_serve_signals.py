@@ -1,5 +1,5 @@
 """``serve`` as a process of its own on the real local cluster (sim engine, rule-based planner of
-tests/integration/serve_process.py): SIGHUP reloads models.yaml (a model added is planned,
+tests/support/serve_harness.py): SIGHUP reloads models.yaml (a model added is planned,
 started and routed; an invalid file is reported and the old one kept); a gateway that dies is
 started again and the info file names its new address; SIGTERM leaves replicas running."""
 
@@ -14,7 +14,7 @@ import pytest
 from coral_hpc.config import load_deployment
 from coral_hpc.daemon.process import info_path, read_info
 from tests.conftest import wait_until
-from tests.integration.serve_harness import (
+from tests.support.serve_harness import (
     ARCH,
     MODEL,
     ON_A100,
@@ -68,7 +68,8 @@ def test_sighup_reloads_models_yaml(tmp_path, env, cleanup):
     deployment = load_deployment(config)
     cleanup(deployment)
     original = config.read_text()
-    serve = ServeProcess(tmp_path, config, [ON_A100, slot(SECOND, ARCH, "a100", "a100")], env)
+    serve = ServeProcess.planned(tmp_path, config,
+                                  [ON_A100, slot(SECOND, ARCH, "a100", "a100")], env)
     try:
         wait_until(lambda: ready(deployment), 90, f"a READY {MODEL} replica")
         wait_until(lambda: answered(deployment, MODEL), 30, f"a {MODEL} completion")
@@ -112,7 +113,7 @@ def test_a_gateway_that_dies_is_restarted_and_the_info_file_follows_it(tmp_path,
     config = one_model_yaml(tmp_path)
     deployment = load_deployment(config)
     cleanup(deployment)
-    serve = ServeProcess(tmp_path, config, [ON_A100], env)
+    serve = ServeProcess.planned(tmp_path, config, [ON_A100], env)
     try:
         wait_until(lambda: ready(deployment), 90, "a READY replica")
         wait_until(lambda: answered(deployment, MODEL), 30, "a completion through the gateway")

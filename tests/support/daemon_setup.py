@@ -7,28 +7,25 @@
   ``reasoner`` only the full h100 partition, so every re-plan asks Slurm when it would start
   (bench/bigcluster.py live, tests/unit/test_call_budget_replay.py on its recording);
 - :func:`headless_daemon` builds :class:`~coral_hpc.daemon.core.Daemon` as ``serve`` does, minus
-  the gateway, metrics server, lease and status file;
-- :func:`wait_for` and :func:`cancel_deployment_jobs` are the benches' polling and clean-up.
+  the gateway, metrics server, lease and status file.
+
+Waiting is :func:`tests.conftest.wait_until` and clean-up
+:func:`tests.support.serve_harness.cancel_deployment`, for the tests and the benches alike.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
 from coral_hpc.config import Deployment
 from coral_hpc.daemon import ensure_replica_key
 from coral_hpc.daemon.core import Daemon
 from coral_hpc.gateway.table import default_replica_key_path, default_table_path
-from coral_hpc.slurm import make_client
 from coral_hpc.slurm.budget import CallBudget
 from coral_hpc.slurm.client import SlurmClient
 from coral_hpc.store import open_store
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -102,23 +99,3 @@ def headless_daemon(deployment: Deployment, client: SlurmClient, planner: Callab
     key = ensure_replica_key(default_replica_key_path(deployment))
     return Daemon(deployment, store, client, planner, api_key_file=key,
                   table_path=default_table_path(deployment), budget=budget)
-
-
-def wait_for(predicate: Callable[[], T | None], timeout: float, what: str) -> T:
-    """Poll ``predicate`` every 0.1 s until it returns something truthy; TimeoutError naming
-    ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
-
-
-def cancel_deployment_jobs(env: dict, deployment: Deployment) -> None:
-    """Cancel every job of ``deployment`` Slurm still runs or queues."""
-    client = make_client("cli", env=env)
-    ids = [j.job_id for j in client.snapshot(deployment.deployment).jobs if j.end_kind is None]
-    if ids:
-        client.cancel(ids)

@@ -19,6 +19,7 @@ from coral_hpc.reconcile import (
 )
 from coral_hpc.store import Exclusion
 from coral_hpc.types import ExclusionKind, ShapeExclusion, TemplateExclusion
+from tests.support.virtual_time import VirtualClock
 from tests.unit.reconcile_facts import facts, plan, rec, slot
 
 S = ReconcileSettings(
@@ -302,19 +303,24 @@ def test_submissions_and_cancellations_are_bounded_per_cycle_replacements_first(
 
 
 class World:
-    """A tiny fake cluster on a fake clock: jobs pend one tick, start, become READY after
-    ``startup`` seconds, end at walltime or a tick after a cancel. Applies decide()'s actions."""
+    """A tiny fake cluster on a :class:`VirtualClock`: jobs pend one tick, start, become READY
+    after ``startup`` seconds, end at walltime or a tick after a cancel. Applies decide()'s
+    actions."""
 
     def __init__(self, time_limit_s: float, startup_s: float):
-        self.now = 0.0
+        self.clock = VirtualClock(0.0)
         self.time_limit_s = time_limit_s
         self.startup_s = startup_s
         self.records = {}
         self.serial = 0
         self.unavailable = set()
 
+    @property
+    def now(self) -> float:
+        return self.clock.now
+
     def tick(self, dt: float) -> None:
-        self.now += dt
+        self.clock.advance(dt)
         for rid, r in list(self.records.items()):
             if r.ended_at is not None:
                 continue

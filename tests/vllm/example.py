@@ -3,12 +3,11 @@ state, and the engine settings its partitions give every engine on the local clu
 
 from __future__ import annotations
 
-import re
-import secrets
 from pathlib import Path
 
 from coral_hpc.config import load_deployment
 from tests.conftest import REPO
+from tests.support.serve_harness import example_copy as harness_example_copy
 
 EXAMPLE = REPO / "examples" / "vllm-cpu.yaml"
 
@@ -16,21 +15,11 @@ EXAMPLE = REPO / "examples" / "vllm-cpu.yaml"
 def example_copy(tmp_path: Path, venv: Path, models: Path) -> Path:
     """examples/vllm-cpu.yaml with its own deployment name and state, this run's venv and models
     folders, and short intervals."""
-    text = EXAMPLE.read_text()
-    name = f"vllm{secrets.token_hex(3)}"
-    replacements = {
-        r"(?m)^deployment: .*$": f"deployment: {name}",
-        r"(?m)^state_dir: .*$": f"state_dir: {tmp_path / 'shared'}",
-        r"(?m)^db_path: .*$": f"db_path: {tmp_path / 'daemon' / 'coral.db'}",
-        r"(?m)^  poll_interval_s: .*$": "  poll_interval_s: 1",
-        r"(?m)^profiles_dir: .*$": f"profiles_dir: {REPO / 'examples' / 'vllm-cpu.profiles'}",
-    }
-    for pattern, value in replacements.items():
-        text, count = re.subn(pattern, value, text)
-        assert count == 1, f"examples/vllm-cpu.yaml no longer has {pattern!r}"
+    path = harness_example_copy(tmp_path, EXAMPLE, "vllm", {
+        r"(?m)^profiles_dir: .*$": f"profiles_dir: {REPO / 'examples' / 'vllm-cpu.profiles'}"})
+    text = path.read_text()
     text = text.replace("/var/cache/coral-hpc/vllm-cpu", str(venv))
     text = text.replace("/var/cache/coral-hpc/test-models", str(models))
-    path = tmp_path / "models.yaml"
     path.write_text(text)
     return path
 

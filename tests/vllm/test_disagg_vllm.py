@@ -15,7 +15,6 @@ import json
 import os
 import re
 import secrets
-import signal
 import subprocess
 import threading
 import time
@@ -30,7 +29,7 @@ from coral_hpc.launch import read_endpoint, submit_replica
 from coral_hpc.launch.spec import ReplicaSpec, StageSpec
 from coral_hpc.slurm import make_client
 from tests.conftest import wait_until
-from tests.support.serve_cli import cli, live_jobs, start_serve, status
+from tests.support.serve_harness import ServeProcess, cli, live_jobs, status
 from tests.vllm.engine_client import completion, token_ids
 from tests.vllm.example import example_copy, example_engine_env
 
@@ -106,7 +105,7 @@ def test_prefill_and_decode_jobs_serve_the_same_tokens_and_survive_losing_decode
 
     config = _disaggregated_copy(tmp_path, vllm_venv, test_models)
     deployment = load_deployment(config)
-    serve = start_serve(env, config, tmp_path)
+    serve = ServeProcess.cli(env, config, tmp_path)
     try:
         def both_roles_ready():
             if not Path(deployment.db_path).exists():
@@ -171,11 +170,5 @@ def test_prefill_and_decode_jobs_serve_the_same_tokens_and_survive_losing_decode
         print("\n" + "\n".join(line for line in gw_metrics.splitlines()
                                if line.startswith("coral_gateway_phase")))
     finally:
-        if serve.poll() is None:
-            serve.send_signal(signal.SIGTERM)
-            serve.wait(60)
-        cli(env, "down", str(config), "--grace", "30", "--json", timeout=240)
-        leftover = live_jobs(env, deployment.deployment)
-        if leftover:
-            make_client("cli", env=env).cancel(leftover)
+        serve.close(down_grace=30)
         print(json.dumps({"serve_log_tail": (tmp_path / "serve.log").read_text()[-1500:]}))

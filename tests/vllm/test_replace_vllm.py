@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import signal
 import subprocess
 import threading
 import time
@@ -42,15 +41,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from coral_hpc.config import load_deployment
 from coral_hpc.daemon.process import info_path, read_info
-from coral_hpc.daemon.status_file import status_data
 from coral_hpc.engine import vllm_metrics
 from coral_hpc.reconcile.settings import ReconcileSettings
 from coral_hpc.reconcile.startup import lead_startup_s
 from coral_hpc.reconcile.status import walltime_lead
 from coral_hpc.slurm import make_client
-from coral_hpc.store import open_store
 from tests.conftest import REPO, wait_until
-from tests.support.serve_cli import cli, start_serve
+from tests.support import serve_harness as harness
+from tests.support.serve_harness import ServeProcess
 
 #: part of `make test`; `make test-replacement` runs it alone
 pytestmark = [pytest.mark.slurm, pytest.mark.vllm, pytest.mark.replacement]
@@ -118,48 +116,28 @@ models:
 
 
 class Session:
-    """Reads the daemon's store (what ``coral-hpc status --json`` prints) and samples it."""
+    """Reads the daemon's store through the serve harness (what ``coral-hpc status --json``
+    prints, and the rows and events behind it)."""
 
     def __init__(self, deployment):
         self.deployment = deployment
-        self.ready_samples: list[tuple[float, int]] = []
-
-    def data(self) -> dict:
-        if not Path(self.deployment.db_path).exists():
-            return {"replicas": [], "models": []}
-        store = open_store(self.deployment.db_path, readonly=True)
-        try:
-            return status_data(self.deployment, store, time.time())
-        finally:
-            store.close()
 
     def replicas(self) -> list[dict]:
-        return self.data()["replicas"]
+        return harness.replicas(self.deployment)
 
     def ready(self) -> list[dict]:
-        return [r for r in self.replicas() if r["state"] == "READY"]
+        return harness.ready(self.deployment)
 
     def records(self) -> dict:
         """Every replica row, ended ones included, by id."""
-        store = open_store(self.deployment.db_path, readonly=True)
-        try:
-            return {r.id: r for r in store.replicas(live_only=False)}
-        finally:
-            store.close()
+        return harness.read_store(
+            self.deployment, lambda s: {r.id: r for r in s.replicas(live_only=False)}, {})
 
     def startups(self) -> list:
-        store = open_store(self.deployment.db_path, readonly=True)
-        try:
-            return store.startups(limit=50)
-        finally:
-            store.close()
+        return harness.read_store(self.deployment, lambda s: s.startups(limit=50), [])
 
     def events(self, kind: str) -> list:
-        store = open_store(self.deployment.db_path, readonly=True)
-        try:
-            return store.events(limit=1000, kind=kind)
-        finally:
-            store.close()
+        return harness.events(self.deployment, kind, limit=1000)
 
 
 class Watch(threading.Thread):
@@ -209,7 +187,7 @@ def test_drain_scancel_and_walltime_replace_with_no_ready_gap(
     config = write_config(tmp_path, vllm_venv, test_models)
     deployment = load_deployment(config)
     session = Session(deployment)
-    serve = start_serve(env, config, tmp_path)
+    serve = ServeProcess.cli(env, config, tmp_path)
     client = make_client("cli", env=env)
     watch = None
     try:
@@ -309,11 +287,4 @@ def test_drain_scancel_and_walltime_replace_with_no_ready_gap(
     finally:
         if watch is not None and watch.is_alive():
             watch.stop()
-        if serve.poll() is None:
-            serve.send_signal(signal.SIGTERM)
-            serve.wait(60)
-        cli(env, "down", str(config), "--grace", "30", timeout=120)
-        leftover = [j.job_id for j in client.snapshot(deployment.deployment).jobs
-                    if j.end_kind is None]
-        if leftover:
-            client.cancel(leftover)
+        serve.close(down_grace=30)
