@@ -156,7 +156,6 @@ def test_every_example_validates_from_any_working_directory(example, tmp_path):
     assert "Slurm not asked" in run.stdout + run.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="profiles_dir resolves against cwd")
 @pytest.mark.parametrize("example", [p for p in EXAMPLES if "profiles_dir:" in p.read_text()],
                          ids=lambda p: p.name)
 def test_an_examples_profiles_dir_is_found_from_any_working_directory(example, tmp_path,
