@@ -85,6 +85,15 @@ def _remote_status(deployment) -> dict | None:
              f"published in {deployment.state_path}; no daemon serves it {where}")
     published["daemon"] = live
     published["published_by"] = (live or {}).get("host")
+    if live is None:
+        # its daemon no longer runs: what it published is only last known; ask Slurm now
+        from coral_hpc.daemon.observed import record_from_row
+        from coral_hpc.daemon.status_file import restate_published
+
+        now = float(published.get("generated_at") or time.time())
+        records = [record_from_row(r, now) for r in published.get("replicas", [])]
+        published = restate_published(deployment, published, _ask_slurm(deployment, records),
+                                      time.time())
     return published
 
 

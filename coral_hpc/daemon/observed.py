@@ -104,3 +104,28 @@ def as_observed(record: ReplicaRecord, live: LiveFacts,
         # a replica that cannot be reached now is not shown READY from the database
         changed = replace(changed, health_failures=max(record.health_failures, unhealthy_after))
     return changed
+
+
+#: States in which a replica's job had started when the row was published.
+_STARTED = frozenset({"STARTING", "READY", "UNHEALTHY", "DRAINING"})
+
+
+def record_from_row(row: dict, published_at: float) -> ReplicaRecord:
+    """The facts a published ``status.json`` row implies (it holds states, not facts), so
+    :func:`as_observed` and :func:`~coral_hpc.reconcile.replica_status` can derive the state
+    again from what Slurm and the endpoint say now. Used where the database is on another host
+    and its daemon no longer runs."""
+    state = row.get("state")
+    return ReplicaRecord(
+        id=str(row["id"]), model=str(row["model"]), template_id=str(row.get("template") or ""),
+        layout=None, partitions=tuple(p for p in str(row.get("partition") or "").split(",") if p),
+        throughput=float(row.get("throughput") or 0.0), cost_per_hour=0.0,
+        created_at=published_at - float(row.get("age_s") or 0.0),
+        job_id=row.get("job_id"), endpoint=row.get("endpoint"),
+        slurm_state=row.get("slurm_state"), slurm_reason=row.get("slurm_reason"),
+        started_at=published_at if state in _STARTED else None,
+        ready_at=published_at if state in ("READY", "UNHEALTHY") else None,
+        drain_requested_at=published_at if state == "DRAINING" else None,
+        expected_start=row.get("expected_start"),
+        last_seen_at=row.get("observed_at") or published_at,
+    )

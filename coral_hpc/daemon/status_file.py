@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from coral_hpc.atomic import write_atomic
-from coral_hpc.daemon.observed import LiveFacts, as_observed
+from coral_hpc.daemon.observed import LiveFacts, as_observed, record_from_row
 from coral_hpc.reconcile import ReconcileSettings, ReplicaFacts, ReplicaState, replica_status
 
 STATUS_FILE_NAME = "status.json"
@@ -151,6 +151,39 @@ def status_data(deployment, store, now: float, live: LiveFacts | None = None) ->
             for e in store.events(limit=20)
         ],
     }
+
+
+def restate_published(deployment, data: dict, live: LiveFacts | None, now: float) -> dict:
+    """``data`` as the daemon published it, for a ``status`` run while no daemon runs: each row
+    marked last known, or — when ``live`` holds Slurm's answer — its state derived again from
+    the facts the row implies (:func:`~coral_hpc.daemon.observed.record_from_row`) with what
+    Slurm and the endpoint say now, and the models' READY counts recounted."""
+    settings = ReconcileSettings.from_policy(deployment.policy)
+    published_at = float(data.get("generated_at") or now)
+    asked = live is not None and live.error is None
+    data["source"] = "slurm" if asked else "last-known"
+    data["observed_at"] = live.observed_at if asked and live is not None else None
+    data["slurm_error"] = None if live is None else live.error
+    data["last_daemon"] = last_daemon(deployment)
+    for row in data.get("replicas", []):
+        if not asked or live is None or not row.get("job_id"):
+            row["source"] = "last-known"
+            row.setdefault("observed_at", published_at)
+            continue
+        record = as_observed(record_from_row(row, published_at), live, settings.unhealthy_after)
+        state = replica_status(ReplicaFacts(record), now, settings).state
+        row.update(state=state.value, slurm_state=record.slurm_state,
+                   health=live.health.get(record.id), source="slurm",
+                   observed_at=live.observed_at,
+                   endpoint=row.get("endpoint") if state is ReplicaState.READY else None)
+    ready: dict[str, int] = {}
+    for row in data.get("replicas", []):
+        if row.get("state") == ReplicaState.READY.value:
+            ready[row.get("model")] = ready.get(row.get("model"), 0) + 1
+    if asked:
+        for model in data.get("models", []):
+            model["ready_replicas"] = ready.get(model.get("name"), 0)
+    return data
 
 
 def write_status(path: Path, data: dict) -> None:

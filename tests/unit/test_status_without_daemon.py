@@ -177,3 +177,35 @@ def _dead_pid() -> int:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
     return proc.pid
+
+
+def test_from_another_login_node_a_dead_daemons_published_ready_is_checked_with_slurm(
+        setup, endpoint):
+    """The database is on the dead daemon's host; this host has only its status.json. The rows
+    it published READY are derived again from Slurm and the endpoints."""
+    from coral_hpc.daemon.status_file import status_data, status_file, write_status
+
+    path, deployment, slurm, calls = setup
+    _store_ready(deployment, "gone", "9101", _closed_port_url())
+    _store_ready(deployment, "alive", "9102", endpoint)
+    store = open_store(deployment.db_path)
+    try:
+        published = status_data(deployment, store, time.time())
+    finally:
+        store.close()
+    assert {r["state"] for r in published["replicas"]} == {"READY"}
+    write_status(status_file(deployment.state_path), published)
+    Path(deployment.db_path).unlink()                   # the database is on the other host
+    lease = deployment.state_path / "daemon.lease.json"
+    lease.write_text(json.dumps({"deployment": deployment.deployment, "host": "login-elsewhere",
+                                 "pid": 4242, "token": "t", "renewed_at": time.time() - 3600}))
+    slurm.add_job(_job("9102", deployment.deployment, "x"))
+    data = _status(path, "--json")
+    assert data["daemon"] is None and data["source"] == "slurm"
+    rows = {r["id"]: r for r in data["replicas"]}
+    assert (rows["gone"]["state"], rows["gone"]["slurm_state"]) == ("FAILED", "GONE")
+    assert (rows["alive"]["state"], rows["alive"]["health"]) == ("READY", True)
+    assert {r["source"] for r in rows.values()} == {"slurm"}
+    assert data["models"][0]["ready_replicas"] == 1
+    assert data["last_daemon"]["host"] == "login-elsewhere"
+    assert calls == [["9101", "9102"]]
