@@ -83,7 +83,8 @@ def _remote_status(deployment) -> dict | None:
         where = f"on {live.get('host')}" if live else "anywhere"
         fail(f"{deployment.deployment}: no database here ({deployment.db_path}) and no status "
              f"published in {deployment.state_path}; no daemon serves it {where}")
-    published["daemon"] = live
+    published["daemon"] = None if live is None else {
+        **{k: v for k, v in live.items() if k != "token"}, "heartbeat_at": live.get("renewed_at")}
     published["published_by"] = (live or {}).get("host")
     if live is None:
         # its daemon no longer runs: what it published is only last known; ask Slurm now

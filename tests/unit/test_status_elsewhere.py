@@ -69,6 +69,8 @@ def test_status_from_another_login_node_reads_what_the_daemon_published(tmp_path
     assert "as published in the state folder" in shown.stdout
     as_json = json.loads(_run("status", str(path), "--json").stdout)
     assert as_json["published_by"] == "login-elsewhere" and as_json["daemon"]["pid"] == 4242
+    assert as_json["daemon"]["heartbeat_at"] > time.time() - 60 and "token" not in as_json["daemon"]
+    assert "heartbeat" in shown.stdout
 
     _lease(lease, time.time() - 3600)  # its daemon died an hour ago: nobody holds the lease
     stale = json.loads(_run("status", str(path), "--json").stdout)
