@@ -59,6 +59,28 @@ def _unit(report: CostReport) -> str:
     return "billing unit-hours" if report.price_unit == "billing" else "cost (price × GPU-hours)"
 
 
+def cost_unit(price_unit: str) -> str:
+    """What a cost figure is counted in: Slurm billing units × hours, or the currency of the
+    per-GPU-hour prices in models.yaml (whatever it is: coral-hpc does not know it)."""
+    return "billing unit-hours" if price_unit == "billing" else "price units"
+
+
+def column_headers(price_unit: str) -> dict[str, str]:
+    """Human headers, with units, of the HTML tables' keys (the ``--json`` names)."""
+    unit = cost_unit(price_unit)
+    return {
+        "model": "Model",
+        "partition": "Partition",
+        "gpu_type": "GPU type",
+        "gpu_hours": "GPU-hours",
+        "billing_unit_hours": "Billing unit-hours",
+        "cost": f"Cost ({unit})",
+        "prompt_tokens": "Prompt tokens",
+        "generated_tokens": "Generated tokens",
+        "cost_per_million_tokens": f"Cost per million tokens ({unit})",
+    }
+
+
 def draw_cost_figure(report: CostReport) -> Any:
     """One figure: cost over time stacked by model (left), GPU-hours by partition (right)."""
     plt = _pyplot()
@@ -84,10 +106,10 @@ def draw_cost_figure(report: CostReport) -> Any:
     return fig
 
 
-def draw_allocation_figure(report: CostReport, replicas: Sequence[ReplicaRecord]) -> Any:
-    """Replicas running per model over time, from the daemon's replica history."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(12, 3.5), constrained_layout=True)
+def allocation_steps(report: CostReport, replicas: Sequence[ReplicaRecord]
+                     ) -> dict[str, tuple[list[float], list[int]]]:
+    """Per model, the times its running-replica count changed and the count from then on
+    (starting at the range's start with 0), from the daemon's replica history."""
     end = min(report.until, report.now)
     by_model: dict[str, list[tuple[float, int]]] = defaultdict(list)
     for r in replicas:
@@ -97,22 +119,55 @@ def draw_allocation_figure(report: CostReport, replicas: Sequence[ReplicaRecord]
         if stop <= report.since or r.started_at >= end:
             continue
         by_model[r.model].append((max(r.started_at, report.since), +1))
-        by_model[r.model].append((min(stop, end), -1))
+        if stop < end:  # still running at the range's end: no drop drawn there
+            by_model[r.model].append((stop, -1))
+    steps: dict[str, tuple[list[float], list[int]]] = {}
     for model, changes in sorted(by_model.items()):
         changes.sort()
-        times, counts, running = [datetime.fromtimestamp(report.since, report.tz)], [0], 0
+        times, counts, running = [float(report.since)], [0], 0
         for when, step in changes:
             running += step
-            times.append(datetime.fromtimestamp(when, report.tz))
+            times.append(when)
             counts.append(running)
-        ax.step(times, counts, where="post", label=model)
-    if by_model:
-        ax.legend(loc="upper left", fontsize="small")
+        steps[model] = (times, counts)
+    return steps
+
+
+#: Height of one model's row in the allocation figure, and of its title and time axis.
+ALLOCATION_ROW_IN = 1.1
+ALLOCATION_FRAME_IN = 1.4
+
+
+def draw_allocation_figure(report: CostReport, replicas: Sequence[ReplicaRecord]) -> Any:
+    """Replicas running over time, one row per model on a shared time axis: several models
+    with the same count would draw on top of each other in one plot (issue 29)."""
+    plt = _pyplot()
+    from matplotlib.ticker import MaxNLocator
+
+    steps = allocation_steps(report, replicas)
+    rows = max(1, len(steps))
+    fig, axes = plt.subplots(rows, 1, sharex=True, squeeze=False, constrained_layout=True,
+                             figsize=(12, ALLOCATION_FRAME_IN + ALLOCATION_ROW_IN * rows))
+    axes = [a[0] for a in axes]
+    end = min(report.until, report.now)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (ax, (model, (times, counts))) in enumerate(zip(axes, steps.items())):
+        when = [datetime.fromtimestamp(t, report.tz) for t in [*times, end]]
+        values = [*counts, counts[-1]]
+        color = colors[i % len(colors)]
+        ax.step(when, values, where="post", label=model, color=color)
+        ax.fill_between(when, values, step="post", alpha=0.25, color=color)
+        ax.set_ylim(0, max(values) + 0.5)
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylabel(model, rotation=0, ha="right", va="center")
+        ax.grid(axis="y", alpha=0.3)
+    if steps:
+        fig.autofmt_xdate()
     else:
-        ax.text(0.5, 0.5, "no replica history in this range", ha="center", va="center",
-                transform=ax.transAxes)
-    ax.set_title("Replicas running per model (daemon history)")
-    ax.set_ylabel("replicas")
+        axes[0].text(0.5, 0.5, "no replica history in this range", ha="center", va="center",
+                     transform=axes[0].transAxes)
+    axes[0].set_title("Replicas running per model (daemon history), one row per model")
+    fig.supylabel("replicas")
     return fig
 
 
@@ -138,9 +193,10 @@ def render_html(report: CostReport, replicas: Sequence[ReplicaRecord]) -> str:
     cost_png = base64.b64encode(figure_png(draw_cost_figure(report))).decode("ascii")
     alloc_png = base64.b64encode(figure_png(draw_allocation_figure(report, replicas))).decode("ascii")
     esc = html.escape
+    headers = column_headers(report.price_unit)
 
     def table(rows: list[dict[str, Any]], columns: list[str]) -> str:
-        head = "".join(f"<th>{esc(c)}</th>" for c in columns)
+        head = "".join(f'<th title="{esc(c)}">{esc(headers.get(c, c))}</th>' for c in columns)
         body = "".join(
             "<tr>" + "".join(f"<td>{esc(_fmt(r.get(c)))}</td>" for c in columns) + "</tr>"
             for r in rows
@@ -173,13 +229,13 @@ body {{ font-family: sans-serif; margin: 2em; }} table {{ border-collapse: colla
 td, th {{ border: 1px solid #ccc; padding: 0.2em 0.6em; text-align: right; }} img {{ max-width: 100%; }}
 </style></head><body>
 <h1>{esc(report.deployment)}: cost from Slurm accounting</h1>
-<p>{esc(data['since'])} to {esc(data['until'])} (now {esc(data['now'])}); unit: {esc(data['price_unit'])}.
+<p>{esc(data['since'])} to {esc(data['until'])} (now {esc(data['now'])}); costs in {esc(cost_unit(report.price_unit))} ({esc(_unit_meaning(report.price_unit))}).
 Total {esc(_fmt(data['total']['gpu_hours']))} GPU-hours, cost {esc(_fmt(data['total']['cost']))}.</p>
 {f'<ul class="warnings">{warnings}</ul>' if warnings else ''}
 <h2>Cost over time and GPU-hours by partition</h2>
 <img alt="cost over time by model; GPU-hours by partition" src="data:image/png;base64,{cost_png}">
 <h2>Allocation over time</h2>
-<img alt="replicas running per model over time" src="data:image/png;base64,{alloc_png}">
+<img alt="replicas running over time, one row per model: {esc(', '.join(allocation_steps(report, replicas)))}" src="data:image/png;base64,{alloc_png}">
 <h2>By model</h2>
 {table(data['models'], ['model', 'gpu_hours', 'cost', 'prompt_tokens', 'generated_tokens', 'cost_per_million_tokens'])}
 <h2>By partition</h2>
@@ -195,6 +251,12 @@ def write_html(report: CostReport, replicas: Sequence[ReplicaRecord], path: str 
     target = Path(path)
     target.write_text(render_html(report, replicas), encoding="utf-8")
     return target
+
+
+def _unit_meaning(price_unit: str) -> str:
+    if price_unit == "billing":
+        return "price: billing — Slurm's billing units of each job's shape × hours"
+    return "GPU-hours × the per-GPU-hour prices in models.yaml"
 
 
 def _fmt(value: Any) -> str:

@@ -1,9 +1,14 @@
 """``coral-hpc status FILE [--json]``: models, replicas, plan vs actual, recent events.
 
 Reads the daemon's database read-only (it never changes what a running daemon owns) and derives
-every replica's state with the same function the daemon uses. From a login node other than the
-daemon's (its database is on that host's local disk) it prints what the daemon last published in
-the shared state folder, and says when.
+every replica's state with the same function the daemon uses. It first says whether the daemon
+runs (host, pid, last heartbeat). When none does, nobody keeps the database up to date, so it
+asks Slurm for the stored replicas' jobs (one batched squeue/sacct call) and probes their
+endpoints' ``/health`` itself: a replica whose job Slurm no longer has is never shown READY.
+Each row's ``source`` (``daemon``, ``slurm`` or ``last-known``) and ``observed_at`` in ``--json``
+say which facts are live. From a login node other than the daemon's (its database is on that
+host's local disk) it prints what the daemon last published in the shared state folder, and
+says when.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import click
 from coral_hpc.cli._output import Column, console, fail, print_json, print_table, wide_option
 from coral_hpc.cli.timefmt import duration, local_time
 from coral_hpc.config import load_deployment
-from coral_hpc.daemon.status_file import status_data
+from coral_hpc.daemon.status_file import running_daemon, status_data
 from coral_hpc.errors import ConfigError, PermanentError
 
 
@@ -38,7 +43,11 @@ def status(file: str, as_json: bool, wide: bool) -> None:
         except PermanentError as exc:
             fail(str(exc))
         try:
-            data = status_data(deployment, store, time.time())
+            now = time.time()
+            live = None
+            if running_daemon(deployment, now) is None:
+                live = _ask_slurm(deployment, store.replicas(live_only=True))
+            data = status_data(deployment, store, time.time(), live)
         finally:
             store.close()
     if data.get("plan") is not None:  # a status published before plans named their unit
@@ -47,6 +56,15 @@ def status(file: str, as_json: bool, wide: bool) -> None:
         print_json(data)
         return
     _print_tables(data, wide)
+
+
+def _ask_slurm(deployment, records):
+    """No daemon keeps the database current: ask Slurm and the endpoints now."""
+    from coral_hpc.daemon.observed import observe
+    from coral_hpc.slurm import client_for_deployment
+
+    return observe(records, lambda: client_for_deployment(deployment),
+                   endpoints_dir=deployment.state_path / "endpoints")
 
 
 def _remote_status(deployment) -> dict | None:
@@ -67,9 +85,49 @@ def _remote_status(deployment) -> dict | None:
         where = f"on {live.get('host')}" if live else "anywhere"
         fail(f"{deployment.deployment}: no database here ({deployment.db_path}) and no status "
              f"published in {deployment.state_path}; no daemon serves it {where}")
-    published["daemon"] = live
+    published["daemon"] = None if live is None else {
+        **{k: v for k, v in live.items() if k != "token"}, "heartbeat_at": live.get("renewed_at")}
     published["published_by"] = (live or {}).get("host")
+    if live is None:
+        # its daemon no longer runs: what it published is only last known; ask Slurm now
+        from coral_hpc.daemon.observed import record_from_row
+        from coral_hpc.daemon.status_file import restate_published
+
+        now = float(published.get("generated_at") or time.time())
+        records = [record_from_row(r, now) for r in published.get("replicas", [])]
+        published = restate_published(deployment, published, _ask_slurm(deployment, records),
+                                      time.time())
     return published
+
+
+def _daemon_line(daemon: dict | None, data: dict, now: float) -> str:
+    """``daemon on login1 pid 4242 (heartbeat 12 s ago), gateway …`` or why none runs."""
+    if daemon:
+        beat = daemon.get("heartbeat_at")
+        return (f"daemon on {daemon.get('host', 'this host')} pid {daemon['pid']}"
+                + (f" (heartbeat {duration(max(0.0, now - beat))} ago)" if beat else "")
+                + f", gateway http://{daemon.get('gateway')}")
+    last = data.get("last_daemon")
+    if last and last.get("heartbeat_at"):
+        how = "stopped" if last.get("released") else "last heartbeat"
+        return (f"[yellow]no daemon running[/] ({how} on {last.get('host')} pid "
+                f"{last.get('pid')} at {local_time(last['heartbeat_at'], now)})")
+    return "[yellow]no daemon running[/]"
+
+
+def _state(replica: dict) -> str:
+    """The state, marked when it is only what the database last held."""
+    if replica.get("source") == "last-known" and replica["state"] not in ("ENDED", "FAILED"):
+        return f"{replica['state']} (last known)"
+    return replica["state"]
+
+
+def _end_note(replica: dict) -> str:
+    """What Slurm said of a job that ended (asked by this ``status``, no daemon running)."""
+    if replica.get("source") != "slurm" or replica["state"] not in ("ENDED", "FAILED"):
+        return ""
+    slurm = replica.get("slurm_state")
+    return "Slurm: no such job" if slurm == "GONE" else f"Slurm: {slurm}" if slurm else ""
 
 
 def _pending_note(replica: dict, now: float) -> str:
@@ -88,12 +146,15 @@ def _pending_note(replica: dict, now: float) -> str:
 def _print_tables(data: dict, wide: bool = False, now: float | None = None) -> None:
     now = time.time() if now is None else now
     daemon = data["daemon"]
-    console.print(
-        f"[bold]{data['deployment']}[/]: "
-        + (f"daemon on {daemon.get('host', 'this host')} pid {daemon['pid']}, gateway "
-           f"http://{daemon.get('gateway')}" if daemon
-           else "[yellow]no daemon running[/]")
-    )
+    console.print(f"[bold]{data['deployment']}[/]: " + _daemon_line(daemon, data, now))
+    source = data.get("source")
+    if source == "slurm":
+        console.print(f"replica states from Slurm and their endpoints at "
+                      f"{local_time(data['observed_at'], now)} (no daemon updates the database)")
+    elif source == "last-known" and data["replicas"]:
+        console.print("[yellow]replica states are last known (the database as the daemon left "
+                      "it), not live[/]"
+                      + (f": {data['slurm_error']}" if data.get("slurm_error") else ""))
     if "published_by" in data:  # read from the state folder, not from a database here
         console.print(f"as published in the state folder at "
                       f"{local_time(data.get('generated_at') or now, now)}")
@@ -109,9 +170,9 @@ def _print_tables(data: dict, wide: bool = False, now: float | None = None) -> N
          Column("job", "id"), Column("state", "id"), Column("partition"),
          Column("TP×PP", "id"), Column("age", "num"), Column("time left", "num"),
          Column("endpoint", "id")],
-        [(r["id"], r["model"], r["role"] or "?", r["job_id"] or "", r["state"],
+        [(r["id"], r["model"], r["role"] or "?", r["job_id"] or "", _state(r),
           r["partition"].replace(",", ", "), f"{r['tp']}×{r['pp']}", duration(r["age_s"]),
-          duration(r["time_left_s"]), r["endpoint"] or _pending_note(r, now))
+          duration(r["time_left_s"]), r["endpoint"] or _pending_note(r, now) or _end_note(r))
          for r in data["replicas"]],
         wide=wide,
     )

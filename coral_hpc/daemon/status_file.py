@@ -1,6 +1,12 @@
 """What ``coral-hpc status`` prints, computed from the daemon's database, and the copy the
 daemon publishes in the shared state folder so ``status`` works from any login node (the
-database lives on the daemon host's local disk)."""
+database lives on the daemon host's local disk).
+
+Every replica row says where its state comes from and when it was seen (``source``,
+``observed_at``): ``daemon`` — the running daemon's own observation; ``slurm`` — no daemon runs,
+so ``status`` asked Slurm and the endpoint itself just now (:mod:`coral_hpc.daemon.observed`);
+``last-known`` — no daemon runs and Slurm could not be asked: what the database last held.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,7 @@ import json
 from pathlib import Path
 
 from coral_hpc.atomic import write_atomic
+from coral_hpc.daemon.observed import LiveFacts, as_observed, record_from_row
 from coral_hpc.reconcile import ReconcileSettings, ReplicaFacts, ReplicaState, replica_status
 
 STATUS_FILE_NAME = "status.json"
@@ -17,12 +24,51 @@ def status_file(state_path: Path) -> Path:
     return Path(state_path) / STATUS_FILE_NAME
 
 
-def status_data(deployment, store, now: float) -> dict:
-    """The JSON ``status`` prints (plain data)."""
+def running_daemon(deployment, now: float | None = None) -> dict | None:
+    """The daemon serving ``deployment`` now, on this host (it holds the lock) or another (its
+    lease is fresh): its pid/address record with ``host`` and ``heartbeat_at`` (the lease's last
+    renewal; None when only the lock says it runs). None when no daemon runs."""
+    import socket
+
+    from coral_hpc.daemon.lease import holder
     from coral_hpc.daemon.process import info_path, lock_is_held, lock_path, read_info
 
+    lease = holder(deployment.state_path, now)
+    local = read_info(info_path(deployment)) if lock_is_held(lock_path(deployment)) else None
+    if local is None and lease is None:
+        return None
+    info = {k: v for k, v in (local or lease or {}).items() if k != "token"}
+    info.setdefault("host", (lease or {}).get("host") or socket.gethostname())
+    info["heartbeat_at"] = (lease or {}).get("renewed_at")
+    return info
+
+
+def last_daemon(deployment) -> dict | None:
+    """Host, pid and last heartbeat of the daemon that held the lease last (stopped or dead)."""
+    from coral_hpc.daemon.lease import lease_file, read_lease
+
+    record = read_lease(lease_file(deployment.state_path))
+    if record is None:
+        return None
+    return {"host": record.get("host"), "pid": record.get("pid"),
+            "heartbeat_at": record.get("renewed_at"), "released": bool(record.get("released"))}
+
+
+def status_data(deployment, store, now: float, live: LiveFacts | None = None) -> dict:
+    """The JSON ``status`` prints (plain data). With a running daemon the database is its live
+    record; without one pass ``live`` (:func:`coral_hpc.daemon.observed.observe`), so Slurm's
+    and the endpoints' answers replace the stored facts, or the rows say they are last known."""
     settings = ReconcileSettings.from_policy(deployment.policy)
-    records = store.replicas(live_only=True)
+    info = running_daemon(deployment, now)
+    stored = store.replicas(live_only=True)
+    if info is not None:
+        source, live = "daemon", None
+    elif live is not None and live.error is None:
+        source = "slurm"
+    else:
+        source = "last-known"
+    records = ([as_observed(r, live, settings.unhealthy_after) for r in stored]
+               if source == "slurm" and live is not None else stored)
     statuses = {r.id: replica_status(ReplicaFacts(r), now, settings) for r in records}
     plan = store.latest_plan()
     planned_demand = plan.demand if plan else {}
@@ -47,6 +93,12 @@ def status_data(deployment, store, now: float) -> dict:
             # why Slurm holds it, and when Slurm expects to start it (squeue --start)
             "slurm_reason": r.slurm_reason if s.state is ReplicaState.PENDING else None,
             "expected_start": r.expected_start if s.state is ReplicaState.PENDING else None,
+            "slurm_state": r.slurm_state,
+            # whether the endpoint answered /health just now (source slurm); None: not probed
+            "health": None if live is None else live.health.get(r.id),
+            "source": source if r.job_id is not None else "last-known",
+            "observed_at": (live.observed_at if source == "slurm" and r.job_id is not None
+                            else r.last_seen_at),
         })
     models = []
     for m in deployment.models:
@@ -79,15 +131,14 @@ def status_data(deployment, store, now: float) -> dict:
             "queued": bool(row.get("queued", False)),
             "expected_wait_s": row.get("expected_wait_s"),
         })
-    info = read_info(info_path(deployment)) if lock_is_held(lock_path(deployment)) else None
-    if info is None:
-        from coral_hpc.daemon.lease import holder
-
-        info = holder(deployment.state_path)  # a daemon on another host: its lease record
     return {
         "deployment": deployment.deployment,
         "generated_at": now,
         "daemon": info,
+        "last_daemon": None if info is not None else last_daemon(deployment),
+        "source": source,
+        "observed_at": live.observed_at if source == "slurm" and live is not None else None,
+        "slurm_error": None if live is None else live.error,
         "models": models,
         "replicas": replicas,
         "plan": None if plan is None else {
@@ -103,6 +154,39 @@ def status_data(deployment, store, now: float) -> dict:
             for e in store.events(limit=20)
         ],
     }
+
+
+def restate_published(deployment, data: dict, live: LiveFacts | None, now: float) -> dict:
+    """``data`` as the daemon published it, for a ``status`` run while no daemon runs: each row
+    marked last known, or — when ``live`` holds Slurm's answer — its state derived again from
+    the facts the row implies (:func:`~coral_hpc.daemon.observed.record_from_row`) with what
+    Slurm and the endpoint say now, and the models' READY counts recounted."""
+    settings = ReconcileSettings.from_policy(deployment.policy)
+    published_at = float(data.get("generated_at") or now)
+    asked = live is not None and live.error is None
+    data["source"] = "slurm" if asked else "last-known"
+    data["observed_at"] = live.observed_at if asked and live is not None else None
+    data["slurm_error"] = None if live is None else live.error
+    data["last_daemon"] = last_daemon(deployment)
+    for row in data.get("replicas", []):
+        if not asked or live is None or not row.get("job_id"):
+            row["source"] = "last-known"
+            row.setdefault("observed_at", published_at)
+            continue
+        record = as_observed(record_from_row(row, published_at), live, settings.unhealthy_after)
+        state = replica_status(ReplicaFacts(record), now, settings).state
+        row.update(state=state.value, slurm_state=record.slurm_state,
+                   health=live.health.get(record.id), source="slurm",
+                   observed_at=live.observed_at,
+                   endpoint=row.get("endpoint") if state is ReplicaState.READY else None)
+    ready: dict[str, int] = {}
+    for row in data.get("replicas", []):
+        if row.get("state") == ReplicaState.READY.value:
+            ready[row.get("model")] = ready.get(row.get("model"), 0) + 1
+    if asked:
+        for model in data.get("models", []):
+            model["ready_replicas"] = ready.get(model.get("name"), 0)
+    return data
 
 
 def write_status(path: Path, data: dict) -> None:

@@ -175,17 +175,35 @@ class Route:
 
 
 class ServerSettings:
-    """The server's limits, and how it answers its own errors."""
+    """The server's limits, and how it answers its own errors.
+
+    ``routes`` match a whole path; ``prefix_routes`` (method, prefix ending in ``/``) match any
+    longer path under the prefix (``/v1/models/{id}``), looked up only when no whole path
+    matched, so the fixed paths cost one dict lookup as before."""
 
     def __init__(self, routes: dict[tuple[str, str], Route], *,
                  error: Callable[[int, str, str], Response], max_body_bytes: int,
-                 idle_timeout_s: float, body_timeout_s: float) -> None:
+                 idle_timeout_s: float, body_timeout_s: float,
+                 prefix_routes: dict[tuple[str, str], Route] | None = None) -> None:
         self.routes = routes
         self.paths = {path for _, path in routes}
+        self.prefix_routes = dict(prefix_routes or {})
         self.error = error                  # (status, message, kind) → a counted error answer
         self.max_body_bytes = max_body_bytes
         self.idle_timeout_s = idle_timeout_s
         self.body_timeout_s = body_timeout_s
+
+
+def _prefix_route(settings: ServerSettings, method: str, path: str) -> Route | None:
+    for (m, prefix), route in settings.prefix_routes.items():
+        if m == method and path.startswith(prefix) and len(path) > len(prefix):
+            return route
+    return None
+
+
+def _under_prefix(settings: ServerSettings, path: str) -> bool:
+    return any(path.startswith(prefix) and len(path) > len(prefix)
+               for _, prefix in settings.prefix_routes)
 
 
 _date_cache: list = [0, b""]
@@ -320,8 +338,10 @@ class HttpConnection(asyncio.Protocol):
         method = parser.get_method().decode("latin-1")
         request = self._request = Request(method, path, self._headers, self.remote, self)
         route = settings.routes.get((method, path))
+        if route is None and settings.prefix_routes:
+            route = _prefix_route(settings, method, path)
         if route is None:
-            if path in settings.paths:
+            if path in settings.paths or _under_prefix(settings, path):
                 raise _Reject(405, f"method {method} is not allowed on {path}")
             raise _Reject(404, f"no such path {path}", "not_found_error")
         self._route = route

@@ -8,6 +8,21 @@ Request path (``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``)
       retried on another one too, without marking it down (the last answer goes back when none
       is left); once a stream has started, a failure ends it with an SSE error event.
 
+Model list (``GET /v1/models``) and one model (``GET /v1/models/{id}``, the openai SDK's
+``client.models.retrieve(id)``; the id percent-decoded, so ``org/name`` ids work): OpenAI's
+``model`` objects (``id``, ``object``, ``created``, ``owned_by``) for every configured model and
+every model in the routing table, plus three fields of coral-hpc's own that clients may ignore:
+
+* ``ready``: a request for it would be routed now (a replica serving both phases, or a prefill
+  replica, is in the table and not taken out after a failure); false means it would get a 503
+  with Retry-After (no READY replica yet, or scaled to zero);
+* ``ready_replicas``: replicas of it in the table and answering, every role counted;
+* ``replicas``: replicas of it in the table.
+
+Both need a valid API key when keys are configured (401 otherwise, before anything about models
+is said); an unknown id is a 404 in OpenAI's error shape (``invalid_request_error``, code
+``model_not_found``, ``param`` ``model``).
+
 Background tasks: a poller that reloads the routing table, the API-keys file and the replica key
 when they change (a ``stat`` per interval), and a prober that checks every replica's ``/health``
 so a replica taken out after a failure comes back when it answers again.
@@ -24,6 +39,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import aiohttp
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -47,6 +63,8 @@ log = logging.getLogger("coral_hpc.gateway")
 
 #: OpenAI endpoints forwarded to replicas.
 PROXIED_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+#: ``GET /v1/models/{id}``: one model (the rest of the path, percent-decoded, is its id)
+MODELS_PREFIX = "/v1/models/"
 _DECODER = json.JSONDecoder()
 ANONYMOUS = "anonymous"
 
@@ -221,7 +239,8 @@ class Gateway:
         s = self.settings
         return ServerSettings(routes, error=self._server_error, max_body_bytes=s.max_body_bytes,
                               idle_timeout_s=s.client_idle_timeout_s,
-                              body_timeout_s=s.body_timeout_s)
+                              body_timeout_s=s.body_timeout_s,
+                              prefix_routes={("GET", MODELS_PREFIX): Route(self.handle_model)})
 
     def _server_error(self, status: int, message: str, kind: str) -> Response:
         """An error the HTTP server answers itself (400, 404, 408, 413, 431, …), counted."""
@@ -395,12 +414,40 @@ class Gateway:
     async def handle_health(self, request: Request) -> Response:
         return _json({"status": "ok", "table_version": self.router.version})
 
-    async def handle_models(self, request: Request) -> Response:
+    def _model_object(self, model: str) -> dict:
+        """OpenAI's ``model`` object plus this gateway's readiness (see the module docstring)."""
+        states = self.router.replicas(model)
+        healthy = [s for s in states if s.healthy]
+        return {"id": model, "object": "model", "created": 0, "owned_by": "coral-hpc",
+                "ready": any(s.role in ("both", "prefill") for s in healthy),
+                "ready_replicas": len(healthy), "replicas": len(states)}
+
+    def _client_key_missing(self, request: Request) -> Response | None:
         if self._keys is not None and self._keys.name_for(request.headers.get("authorization")) is None:
             return _error(401, "missing or invalid API key", "authentication_error")
-        data = [{"id": m, "object": "model", "created": 0, "owned_by": "coral-hpc"}
-                for m in sorted(self._known)]
-        return _json({"object": "list", "data": data})
+        return None
+
+    async def handle_models(self, request: Request) -> Response:
+        refused = self._client_key_missing(request)
+        if refused is not None:
+            return refused
+        return _json({"object": "list",
+                      "data": [self._model_object(m) for m in sorted(self._known)]})
+
+    async def handle_model(self, request: Request) -> Response:
+        """``GET /v1/models/{id}``: one model, or 404 in OpenAI's error shape."""
+        refused = self._client_key_missing(request)
+        if refused is not None:
+            return refused
+        model = unquote(request.path[len(MODELS_PREFIX):])
+        if model not in self._known:
+            self.metrics.client_errors.labels("404").inc()
+            # OpenAI's own answer for an unknown model, field for field
+            body = {"error": {"message": f"The model {model!r} does not exist; GET /v1/models "
+                                         "lists them", "type": "invalid_request_error",
+                              "param": "model", "code": "model_not_found"}}
+            return Response(status=404, body=json.dumps(body).encode())
+        return _json(self._model_object(model))
 
     async def handle_metrics(self, request: Request) -> Response:
         if not self._authorized_internal(request):

@@ -101,6 +101,16 @@ def test_openai_client_works_streaming_included(env):
     assert len(embedding.data[0].embedding) == 8
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="nope", messages=messages)
+    # one model by id (issue 29: it was a 404), and whether it can answer now
+    model = client.models.retrieve("m")
+    assert (model.id, model.object, model.owned_by) == ("m", "model", "coral-hpc")
+    assert model.model_extra["ready"] is True and model.model_extra["ready_replicas"] == 1
+    assert client.models.retrieve("empty").model_extra["ready"] is False
+    assert {m.id: m.model_extra["ready"] for m in client.models.list()} == {"empty": False,
+                                                                         "m": True}
+    with pytest.raises(openai.NotFoundError) as unknown:
+        client.models.retrieve("nope")
+    assert unknown.value.code == "model_not_found"
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=env["gw"].url + "/v1", api_key="coral-wrong",
                       max_retries=0).models.list()

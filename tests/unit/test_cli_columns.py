@@ -22,14 +22,16 @@ from rich.console import Console
 from coral_hpc.cli._output import Column, fit_widths, render_table
 from coral_hpc.store import ReplicaRecord, open_store
 from coral_hpc.types import ReplicaLayout, StageLayout
+from tests.support.no_slurm import no_slurm_env
 
 REPO = Path(__file__).resolve().parents[2]
 SNAPSHOT = REPO / "tests" / "data" / "plan" / "devcluster-snapshot.json"
 MODELS = REPO / "examples" / "models.yaml"
 
 
-def run_cli(*args: str, columns: int = 80, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    env = {**os.environ, "COLUMNS": str(columns), "TERM": "dumb"}
+def run_cli(*args: str, columns: int = 80, cwd: Path = REPO, **extra_env: str
+            ) -> subprocess.CompletedProcess:
+    env = {**os.environ, "COLUMNS": str(columns), "TERM": "dumb", **extra_env}
     env.pop("NO_COLOR", None)
     return subprocess.run(
         [sys.executable, "-c", "from coral_hpc.cli import main; main()", *args],
@@ -200,12 +202,14 @@ def status_deployment(tmp_path: Path) -> Path:
 
 def test_status_at_80_columns_shows_replica_ids_jobs_states_and_endpoints_whole(tmp_path):
     path = status_deployment(tmp_path)
-    doc = run_cli("status", str(path), "--json")
+    # no daemon and no Slurm to ask: the stored states, marked last known (the widest rows)
+    no_slurm = no_slurm_env(tmp_path)
+    doc = run_cli("status", str(path), "--json", **no_slurm)
     assert doc.returncode == 0, doc.stderr
     data = json.loads(doc.stdout)
-    assert len(data["replicas"]) == 3
+    assert len(data["replicas"]) == 3 and data["source"] == "last-known"
     for columns in (80, 60):
-        out = run_cli("status", str(path), columns=columns)
+        out = run_cli("status", str(path), columns=columns, **no_slurm)
         assert out.returncode == 0, out.stderr
         assert_fits(out.stdout, columns)
         words = tokens(out.stdout)
@@ -240,7 +244,7 @@ def test_json_output_is_nothing_but_json(tmp_path):
     path = status_deployment(tmp_path)
     for args in (("validate", str(MODELS), "--json"), ("status", str(path), "--json"),
                  ("cluster", "--snapshot", str(SNAPSHOT), "--json")):
-        out = run_cli(*args)
+        out = run_cli(*args, **no_slurm_env(tmp_path))
         assert out.returncode == 0, (args, out.stderr)
         json.loads(out.stdout)
 

@@ -52,7 +52,8 @@ def test_a_queued_replica_the_plan_queues_on_another_shape_is_replaced():
     assert [c.replica_id for c in decision.of(Cancel)] == ["a"]
 
 
-def test_status_shows_a_pending_replica_with_slurms_reason_and_expected_start(tmp_path):
+def test_status_shows_a_pending_replica_with_slurms_reason_and_expected_start(tmp_path,
+                                                                               monkeypatch):
     from click.testing import CliRunner
 
     from coral_hpc.cli.status import status, status_data
@@ -74,6 +75,14 @@ def test_status_shows_a_pending_replica_with_slurms_reason_and_expected_start(tm
     (row,) = data["replicas"]
     assert row["state"] == "PENDING" and row["slurm_reason"] == "Resources"
     assert row["expected_start"] == NOW + 720
+    # no daemon runs: status asks Slurm, which still queues the job
+    from tests.fakes.slurm import FakeSlurm, recorded_snapshot
+    from tests.unit.test_status_elsewhere import _job
+
+    slurm = FakeSlurm(recorded_snapshot(), lambda: NOW)
+    slurm.add_job(replace(_job("1", deployment.deployment, "x"), job_id="job-a",
+                          state="PENDING", reason="Resources"))
+    monkeypatch.setattr("coral_hpc.slurm.client_for_deployment", lambda _d: slurm)
     out = CliRunner().invoke(status, [str(models)], env={"COLUMNS": "250"})
     assert out.exit_code == 0, out.output
     assert "Resources, expected" in out.output

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -20,14 +21,18 @@ from coral_hpc.daemon.status_file import status_data, status_file, write_status
 from coral_hpc.slurm.snapshot import JobInfo
 from coral_hpc.store import open_store
 from coral_hpc.types import JobTag
+from tests.support.no_slurm import no_slurm_env
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
+    # no Slurm here: its commands fail at once (SLURM_CONF=/nonexistent alone waits 60 s)
+    no_slurm = no_slurm_env(Path(tempfile.gettempdir()) / f"coral-no-slurm-{os.getuid()}")
     return subprocess.run([sys.executable, "-c", "from coral_hpc.cli import main; main()", *args],
                           capture_output=True, text=True, cwd=REPO, timeout=60, check=False,
-                          env={**os.environ, "SLURM_CONF": "/nonexistent", "COLUMNS": "200"})
+                          env={**os.environ, "SLURM_CONF": "/nonexistent", "COLUMNS": "200",
+                               **no_slurm})
 
 
 def _lease(path: Path, renewed_at: float) -> None:
@@ -64,10 +69,13 @@ def test_status_from_another_login_node_reads_what_the_daemon_published(tmp_path
     assert "as published in the state folder" in shown.stdout
     as_json = json.loads(_run("status", str(path), "--json").stdout)
     assert as_json["published_by"] == "login-elsewhere" and as_json["daemon"]["pid"] == 4242
+    assert as_json["daemon"]["heartbeat_at"] > time.time() - 60 and "token" not in as_json["daemon"]
+    assert "heartbeat" in shown.stdout
 
     _lease(lease, time.time() - 3600)  # its daemon died an hour ago: nobody holds the lease
     stale = json.loads(_run("status", str(path), "--json").stdout)
     assert stale["daemon"] is None and stale["published_by"] is None
+    assert stale["source"] != "daemon"       # what it published is not the live daemon's word
 
 
 def _job(job_id: str, deployment: str, instance: str) -> JobInfo:
