@@ -536,7 +536,9 @@ class EngineConfig(_Frozen):
     """Which engine replicas run."""
 
     kind: Literal["vllm", "sim"] = Field(default="vllm", description="sim = no GPU needed")
-    args: tuple[str, ...] = Field(default=(), description="extra engine args for every model")
+    args: tuple[str, ...] = Field(
+        default=(), description="extra engine args for every model; flags the planner owns "
+                                "(TP, PP, host, port, served name, ...) and secrets are refused")
     version: str | None = Field(default=None, description="vLLM version the environments hold")
     kv_connector: KvConnectorConfig | None = Field(
         default=None, description="KV connector of disaggregated models (policy.disaggregation)"
@@ -765,7 +767,9 @@ class ModelConfig(_Frozen):
     partitions: tuple[str, ...] = Field(default=(), description="allowed partitions; empty = all")
     gpu_types: tuple[str, ...] = Field(default=(), description="allowed GPU types; empty = all")
     max_model_len: int | None = Field(default=None, gt=0, le=1 << 24)
-    vllm_args: tuple[str, ...] = Field(default=())
+    vllm_args: tuple[str, ...] = Field(
+        default=(), description="extra engine args for this model; flags the planner owns "
+                                "(TP, PP, host, port, served name, ...) and secrets are refused")
 
     @field_validator("demand", mode="before")
     @classmethod
