@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
@@ -44,6 +45,7 @@ def gateway(file: str, table: str | None, replica_key_file: str | None, listen: 
     from coral_hpc.gateway.server import run_gateway
     from coral_hpc.gateway.table import default_replica_key_path, default_table_path
 
+    os.umask(0o077)  # its ready file and logs are the service account's alone
     try:
         deployment = load_deployment(file)
     except ConfigError as exc:
