@@ -1224,3 +1224,26 @@ def host_path_problems(deployment: Deployment) -> list[str]:
         if problem:
             problems.append(deployment.problem((field,), problem))
     return problems
+
+
+# --------------------------------------------------------------------------- private state (ops)
+
+
+def private_state_problems(deployment: Deployment) -> list[str]:
+    """Problems that let other users of a shared login node change what ``serve`` reads: the
+    state folder (and this deployment's folder in it) or the database's folder exists and is not
+    this user's, or group or others may write it. ``serve`` refuses them (exit 2); folders that
+    do not exist yet are created 0700."""
+    from coral_hpc.atomic import not_private_problem
+
+    problems = []
+    state = Path(deployment.state_dir).expanduser()
+    for field, path, what in (
+        ("state_dir", state, "state folder"),
+        ("state_dir", deployment.state_path, "deployment folder"),
+        ("db_path", Path(deployment.db_path).expanduser().parent, "database folder"),
+    ):
+        problem = not_private_problem(path, what)
+        if problem:
+            problems.append(deployment.problem((field,), problem))
+    return problems
