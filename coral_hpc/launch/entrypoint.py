@@ -265,7 +265,8 @@ def _run_head(spec: ReplicaSpec, job_id: str, stop: StopFlag) -> dict[str, Any]:
             node=os.environ.get("SLURMD_NODENAME", ""),
             cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES", ""),
         )
-        write_endpoint(spec.endpoint_file, endpoint)
+        key = env.get("VLLM_API_KEY")  # signs the endpoint file: the daemon checks it
+        write_endpoint(spec.endpoint_file, endpoint, key)
         log.info(
             "engine healthy after %.1fs; endpoint %s written to %s",
             endpoint.ready_at - endpoint.started_at,
@@ -284,7 +285,7 @@ def _run_head(spec: ReplicaSpec, job_id: str, stop: StopFlag) -> dict[str, Any]:
         log.info(
             "%s received: draining the engine (up to %.0fs)", stop.signal_name, spec.drain_timeout_s
         )
-        write_endpoint(spec.endpoint_file, replace(endpoint, draining_at=time.time()))
+        write_endpoint(spec.endpoint_file, replace(endpoint, draining_at=time.time()), key)
         code = engine.drain(
             spec.drain_timeout_s, send_term=not _engine_draining(engine, port, stop)
         )
