@@ -15,6 +15,17 @@ from coral_hpc.config import engine_flag_problem, parse_deployment
 from coral_hpc.errors import ConfigError
 from tests.unit.test_config import BASE, _edit
 
+
+@pytest.fixture(autouse=True)
+def no_daemon(monkeypatch):
+    """A refusal that does not happen must fail here, not start a daemon that submits jobs to
+    whatever Slurm this machine reaches."""
+    def started(*args, **kwargs):
+        raise AssertionError("serve started the daemon instead of refusing")
+
+    monkeypatch.setattr("coral_hpc.daemon.serve", started)
+
+
 REFUSED = [
     "--tensor-parallel-size", "--tensor-parallel-size=4", "--tensor_parallel_size", "-tp",
     "-tp4", "--tensor-parallel", "--tensor", "--pipeline-parallel-size=2", "-pp", "--pipeline",

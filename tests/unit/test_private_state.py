@@ -33,6 +33,16 @@ def _mode(path: Path) -> int:
 
 
 @pytest.fixture(autouse=True)
+def no_daemon(monkeypatch):
+    """A refusal that does not happen must fail here, not start a daemon that submits jobs to
+    whatever Slurm this machine reaches."""
+    def started(*args, **kwargs):
+        raise AssertionError("serve started the daemon instead of refusing")
+
+    monkeypatch.setattr("coral_hpc.daemon.serve", started)
+
+
+@pytest.fixture(autouse=True)
 def loose_umask():
     """The umask most login shells have: what coral-hpc creates must not depend on it."""
     old = os.umask(0o022)
