@@ -48,8 +48,6 @@ def serve(file: str, listen: str | None, metrics_listen: str, cache_dir: str | N
     from coral_hpc.daemon.process import AlreadyRunning
     from coral_hpc.plan.planner import Planner
 
-    # everything the daemon, its gateway and submitit write is the service account's alone
-    os.umask(0o077)
     # fail fast, before a lock, a gateway or a Slurm call: the same checks as `validate`, and
     # no state others could forge (a login node is multi-user)
     deployment = checked_deployment(file, "nothing was started")
@@ -59,6 +57,8 @@ def serve(file: str, listen: str | None, metrics_listen: str, cache_dir: str | N
     if listen is not None:
         _listen("--listen", listen)
     metrics = None if metrics_listen.lower() == "off" else _listen("--metrics", metrics_listen)
+    # everything the daemon, its log, its gateway and submitit write is the service account's
+    os.umask(0o077)
     configure_logging(log_level, log_file, deployment.retention)
     # Stage 1 at start-up can take minutes: a bar on a terminal, a log line per model otherwise;
     # on a busy cluster the plan asks Slurm when each job shape would start (budgeted)
