@@ -180,6 +180,14 @@ class _EnvironmentBase(_Frozen):
                 raise ValueError(f"{name} is a secret: it reaches the engine from its file only")
         return value
 
+    @field_validator("env")
+    @classmethod
+    def _planner_owned_env(cls, value: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+        for name, _ in value:
+            if name in PLANNER_ENV:
+                raise ValueError(f"{name} may not be set here: {PLANNER_ENV[name]}")
+        return value
+
 
 class VenvEnvironment(_EnvironmentBase):
     """vLLM installed in a virtual environment on the shared filesystem."""
@@ -441,6 +449,72 @@ class ClusterConfig(_Frozen):
         return self
 
 
+# --------------------------------------------------------------------------- planner-owned engine flags
+
+#: Flags the planner or launcher sets on every engine, and why a config may not set them: vLLM's
+#: argparse keeps the last value, so one in ``vllm_args`` would silently override the plan.
+PLANNER_FLAGS: dict[str, str] = {
+    "--tensor-parallel-size": "the planner chooses tensor parallelism per layout",
+    "--pipeline-parallel-size": "the planner chooses pipeline stages per layout",
+    "--sim-layers": "the planner chooses the layers of each pipeline stage",
+    "--kv-transfer-config": "the launcher sets it from engine.kv_connector",
+    "--served-model-name": "the gateway routes by the model's name, which the launcher sets",
+    "--host": "the launcher binds the engine and reports where",
+    "--port": "the launcher picks the port and reports it",
+    "--uds": "the launcher binds the engine and reports where",
+    "--nnodes": "the launcher sets the pipeline's nodes",
+    "--node-rank": "the launcher sets the pipeline's nodes",
+    "--master-addr": "the launcher sets the pipeline's nodes",
+    "--master-port": "the launcher sets the pipeline's nodes",
+    "--headless": "the launcher sets the pipeline's nodes",
+    "--config": "a vLLM config file can set any planner-owned flag",
+    "--api-key": "a secret: the replica key reaches the engine as VLLM_API_KEY, never argv",
+    "--hf-token": "a secret: set engine.hf_token_file (it reaches the engine as HF_TOKEN)",
+}
+#: vLLM's short aliases of planner-owned flags; argparse also takes ``-tp4`` style joined values
+_PLANNER_SHORT = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size"}
+#: a word of a flag's name that marks it as carrying a secret (``--hf-token``, ``--ssl-password``);
+#: whole words only, so ``--max-num-batched-tokens`` and ``--tokenizer`` stay allowed
+_SECRET_WORDS = frozenset({"key", "apikey", "token", "secret", "secrets", "password", "passwd",
+                           "credential", "credentials"})
+#: the planner-owned variables of the engine's environment (``environment.env``)
+PLANNER_ENV = {"VLLM_PP_LAYER_PARTITION": "the planner chooses the layers of each pipeline stage"}
+
+
+def engine_flag_problem(arg: str) -> str | None:
+    """Why engine argument ``arg`` may not come from a config, or None.
+
+    Both ``--flag value`` and ``--flag=value`` are read, underscores count as dashes (vLLM's
+    parser accepts both) and a unique prefix counts as the flag it abbreviates, as argparse's
+    ``allow_abbrev`` (on in vLLM) would take it: ``--tensor-parallel`` is ``--tensor-parallel-size``."""
+    if not arg.startswith("-") or arg == "--":
+        return None
+    if not arg.startswith("--"):
+        for short, flag in _PLANNER_SHORT.items():
+            if arg.split("=", 1)[0].startswith(short):
+                return f"{short} is {flag}: {PLANNER_FLAGS[flag]}"
+        return None
+    name = arg.split("=", 1)[0].replace("_", "-").lower()
+    if name in PLANNER_FLAGS:
+        return f"{name}: {PLANNER_FLAGS[name]}"
+    words = set(name[2:].split("-"))
+    if words & _SECRET_WORDS:
+        return (f"{name} carries a secret, which would land in argv and in rendered scripts; "
+                "secrets reach the engine from files (engine.hf_token_file, the replica key)")
+    if len(name) > 2:
+        owned = sorted(flag for flag in PLANNER_FLAGS if flag.startswith(name))
+        if owned:
+            return (f"{name} abbreviates {' or '.join(owned)}, which argparse accepts: "
+                    f"{PLANNER_FLAGS[owned[0]]}")
+    return None
+
+
+def engine_args_problems(args: tuple[str, ...]) -> list[tuple[int, str]]:
+    """(index, why) of every argument of ``args`` that sets a planner-owned flag or a secret."""
+    return [(index, why) for index, arg in enumerate(args)
+            if (why := engine_flag_problem(arg)) is not None]
+
+
 # --------------------------------------------------------------------------- engine, gateway, policy
 
 
@@ -477,7 +551,9 @@ class EngineConfig(_Frozen):
     """Which engine replicas run."""
 
     kind: Literal["vllm", "sim"] = Field(default="vllm", description="sim = no GPU needed")
-    args: tuple[str, ...] = Field(default=(), description="extra engine args for every model")
+    args: tuple[str, ...] = Field(
+        default=(), description="extra engine args for every model; flags the planner owns "
+                                "(TP, PP, host, port, served name, ...) and secrets are refused")
     version: str | None = Field(default=None, description="vLLM version the environments hold")
     kv_connector: KvConnectorConfig | None = Field(
         default=None, description="KV connector of disaggregated models (policy.disaggregation)"
@@ -497,6 +573,12 @@ class EngineConfig(_Frozen):
 
     # resolved first, so the token file checked below is the one beside models.yaml
     _resolve = field_validator("hf_token_file", "hf_home")(_against_file)
+
+    @model_validator(mode="after")
+    def _planner_owned_flags(self) -> EngineConfig:
+        for index, why in engine_args_problems(self.args)[:1]:
+            raise _FieldError(("args", index), f"every model's engine may not set {why}; remove it")
+        return self
 
     @field_validator("hf_token_file")
     @classmethod
@@ -759,8 +841,9 @@ class ModelConfig(_Frozen):
                     "cache holds one such request are planned; unset = the model's own",
     )
     vllm_args: tuple[str, ...] = Field(
-        default=(), description="extra vLLM arguments for this model, after engine.args"
-    )
+        default=(), description="extra vLLM arguments for this model, after engine.args; flags "
+                                "the planner owns (TP, PP, host, port, served name, ...) and "
+                                "secrets are refused")
 
     @field_validator("demand", mode="before")
     @classmethod
@@ -781,6 +864,13 @@ class ModelConfig(_Frozen):
                 "'-', starting with a letter or digit"
             )
         return value
+
+    @model_validator(mode="after")
+    def _planner_owned_flags(self) -> ModelConfig:
+        for index, why in engine_args_problems(self.vllm_args)[:1]:
+            raise _FieldError(("vllm_args", index),
+                              f"model {self.name!r} may not set {why}; remove it")
+        return self
 
     @model_validator(mode="after")
     def _replica_bounds(self) -> ModelConfig:
@@ -1265,6 +1355,29 @@ def host_path_problems(deployment: Deployment) -> list[str]:
     for field, want_dir in (("db_path", False), ("state_dir", True)):
         path = Path(getattr(deployment, field)).expanduser()
         problem = _writable_problem(path, want_dir)
+        if problem:
+            problems.append(deployment.problem((field,), problem))
+    return problems
+
+
+# --------------------------------------------------------------------------- private state (ops)
+
+
+def private_state_problems(deployment: Deployment) -> list[str]:
+    """Problems that let other users of a shared login node change what ``serve`` reads: the
+    state folder (and this deployment's folder in it) or the database's folder exists and is not
+    this user's, or group or others may write it. ``serve`` refuses them (exit 2); folders that
+    do not exist yet are created 0700."""
+    from coral_hpc.atomic import not_private_problem
+
+    problems = []
+    state = Path(deployment.state_dir).expanduser()
+    for field, path, what in (
+        ("state_dir", state, "state folder"),
+        ("state_dir", deployment.state_path, "deployment folder"),
+        ("db_path", Path(deployment.db_path).expanduser().parent, "database folder"),
+    ):
+        problem = not_private_problem(path, what)
         if problem:
             problems.append(deployment.problem((field,), problem))
     return problems

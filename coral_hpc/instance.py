@@ -19,6 +19,7 @@ import socket
 import time
 from pathlib import Path
 
+from coral_hpc.atomic import private_dir
 from coral_hpc.errors import PermanentError
 
 INSTANCE_FILE_NAME = "instance.json"
@@ -60,11 +61,11 @@ def ensure_instance(state_path: Path, deployment: str) -> str:
     if existing is not None:
         return existing
     path = instance_file(state_path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(path.parent)
     record = {"instance": secrets.token_hex(6), "deployment": deployment,
               "created_at": time.time(), "created_on": socket.gethostname()}
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
         pass  # another process created it first: use theirs
     else:

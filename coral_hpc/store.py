@@ -30,6 +30,7 @@ from pathlib import Path
 from time import time as _wall_clock
 from typing import Any
 
+from coral_hpc.atomic import PRIVATE_FILE_MODE, private_dir
 from coral_hpc.errors import PermanentError
 from coral_hpc.records import (
     DemandInterval,
@@ -518,9 +519,11 @@ def open_store(path: str | Path, readonly: bool = False) -> Store:
             f"file:{file}?mode=ro", uri=True, check_same_thread=False, timeout=10
         )
     else:
-        file.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(file.parent)
         if not file.exists():
             _create(file)
+        # the WAL and shared-memory files SQLite makes take the database's mode
+        os.chmod(file, PRIVATE_FILE_MODE)
         connection = sqlite3.connect(str(file), check_same_thread=False, timeout=10)
     connection.row_factory = sqlite3.Row
     try:

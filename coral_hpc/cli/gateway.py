@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
@@ -78,6 +79,7 @@ def gateway(file: str, table: str | None, replica_key_file: str | None, listen: 
         tls_key=Path(config.tls_key).expanduser() if config.tls_key else None,
         behind_tls_proxy=config.behind_tls_proxy,
     )
+    os.umask(0o077)  # its ready file and logs are the service account's alone
     configure_logging(log_level, log_file, deployment.retention)
     try:
         run_gateway(settings, host, port, Path(ready_file) if ready_file else None)

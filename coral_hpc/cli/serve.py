@@ -8,6 +8,7 @@ them).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
@@ -41,16 +42,23 @@ def _listen(option: str, value: str) -> str:
 def serve(file: str, listen: str | None, metrics_listen: str, cache_dir: str | None,
           log_level: str, log_file: str | None = None) -> None:
     """Serve every model of FILE at least cost until SIGTERM (replicas keep running)."""
+    from coral_hpc.config import private_state_problems
     from coral_hpc.daemon import serve as run_daemon
     from coral_hpc.daemon.lease import LeaseHeld
     from coral_hpc.daemon.process import AlreadyRunning
     from coral_hpc.plan.planner import Planner
 
-    # fail fast, before a lock, a gateway or a Slurm call: the same checks as `validate`
+    # fail fast, before a lock, a gateway or a Slurm call: the same checks as `validate`, and
+    # no state others could forge (a login node is multi-user)
     deployment = checked_deployment(file, "nothing was started")
+    problems = private_state_problems(deployment)
+    if problems:
+        fail(problems + [f"{file}: {len(problems)} problem(s); nothing was started"])
     if listen is not None:
         _listen("--listen", listen)
     metrics = None if metrics_listen.lower() == "off" else _listen("--metrics", metrics_listen)
+    # everything the daemon, its log, its gateway and submitit write is the service account's
+    os.umask(0o077)
     configure_logging(log_level, log_file, deployment.retention)
     # Stage 1 at start-up can take minutes: a bar on a terminal, a log line per model otherwise;
     # on a busy cluster the plan asks Slurm when each job shape would start (budgeted)

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from coral_hpc.atomic import private_dir
 from coral_hpc.config import load_deployment
 from coral_hpc.daemon.lease import read_lease
 from coral_hpc.errors import ConfigError, PermanentError
@@ -27,7 +28,7 @@ log = logging.getLogger("coral_hpc.daemon")
 
 def ensure_replica_key(path: Path) -> Path:
     """Create the key every replica requires (mode 600) when it does not exist yet."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(path.parent)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:

@@ -145,7 +145,7 @@ class Daemon:
         # the instance (coral_hpc.instance) tags every job; only jobs carrying it are ours
         self.observer = observer or Observer(
             deployment, store, client, self.settings, clock, throughput_of=self._throughput_of,
-            instance=instance)
+            instance=instance, api_key_file=api_key_file)
         self.actor = actor or Actor(deployment, store, client, self.settings, clock, api_key_file,
                                     instance=instance)
         self.config_path = config_path  # named in errors about the file

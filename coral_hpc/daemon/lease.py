@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from coral_hpc.atomic import write_atomic
+from coral_hpc.atomic import private_dir, write_atomic
 from coral_hpc.daemon.process import pid_alive
 from coral_hpc.errors import PermanentError
 
@@ -127,10 +127,10 @@ class Lease:
         between truncate and data took longer than the re-read's 50 ms."""
         text = json.dumps(record) + "\n"
         if not create:
-            write_atomic(self.path, text, mode=0o644)
+            write_atomic(self.path, text)
             return True
         try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
             return False
         with os.fdopen(fd, "w") as handle:
@@ -152,7 +152,7 @@ class Lease:
     def acquire(self, sleep: Callable[[float], None] = time.sleep) -> dict | None:
         """Take the lease, or raise :class:`LeaseHeld` naming the holder. Returns the stale
         record taken over (None when the lease was free)."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(self.path.parent)
         for _ in range(5):
             now = self.clock()
             current = read_lease(self.path)

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from coral_hpc.atomic import write_atomic
+from coral_hpc.atomic import private_dir, write_atomic
 from coral_hpc.config import Deployment
 from coral_hpc.errors import PermanentError
 
@@ -46,7 +46,7 @@ class DaemonLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(self.path.parent)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

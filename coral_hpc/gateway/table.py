@@ -182,4 +182,4 @@ def write_routing_table(path: str | os.PathLike[str], table: RoutingTable) -> No
     """
     # Round-trip through the validator so the daemon can never publish a table the gateway rejects.
     routing_table_from_dict(table.to_dict(), str(path))
-    write_atomic(path, json.dumps(table.to_dict(), indent=1, sort_keys=True) + "\n", mode=0o644)
+    write_atomic(path, json.dumps(table.to_dict(), indent=1, sort_keys=True) + "\n")

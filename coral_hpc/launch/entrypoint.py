@@ -36,6 +36,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from coral_hpc.atomic import private_dir, write_atomic
 from coral_hpc.errors import CoralError
 from coral_hpc.launch.endpoint import (
     Endpoint,
@@ -127,7 +128,7 @@ def health_ok(port: int, timeout: float = 2.0) -> bool:
 
 
 def _setup_logging(spec: ReplicaSpec, job_id: str, rank: int) -> Path:
-    spec.logs_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(spec.logs_dir)
     path = spec.logs_dir / f"{spec.replica_id}.{job_id}.rank{rank}.log"
     handler = logging.FileHandler(path)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
@@ -191,9 +192,9 @@ class Engine:
 
 def _write_script(spec: ReplicaSpec, job_id: str, rank: int, attempt: int, text: str) -> Path:
     folder = spec.replica_dir / "scripts"
-    folder.mkdir(parents=True, exist_ok=True)
+    private_dir(folder)
     path = folder / f"engine.{job_id}.rank{rank}.try{attempt}.sh"
-    path.write_text(text)  # no secrets inside: they travel in the environment
+    write_atomic(path, text)  # no secrets inside: they travel in the environment
     return path
 
 
@@ -264,7 +265,8 @@ def _run_head(spec: ReplicaSpec, job_id: str, stop: StopFlag) -> dict[str, Any]:
             node=os.environ.get("SLURMD_NODENAME", ""),
             cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES", ""),
         )
-        write_endpoint(spec.endpoint_file, endpoint)
+        key = env.get("VLLM_API_KEY")  # signs the endpoint file: the daemon checks it
+        write_endpoint(spec.endpoint_file, endpoint, key)
         log.info(
             "engine healthy after %.1fs; endpoint %s written to %s",
             endpoint.ready_at - endpoint.started_at,
@@ -283,7 +285,7 @@ def _run_head(spec: ReplicaSpec, job_id: str, stop: StopFlag) -> dict[str, Any]:
         log.info(
             "%s received: draining the engine (up to %.0fs)", stop.signal_name, spec.drain_timeout_s
         )
-        write_endpoint(spec.endpoint_file, replace(endpoint, draining_at=time.time()))
+        write_endpoint(spec.endpoint_file, replace(endpoint, draining_at=time.time()), key)
         code = engine.drain(
             spec.drain_timeout_s, send_term=not _engine_draining(engine, port, stop)
         )
@@ -438,6 +440,7 @@ def run_replica(spec_file: str) -> dict[str, Any]:
     """
     stop = StopFlag()
     stop.install()  # first: a SIGTERM during start-up must drain, not be ignored
+    os.umask(0o077)  # the endpoint file, logs and scripts it writes: the service account's alone
     spec = ReplicaSpec.from_json(Path(spec_file).read_text())
     job_id, rank = _job_id(), _rank()
     log_path = _setup_logging(spec, job_id, rank)

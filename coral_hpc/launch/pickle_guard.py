@@ -8,6 +8,10 @@ failed at start, kept its model down ~63 s and counted toward the template's cra
 The call a replica job makes is known without the pickle — ``run_replica(SPEC_FILE)``, the spec
 written before sbatch — so when the pickle has not appeared within :data:`WAIT_S`, the job writes
 it itself (atomically; a late rename by the daemon replaces it with the same call).
+
+submitit's job then unpickles that file and runs it as the service account, so first the guard
+refuses (exit 1, which ends the job before submitit reads anything) a folder or pickle that is not
+the user's or that group or others may write: a swapped pickle would run anyone's code.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from coral_hpc.atomic import not_private_problem
 
 #: How long to wait for submitit's own rename before writing the pickle: the rename follows
 #: sbatch's answer by milliseconds, so seconds mean the submitting process is gone.
@@ -53,13 +59,28 @@ def ensure_submitted_pickle(folder: Path, job_id: str, spec_file: Path, wait_s: 
     return "written"
 
 
+def unsafe_pickle_problem(folder: Path, job_id: str) -> str | None:
+    """Why submitit must not unpickle job ``job_id``'s call from ``folder``, or None: the folder
+    or the pickle is not this user's, or group or others may write it."""
+    return (not_private_problem(folder, "submitit folder")
+            or not_private_problem(submitted_pickle(folder, job_id), "submitit pickle"))
+
+
 def main(argv: list[str]) -> int:
     folder, spec_file = Path(argv[0]), Path(argv[1])
     job_id = os.environ.get("SLURM_JOB_ID")
     if not job_id:
         print("pickle_guard: SLURM_JOB_ID is not set; nothing to do", file=sys.stderr)
         return 0
+    problem = unsafe_pickle_problem(folder, job_id)
+    if problem:
+        print(f"pickle_guard: refusing to run job {job_id}: {problem}", file=sys.stderr)
+        return 1
     outcome = ensure_submitted_pickle(folder, job_id, spec_file)
+    problem = unsafe_pickle_problem(folder, job_id)
+    if problem:
+        print(f"pickle_guard: refusing to run job {job_id}: {problem}", file=sys.stderr)
+        return 1
     if outcome == "written":
         print(f"pickle_guard: the submitting process never renamed the pickle of job {job_id}; "
               f"wrote run_replica({spec_file}) as {submitted_pickle(folder, job_id)}",

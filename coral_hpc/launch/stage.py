@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from coral_hpc.atomic import private_dir, write_atomic
 from coral_hpc.config import Deployment, hf_home_of
 from coral_hpc.errors import PermanentError
 from coral_hpc.launch.render import render_template
@@ -86,12 +87,13 @@ def submit_stage(deployment: Deployment, client: Any, partition: str, python: st
     """Render the staging script under ``<state>/stage/`` and sbatch it; the job id and where
     its result will appear. Raises StageError or the Slurm client's errors."""
     folder = deployment.state_path / "stage"
-    folder.mkdir(parents=True, exist_ok=True)
+    private_dir(folder)
     stamp = time.strftime("%Y%m%dT%H%M%S", time.localtime(now))
     result_file = folder / f"stage-{stamp}.json"
     log_file = folder / f"stage-{stamp}.log"
     script = folder / f"stage-{stamp}.sbatch"
-    script.write_text(render_stage_script(deployment, partition, result_file, log_file, python))
+    write_atomic(script, render_stage_script(deployment, partition, result_file, log_file,
+                                             python))
     job_id = client.submit_script(script)
     return StageJob(str(job_id), result_file, log_file, stage_sources(deployment))
 

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 import submitit
 
+from coral_hpc.atomic import private_dir, write_atomic
 from coral_hpc.launch.entrypoint import run_replica
 from coral_hpc.launch.quoting import shell_word, slurm_word
 from coral_hpc.launch.render import render_engine_script, render_hetjob
@@ -80,9 +81,10 @@ def submitit_parameters(spec: ReplicaSpec) -> dict[str, Any]:
         params["additional_parameters"]["reservation"] = str(slurm_word(request.reservation))
     # a daemon killed between sbatch and submitit's pickle rename must not leave a job that
     # fails at start: the job writes the (known) call itself (coral_hpc.launch.pickle_guard)
-    params["setup"] = [" ".join(shell_word(word) for word in (
+    # umask first: what the job writes under the state folder is the service account's alone
+    params["setup"] = ["umask 077", " ".join(shell_word(word) for word in (
         spec.python, "-m", "coral_hpc.launch.pickle_guard", str(spec.logs_dir),
-        str(spec.spec_file)))]
+        str(spec.spec_file))) + " || exit 1"]  # an unsafe pickle folder ends the job
     if spec.account:
         params["account"] = str(slurm_word(spec.account))
     if spec.qos:
@@ -92,7 +94,7 @@ def submitit_parameters(spec: ReplicaSpec) -> dict[str, Any]:
 
 def submit_with_submitit(spec: ReplicaSpec, spec_file: Path) -> str:
     """Submit a single-node or homogeneous replica through submitit; return the job id."""
-    spec.logs_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(spec.logs_dir)
     executor = submitit.SlurmExecutor(folder=spec.logs_dir, python=spec.python)
     executor.update_parameters(**submitit_parameters(spec))
     try:
@@ -118,7 +120,7 @@ def check_renderable(spec: ReplicaSpec) -> None:
 def write_hetjob(spec: ReplicaSpec, spec_file: Path) -> Path:
     """Render the hetjob batch script into the replica folder and return its path."""
     script = spec.replica_dir / "hetjob.sbatch"
-    script.write_text(render_hetjob(spec, spec_file))
+    write_atomic(script, render_hetjob(spec, spec_file))
     return script
 
 
@@ -132,7 +134,7 @@ def submit_replica(spec: ReplicaSpec, client: ScriptSubmitter) -> str:
     check_renderable(spec)  # refuse an unsafe value here, not as a job that fails at start
     spec_file = spec.write()
     # Slurm cannot start a job whose --output folder is missing (JobLaunchFailure)
-    spec.logs_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(spec.logs_dir)
     with secrets_withheld():
         if spec.layout.kind == "hetero":
             return str(client.submit_script(write_hetjob(spec, spec_file)))

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from coral_hpc.config import Deployment
 from coral_hpc.errors import CoralError
-from coral_hpc.launch.endpoint import http_health, read_endpoint
+from coral_hpc.launch.endpoint import Endpoint, EndpointRefused, http_health, read_endpoint
 from coral_hpc.launch.spec import ReplicaSpec, is_pre_instance_job_of
 from coral_hpc.reconcile.decide import Observation
 from coral_hpc.reconcile.settings import ReconcileSettings
@@ -100,6 +100,7 @@ class Observer:
         probe: Callable[[str], bool] = http_health,
         throughput_of: Callable[[str], float | None] = lambda template_id: None,
         instance: str = "",
+        api_key_file: Path | None = None,
     ):
         self.deployment = deployment
         self.store = store
@@ -109,6 +110,9 @@ class Observer:
         self.probe = probe
         self.throughput_of = throughput_of
         self.instance = instance
+        #: the replica key: endpoint files must be signed with it (None: taken as written)
+        self.api_key_file = api_key_file
+        self._refused: set[tuple[str, str]] = set()  # (file, why) already logged
         self._pool: ThreadPoolExecutor | None = None
         self._reported: set[str] = set()  # job ids already reported as left alone
         # Slurm outages: from the last answer before a failed snapshot to the next answer. Queue
@@ -335,15 +339,52 @@ class Observer:
 
     # ------------------------------------------------------------------ endpoints and health
 
+    def _replica_key(self) -> str | None:
+        if self.api_key_file is None:
+            return None
+        try:
+            return Path(self.api_key_file).read_text().strip() or None
+        except OSError:
+            return None
+
+    def _trusted_endpoint(self, path: Path, record: ReplicaRecord, key: str | None,
+                          now: float) -> Endpoint | None:
+        """The replica's endpoint file once it is authenticated: signed with the replica key
+        and naming one of the nodes Slurm gave the job (when Slurm reported them). A file that
+        fails is refused (None), logged and recorded as an event once per file and reason."""
+        try:
+            endpoint = read_endpoint(path, key)
+        except EndpointRefused as exc:
+            self._refuse(path, record, str(exc), now)
+            return None
+        if endpoint is None or endpoint.job_id != record.job_id:
+            return endpoint
+        nodes = {n for n in (record.nodes or "").split(",") if n}
+        if nodes and endpoint.node not in nodes:
+            self._refuse(path, record, f"{path} names node {endpoint.node!r}, not one of job "
+                         f"{record.job_id}'s nodes ({', '.join(sorted(nodes))})", now)
+            return None
+        return endpoint
+
+    def _refuse(self, path: Path, record: ReplicaRecord, why: str, now: float) -> None:
+        if (str(path), why) in self._refused:
+            return
+        self._refused.add((str(path), why))
+        log.warning("endpoint file refused, not routed to: %s", why)
+        self.store.add_event(now, "endpoint-refused", f"not routed to: {why}",
+                             model=record.model, replica_id=record.id)
+
     def _check_health(self, now: float, events: list) -> None:
         endpoints_dir = self.deployment.state_path / "endpoints"
         targets: list[tuple[ReplicaRecord, str, bool]] = []
+        key = self._replica_key()
         for record in self.store.replicas(live_only=True):
             if record.job_id is None or record.started_at is None:
                 continue
             if record.drain_requested_at is not None or record.cancelled_at is not None:
                 continue
-            endpoint = read_endpoint(Path(endpoints_dir) / f"{record.id}.json")
+            endpoint = self._trusted_endpoint(Path(endpoints_dir) / f"{record.id}.json", record,
+                                              key, now)
             if endpoint is None or endpoint.job_id != record.job_id:
                 if record.ready_at is not None:
                     targets.append((record, record.endpoint or "", True))

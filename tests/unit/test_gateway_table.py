@@ -47,7 +47,7 @@ def test_write_is_atomic_and_leaves_no_temp_files(tmp_path):
     assert os.stat(path).st_ino != inode  # replaced by rename, never rewritten in place
     assert sorted(p.name for p in tmp_path.iterdir()) == ["routing-table.json"]
     assert read_routing_table(path).version == 2
-    assert os.stat(path).st_mode & 0o777 == 0o644
+    assert os.stat(path).st_mode & 0o777 == 0o600  # private (issue 28): the gateway is ours
 
 
 def test_writer_refuses_a_table_the_gateway_would_reject(tmp_path):

@@ -8,7 +8,7 @@ from pathlib import Path
 from submitit.core.utils import DelayedSubmission
 
 from coral_hpc.launch.entrypoint import run_replica
-from coral_hpc.launch.pickle_guard import ensure_submitted_pickle, submitted_pickle
+from coral_hpc.launch.pickle_guard import ensure_submitted_pickle, main, submitted_pickle
 from coral_hpc.launch.submit import submitit_parameters
 from tests.unit.launch_cases import case_spec
 
@@ -32,6 +32,43 @@ def test_submitits_own_pickle_is_kept(tmp_path: Path):
 
 def test_every_submitit_job_runs_the_guard_first():
     spec = case_spec("single", "sim")
-    (line,) = submitit_parameters(spec)["setup"]
+    umask, line = submitit_parameters(spec)["setup"]
+    assert umask == "umask 077"  # issue 28: what the job writes is the service account's alone
     assert line.split() == [spec.python, "-m", "coral_hpc.launch.pickle_guard",
-                            str(spec.logs_dir), str(spec.spec_file)]
+                            str(spec.logs_dir), str(spec.spec_file), "||", "exit", "1"]
+
+
+# Issue 28 item 2: submitit unpickles and runs the call as the service account, so the guard
+# ends the job (exit 1, before submitit reads the pickle) when others could have swapped it.
+
+
+def test_the_guard_refuses_a_folder_others_may_write(tmp_path: Path, monkeypatch, capsys):
+    folder = tmp_path / "logs"
+    folder.mkdir()
+    folder.chmod(0o777)
+    monkeypatch.setenv("SLURM_JOB_ID", "31")
+    assert main([str(folder), str(tmp_path / "spec.json")]) == 1
+    assert f"chmod 700 {folder}" in capsys.readouterr().err
+    assert not submitted_pickle(folder, "31").exists()
+
+
+def test_the_guard_refuses_a_pickle_others_may_write(tmp_path: Path, monkeypatch, capsys):
+    folder = tmp_path / "logs"
+    folder.mkdir(mode=0o700)
+    folder.chmod(0o700)
+    pickle = submitted_pickle(folder, "32")
+    DelayedSubmission(print, "swapped").dump(pickle)
+    pickle.chmod(0o666)
+    monkeypatch.setenv("SLURM_JOB_ID", "32")
+    assert main([str(folder), str(tmp_path / "spec.json")]) == 1
+    assert f"chmod 600 {pickle}" in capsys.readouterr().err
+
+
+def test_the_guard_passes_a_private_folder(tmp_path: Path, monkeypatch):
+    folder = tmp_path / "logs"
+    folder.mkdir()
+    folder.chmod(0o700)
+    DelayedSubmission(print, "own").dump(submitted_pickle(folder, "33"))
+    submitted_pickle(folder, "33").chmod(0o600)
+    monkeypatch.setenv("SLURM_JOB_ID", "33")
+    assert main([str(folder), str(tmp_path / "spec.json")]) == 0
