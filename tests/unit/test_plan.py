@@ -208,17 +208,6 @@ def _with_policy(tmp_path: Path, line: str) -> Path:
     return out
 
 
-@pytest.mark.slurm
-def test_live_plan_on_the_local_cluster(cache):
-    run = subprocess.run(
-        [sys.executable, "-c", "from coral_hpc.cli import main; main()", "plan", str(MODELS),
-         "--json", "--cache-dir", str(cache)],
-        capture_output=True, text=True, cwd=REPO, timeout=300, check=False)
-    assert run.returncode == 0, run.stderr
-    doc = json.loads(run.stdout)
-    assert doc["mode"] in ("optimal", "scarce") and doc["checker_problems"] == []
-
-
 def test_plan_uses_the_rules_serve_plans_with(result, snapshot):
     """`coral-hpc plan` and `serve` agree on what Slurm can start: a node offers only the GPUs
     whose CPU and memory share it can also give, and each stage of a replica gets its own node."""

@@ -1,0 +1,20 @@
+"""Unit tests never reach a Slurm: whatever cluster the test machine has (up, down or half set
+up) must not change a unit result or make a CLI test wait out scontrol's 60 s retry. Every test
+here, and every child process it starts, sees Slurm commands that fail at once; tests that
+need a real cluster live in tests/integration."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.support.no_slurm import no_slurm_env
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_slurm_on_path(tmp_path_factory):
+    saved = os.environ.get("PATH", "")
+    os.environ.update(no_slurm_env(tmp_path_factory.mktemp("no-slurm")))
+    yield
+    os.environ["PATH"] = saved
