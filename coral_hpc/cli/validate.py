@@ -124,7 +124,7 @@ def site_problems(file: str, deployment: Deployment, snapshot: ClusterSnapshot |
 
 
 @click.command()
-@click.argument("file")  # its type is checked by config_source: FIFOs etc. never opened
+@click.argument("file")  # its type is checked by coral_hpc.config.source: FIFOs etc. never opened
 @click.option("--json", "as_json", is_flag=True,
               help="Print the summary, or the errors, as JSON (errors still exit 2).")
 @click.option("--snapshot", "snapshot_file", type=click.Path(dir_okay=False),

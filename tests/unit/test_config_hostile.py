@@ -20,7 +20,7 @@ from click.testing import CliRunner
 
 from coral_hpc.cli import cli
 from coral_hpc.config import load_deployment, parse_deployment
-from coral_hpc.config_source import MAX_CONFIG_BYTES
+from coral_hpc.config.source import MAX_CONFIG_BYTES
 from coral_hpc.errors import ConfigError
 from tests.unit.test_config import BASE, _edit
 

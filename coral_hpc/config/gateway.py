@@ -1,0 +1,79 @@
+"""The ``gateway`` section: the one OpenAI-compatible endpoint, and what exposing it beyond
+loopback requires (API keys, and TLS to carry them)."""
+
+from __future__ import annotations
+
+import ipaddress
+
+from pydantic import Field, field_validator, model_validator
+
+from coral_hpc.config.base import _against_file, _Frozen
+
+
+def is_loopback_host(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses; a host name may resolve anywhere."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class GatewayConfig(_Frozen):
+    """The one OpenAI-compatible endpoint."""
+
+    listen: str = Field(default="127.0.0.1:8000", description="host:port")
+    api_keys_file: str | None = Field(
+        default=None, description="file of hashed API keys; required beyond loopback"
+    )
+    max_body_bytes: int = Field(
+        default=4 * 1024 * 1024, gt=0, le=1 << 30,
+        description="largest request body accepted, in bytes; a larger one is answered 413",
+    )
+    tls_cert: str | None = Field(
+        default=None, description="PEM certificate (chain) the gateway serves HTTPS with"
+    )
+    tls_key: str | None = Field(default=None, description="PEM private key of tls_cert; mode 0600")
+    behind_tls_proxy: bool = Field(
+        default=False,
+        description="a TLS-terminating proxy of the site is in front: plain HTTP beyond loopback",
+    )
+
+    _resolve = field_validator("api_keys_file", "tls_cert", "tls_key")(_against_file)
+
+    @model_validator(mode="after")
+    def _exposure(self) -> GatewayConfig:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("set tls_cert and tls_key together (or neither)")
+        if is_loopback_host(self.host):
+            return self
+        # beyond loopback, API keys travel over the network: keys, and TLS to carry them
+        if self.api_keys_file is None:
+            raise ValueError(
+                f"listen {self.listen!r} is reachable from other machines: set api_keys_file "
+                "(`coral-hpc keys add FILE NAME`) or listen on 127.0.0.1"
+            )
+        if self.tls_cert is None and not self.behind_tls_proxy:
+            raise ValueError(
+                f"listen {self.listen!r} is reachable from other machines and API keys would "
+                "cross the network in clear: set tls_cert and tls_key, or behind_tls_proxy: true "
+                "when the site's TLS-terminating proxy is in front"
+            )
+        return self
+
+    @field_validator("listen")
+    @classmethod
+    def _host_port(cls, value: str) -> str:
+        host, sep, port = value.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"{value!r} is not host:port such as '127.0.0.1:8000'")
+        return value
+
+    @property
+    def host(self) -> str:
+        return self.listen.rpartition(":")[0].strip("[]")
+
+    @property
+    def port(self) -> int:
+        return int(self.listen.rpartition(":")[2])

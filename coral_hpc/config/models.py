@@ -1,0 +1,134 @@
+"""The ``models`` section: each served model, its request mix, declared (or measured) demand
+and latency targets."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from coral_hpc.config.base import _SAFE_NAME_RE, _FieldError, _Frozen
+from coral_hpc.config.engine_flags import engine_args_problems
+
+
+class RequestMix(_Frozen):
+    """Mean request shape of a model's traffic."""
+
+    input_tokens: int = Field(gt=0, le=1_048_576, description="mean prompt tokens per request")
+    output_tokens: int = Field(gt=0, le=1_048_576,
+                               description="mean generated tokens per request")
+
+
+class Demand(_Frozen):
+    """Declared demand: requests/s, or output tokens/s (converted on load)."""
+
+    # Upper bounds far above any deployment (a million requests/s is ~thousands of GPUs per
+    # model) that keep the Stage-2 coefficients within what HiGHS's tolerances resolve.
+    requests_per_s: float | None = Field(
+        default=None, ge=0, le=1e6, description="requests per second of the model's mix"
+    )
+    output_tokens_per_s: float | None = Field(
+        default=None, ge=0, le=1e9,
+        description="generated tokens per second; divided by mix.output_tokens on load",
+    )
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Demand:
+        given = [v is not None for v in (self.requests_per_s, self.output_tokens_per_s)]
+        if sum(given) != 1:
+            raise ValueError(
+                "give exactly one of requests_per_s or output_tokens_per_s (or demand: auto)"
+            )
+        return self
+
+
+class SLO(_Frozen):
+    """Latency targets a template's throughput is measured under."""
+
+    ttft_s: float = Field(gt=0, le=600, description="time to first token, seconds")
+    tpot_s: float = Field(gt=0, le=10, description="time per output token, seconds")
+
+
+class ModelConfig(_Frozen):
+    """One served model."""
+
+    name: str = Field(description="safe identifier: job names, URLs, file names")
+    source: str = Field(min_length=1, description="Hugging Face id or path on the shared FS")
+    architecture: str = Field(description="an architecture in profiles/models.yaml")
+    mix: RequestMix
+    demand: Demand | Literal["auto"] = Field(
+        description="{requests_per_s: N} or {output_tokens_per_s: N}, or `auto`: measured at the "
+        "gateway, averaged over about one policy.replan_interval_s, with the measured mix; a "
+        "model with no traffic yet gets min_replicas, and its first requests, answered 503, "
+        "count as demand",
+    )
+    slo: SLO
+    # priorities weight served demand in the scarce objective: a ratio beyond 10^6 between two
+    # models is below the solver's relative tolerance, so it could not be honoured anyway
+    priority: float = Field(
+        default=1.0, ge=1e-3, le=1000, description="weight when GPUs are scarce (0.001 .. 1000)"
+    )
+    min_replicas: int = Field(
+        default=0, ge=0, le=10_000,
+        description="replicas kept whatever the demand (queued when they cannot start now; "
+                    "refused when the model's partitions could never hold them)",
+    )
+    max_replicas: int | None = Field(
+        default=None, ge=0, le=10_000,
+        description="replicas at most; unset = as many as the demand needs",
+    )
+    partitions: tuple[str, ...] = Field(default=(), description="allowed partitions; empty = all")
+    gpu_types: tuple[str, ...] = Field(default=(), description="allowed GPU types; empty = all")
+    max_model_len: int | None = Field(
+        default=None, gt=0, le=1 << 24,
+        description="context length in tokens (vLLM --max-model-len); only layouts whose KV "
+                    "cache holds one such request are planned; unset = the model's own",
+    )
+    vllm_args: tuple[str, ...] = Field(
+        default=(), description="extra vLLM arguments for this model, after engine.args; flags "
+                                "the planner owns (TP, PP, host, port, served name, ...) and "
+                                "secrets are refused")
+
+    @field_validator("demand", mode="before")
+    @classmethod
+    def _demand_shape(cls, value: Any) -> Any:
+        if not isinstance(value, dict) and value != "auto":
+            raise ValueError(
+                f"{value!r} is not a demand: use 'auto' (measured at the gateway), "
+                "{requests_per_s: N} or {output_tokens_per_s: N}"
+            )
+        return value
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, value: str) -> str:
+        if not _SAFE_NAME_RE.match(value):
+            raise ValueError(
+                f"{value!r} is not a safe name: use 1–63 lowercase letters, digits, '.', '_' or "
+                "'-', starting with a letter or digit"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _planner_owned_flags(self) -> ModelConfig:
+        for index, why in engine_args_problems(self.vllm_args)[:1]:
+            raise _FieldError(("vllm_args", index),
+                              f"model {self.name!r} may not set {why}; remove it")
+        return self
+
+    @model_validator(mode="after")
+    def _replica_bounds(self) -> ModelConfig:
+        if self.max_replicas is not None and self.max_replicas < self.min_replicas:
+            raise ValueError(
+                f"max_replicas ({self.max_replicas}) is below min_replicas ({self.min_replicas})"
+            )
+        return self
+
+    @property
+    def demand_rps(self) -> float | None:
+        """Declared demand in requests/s of this model's mix; None when measured (auto)."""
+        if self.demand == "auto":
+            return None
+        if self.demand.requests_per_s is not None:
+            return self.demand.requests_per_s
+        return self.demand.output_tokens_per_s / self.mix.output_tokens
