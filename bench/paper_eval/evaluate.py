@@ -64,7 +64,8 @@ from coral_solver.types import (
 #: Re-plan interval, seconds (the paper's 6 minutes).
 EPOCH_S = 360.0
 #: Submit -> ready of a new replica, seconds: coral-hpc's configured default until it has learnt
-#: its own (coral_hpc/config.py ``startup_time_s``); the paper's start-up times are not known here.
+#: its own (coral_hpc/config/policy.py ``startup_time_s``); the paper's start-up times are not
+#: known here.
 STARTUP_S = 180.0
 #: Nodes per (GPU type, region) of the "unlimited" cluster that prices C* (never binding).
 UNLIMITED_NODES = 24

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from coral_hpc.config_doc import _sections, render_reference
+from coral_hpc.config.reference import _sections, render_reference
 
 REPO = Path(__file__).resolve().parents[2]
 PAGE = REPO / "docs" / "config-reference.md"

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from coral_hpc.cli import COMMANDS, cli
 from coral_hpc.config import load_deployment
-from coral_hpc.config_doc import _sections, field_description, field_type
+from coral_hpc.config.reference import _sections, field_description, field_type
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
@@ -108,7 +108,7 @@ def _fields():
                          isinstance(v, str) else "")
 def test_every_config_field_has_a_description_in_the_reference(where, model, name, field):
     description = field_description(field).strip()
-    assert description, f"{where}: add description= to the Field in coral_hpc/config.py"
+    assert description, f"{where}: add description= to the Field in coral_hpc/config/"
     section = REFERENCE.read_text().split(f"\n## {model.__name__}\n", 1)[1].split("\n## ", 1)[0]
     row = next(line for line in section.splitlines() if line.startswith(f"| `{name}` |"))
     assert row.rstrip(" |").split(" | ")[-1].strip(), f"{where}: empty cell in {REFERENCE.name}"

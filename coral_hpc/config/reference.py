@@ -1,5 +1,6 @@
 """The configuration reference, generated from the pydantic models of :mod:`coral_hpc.config`
 (``scripts/config-reference`` writes it to docs/config-reference.md; a test keeps it in sync).
+Not imported by the package itself: only the script and the tests need it.
 
 One table per section, in the order a ``models.yaml`` reads: each key with its type, its default
 (or *required*) and the field's own description — the models are the single source."""
@@ -12,11 +13,11 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from coral_hpc.config import Deployment
+from coral_hpc.config.deployment import Deployment
 
 HEADER = """# models.yaml reference
 
-Generated from the pydantic models in `coral_hpc/config.py` by `scripts/config-reference`; do not
+Generated from the pydantic models in `coral_hpc/config/` by `scripts/config-reference`; do not
 edit by hand (a test fails when this page and the models disagree). `coral-hpc validate FILE`
 checks a file against exactly these rules: unknown keys are refused, every error names the file,
 line and field.
