@@ -87,7 +87,6 @@ class _Frozen(BaseModel):
         return value
 
 
-
 class _FieldError(ValueError):
     """A cross-field check that knows exactly which field is wrong."""
 

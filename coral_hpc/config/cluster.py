@@ -46,7 +46,6 @@ def parse_slurm_time(value: str | int) -> int:
     return total
 
 
-
 _ENV_VAR_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: reach the engine only from their files (gateway.api_keys / hf_token_file), never from config
 _SECRET_VARS = frozenset({"VLLM_API_KEY", "HF_TOKEN"})
@@ -256,6 +255,7 @@ class SlurmSettings(_Frozen):
                 f"calls_per_min ({self.calls_per_min:g}) to observe the cluster"
             )
         return self
+
 
 #: CPUs and memory (GB) a replica job asks per GPU unless models.yaml says otherwise: a modest
 #: share (one vLLM worker per GPU needs a few CPU threads and host memory to stage its shard)

@@ -14,6 +14,7 @@ from coral_hpc.config.gateway import GatewayConfig
 from coral_hpc.config.locate import _dotted, _nearest_line
 from coral_hpc.config.models import ModelConfig
 from coral_hpc.config.policy import PolicyConfig, RetentionConfig
+from coral_hpc.config.source import FieldLines, FieldPath
 
 
 class Deployment(_Frozen):
@@ -48,6 +49,12 @@ class Deployment(_Frozen):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Deployment:
+        self._check_names()
+        self._check_engine_needs()
+        return self
+
+    def _check_names(self) -> None:
+        """Model names are unique; the partitions models and compatible_with name exist."""
         names = [m.name for m in self.models]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
@@ -69,6 +76,9 @@ class Deployment(_Frozen):
                     f"valid: {sorted(known - {part.name})}",
                 )
 
+    def _check_engine_needs(self) -> None:
+        """What the policy and engine kind need of the other sections: measured_only no
+        disaggregation, disaggregated vLLM a KV connector, vLLM an environment per partition."""
         if self.policy.measured_only and self.policy.disaggregation != "off":
             raise _FieldError(
                 ("policy", "measured_only"),
@@ -91,13 +101,12 @@ class Deployment(_Frozen):
                         "engine 'vllm' needs an environment per partition "
                         "(kind: venv | module | apptainer)",
                     )
-        return self
 
     #: where the deployment was read from, and the line of every field (for later checks' errors)
     _source: str = PrivateAttr(default="<string>")
-    _lines: dict = PrivateAttr(default_factory=dict)
+    _lines: FieldLines = PrivateAttr(default_factory=dict)
 
-    def problem(self, loc: tuple[str | int, ...], message: str) -> str:
+    def problem(self, loc: FieldPath, message: str) -> str:
         """A problem line in the format of every config error: ``file:line: field: message``;
         ``loc`` is the field path, e.g. ``("models", 0, "slo")``."""
         return f"{self._source}:{_nearest_line(self._lines, loc)}: {_dotted(loc)}: {message}"
@@ -161,8 +170,9 @@ def slurm_calls_per_min(deployment: Deployment) -> float:
     explicit = deployment.cluster.slurm.calls_per_min
     if explicit is not None:
         return explicit
-    default_poll = PolicyConfig.model_fields["poll_interval_s"].default
+    default_poll: float = PolicyConfig.model_fields["poll_interval_s"].default
     return DEFAULT_SLURM_CALLS_PER_MIN * max(1.0, default_poll / deployment.policy.poll_interval_s)
+
 
 def hf_home_of(deployment: Deployment) -> str:
     """The Hugging Face cache replicas and `coral-hpc stage` use: ``engine.hf_home``, or

@@ -4,7 +4,7 @@ come from."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import Field, field_validator, model_validator
 
@@ -15,14 +15,15 @@ from coral_hpc.config.secret_files import check_private_file
 #: vLLM's KV connectors (``--kv-transfer-config``'s ``kv_connector``) coral-hpc can configure:
 #: ExampleConnector moves the KV cache through a shared directory (the local cluster, measured
 #: in ../shared/VLLM-CPU.md); the others are vLLM's network connectors for GPU sites.
-KV_CONNECTORS = ("ExampleConnector", "NixlConnector", "LMCacheConnectorV1", "MooncakeConnector",
-                 "P2pNcclConnector")
+KvConnectorName = Literal["ExampleConnector", "NixlConnector", "LMCacheConnectorV1",
+                          "MooncakeConnector", "P2pNcclConnector"]
+KV_CONNECTORS: tuple[str, ...] = get_args(KvConnectorName)
 
 
 class KvConnectorConfig(_Frozen):
     """How a disaggregated model's prefill replicas hand the KV cache to its decode replicas."""
 
-    name: Literal[KV_CONNECTORS] = Field(
+    name: KvConnectorName = Field(
         description="vLLM kv_connector: " + ", ".join(KV_CONNECTORS)
     )
     shared_path: str | None = Field(

@@ -131,4 +131,6 @@ class ModelConfig(_Frozen):
             return None
         if self.demand.requests_per_s is not None:
             return self.demand.requests_per_s
-        return self.demand.output_tokens_per_s / self.mix.output_tokens
+        tokens_per_s = self.demand.output_tokens_per_s
+        assert tokens_per_s is not None  # Demand holds exactly one of the two
+        return tokens_per_s / self.mix.output_tokens

@@ -10,11 +10,12 @@ from pydantic import BaseModel, ValidationError
 from coral_hpc.config.base import _FieldError
 from coral_hpc.config.deployment import Deployment
 from coral_hpc.config.locate import _dotted, _nearest_line
+from coral_hpc.config.source import FieldLines, FieldPath
 
 
-def _clean_loc(loc: tuple) -> tuple:
+def _clean_loc(loc: FieldPath) -> FieldPath:
     """Drop pydantic's union-branch tags (``'function-after[...]'``, ``'venv'``) from a location."""
-    cleaned = []
+    cleaned: list[str | int] = []
     for part in loc:
         if isinstance(part, str) and ("[" in part or part in ("venv", "module", "apptainer")):
             if "[" in part:
@@ -26,7 +27,7 @@ def _clean_loc(loc: tuple) -> tuple:
     return tuple(cleaned)
 
 
-def _valid_keys_hint(loc: tuple) -> str:
+def _valid_keys_hint(loc: FieldPath) -> str:
     """For an unknown key, list the keys that section accepts."""
     section = _section_model(loc[:-1])
     if section is None:
@@ -34,7 +35,7 @@ def _valid_keys_hint(loc: tuple) -> str:
     return f"; valid keys here: {', '.join(sorted(section.model_fields))}"
 
 
-def _section_model(loc: tuple) -> type[BaseModel] | None:
+def _section_model(loc: FieldPath) -> type[BaseModel] | None:
     model: Any = Deployment
     for part in loc:
         if isinstance(part, int):
@@ -58,7 +59,7 @@ def _first_model(annotation: Any) -> Any:
     return None
 
 
-def _union_field(loc: tuple) -> tuple | None:
+def _union_field(loc: FieldPath) -> FieldPath | None:
     """The location of the union field an error's branch tag (``"literal['auto']"``,
     ``'dict[str,float]'``) sits under, or None when the error is not from a union branch."""
     for index, part in enumerate(loc):
@@ -73,7 +74,7 @@ def _one_error_per_union(errors: list[Any]) -> list[Any]:
     value was a mapping or list, the branches that wanted a plain word are dropped (the
     mapping's own errors say what is wrong); when every branch failed on the value itself,
     their expectations become one line ("Input should be a valid dictionary or 'billing'")."""
-    by_field: dict[tuple, list[Any]] = {}
+    by_field: dict[FieldPath, list[Any]] = {}
     for item in errors:
         field = _union_field(tuple(item["loc"]))
         if field is not None:
@@ -82,7 +83,7 @@ def _one_error_per_union(errors: list[Any]) -> list[Any]:
     for item in errors:
         field = _union_field(tuple(item["loc"]))
         group = by_field.get(field) if field is not None else None
-        if group is None or len(group) < 2:
+        if field is None or group is None or len(group) < 2:
             out.append(item)
             continue
         if item is not group[0]:
@@ -93,13 +94,13 @@ def _one_error_per_union(errors: list[Any]) -> list[Any]:
             out.extend(structured)
             continue
         expected = [g["msg"].removeprefix("Input should be ") for g in group]
-        merged = dict(group[0], loc=tuple(field),
+        merged = dict(group[0], loc=field,
                       msg="Input should be " + " or ".join(dict.fromkeys(expected)))
         out.append(merged)
     return out
 
 
-def _problems_from(error: ValidationError, lines: dict[tuple, int], path: str) -> list[str]:
+def _problems_from(error: ValidationError, lines: FieldLines, path: str) -> list[str]:
     problems = []
     items = [(item, _clean_loc(tuple(item["loc"])))
              for item in _one_error_per_union(error.errors())]

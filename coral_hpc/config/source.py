@@ -29,6 +29,11 @@ MAX_YAML_DEPTH = 32
 #: (each level nine aliases of the one above) expands to 9**6 = 531,441 and took 12 s and 2.2 GB.
 MAX_YAML_NODES = 100_000
 
+#: A field's path in the file: mapping keys and list indexes, ``("models", 1, "slo")``
+FieldPath = tuple[str | int, ...]
+#: The 1-based line of every field path of a file
+FieldLines = dict[FieldPath, int]
+
 
 class SourceError(ValueError):
     """The file cannot be a configuration; ``problem`` is one line naming file (and line)."""
@@ -43,7 +48,7 @@ class YamlSource:
     """A parsed file: its plain data and the 1-based line of every field path."""
 
     data: Any
-    lines: dict[tuple, int]
+    lines: FieldLines
 
 
 def _kind(mode: int) -> str:
@@ -133,7 +138,8 @@ class _BoundedLoader(yaml.SafeLoader):
         super().__init__(stream)
         self._depth = 0
 
-    def compose_node(self, parent, index):  # PyYAML's own signature
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        # PyYAML's own signature
         self._depth += 1
         try:
             if self._depth > MAX_YAML_DEPTH:
@@ -148,7 +154,8 @@ class _BoundedLoader(yaml.SafeLoader):
             self._depth -= 1
 
 
-def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False):
+def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode,
+                       deep: bool = False) -> Any:
     seen: dict[Any, int] = {}
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=deep)
@@ -220,7 +227,8 @@ def _check_expansion(root: yaml.Node, file: str) -> None:
     visit(root, 1)
 
 
-def _line_index(node: yaml.Node, path: tuple = (), out: dict | None = None) -> dict[tuple, int]:
+def _line_index(node: yaml.Node, path: FieldPath = (),
+                out: FieldLines | None = None) -> FieldLines:
     """Map every field path (``('models', 1, 'slo')``) to its 1-based line in the file."""
     out = {} if out is None else out
     out.setdefault(path, node.start_mark.line + 1)
