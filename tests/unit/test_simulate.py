@@ -112,6 +112,21 @@ def test_one_model_replays_its_own_trace(cache):
     assert "AzureLLMInferenceTrace_conv.csv" in models["qwen3-8b"]["trace"]
 
 
+@needs_traces
+def test_the_table_names_every_model_and_partition_and_the_plot_is_a_png(cache, tmp_path):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "sim.png"
+    run = CliRunner().invoke(simulate_command, [
+        str(MODELS), "--snapshot", str(SNAPSHOT), "--hours", HOURS, "--trace", str(AZURE),
+        "--cache-dir", str(cache), "--plot", str(png)])
+    assert run.exit_code == 0, run.output
+    for name in ("qwen3-8b", "phi-4", "llama-70b", "a100", "v100", "GPU-hours by partition",
+                 "Replicas over time"):
+        assert name in run.stdout, name
+    assert "served 0.00-0.02 h" in run.stderr  # progress goes to stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_a_missing_trace_exits_2_naming_it(cache, tmp_path):
     missing = tmp_path / "no-such-trace.csv"
     run = _simulate(MODELS, cache, "--trace", str(missing))
