@@ -127,6 +127,18 @@ def test_the_table_names_every_model_and_partition_and_the_plot_is_a_png(cache, 
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_without_a_snapshot_or_a_reachable_slurm_it_fails_saying_what_to_give(cache, tmp_path):
+    # the unit lane's PATH has Slurm commands that fail at once (tests/unit/conftest.py)
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 10, "output_length": 5}\n'
+                     '{"timestamp": 1000, "input_length": 10, "output_length": 5}\n')
+    run = CliRunner().invoke(simulate_command, [str(MODELS), "--trace", str(trace), "--json",
+                                                "--cache-dir", str(cache)])
+    assert run.exit_code in (2, 3), run.output
+    assert "--snapshot" in run.stderr and "Slurm" in run.stderr
+    assert "simulating" not in run.stderr and run.stdout == ""
+
+
 def test_a_missing_trace_exits_2_naming_it(cache, tmp_path):
     missing = tmp_path / "no-such-trace.csv"
     run = _simulate(MODELS, cache, "--trace", str(missing))
