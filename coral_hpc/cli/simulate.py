@@ -184,15 +184,15 @@ def _print_tables(data: dict, wide: bool) -> None:
                 title="GPU-hours by partition", wide=wide)
     changes, last = [], None
     for point in data["replicas_over_time"]:
-        if point["accepted"] and point["replicas"] != last:
-            last = point["replicas"]
+        if point["accepted"] and (point["replicas"], point["cost_per_hour"]) != last:
+            last = (point["replicas"], point["cost_per_hour"])
             changes.append([f"{point['at_h']:.2f}", point["trigger"],
                             f"{point['cost_per_hour']:.2f}",
                             ", ".join(f"{m} {n}" for m, n in point["replicas"].items())])
     print_table([Column("hour", "num"), Column("trigger", "id"), Column("cost/h", "num"),
                  Column("replicas")], changes,
                 title=f"Replicas over time ({data['replans']['count']} re-plans, "
-                      f"{data['replans']['refused']} refused; rows where replicas changed)",
+                      f"{data['replans']['refused']} refused; rows where the plan changed)",
                 wide=wide)
     if attained is not None and attained < 0.95:
         err_console.print("note: fewer than 95 % of requests met their SLO", highlight=False)
