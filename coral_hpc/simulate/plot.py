@@ -19,6 +19,8 @@ def draw_simulation_figure(result: SimulationResult) -> Any:
         for name, values in series.items():
             left.step(times, values, where="post", label=name)
         left.legend(loc="upper left", fontsize="small")
+        left.set_ylim(bottom=0, top=max(max(v) for v in series.values()) + 1)
+        left.yaxis.get_major_locator().set_params(integer=True)
     else:
         left.text(0.5, 0.5, "no plan was accepted", ha="center", va="center")
     unit = "billing units" if result.unit == "billing" else "cost"
