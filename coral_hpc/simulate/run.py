@@ -7,8 +7,8 @@ Every ``step_s`` (a minute, or the re-plan interval when that is shorter) of vir
   back through :func:`coral_hpc.demand.deployment_demand` over the last 10 re-plan intervals as
   the daemon reads its store. A model with declared demand is planned for it (with the policy's
   headroom), one with ``demand: auto`` for what the gateway measured.
-* **Re-plans** happen when :func:`coral_hpc.reconcile.replan_triggers` says so — the function
-  the daemon calls (``coral_hpc.daemon.core``), with the models
+* **Re-plans** (:class:`Replanner`) happen when :func:`coral_hpc.reconcile.replan_triggers`
+  says so — the function the daemon calls (``coral_hpc.daemon.core``), with the models
   :func:`coral_hpc.demand.changed_models` names: the re-plan interval elapsed, or a model's
   demand or mix moved past ``policy.demand_change_threshold``. Each goes through the daemon's
   :class:`~coral_hpc.plan.planner.Planner` (Stage 1 cached on disk, Stage 2, the independent
@@ -46,7 +46,7 @@ import numpy as np
 from coral_hpc.config import Deployment
 from coral_hpc.demand import ModelDemand, changed_models, deployment_demand
 from coral_hpc.plan.planner import Planner, PlanningError, PlanRequest
-from coral_hpc.reconcile import ReconcileSettings, replan_triggers
+from coral_hpc.reconcile import ReconcileSettings, Trigger, replan_triggers
 from coral_hpc.records import DemandInterval
 from coral_hpc.simulate.serve import _SERVED, serve_window
 from coral_hpc.simulate.traces import ModelWorkload, TraceRows, scaled_workload
@@ -161,6 +161,43 @@ class SimulationResult:
         }
 
 
+class Replanner:
+    """The daemon's demand meter and re-plan rule, stepped in virtual time: the gateway's
+    counters of the last 10 re-plan intervals read through
+    :func:`coral_hpc.demand.deployment_demand`, the models
+    :func:`coral_hpc.demand.changed_models` names, and
+    :func:`coral_hpc.reconcile.replan_triggers` — the functions the daemon calls — on a cluster
+    nothing happens to (no replica fails, no node drains, nothing is excluded)."""
+
+    def __init__(self, deployment: Deployment, step_s: float) -> None:
+        self.deployment = deployment
+        self.settings = ReconcileSettings.from_policy(deployment.policy)
+        self.tau = deployment.policy.replan_interval_s
+        self.store: deque[list[DemandInterval]] = deque(
+            maxlen=max(1, math.ceil(10 * self.tau / step_s)))
+        self.plan_time: float | None = None
+        self.planned: Mapping[str, ModelDemand] = {}
+
+    def meter(self, intervals: Iterable[DemandInterval]) -> None:
+        """Store one step's gateway counters (the oldest step beyond the history goes)."""
+        self.store.append(list(intervals))
+
+    def due(self, now: float) -> tuple[dict[str, ModelDemand], list[Trigger]]:
+        """The demand to plan for at ``now`` and why the plan is out of date (empty: it is
+        not)."""
+        demand = deployment_demand(self.deployment,
+                                   (i for batch in self.store for i in batch), self.tau)
+        changed = (changed_models(self.planned, demand, self.settings.demand_change_threshold)
+                   if self.planned else [])
+        return demand, replan_triggers(self.plan_time, now, self.settings, (), changed,
+                                       frozenset(), frozenset(), ())
+
+    def planned_at(self, now: float, demand: Mapping[str, ModelDemand]) -> None:
+        """A plan was asked for at ``now`` for ``demand`` (accepted or not: the daemon retries
+        at the next trigger either way)."""
+        self.plan_time, self.planned = now, demand
+
+
 def model_workloads(deployment: Deployment, traces: Mapping[str, TraceRows], span_s: float,
                     seed: int = 0) -> dict[str, ModelWorkload]:
     """Every model's requests over ``span_s`` seconds from its trace (``traces`` by model
@@ -203,17 +240,13 @@ def simulate(deployment: Deployment, snapshot: ClusterSnapshot,
     """Replay ``loads`` for ``span_s`` seconds (see the module doc)."""
     began = time.perf_counter()
     policy = deployment.policy
-    settings = ReconcileSettings.from_policy(policy)
-    tau = policy.replan_interval_s
-    step = min(STEP_S, tau)
-    store: deque[list[DemandInterval]] = deque(maxlen=max(1, math.ceil(10 * tau / step)))
+    step = min(STEP_S, policy.replan_interval_s)
+    replanner = Replanner(deployment, step)
     result = SimulationResult(span_s, "gpu_hour", {n: w.source for n, w in loads.items()})
     result.models = {m.name: ModelFigures() for m in deployment.models}
     result.demand_rps = {n: len(w.at) / span_s for n, w in loads.items()}
     plan: Plan | None = None
     specs: dict[str, ModelSpec] = {}
-    plan_time: float | None = None
-    planned: Mapping[str, ModelDemand] = {}
     running: tuple = ()
     serving_since = 0.0
     plan_s = serve_s = 0.0
@@ -247,11 +280,7 @@ def simulate(deployment: Deployment, snapshot: ClusterSnapshot,
     for k in range(steps):
         now = k * step
         dt = min(step, span_s - now)
-        demand = deployment_demand(deployment, (i for batch in store for i in batch), tau)
-        changed = (changed_models(planned, demand, settings.demand_change_threshold)
-                   if planned else [])
-        triggers = replan_triggers(plan_time, now, settings, (), changed, frozenset(),
-                                   frozenset(), ())
+        demand, triggers = replanner.due(now)
         if triggers:
             t0 = time.perf_counter()
             request = PlanRequest(deployment, snapshot, demand, running, frozenset(), frozenset(),
@@ -290,7 +319,7 @@ def simulate(deployment: Deployment, snapshot: ClusterSnapshot,
                     f"{new.cost_per_hour:9.2f}/h  replicas "
                     + ", ".join(f"{m} {n}" for m, n in _per_model(new).items())
                     + f"  (solve {outcome.solve_s:.2f} s)")
-            plan_time, planned = now, demand  # the daemon retries on failure; so do we
+            replanner.planned_at(now, demand)
         if plan is not None:
             hours = dt / 3600.0
             result.provisioning_cost += plan.cost_per_hour * hours
@@ -303,7 +332,7 @@ def simulate(deployment: Deployment, snapshot: ClusterSnapshot,
                     figures.gpu_hours += gpu_h
                     by_partition = result.gpu_hours_by_partition
                     by_partition[partition] = by_partition.get(partition, 0.0) + gpu_h
-        store.append(_intervals(loads, now, now + dt))
+        replanner.meter(_intervals(loads, now, now + dt))
     serve_segment(serving_since, span_s)
     result.seconds = {"plan": plan_s, "serve": serve_s, "total": time.perf_counter() - began}
     return result
