@@ -31,7 +31,6 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from bench.paper_eval import replica
 from bench.paper_eval.setups import (
     AVAILABILITY,
     MODELS,
@@ -43,8 +42,9 @@ from bench.paper_eval.setups import (
     regional,
 )
 from bench.paper_eval.workload import RUN_S, ModelWorkload, model_workload
-from coral_hpc.engine.pipeline import Layout
-from coral_solver import baselines, catalog, perf, perf_roles
+from coral_hpc.simulate.serve import _SERVED, Served, _deal  # noqa: F401 (tests use _deal)
+from coral_hpc.simulate.serve import serve_window as _serve_window
+from coral_solver import baselines, perf
 from coral_solver.allocate import allocate
 from coral_solver.catalog import gpu_memory_gb
 from coral_solver.check import check_plan
@@ -55,7 +55,6 @@ from coral_solver.types import (
     NodeGroup,
     Partition,
     Plan,
-    PlanRow,
     Policy,
     RunningReplica,
     Template,
@@ -265,192 +264,12 @@ ILP_BASELINES = ("homo-ilp", "melange-ilp")
 # --------------------------------------------------------------------------- serving
 
 
-def _deal(weights: list[float], n: int) -> list[list[int]]:
-    """Smooth weighted round robin: which of ``n`` requests (in order) goes to which weight."""
-    total = sum(weights)
-    credit = [0.0] * len(weights)
-    out: list[list[int]] = [[] for _ in weights]
-    for i in range(n):
-        for k, w in enumerate(weights):
-            credit[k] += w
-        k = max(range(len(weights)), key=lambda j: credit[j])
-        credit[k] -= total
-        out[k].append(i)
-    return out
-
-
-def _layout(template: Template, arch: str) -> Layout:
-    return Layout(
-        arch,
-        template.tp,
-        tuple(base_gpu(s.gpu_type) for s in template.stages),
-        tuple(s.layers for s in template.stages),
-    )
-
-
-@dataclass
-class Served:
-    """What one model's requests of a window got (estimated over every replica)."""
-
-    requests: int = 0
-    output_tokens: int = 0
-    good: float = 0.0
-    good_output_tokens: float = 0.0
-    refused: int = 0
-
-    def count(
-        self, ttft: float, tpot: float | None, tokens: int, model: ModelSpec, weight: float
-    ) -> None:
-        """Book one simulated request standing for ``weight`` requests."""
-        if tokens > 0 and ttft <= model.ttft_s and (tpot is None or tpot <= model.tpot_s):
-            self.good += weight
-            self.good_output_tokens += weight * tokens
-
-
-#: Served windows already simulated: (layout, requests) -> outcomes. Methods often plan the same
-#: rows (the greedy baselines coincide without disaggregation), and a replica's outcome depends
-#: only on its layout and its requests, so each is simulated once per setup.
-_SERVED: dict[tuple, list] = {}
-
-
-def _serve(layout: Layout, requests: list[replica.Request]) -> list[replica.Outcome]:
-    key = (layout, tuple(requests))
-    if key not in _SERVED:
-        _SERVED[key] = replica.serve(layout, requests)
-    return _SERVED[key]
-
-
-def _tpot(o: replica.Outcome) -> float | None:
-    return (o.last_s - o.first_s) / (o.tokens - 1) if o.tokens > 1 else None
-
-
-def _aggregated(
-    rows: list[PlanRow], picks: list[list[int]], at, prompt, output, model: ModelSpec, out: Served
-) -> None:
-    """Requests served by replicas of both phases: replica 0 of each row is simulated."""
-    for row, mine_all in zip(rows, picks):
-        mine = mine_all[:: row.count]
-        if not mine:
-            continue
-        outcomes = _serve(
-            _layout(row.template, model.arch),
-            [replica.Request(float(at[i]), int(prompt[i]), int(output[i])) for i in mine],
-        )
-        weight = len(mine_all) / len(mine)  # every replica of the row, from replica 0's share
-        for i, o in zip(mine, outcomes):
-            if at[i] >= 0.0:  # before 0: warm-up, served but not booked (serve_window)
-                out.count(o.first_s - float(at[i]), _tpot(o), o.tokens, model, weight)
-
-
-def _disaggregated(
-    prefill: list[PlanRow],
-    decode: list[PlanRow],
-    chosen: list[int],
-    at,
-    prompt,
-    output,
-    model: ModelSpec,
-    out: Served,
-) -> None:
-    """Requests served by a prefill replica, then (after the KV transfer) a decode replica.
-
-    Every prefill replica is simulated (prompt-only steps are few), so every request has its
-    hand-off time; replica 0 of each decode row is simulated, with vLLM's disaggregated timing:
-    the client's first token comes from the decode replica (computing the last prompt token).
-    The KV transfer takes ``coral_solver.perf_roles.kv_transfer_s`` of the prefill replica's largest
-    stage (stages send their layers' KV at once)."""
-    arch = catalog.model_arch(model.arch)
-    ready: dict[int, float] = {}
-    for row, mine_all in zip(
-        prefill, _deal([r.count * r.throughput for r in prefill], len(chosen))
-    ):
-        layers = max(s.layers for s in row.template.stages)
-        for k in range(row.count):
-            mine = [chosen[j] for j in mine_all[k :: row.count]]
-            if not mine:
-                continue
-            outcomes = _serve(
-                _layout(row.template, model.arch),
-                [replica.Request(float(at[i]), int(prompt[i]), 1) for i in mine],
-            )
-            for i, o in zip(mine, outcomes):
-                if o.tokens:
-                    mix = perf.Mix(input_tokens=int(prompt[i]), output_tokens=1)
-                    ready[i] = o.first_s + perf_roles.kv_transfer_s(arch, layers, mix)
-    handed = sorted(ready, key=lambda i: ready[i])
-    for row, mine_all in zip(decode, _deal([r.count * r.throughput for r in decode], len(handed))):
-        mine = [handed[j] for j in mine_all[:: row.count]]
-        if not mine:
-            continue
-        outcomes = _serve(
-            _layout(row.template, model.arch),
-            [
-                replica.Request(
-                    ready[i], int(prompt[i]), int(output[i]), external=int(prompt[i]) - 1
-                )
-                for i in mine
-            ],
-        )
-        weight = len(mine_all) / len(mine)
-        for i, o in zip(mine, outcomes):
-            if at[i] >= 0.0:  # before 0: warm-up, served but not booked (serve_window)
-                out.count(o.first_s - float(at[i]), _tpot(o), o.tokens, model, weight)
-
-
-def serve_window(
-    plan: Plan, model: ModelSpec, load: ModelWorkload, start: float, sim_s: float,
-    warmup_s: float = 0.0,
-) -> Served:
-    """Route the model's requests of [start, start + sim_s) to the plan's replicas and serve them.
-
-    ``warmup_s``: the requests of the ``warmup_s`` seconds before ``start`` are served too, so
-    the replicas are not empty at ``start``, but not counted.
-
-    Aggregated and disaggregated capacity share the requests in proportion; within each, rows
-    share them in proportion to their capacity (the gateway's weights). When the plan serves
-    less than the demand, the gateway admits that share (evenly spread) and refuses the rest."""
-    idx = load.window(start - warmup_s, start + sim_s)
-    at, prompt, output = load.at[idx] - start, load.prompt[idx], load.output[idx]
-    counted = at >= 0.0
-    out = Served(requests=int(counted.sum()), output_tokens=int(output[counted].sum()))
-    rows = [r for r in plan.rows if r.model == model.name and r.count > 0]
-    by_role = {role: [r for r in rows if r.role == role] for role in ("both", "prefill", "decode")}
-    both = sum(r.count * r.throughput for r in by_role["both"])
-    split = min(
-        sum(r.count * r.throughput for r in by_role[role]) for role in ("prefill", "decode")
-    )
-    capacity = both + split
-    if capacity <= 0 or len(at) == 0:
-        out.refused = out.requests
-        return out
-    share = min(1.0, capacity / model.demand_rps) if model.demand_rps > 0 else 1.0
-    admitted = [i for i in range(len(at)) if int((i + 1) * share) > int(i * share)]
-    out.refused = out.requests - int(counted[admitted].sum())
-    paths = _deal([both, split], len(admitted))
-    aggregated = [admitted[j] for j in paths[0]]
-    if aggregated:
-        picks = _deal([r.count * r.throughput for r in by_role["both"]], len(aggregated))
-        _aggregated(
-            by_role["both"],
-            [[aggregated[j] for j in p] for p in picks],
-            at,
-            prompt,
-            output,
-            model,
-            out,
-        )
-    if paths[1]:
-        _disaggregated(
-            by_role["prefill"],
-            by_role["decode"],
-            [admitted[j] for j in paths[1]],
-            at,
-            prompt,
-            output,
-            model,
-            out,
-        )
-    return out
+def serve_window(plan: Plan, model: ModelSpec, load: ModelWorkload, start: float, sim_s: float,
+                 warmup_s: float = 0.0) -> Served:
+    """:func:`coral_hpc.simulate.serve.serve_window` (the one ``coral-hpc simulate`` serves
+    with) with the paper's admission rule and its regional GPU types."""
+    return _serve_window(plan, model, load, start, sim_s, warmup_s=warmup_s, admission=True,
+                         gpu_of=base_gpu)
 
 
 # --------------------------------------------------------------------------- one run

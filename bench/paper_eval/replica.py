@@ -1,5 +1,6 @@
 """One replica of any role served in virtual time (the paper comparison's view of
-:mod:`coral_hpc.engine.virtual_time`, where the loop lives).
+:func:`coral_hpc.simulate.serve.serve_replica`, which ``coral-hpc simulate`` serves with too;
+the loop lives in :mod:`coral_hpc.engine.virtual_time`).
 
 Step times are the sim engine's own (:meth:`~coral_hpc.engine.pipeline.StepModel.batch_times`:
 a step's prompt chunks attend per sequence, Σ chunk·(computed + chunk/2)); a request may bring
@@ -9,18 +10,8 @@ feed a decode one.
 
 from __future__ import annotations
 
-from coral_hpc.engine.pipeline import Layout
-from coral_hpc.engine.virtual_time import EngineLimits, Outcome, Request
-from coral_hpc.engine.virtual_time import serve as _serve
+from coral_hpc.engine.virtual_time import Outcome, Request
+from coral_hpc.simulate.serve import LIMITS
+from coral_hpc.simulate.serve import serve_replica as serve
 
-__all__ = ["Outcome", "Request", "serve"]
-
-#: The sim engine's (= vLLM's) scheduler limits, as every replica of the comparison starts.
-LIMITS = EngineLimits()
-
-
-def serve(layout: Layout, requests: list[Request]) -> list[Outcome]:
-    """Serve ``requests`` (sorted by arrival) on one replica of ``layout``; one outcome each.
-
-    A request the KV cache could never hold is answered at its arrival with no tokens."""
-    return _serve(layout, requests, LIMITS)
+__all__ = ["LIMITS", "Outcome", "Request", "serve"]

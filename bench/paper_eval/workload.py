@@ -16,57 +16,17 @@ The trace files are read from ../shared/data/traces and never copied into the pr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
+from coral_hpc.simulate.traces import BIN_S, ModelWorkload, load_rows, scaled_workload
+from tests.support.trace_slice import TRACE_FILES, trace_dir
 
-from tests.support.trace_slice import TraceRow, load_trace
+__all__ = ["BIN_S", "RUN_S", "TRACE_KIND", "ModelWorkload", "model_workload"]
 
-#: Width of the bins of the rate curve, seconds.
-BIN_S = 10.0
 #: Length of one run, seconds (the paper's 30 minutes).
 RUN_S = 1800.0
 
 TRACE_KIND = {"azure-code": "code", "azure-conv": "conv", "burstgpt->conv": "conv"}
-
-
-@dataclass(frozen=True)
-class ModelWorkload:
-    """Arrival times (s from the run's start) and token counts of one model's requests."""
-
-    model: str
-    at: np.ndarray
-    prompt: np.ndarray
-    output: np.ndarray
-    source: str
-    mix: tuple[int, int]  #: mean prompt / output tokens of the trace window (the planner's mix)
-
-    def window(self, start: float, end: float) -> slice:
-        """Index range of the requests arriving in [start, end)."""
-        lo, hi = np.searchsorted(self.at, [start, end], side="left")
-        return slice(int(lo), int(hi))
-
-    def mean_mix(self) -> tuple[int, int]:
-        """(mean prompt tokens, mean output tokens) of the trace window the requests are drawn
-        from: fixed by the trace and offset, so every rate and seed plans for the same mix."""
-        return self.mix
-
-
-def _window_rows(
-    rows: list[TraceRow], offset_s: float, length_s: float
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(times from the window's start, prompts, outputs) of the trace rows in the window."""
-    t = np.array([r.t for r in rows])
-    t = t - t[0]
-    span = t[-1]
-    shifted = (t - offset_s) % span  # wrap round the end of the trace
-    keep = shifted < length_s
-    return (
-        shifted[keep],
-        np.array([r.context_tokens for r in rows])[keep],
-        np.array([r.generated_tokens for r in rows])[keep],
-    )
 
 
 def model_workload(
@@ -78,27 +38,9 @@ def model_workload(
     folder: Path | None = None,
     run_s: float = RUN_S,
 ) -> ModelWorkload:
-    """``model``'s requests over one run at a mean of ``rate_rps`` (see the module doc)."""
+    """``model``'s requests over one run at a mean of ``rate_rps``
+    (:func:`coral_hpc.simulate.traces.scaled_workload`, the one ``coral-hpc simulate`` draws)."""
     kind = TRACE_KIND[trace]
-    rows = load_trace(kind, folder)
-    times, prompts, outputs = _window_rows(rows, offset_s, run_s)
-    bins = int(np.ceil(run_s / BIN_S))
-    counts, _ = np.histogram(times, bins=bins, range=(0.0, bins * BIN_S))
-    intensity = counts / counts.mean() * rate_rps  # req/s per bin, mean = rate_rps
-    rng = np.random.default_rng(seed)
-    per_bin = rng.poisson(intensity * BIN_S)
-    at = np.concatenate(
-        [np.sort(rng.uniform(i * BIN_S, (i + 1) * BIN_S, n)) for i, n in enumerate(per_bin)]
-    )
-    at = at[at < run_s]
-    pick = rng.integers(0, len(prompts), len(at))
-    mix = (max(1, round(float(prompts.mean()))), max(1, round(float(outputs.mean()))))
-    return ModelWorkload(
-        model,
-        at,
-        np.maximum(prompts[pick], 1),
-        np.maximum(outputs[pick], 1),
-        f"azure-llm-2023/{kind} from {offset_s:.0f} s, rate curve x"
-        f"{rate_rps / (len(times) / run_s):.2f}",
-        mix,
-    )
+    rows = load_rows((folder or trace_dir()) / TRACE_FILES[kind])
+    return scaled_workload(model, rows, offset_s, rate_rps, seed, run_s,
+                           source=f"azure-llm-2023/{kind}")

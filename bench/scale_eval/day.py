@@ -28,13 +28,14 @@ The trace files are read from ../shared/data/traces and never copied into the pr
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from tests.support.trace_slice import load_trace
+from coral_hpc.simulate.traces import TraceRows
+from coral_hpc.simulate.traces import load_rows as load_rows_of
+
+__all__ = ["TraceRows", "ModelDay", "load_rows"]
 
 DAY_S = 86_400.0
 MINUTE_S = 60.0
@@ -50,51 +51,15 @@ TRACE_SOURCES = {
 }
 
 
-@dataclass(frozen=True)
-class TraceRows:
-    """One trace: arrival (seconds from its first row), prompt and output tokens per row."""
-
-    name: str
-    t: np.ndarray
-    prompt: np.ndarray
-    output: np.ndarray
-
-    @property
-    def span_s(self) -> float:
-        return float(self.t[-1])
-
-    def mean_mix(self) -> tuple[int, int]:
-        """(mean prompt tokens, mean output tokens) over the whole trace."""
-        return (max(1, round(float(self.prompt.mean()))), max(1, round(float(self.output.mean()))))
-
-
 def load_rows(trace: str, traces_dir: Path) -> TraceRows:
-    """The rows of ``trace`` (a key of :data:`TRACE_SOURCES`) under ``traces_dir``.
+    """The rows of ``trace`` (a key of :data:`TRACE_SOURCES`) under ``traces_dir``
+    (:func:`coral_hpc.simulate.traces.load_rows`, the reader ``coral-hpc simulate`` uses).
 
-    Raises FileNotFoundError when the file is absent, ValueError naming the file and line of a
-    malformed row."""
+    Raises ValueError (:class:`~coral_hpc.simulate.traces.TraceError`) naming the file when it
+    is absent, or its line when a row is malformed."""
     if trace not in TRACE_SOURCES:
         raise ValueError(f"trace {trace!r}: expected one of {sorted(TRACE_SOURCES)}")
-    path = traces_dir / TRACE_SOURCES[trace]
-    if trace.startswith("azure-"):
-        rows = load_trace(trace.split("-", 1)[1], path.parent)
-        t = np.array([r.t for r in rows])
-        prompt = np.array([r.context_tokens for r in rows])
-        output = np.array([r.generated_tokens for r in rows])
-    else:
-        times, prompts, outputs = [], [], []
-        with path.open() as handle:
-            for line_no, line in enumerate(handle, start=1):
-                try:
-                    item = json.loads(line)
-                    times.append(float(item["timestamp"]) / 1000.0)
-                    prompts.append(int(item["input_length"]))
-                    outputs.append(int(item["output_length"]))
-                except (ValueError, KeyError, TypeError) as exc:
-                    raise ValueError(f"{path}:{line_no}: malformed row: {exc}") from None
-        order = np.argsort(times, kind="stable")
-        t, prompt, output = (np.array(x)[order] for x in (times, prompts, outputs))
-    return TraceRows(trace, t - t[0], np.maximum(prompt, 1), np.maximum(output, 1))
+    return load_rows_of(traces_dir / TRACE_SOURCES[trace], name=trace)
 
 
 class ModelDay:

@@ -6,7 +6,8 @@ plans' cost minute by minute, and sampled windows served by the sim engine's sch
   :func:`coral_hpc.demand.deployment_demand` over the last 10 re-plan intervals as the daemon
   reads its store (``demand: auto``: rate and bucketed mix measured, headroom added). The store
   starts with the day's last 10 intervals (the day wraps), so the first plan has history.
-* **Re-plans** happen when :func:`coral_hpc.reconcile.triggers.replan_triggers` says so, checked
+* **Re-plans** happen when :func:`coral_hpc.reconcile.triggers.replan_triggers` says so
+  (through :class:`coral_hpc.simulate.run.Replanner`, as ``coral-hpc simulate`` asks), checked
   every minute (each new interval): the re-plan interval elapsed, or a model's demand or mix
   moved past ``policy.demand_change_threshold``. Each goes through the daemon's planner
   (:class:`coral_hpc.plan.planner.Planner` called as ``serve`` calls it: Stage 1 cached on disk,
@@ -35,7 +36,7 @@ from __future__ import annotations
 import statistics
 import tempfile
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -47,11 +48,10 @@ from bench.paper_eval import evaluate
 from bench.paper_eval.workload import ModelWorkload
 from bench.scale_eval import day as D
 from bench.scale_eval import site as S
-from coral_hpc.demand import changed_models, deployment_demand
 from coral_hpc.plan.planner import Planner, PlanningError, PlanRequest
 from coral_hpc.reconcile.settings import ReconcileSettings
-from coral_hpc.reconcile.triggers import replan_triggers
 from coral_hpc.records import DemandInterval
+from coral_hpc.simulate.run import Replanner
 from coral_solver import catalog
 from coral_solver.types import ModelSpec, Plan
 
@@ -184,9 +184,7 @@ def run_day(cfg: Config, traces_dir: Path, log: Callable[[str], None] = print) -
         f"{sum(int(d.counts.sum()) for d in days.values()):,} requests")
 
     deployment = S.deployment(models, mixes, policy_of(cfg))
-    settings = ReconcileSettings.from_policy(deployment.policy)
-    tau = deployment.policy.replan_interval_s
-    history_min = int(10 * tau // D.MINUTE_S)
+    replanner = Replanner(deployment, D.MINUTE_S)
     snapshot = S.snapshot()
     cache = cfg.cache_dir or Path(tempfile.mkdtemp(prefix="coral-scale-templates-"))
     planner = Planner(cache_dir=cache)
@@ -196,13 +194,11 @@ def run_day(cfg: Config, traces_dir: Path, log: Callable[[str], None] = print) -
     def interval(minute: int, start: float) -> list[DemandInterval]:
         return gateway_intervals(models, days, minute, start)
 
-    store: deque[list[DemandInterval]] = deque(maxlen=history_min)
+    history_min = replanner.store.maxlen or 0
     for minute in range(D.MINUTES - history_min, D.MINUTES):  # yesterday's end: the day wraps
-        store.append(interval(minute, (minute - D.MINUTES) * D.MINUTE_S))
+        replanner.meter(interval(minute, (minute - D.MINUTES) * D.MINUTE_S))
 
     plan: Plan | None = None
-    plan_time: float | None = None
-    planned_demand: dict = {}
     counts: Counter = Counter()
     running: tuple = ()
     sample_hours = set(range(0, HOURS, cfg.sample_every_h))
@@ -213,11 +209,7 @@ def run_day(cfg: Config, traces_dir: Path, log: Callable[[str], None] = print) -
         for minute in range(D.MINUTES):
             now = minute * D.MINUTE_S
             hour = minute // 60
-            demand = deployment_demand(deployment, (i for batch in store for i in batch), tau)
-            changed = changed_models(planned_demand, demand, settings.demand_change_threshold) \
-                if planned_demand else []
-            triggers = replan_triggers(plan_time, now, settings, (), changed, frozenset(),
-                                       frozenset(), ())
+            demand, triggers = replanner.due(now)
             if triggers:
                 t0 = time.perf_counter()
                 request = PlanRequest(deployment, snapshot, demand, running, frozenset(),
@@ -234,7 +226,7 @@ def run_day(cfg: Config, traces_dir: Path, log: Callable[[str], None] = print) -
                     outcome.cost_per_hour if outcome else 0.0, outcome.solve_s if outcome else 0.0,
                     solved.stage1_s if solved else 0.0, solved.stage2_s if solved else 0.0,
                     len(outcome.problems) if outcome else 0))
-                plan_time, planned_demand = now, demand  # the daemon retries on failure; so do we
+                replanner.planned_at(now, demand)  # the daemon retries on failure; so do we
                 if accepted and solved is not None:
                     new = Counter()
                     for row in solved.plan.rows:
@@ -274,7 +266,7 @@ def run_day(cfg: Config, traces_dir: Path, log: Callable[[str], None] = print) -
                     args = (plan, spec, load, sample_at, cfg.sim_s, cfg.warmup_s, hour)
                     futures.append((m.name, pool.submit(_serve_sample, *args) if pool
                                     else _done(_serve_sample(*args))))
-            store.append(interval(minute, now))
+            replanner.meter(interval(minute, now))
         result.seconds["plan"] = plan_s
         waited = time.perf_counter()
         for name, fut in futures:
@@ -429,28 +421,20 @@ def count_replans(cfg: Config, traces_dir: Path) -> Counter:
     same demand meter as :func:`run_day`; a refused plan cannot happen here)."""
     models, mixes, days = draw_day(cfg, traces_dir)
     deployment = S.deployment(models, mixes, policy_of(cfg))
-    settings = ReconcileSettings.from_policy(deployment.policy)
-    tau = deployment.policy.replan_interval_s
-    history_min = int(10 * tau // D.MINUTE_S)
+    replanner = Replanner(deployment, D.MINUTE_S)
 
     def interval(minute: int, start: float) -> list[DemandInterval]:
         return gateway_intervals(models, days, minute, start)
 
-    store: deque[list[DemandInterval]] = deque(maxlen=history_min)
+    history_min = replanner.store.maxlen or 0
     for minute in range(D.MINUTES - history_min, D.MINUTES):
-        store.append(interval(minute, (minute - D.MINUTES) * D.MINUTE_S))
+        replanner.meter(interval(minute, (minute - D.MINUTES) * D.MINUTE_S))
     kinds: Counter = Counter()
-    plan_time: float | None = None
-    planned: dict = {}
     for minute in range(D.MINUTES):
         now = minute * D.MINUTE_S
-        demand = deployment_demand(deployment, (i for batch in store for i in batch), tau)
-        changed = changed_models(planned, demand, settings.demand_change_threshold) \
-            if planned else []
-        triggers = replan_triggers(plan_time, now, settings, (), changed, frozenset(),
-                                   frozenset(), ())
+        demand, triggers = replanner.due(now)
         if triggers:
             kinds[triggers[0].kind.value] += 1
-            plan_time, planned = now, demand
-        store.append(interval(minute, now))
+            replanner.planned_at(now, demand)
+        replanner.meter(interval(minute, now))
     return kinds

@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "logs": ("coral_hpc.cli.logs", "logs", "Print the log files of one replica."),
     "serve": ("coral_hpc.cli.serve", "serve", "Run the daemon: plan, submit and replace replicas, route requests (SIGTERM leaves them running)."),
     "down": ("coral_hpc.cli.down", "down", "Stop the daemon, drain and cancel every replica of the deployment."),
+    "simulate": ("coral_hpc.cli.simulate", "simulate", "Replay a trace in virtual time: cost, SLO attainment, GPU-hours, replicas over time (no Slurm with --snapshot)."),
     "plan": ("coral_hpc.cli.plan", "plan", "What Coral would run now: replicas, layouts, cost, served vs demand (submits nothing)."),
     "profile": ("coral_hpc.cli.profile", "profile", "Measure the real engine in Slurm jobs per partition; write measured profiles."),
     "keys": ("coral_hpc.cli.gateway", "keys", "Add, list or remove gateway API keys (hashed file)."),

@@ -22,13 +22,17 @@ How a slice becomes a replay (every choice stated, so a reader knows what the SL
 
 from __future__ import annotations
 
-import csv
 import math
 import os
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from coral_hpc.simulate.traces import TraceRow, load_azure
+
+__all__ = ["Arrival", "Mix", "TraceRow", "Workload", "load_trace", "poisson_workload",
+           "scale_rate", "slice_workload", "trace_dir", "workload"]
 
 #: The trace folder beside the project (``<repo>/../shared/data/traces/azure-llm-2023``), or
 #: ``$CORAL_AZURE_TRACE_DIR`` when set.
@@ -46,15 +50,6 @@ class Mix:
 
     input_tokens: int
     output_tokens: int
-
-
-@dataclass(frozen=True)
-class TraceRow:
-    """One request of the trace: arrival (seconds since midnight) and its token counts."""
-
-    t: float
-    context_tokens: int
-    generated_tokens: int
 
 
 @dataclass(frozen=True)
@@ -92,34 +87,16 @@ def trace_dir() -> Path:
     return Path(env) if env else DEFAULT_TRACE_DIR
 
 
-def _seconds_of_day(stamp: str) -> float:
-    """``2023-11-16 18:15:46.6805900`` → seconds since midnight (7 fractional digits kept)."""
-    _, clock = stamp.strip().split(" ")
-    hours, minutes, seconds = clock.split(":")
-    return int(hours) * 3600 + int(minutes) * 60 + float(seconds)
-
-
 def load_trace(kind: str = "conv", folder: Path | None = None) -> list[TraceRow]:
-    """All rows of the ``conv`` or ``code`` trace, in arrival order.
+    """All rows of the ``conv`` or ``code`` trace, in arrival order
+    (:func:`coral_hpc.simulate.traces.load_azure`, the reader ``coral-hpc simulate`` uses).
 
     Raises FileNotFoundError when the folder or file is absent, ValueError naming the file and
     line of a malformed row.
     """
     if kind not in TRACE_FILES:
         raise ValueError(f"trace kind {kind!r}: expected one of {sorted(TRACE_FILES)}")
-    path = (folder or trace_dir()) / TRACE_FILES[kind]
-    rows: list[TraceRow] = []
-    with path.open(newline="") as handle:
-        reader = csv.DictReader(handle)
-        for line, record in enumerate(reader, start=2):
-            try:
-                rows.append(TraceRow(_seconds_of_day(record["TIMESTAMP"]),
-                                     int(record["ContextTokens"]),
-                                     int(record["GeneratedTokens"])))
-            except (KeyError, ValueError, AttributeError) as exc:
-                raise ValueError(f"{path}:{line}: malformed row {record!r}: {exc}") from None
-    rows.sort(key=lambda r: r.t)
-    return rows
+    return load_azure((folder or trace_dir()) / TRACE_FILES[kind])
 
 
 def _fit(value: float, scale: float) -> int:
