@@ -97,6 +97,14 @@ def test_crash_cooldown_excludes_a_template_at_its_crash_limit_only():
     assert crash_cooldowns(fs, sts, NOW, S, {TemplateExclusion("t1")}) == []
 
 
+def test_crash_cooldown_counts_only_crashes():
+    records = [_crashed("c1", 40.0), _crashed("c2", 60.0), _crashed("n", 90.0)]
+    sts = statuses(st("c1", ReplicaState.FAILED, crashed=True),
+                   st("c2", ReplicaState.FAILED, crashed=True),
+                   st("n", ReplicaState.FAILED))  # a node failure or preemption: not a crash
+    assert crash_cooldowns(facts(*records), sts, NOW, S, set()) == []
+
+
 # --------------------------------------------------------------------------- rule 2
 
 
@@ -172,6 +180,14 @@ def test_fill_slot_takes_own_then_ready_stand_in_then_work_in_flight():
     assert fill_slot(s, [rec("own")], sts, S, standing, flight) == ["own", "stand", "fly"]
     # consumed: a replica never fills two slots
     assert standing[("m", "both")] == [] and [r.id for r in flight[("m", "both")]] == ["spare"]
+
+
+def test_a_full_slot_takes_no_stand_in_nor_work_in_flight():
+    standing = {("m", "both"): [rec("stand", template="t0")]}
+    flight = {("m", "both"): [rec("fly", "starting", template="t9")]}
+    sts = statuses(st("own"), st("stand"), st("fly", STARTING))
+    assert fill_slot(slot("t1", 1), [rec("own")], sts, S, standing, flight) == ["own"]
+    assert len(standing[("m", "both")]) == 1 and len(flight[("m", "both")]) == 1
 
 
 def test_fill_slot_prefers_ready_then_the_most_time_left():
