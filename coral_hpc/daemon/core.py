@@ -28,7 +28,7 @@ from coral_hpc.demand import ModelDemand, changed_models, deployment_demand
 from coral_hpc.engine.vllm_metrics import fetch_engine_load
 from coral_hpc.errors import ConfigError
 from coral_hpc.plan.desired import DesiredPlan, plan_from_rows, slot_rows
-from coral_hpc.plan.planner import InfeasiblePlan, PlanOutcome, PlanRequest
+from coral_hpc.plan.planner import InfeasiblePlan, PlanOutcome, PlanRequest, SolverUnavailable
 from coral_hpc.plan.report import infeasible_problems
 from coral_hpc.reconcile import (
     Cancel,
@@ -329,7 +329,10 @@ class Daemon:
         delay = self.plan_backoff.failed(now)
         self.metrics.loop_errors.labels("plan").inc()
         self.store.add_event(now, "plan_error", f"planning failed: {exc}; retry in {delay:.0f}s")
-        log.error("planning failed: %s", exc, exc_info=not isinstance(exc, InfeasiblePlan))
+        # an infeasible plan or a solver this host lacks is the site's to fix and its message
+        # says how: one line, not a traceback (which only helps with an unexpected error)
+        log.error("planning failed: %s", exc,
+                  exc_info=not isinstance(exc, (InfeasiblePlan, SolverUnavailable)))
 
     # ------------------------------------------------------------------ publishing
 

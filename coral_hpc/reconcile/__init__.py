@@ -3,6 +3,9 @@
 - :mod:`.status` — ``replica_status(facts, now)``: the one function that derives a replica's state.
 - :mod:`.decide` — ``decide(plan, replicas, now, …)``: pure; returns Submit/Drain/Cancel/… actions
   (make-before-break, scale-down drains then cancels, nothing destructive on stale data).
+  One function per rule: :mod:`.match` (rule 4, slots), :mod:`.surplus` (rule 5,
+  make-before-break); :mod:`.actions` holds the values it reads and returns, :mod:`.serving`
+  the shared rule of which replicas go on serving.
 - :mod:`.hysteresis` — ``PlanHistory``: plans in a row without a slot (READY replicas stay put).
 - :mod:`.triggers` — ``replan_triggers(…)``: when the plan is out of date, and why (typed kinds).
 - :mod:`.startup`, :mod:`.backoff` — learnt start-up time (K) and backoff on transient errors.

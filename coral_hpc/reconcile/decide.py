@@ -46,134 +46,43 @@ Rules, in the order they are applied:
    routing table (re-sent after ``cancel_retry_s`` if Slurm has not ended it).
 7. **Bounded calls.** At most ``max_submits_per_cycle`` submissions and
    ``max_cancels_per_cycle`` cancellations per cycle; replacements and the oldest slots first.
+
+The rules are one function each, called in this order by :func:`decide`: rules 1–3, 6 and 7
+here, rule 4 in :mod:`coral_hpc.reconcile.match`, rule 5 in :mod:`coral_hpc.reconcile.surplus`.
+The values read and returned live in :mod:`coral_hpc.reconcile.actions`.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping, Sequence, Set
+from dataclasses import dataclass, replace
 
 from coral_hpc.plan.desired import DesiredPlan, Slot
+from coral_hpc.reconcile.actions import (
+    Action,
+    Cancel,
+    Decision,
+    Drain,
+    Exclude,
+    Forget,
+    Keep,
+    Observation,
+    Submit,
+)
 from coral_hpc.reconcile.hysteresis import PlanHistory
+from coral_hpc.reconcile.match import match_plan
+from coral_hpc.reconcile.serving import goes_on_serving
 from coral_hpc.reconcile.settings import ReconcileSettings
 from coral_hpc.reconcile.status import ReplicaFacts, ReplicaState, ReplicaStatus, replica_status
+from coral_hpc.reconcile.surplus import settle_surplus
 from coral_hpc.records import Exclusion, ReplicaRecord
 from coral_hpc.types import Excluded, ExclusionKind, ShapeExclusion, TemplateExclusion
 
-# --------------------------------------------------------------------------- inputs
-
-
-@dataclass(frozen=True)
-class Observation:
-    """How fresh and complete the facts are. Times are when Slurm last answered (None: never)."""
-
-    jobs_at: float | None  # own jobs (squeue/sacct)
-    cluster_at: float | None  # nodes and partitions (sinfo/scontrol)
-    complete: bool = True  # False when the last Slurm call failed or answered partially
-
-    def jobs_fresh(self, now: float, settings: ReconcileSettings) -> bool:
-        return (
-            self.complete and self.jobs_at is not None
-            and now - self.jobs_at <= settings.stale_after_s
-        )
-
-    def cluster_fresh(self, now: float, settings: ReconcileSettings) -> bool:
-        return (
-            self.jobs_fresh(now, settings) and self.cluster_at is not None
-            and now - self.cluster_at <= settings.stale_after_s
-        )
-
-
-# --------------------------------------------------------------------------- actions
-
-
-@dataclass(frozen=True)
-class Submit:
-    """Start a new replica of ``slot`` (``replaces``: the replica it takes over from, if any)."""
-
-    slot: Slot
-    reason: str
-    replaces: str | None = None
-
-
-@dataclass(frozen=True)
-class Drain:
-    """Take a replica out of the routing table; it is cancelled after the drain grace."""
-
-    replica_id: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class Cancel:
-    """Cancel a replica's Slurm job (with a grace signal first)."""
-
-    replica_id: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class Forget:
-    """Record that a replica never reached Slurm (no tagged job exists): end it in the store."""
-
-    replica_id: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class Exclude:
-    """Keep a template or a shape (template on partitions) out of plans until ``until``."""
-
-    target: Excluded
-    kind: ExclusionKind
-    until: float
-    reason: str
-    model: str | None = None
-
-
-@dataclass(frozen=True)
-class Keep:
-    """A replica that stays as it is (for status: plan vs actual)."""
-
-    replica_id: str
-
-
-Action = Submit | Drain | Cancel | Forget | Exclude | Keep
-
-
-@dataclass(frozen=True)
-class Decision:
-    """What to do now, and why the plan itself is out of date (empty: it is not)."""
-
-    actions: tuple[Action, ...]
-    replan: tuple[str, ...] = ()
-    #: set when destructive actions or submissions were withheld, saying why
-    held_back: str | None = None
-    statuses: Mapping[str, ReplicaStatus] = field(default_factory=dict)
-
-    def of(self, kind: type) -> list:
-        """The actions of one kind, in order."""
-        return [a for a in self.actions if isinstance(a, kind)]
-
-
-# --------------------------------------------------------------------------- decide
-
-_KEEP_ORDER = {
-    ReplicaState.READY: 0,
-    ReplicaState.STARTING: 1,
-    ReplicaState.PENDING: 2,
-    ReplicaState.SUBMITTING: 3,
-    ReplicaState.UNHEALTHY: 4,
-}
-
-
-def goes_on_serving(status: ReplicaStatus) -> bool:
-    """Whether a live replica counts towards its plan slot: it serves or will, and needs no
-    successor. The one rule for the decide step (which replicas a slot keeps) and the planner
-    (which replicas go on serving, keep their GPUs and get the start-up credit)."""
-    return (status.state in _KEEP_ORDER and not status.needs_successor
-            and not status.pending_too_long and not status.submit_lost)
+__all__ = [
+    "Action", "Cancel", "Decision", "DesiredPlan", "Drain", "Exclude", "Forget", "Keep",
+    "Observation", "Slot", "Submit", "decide", "goes_on_serving",
+]
 
 
 def decide(
@@ -194,297 +103,71 @@ def decide(
     make-before-break)."""
     settings = settings or ReconcileSettings()
     observation = observation or Observation(jobs_at=now, cluster_at=now)
-    statuses = {f.record.id: replica_status(f, now, settings) for f in replicas}
-    records = {f.record.id: f.record for f in replicas}
-    if plan is not None:
-        # a pending replica worth waiting for is not "pending too long" (rule 3)
-        statuses = {i: replace(s, pending_too_long=False)
-                    if s.pending_too_long and _worth_waiting(records[i], plan, settings, now) else s
-                    for i, s in statuses.items()}
+    statuses = replica_statuses(plan, replicas, now, settings)
     excluded: set[Excluded] = {e.target for e in exclusions if e.until > now}
-    actions: list[Action] = []
-    replan: list[str] = []
-
     # 1. crash cool-down (a fact of the store: safe whatever the freshness)
-    for exclude in _crash_cooldowns(replicas, statuses, now, settings, excluded):
-        actions.append(exclude)
-        excluded.add(exclude.target)
-        replan.append(exclude.reason)
-
-    # 2. freshness
-    jobs_fresh = observation.jobs_fresh(now, settings)
-    cluster_fresh = observation.cluster_fresh(now, settings)
-    if not jobs_fresh:
-        return Decision(
-            tuple(actions), tuple(replan),
-            held_back="own jobs not observed recently or the last Slurm call failed: "
-            "no submission, drain or cancel this cycle",
-            statuses=statuses,
-        )
-    if plan is None:
-        # before the first plan (e.g. just after a restart) every replica is "surplus": touch none
-        return Decision(
-            tuple(actions), (*replan, "no plan yet"),
-            held_back="no plan yet: nothing submitted, drained or cancelled", statuses=statuses,
-        )
-    held_back = None
-    if not cluster_fresh:
-        held_back = "cluster snapshot stale or partial: nothing drained or cancelled this cycle"
-    destructive_ok = cluster_fresh
-
+    cooldowns = crash_cooldowns(replicas, statuses, now, settings, excluded)
+    excluded.update(e.target for e in cooldowns)
+    actions: list[Action] = [*cooldowns]
+    replan = [e.reason for e in cooldowns]
+    # 2. freshness: nothing at all on stale jobs or before the first plan
+    hold = hold_everything(plan, observation, now, settings)
+    if hold is not None or plan is None:
+        reason, why = hold or _NO_PLAN  # (no plan always holds: the `or` only narrows for mypy)
+        return Decision(tuple(actions), (*replan, *why), held_back=reason, statuses=statuses)
+    held = hold_destructive(observation, now, settings)
+    records = {f.record.id: f.record for f in replicas}
     live = [records[i] for i, s in statuses.items() if s.state.live]
-    cancels: list[Cancel] = []
-    drains: list[Drain] = []
-    submits: list[Submit] = []
-
-    # lost submissions: the tagged job never appeared although the queue was read
-    for record in live:
-        status = statuses[record.id]
-        if status.state is ReplicaState.SUBMITTING and status.submit_lost:
-            actions.append(Forget(record.id, "submission never reached Slurm"))
-
+    actions.extend(lost_submissions(live, statuses))
     # 3. pending too long
-    for record in live:
-        status = statuses[record.id]
-        if status.state is ReplicaState.PENDING and status.pending_too_long:
-            shape = ShapeExclusion(record.template_id, record.partitions)
-            reason = (
-                f"replica {record.id} of {record.model} pending {status.pending_for_s:.0f}s "
-                f"(> {settings.pending_timeout_s:.0f}s) on {','.join(record.partitions)}"
-            )
-            if shape not in excluded:
-                actions.append(Exclude(shape, ExclusionKind.PENDING_TIMEOUT,
-                                       now + settings.pending_exclusion_s,
-                                       reason, model=record.model))
-                excluded.add(shape)
-                replan.append(reason)
-            cancels.append(Cancel(record.id, reason))
-
+    pending = pending_too_long(live, statuses, now, settings, excluded)
+    actions.extend(pending.excludes)
+    excluded.update(e.target for e in pending.excludes)
+    replan.extend(e.reason for e in pending.excludes)
     # 4. match the plan
-    slots = plan.slots
-    by_key: dict[tuple[str, tuple[str, ...]], list[ReplicaRecord]] = defaultdict(list)
-    for record in live:
-        by_key[(record.template_id, record.partitions)].append(record)
-    successors_needed: dict[str, list[str]] = defaultdict(list)  # model -> replica ids
-    for record in live:
-        if statuses[record.id].needs_successor:
-            successors_needed[record.model].append(record.id)
-
-    kept: set[str] = set()
-    # Hysteresis: a replica still pending or starting whose slot a newer plan no longer names is
-    # work in flight. It fills a missing slot of its model in place of a new submission (oldest
-    # first) instead of being cancelled, until it is READY, pends past pending_timeout_s or the
-    # model's slots are full — so plans that alternate never cancel their own replacements.
-    slot_keys = {s.key for s in slots}
-    in_flight: dict[tuple[str, str], list[ReplicaRecord]] = defaultdict(list)
-    for record in sorted(live, key=lambda r: (r.created_at, r.id)):
-        status = statuses[record.id]
-        if ((record.template_id, record.partitions) not in slot_keys and goes_on_serving(status)
-                and status.state in (ReplicaState.PENDING, ReplicaState.STARTING)):
-            in_flight[_role_key(record)].append(record)
-    # READY replicas that may stand in for a new slot of their model (hysteresis, rule 4),
-    # the cheapest per request/s first
-    standing: dict[tuple[str, str], list[ReplicaRecord]] = defaultdict(list)
-    if history is not None:
-        for record in sorted(live, key=lambda r: (_cost_per_rps(r.cost_per_hour, r.throughput),
-                                                  r.created_at, r.id)):
-            own = (record.template_id, record.partitions)
-            if (own not in slot_keys and statuses[record.id].state is ReplicaState.READY
-                    and goes_on_serving(statuses[record.id])
-                    and history.absent_for(own) < settings.replace_after_plans):
-                standing[_role_key(record)].append(record)
-    for slot in slots:
-        candidates = [r for r in by_key.get(slot.key, []) if goes_on_serving(statuses[r.id])]
-        candidates.sort(key=lambda r: (_KEEP_ORDER[statuses[r.id].state],
-                                       -_time_left(statuses[r.id]),
-                                       r.created_at, r.id))
-        keep = candidates[: slot.count]
-        kept.update(r.id for r in keep)
-        missing = slot.count - len(keep)
-        ready_in = standing[(slot.model, slot.layout.role)]
-        for record in list(ready_in):
-            if missing <= 0:
-                break
-            if _stands_in(record, slot, settings):
-                ready_in.remove(record)
-                kept.add(record.id)
-                missing -= 1
-        flight = in_flight[(slot.model, slot.layout.role)]
-        while missing > 0 and flight:
-            kept.add(flight.pop(0).id)
-            missing -= 1
-        if missing <= 0:
-            continue
-        if (TemplateExclusion(slot.template_id) in excluded
-                or ShapeExclusion(*slot.key) in excluded):
-            replan.append(f"plan wants {missing} more of {slot.template_id} on "
-                          f"{','.join(slot.partitions)}, which is excluded")
-            continue
-        for _ in range(missing):
-            replaces = _take_predecessor(successors_needed, slot.model, by_key.get(slot.key, []))
-            reason = "scale up" if replaces is None else f"successor of {replaces}"
-            submits.append(Submit(slot, reason, replaces=replaces))
-    for replica_id in sorted(kept):
-        actions.append(Keep(replica_id))
-
+    match = match_plan(plan, live, statuses, settings, excluded, history)
+    replan.extend(match.replan)
+    actions.extend(Keep(replica_id) for replica_id in sorted(match.kept))
     # 5. surplus, make-before-break
-    surplus = [r for r in live if r.id not in kept and statuses[r.id].state in _KEEP_ORDER]
-    # per model and role: a surplus prefill replica cannot stand in for a missing decode one
-    ready_capacity: dict[tuple[str, str], float] = defaultdict(float)
-    # READY replicas that will go on serving (not themselves draining-node or walltime bound):
-    # only these count as a successor that lets another replica drain
-    ready_count: dict[tuple[str, str], int] = defaultdict(int)
-    # ... and their capacity: short of the plan's, a replica still starting serves sooner than
-    # a successor submitted now
-    stable_capacity: dict[tuple[str, str], float] = defaultdict(float)
-    for record in live:
-        if statuses[record.id].state is ReplicaState.READY:
-            ready_capacity[_role_key(record)] += record.throughput
-            if not statuses[record.id].needs_successor:
-                ready_count[_role_key(record)] += 1
-                stable_capacity[_role_key(record)] += record.throughput
-    kept_last: list[str] = []
-    planned = {key: plan.capacity(*key) for key in {_role_key(r) for r in live}}
-    # serving surplus: the ones that will stop anyway first, then the dearest per request/s
-    surplus.sort(key=lambda r: (not statuses[r.id].needs_successor,
-                                -(r.cost_per_hour / max(r.throughput, 1e-9)), r.created_at, r.id))
-    already_cancelled = {c.replica_id for c in cancels}
-    for record in surplus:
-        status = statuses[record.id]
-        if status.state is ReplicaState.SUBMITTING:
-            continue  # nothing to cancel yet: adopted or forgotten on a later cycle
-        if status.state is not ReplicaState.READY:
-            if (status.state is ReplicaState.UNHEALTHY and not status.unhealthy_too_long
-                    and ready_count[_role_key(record)] < 1
-                    and (configured is None or record.model in configured)):
-                # it answered /health until moments ago and nothing else serves its model yet: a
-                # loaded host answers late (seen with real engines starting beside it), and
-                # cancelling it would leave the model with no replica until a successor is READY
-                kept_last.append(f"{record.id} ({_surplus_reason(record, status, 0)}) kept: "
-                                 f"unhealthy for less than {settings.unhealthy_grace_s:.0f}s, "
-                                 f"no successor of {record.model} READY")
-                continue
-            key = _role_key(record)
-            if (_starting_past_its_lead(status, settings)
-                    and stable_capacity[key] + 1e-9 < planned.get(key, 0.0)
-                    and (configured is None or record.model in configured)):
-                # its walltime successor fell due before it became READY (its start-up beside
-                # other engines loading outran the lead: seen on the real engine); it serves
-                # long before that successor can, so cancelling it opens a gap
-                kept_last.append(f"{record.id} kept: its walltime successor fell due while it "
-                                 f"was still starting, and {record.model} lacks READY capacity")
-                continue
-            if record.id not in already_cancelled:
-                cancels.append(Cancel(record.id, _surplus_reason(record, status,
-                                                                 ready_count[_role_key(record)])))
-            continue
-        key = _role_key(record)
-        remaining = ready_capacity[key] - record.throughput
-        stable = not status.needs_successor
-        others = ready_count[key] - (1 if stable else 0)
-        if others < 1 and (configured is None or record.model in configured):
-            role = "" if key[1] == "both" else f"{key[1]} "
-            kept_last.append(f"{record.id} ({_surplus_reason(record, status, 0)}) kept: the last "
-                             f"READY {role}replica of {record.model}, no successor READY")
-            continue
-        if remaining + 1e-9 >= planned.get(key, 0.0):
-            drains.append(Drain(record.id, _surplus_reason(record, status, others)))
-            ready_capacity[key] = remaining
-            ready_count[key] = others
-
-    # 6. draining replicas: cancel after the grace, retry a cancel Slurm did not carry out
-    for record in live:
-        if statuses[record.id].state is not ReplicaState.DRAINING:
-            continue
-        if record.cancelled_at is None:
-            drained_at = record.drain_requested_at if record.drain_requested_at is not None else now
-            if now - drained_at >= settings.drain_grace_s:
-                cancels.append(Cancel(record.id, "drained"))
-        elif now - record.cancelled_at >= settings.cancel_retry_s:
-            cancels.append(Cancel(record.id, "cancel not yet carried out; sending again"))
-
+    settled = settle_surplus(plan, live, statuses, match.kept,
+                             {c.replica_id for c in pending.cancels}, settings, configured)
+    # 6. draining replicas
+    cancels = [*pending.cancels, *settled.cancels, *drained_cancels(live, statuses, now, settings)]
     # 7. bounds and freshness
-    if destructive_ok:
-        actions.extend(drains)
-        actions.extend(cancels[: settings.max_cancels_per_cycle])
-    submits.sort(key=lambda s: s.replaces is None)  # replacements first (stable otherwise)
-    actions.extend(submits[: settings.max_submits_per_cycle])
-    if kept_last:
-        held_back = "; ".join(filter(None, [held_back, *kept_last]))
+    actions.extend(bounded(settled.drains, cancels, match.submits, held is None, settings))
+    held_back = "; ".join(filter(None, [held, *settled.kept_last])) or None
     return Decision(tuple(actions), tuple(dict.fromkeys(replan)), held_back, statuses)
 
 
-def _worth_waiting(record: ReplicaRecord, plan: DesiredPlan, settings: ReconcileSettings,
-                   now: float) -> bool:
-    """A pending replica keeps its place: Slurm expects to start it within the horizon, or the
-    plan queues its model on this very shape (the best Slurm offers it)."""
-    start = record.expected_start
-    if start is not None and start - now <= settings.max_queue_wait_s:
-        return True
-    key = (record.template_id, record.partitions)
-    return any(s.queued and s.key == key for s in plan.slots)
+# --------------------------------------------------------------------------- the phases
 
 
-def _starting_past_its_lead(status: ReplicaStatus, settings: ReconcileSettings) -> bool:
-    """A STARTING replica whose walltime successor is due but which can still serve: Slurm's
-    walltime warning is still ahead. (A node going away is not this: rule 5 cancels it.)"""
-    return (status.state is ReplicaState.STARTING and status.near_walltime
-            and not status.must_move and status.time_left_s is not None
-            and status.time_left_s > settings.walltime_signal_s)
+def replica_statuses(
+    plan: DesiredPlan | None,
+    replicas: Sequence[ReplicaFacts],
+    now: float,
+    settings: ReconcileSettings,
+) -> dict[str, ReplicaStatus]:
+    """Each replica's status by id; a pending replica worth waiting for under ``plan`` is not
+    "pending too long" (rule 3). Without a plan nothing is worth waiting for."""
+    statuses = {f.record.id: replica_status(f, now, settings) for f in replicas}
+    if plan is None:
+        return statuses
+    records = {f.record.id: f.record for f in replicas}
+    return {i: replace(s, pending_too_long=False)
+            if s.pending_too_long and worth_waiting(records[i], plan, settings, now) else s
+            for i, s in statuses.items()}
 
 
-def _cost_per_rps(cost_per_hour: float, throughput: float) -> float:
-    return cost_per_hour / max(throughput, 1e-9)
-
-
-def _stands_in(record: ReplicaRecord, slot: Slot, settings: ReconcileSettings) -> bool:
-    """A READY replica may serve in place of one replica of ``slot``: it sustains at least the
-    slot's requests/s, and the slot is not cheaper per request/s by ``replace_margin``."""
-    if record.throughput + 1e-9 < slot.throughput:
-        return False
-    ours = _cost_per_rps(record.cost_per_hour, record.throughput)
-    return _cost_per_rps(slot.cost_per_hour, slot.throughput) > (1 - settings.replace_margin) * ours
-
-
-def _time_left(status: ReplicaStatus) -> float:
-    return status.time_left_s if status.time_left_s is not None else float("inf")
-
-
-def _take_predecessor(
-    needed: dict[str, list[str]], model: str, same_slot: Sequence[ReplicaRecord]
-) -> str | None:
-    """The replica a new submission succeeds: one of the same slot first, else of the model."""
-    candidates = needed.get(model, [])
-    if not candidates:
-        return None
-    same = {r.id for r in same_slot}
-    for replica_id in candidates:
-        if replica_id in same:
-            candidates.remove(replica_id)
-            return replica_id
-    return candidates.pop(0)
-
-
-def _surplus_reason(record: ReplicaRecord, status: ReplicaStatus, others_ready: int) -> str:
-    """Why a replica is drained, saying what actually serves its model afterwards."""
-    serving = (f"{others_ready} other READY replica(s) of {record.model} serving"
-               if others_ready else f"no other READY replica of {record.model}")
-    if status.near_walltime:
-        return f"walltime in {status.time_left_s:.0f}s; {serving}"
-    if status.must_move:
-        return f"node or partition draining or down; {serving}"
-    if status.unhealthy_too_long:
-        return f"unhealthy; {serving}"
-    return f"not in the plan ({record.template_id} on {','.join(record.partitions)}); {serving}"
-
-
-def _crash_cooldowns(
+def crash_cooldowns(
     replicas: Sequence[ReplicaFacts],
     statuses: Mapping[str, ReplicaStatus],
     now: float,
     settings: ReconcileSettings,
-    excluded: set[Excluded],
+    excluded: Set[Excluded],
 ) -> list[Exclude]:
+    """Rule 1: exclude each template not yet excluded that crashed ``crash_limit`` times within
+    ``crash_cooldown_s``, for ``crash_cooldown_s``, naming its last crash."""
     crashes: dict[str, list[ReplicaRecord]] = defaultdict(list)
     for facts in replicas:
         record = facts.record
@@ -511,6 +194,128 @@ def _crash_cooldowns(
     return out
 
 
-def _role_key(record) -> tuple[str, str]:
-    """(model, role) of a replica record; a replica adopted without its layout counts as both."""
-    return record.model, record.layout.role if record.layout else "both"
+#: why nothing is done before the first plan (e.g. just after a restart), when every replica
+#: would be "surplus": touch none
+_NO_PLAN = ("no plan yet: nothing submitted, drained or cancelled", ("no plan yet",))
+
+
+def hold_everything(
+    plan: DesiredPlan | None, observation: Observation, now: float, settings: ReconcileSettings
+) -> tuple[str, tuple[str, ...]] | None:
+    """Rule 2: why nothing may be submitted, drained or cancelled this cycle, and what that adds
+    to the replan reasons — or None when the own jobs are fresh and there is a plan. A job we
+    cannot see may still be running, so stale jobs hold everything."""
+    if not observation.jobs_fresh(now, settings):
+        return ("own jobs not observed recently or the last Slurm call failed: "
+                "no submission, drain or cancel this cycle", ())
+    if plan is None:
+        return _NO_PLAN
+    return None
+
+
+def hold_destructive(
+    observation: Observation, now: float, settings: ReconcileSettings
+) -> str | None:
+    """Rule 2: why nothing may be drained or cancelled this cycle (a stale or partial cluster
+    snapshot may hide a node coming back), or None when it may. Submissions go on."""
+    if observation.cluster_fresh(now, settings):
+        return None
+    return "cluster snapshot stale or partial: nothing drained or cancelled this cycle"
+
+
+def lost_submissions(
+    live: Sequence[ReplicaRecord], statuses: Mapping[str, ReplicaStatus]
+) -> list[Forget]:
+    """Submissions whose tagged job never appeared although the queue was read: forgotten."""
+    return [Forget(r.id, "submission never reached Slurm") for r in live
+            if statuses[r.id].state is ReplicaState.SUBMITTING and statuses[r.id].submit_lost]
+
+
+@dataclass(frozen=True)
+class Pending:
+    """Rule 3's outcome: the shapes excluded (one per shape) and the replicas cancelled."""
+
+    excludes: tuple[Exclude, ...]
+    cancels: tuple[Cancel, ...]
+
+
+def pending_too_long(
+    live: Sequence[ReplicaRecord],
+    statuses: Mapping[str, ReplicaStatus],
+    now: float,
+    settings: ReconcileSettings,
+    excluded: Set[Excluded],
+) -> Pending:
+    """Rule 3: cancel each replica pending too long and exclude its shape (template on those
+    partitions) for ``pending_exclusion_s`` unless already excluded, so the next plan places
+    that capacity elsewhere."""
+    seen = set(excluded)
+    excludes: list[Exclude] = []
+    cancels: list[Cancel] = []
+    for record in live:
+        status = statuses[record.id]
+        if status.state is not ReplicaState.PENDING or not status.pending_too_long:
+            continue
+        shape = ShapeExclusion(record.template_id, record.partitions)
+        reason = (
+            f"replica {record.id} of {record.model} pending {status.pending_for_s:.0f}s "
+            f"(> {settings.pending_timeout_s:.0f}s) on {','.join(record.partitions)}"
+        )
+        if shape not in seen:
+            excludes.append(Exclude(shape, ExclusionKind.PENDING_TIMEOUT,
+                                    now + settings.pending_exclusion_s, reason,
+                                    model=record.model))
+            seen.add(shape)
+        cancels.append(Cancel(record.id, reason))
+    return Pending(tuple(excludes), tuple(cancels))
+
+
+def drained_cancels(
+    live: Sequence[ReplicaRecord],
+    statuses: Mapping[str, ReplicaStatus],
+    now: float,
+    settings: ReconcileSettings,
+) -> list[Cancel]:
+    """Rule 6: cancel a DRAINING replica ``drain_grace_s`` after it left the routing table, and
+    send the cancel again ``cancel_retry_s`` after one Slurm has not carried out."""
+    cancels = []
+    for record in live:
+        if statuses[record.id].state is not ReplicaState.DRAINING:
+            continue
+        if record.cancelled_at is None:
+            drained_at = record.drain_requested_at if record.drain_requested_at is not None else now
+            if now - drained_at >= settings.drain_grace_s:
+                cancels.append(Cancel(record.id, "drained"))
+        elif now - record.cancelled_at >= settings.cancel_retry_s:
+            cancels.append(Cancel(record.id, "cancel not yet carried out; sending again"))
+    return cancels
+
+
+def bounded(
+    drains: Sequence[Drain],
+    cancels: Sequence[Cancel],
+    submits: Sequence[Submit],
+    destructive_ok: bool,
+    settings: ReconcileSettings,
+) -> list[Action]:
+    """Rule 7: the drains and cancels (only when ``destructive_ok``) and submissions to send,
+    at most ``max_cancels_per_cycle`` cancels and ``max_submits_per_cycle`` submissions, the
+    submissions that replace a replica first (otherwise in the order given)."""
+    out: list[Action] = []
+    if destructive_ok:
+        out.extend(drains)
+        out.extend(cancels[: settings.max_cancels_per_cycle])
+    first = sorted(submits, key=lambda s: s.replaces is None)  # stable: slot order otherwise
+    out.extend(first[: settings.max_submits_per_cycle])
+    return out
+
+
+def worth_waiting(record: ReplicaRecord, plan: DesiredPlan, settings: ReconcileSettings,
+                  now: float) -> bool:
+    """A pending replica keeps its place: Slurm expects to start it within the horizon, or the
+    plan queues its model on this very shape (the best Slurm offers it)."""
+    start = record.expected_start
+    if start is not None and start - now <= settings.max_queue_wait_s:
+        return True
+    key = (record.template_id, record.partitions)
+    return any(s.queued and s.key == key for s in plan.slots)
