@@ -93,6 +93,15 @@ def serve(
         clean_up(serving, lock)
 
 
+
+def gateway_demand(gateway: GatewayProcess) -> dict[str, Any]:
+    """The gateway's demand counters. While the gateway restarts it has no address: the scrape
+    loop's error handler logs this one line and the next poll reads the counters again."""
+    url = gateway.url
+    if url is None:
+        raise ConnectionError("the gateway is not listening (it is being restarted)")
+    return fetch_demand(url, tls_cert=gateway.deployment.gateway.tls_cert)
+
 def start(
     serving: Serving,
     planner: Callable[..., Any],
@@ -122,8 +131,7 @@ def start(
     daemon = Daemon(
         deployment, store, client, planner,
         api_key_file=key_file, table_path=default_table_path(deployment),
-        metrics=metrics, demand_source=lambda: fetch_demand(gateway.url,
-                                                 tls_cert=gateway.deployment.gateway.tls_cert),
+        metrics=metrics, demand_source=lambda: gateway_demand(gateway),
         instance=instance, may_act=serving.lease.ours, budget=call_budget(client),
         on_cycle=lambda now: write_status(status_file(deployment.state_path),
                                           status_data(deployment, store, now)),

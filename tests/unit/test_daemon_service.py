@@ -135,3 +135,14 @@ def test_metrics_server_reports_the_port_it_bound():
         assert address == f"127.0.0.1:{server.server_port}" and server.server_port > 0
     finally:
         server.shutdown()
+
+
+def test_a_demand_scrape_while_the_gateway_restarts_is_one_clear_error():
+    """Between a gateway's death and its restart it has no address: the scrape says so instead
+    of failing on ``None.rstrip`` inside urllib's URL building."""
+
+    class Restarting:
+        url = None
+
+    with pytest.raises(ConnectionError, match="not listening"):
+        service.gateway_demand(Restarting())  # type: ignore[arg-type]
