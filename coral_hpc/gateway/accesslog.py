@@ -67,14 +67,27 @@ def file_for_day(folder: Path, day: str) -> Path:
     return folder / f"{FILE_PREFIX}{day}{FILE_SUFFIX}"
 
 
-def _utc_day(epoch: float) -> str:
-    return time.strftime("%Y-%m-%d", time.gmtime(epoch))
+class _Seconds:
+    """UTC day and ``YYYY-MM-DDTHH:MM:SS`` of an epoch second, formatted once per second (the
+    lines of a batch mostly share their seconds)."""
 
+    __slots__ = ("second", "day", "prefix")
 
-def _utc_time(epoch: float) -> str:
-    whole = int(epoch)
-    millis = min(int(round((epoch - whole) * 1000)), 999)
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)) + f".{millis:03d}Z"
+    def __init__(self) -> None:
+        self.second = -1
+        self.day = ""
+        self.prefix = ""
+
+    def of(self, epoch: float) -> tuple[str, str]:
+        """(day, time with milliseconds) of ``epoch``."""
+        whole = int(epoch)
+        if whole != self.second:
+            parts = time.gmtime(whole)
+            self.second = whole
+            self.day = time.strftime("%Y-%m-%d", parts)
+            self.prefix = time.strftime("%Y-%m-%dT%H:%M:%S", parts)
+        millis = min(int((epoch - whole) * 1000 + 0.5), 999)
+        return self.day, f"{self.prefix}.{millis:03d}Z"
 
 
 def _day_end(match: re.Match) -> float:
@@ -113,6 +126,7 @@ class AccessLog:
         self.max_pending = max_pending
         self.dropped = 0               # lines not written: the queue was full or a write failed
         self._pending: deque[tuple] = deque()
+        self._seconds = _Seconds()
         self._day: str | None = None
         self._fd: int | None = None
         self._last_prune = float("-inf")
@@ -176,17 +190,19 @@ class AccessLog:
         """Write every queued line to its day's file; returns how many were written."""
         with self._lock:
             written = 0
-            batch: list[bytes] = []
+            batch: list[str] = []
             day = None
             pending = self._pending
+            seconds = self._seconds
+            dumps = json.dumps
             while pending:
                 entry = pending.popleft()
-                entry_day = _utc_day(entry[0])
+                entry_day, stamp = seconds.of(entry[0])
                 if day is not None and entry_day != day:
                     written += self._write(day, batch)
                     batch = []
                 day = entry_day
-                batch.append(self._line(entry))
+                batch.append(dumps(dict(zip(FIELDS, (stamp, *entry[1:])))) + "\n")
             if batch and day is not None:
                 written += self._write(day, batch)
             if self.dropped != self._reported_dropped:
@@ -198,15 +214,10 @@ class AccessLog:
                 self._prune_locked(now)
             return written
 
-    @staticmethod
-    def _line(entry: tuple) -> bytes:
-        record = dict(zip(FIELDS, (_utc_time(entry[0]), *entry[1:])))
-        return (json.dumps(record, ensure_ascii=False, separators=(", ", ": ")) + "\n").encode()
-
-    def _write(self, day: str, lines: list[bytes]) -> int:
+    def _write(self, day: str, lines: list[str]) -> int:
         try:
             fd = self._file(day)
-            data = memoryview(b"".join(lines))
+            data = memoryview("".join(lines).encode())   # ASCII: json.dumps escapes the rest
             while data:
                 done = os.write(fd, data)
                 data = data[done:]

@@ -721,6 +721,7 @@ class Gateway:
                               payload: dict, key: str, children, started: float
                               ) -> Response | StreamResponse:
         pool, conn = await self._post(replica, request.path, body)
+        _noted(request, replica, None)   # answering: named even if the client leaves mid-way
         timeout = pool.read_timeout_s
         try:
             content_type = conn.content_type
@@ -732,7 +733,6 @@ class Gateway:
                     raise _UpstreamFailed(f"UpstreamError: {exc}") from None
                 if conn.status != 200:
                     self.metrics.errors.labels(replica.model, f"upstream_{conn.status}").inc()
-                _noted(request, replica, None)   # not metered, so no tokens logged either
                 response = Response(status=conn.status, body=data,
                                     content_type=content_type or "application/json")
                 if conn.status >= 500:
@@ -784,7 +784,6 @@ class Gateway:
             except ConnectionResetError:
                 # the client went away: the finally below closes the upstream request
                 self.metrics.errors.labels(replica.model, "client_gone").inc()
-                _noted(request, replica, None)
                 return out
             counts = _usage_counts(usage.usage)
             estimated = counts is None
