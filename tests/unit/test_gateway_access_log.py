@@ -189,6 +189,22 @@ def test_a_key_may_name_its_lab(tmp_path):
     assert checker.lab_of("alice") == "astro" and checker.lab_of("bob") is None
 
 
+def test_keys_add_takes_a_lab_and_list_shows_it(tmp_path):
+    from click.testing import CliRunner
+
+    from coral_hpc.cli import cli
+
+    path = str(tmp_path / "keys")
+    runner = CliRunner()
+    assert runner.invoke(cli, ["keys", "add", path, "alice", "--lab", "astro"]).exit_code == 0
+    assert runner.invoke(cli, ["keys", "add", path, "bob"]).exit_code == 0
+    bad = runner.invoke(cli, ["keys", "add", path, "carol", "--lab", "two words"])
+    assert bad.exit_code != 0 and "is not a lab" in bad.output
+    listed = runner.invoke(cli, ["keys", "list", path, "--json"])
+    assert [(row["name"], row["lab"]) for row in json.loads(listed.output)] == [
+        ("alice", "astro"), ("bob", None)]
+
+
 # ---------------------------------------------------------------------- the gateway's hook
 
 SECRET_PROMPT = "the-secret-prompt-text-7c1e"
