@@ -328,3 +328,33 @@ def test_without_keys_requests_are_logged_as_anonymous(tmp_path):
 def test_no_access_log_without_a_folder(tmp_path):
     gw = Gateway(GatewaySettings(models=("m",)))
     assert gw.access_log is None and gw.server_settings().on_answered is None
+
+
+# ---------------------------------------------------------------------- job ids reach the gateway
+
+
+def test_the_daemons_table_names_each_replicas_job_for_the_gateway(tmp_path):
+    from coral_hpc.daemon.routing import TablePublisher, ready_routes
+    from coral_hpc.gateway.routing import Router
+    from coral_hpc.gateway.table import RoutingTableError, read_routing_table
+    from coral_hpc.reconcile import ReconcileSettings, replica_status
+    from tests.unit.reconcile_facts import facts, rec
+
+    items = facts(rec("a"))
+    statuses = {f.record.id: replica_status(f, 100.0, ReconcileSettings()) for f in items}
+    path = tmp_path / "t.json"
+    TablePublisher(path).publish(ready_routes(["m"], items, statuses))
+    assert json.loads(path.read_text())["models"]["m"]["replicas"][0]["job_id"] == "job-a"
+    router = Router()
+    router.apply(read_routing_table(path))
+    assert router.replicas("m")[0].job_id == "job-a"
+    # a table written before job ids (or by hand) has none, and a bad one is refused
+    data = json.loads(path.read_text())
+    del data["models"]["m"]["replicas"][0]["job_id"]
+    data["version"] = 2
+    path.write_text(json.dumps(data))
+    assert read_routing_table(path).models["m"][0].job_id is None
+    data["models"]["m"]["replicas"][0]["job_id"] = 42
+    path.write_text(json.dumps(data))
+    with pytest.raises(RoutingTableError, match=r"job_id: expected a non-empty string"):
+        read_routing_table(path)
