@@ -124,7 +124,9 @@ class AccessLog:
         self.clock = clock
         self.flush_interval_s = flush_interval_s
         self.max_pending = max_pending
-        self.dropped = 0               # lines not written: the queue was full or a write failed
+        # lines not written, counted apart by the thread that drops them (no shared +=)
+        self._dropped_full = 0         # the queue was full (the request path's thread)
+        self._dropped_failed = 0       # a write failed (the writer's)
         self._pending: deque[tuple] = deque()
         self._seconds = _Seconds()
         self._day: str | None = None
@@ -135,6 +137,11 @@ class AccessLog:
         self._wake = threading.Event()
         self._stop = False
         self._thread: threading.Thread | None = None
+
+    @property
+    def dropped(self) -> int:
+        """Lines not written: the queue was full, or a write failed."""
+        return self._dropped_full + self._dropped_failed
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -172,7 +179,7 @@ class AccessLog:
         """Queue one line: ``epoch`` (when the request arrived) then one value per field of
         :data:`FIELDS` after ``time``. Cheap: no formatting, no I/O."""
         if len(self._pending) >= self.max_pending:
-            self.dropped += 1
+            self._dropped_full += 1
             return
         self._pending.append((epoch, *values))
 
@@ -205,10 +212,11 @@ class AccessLog:
                 batch.append(dumps(dict(zip(FIELDS, (stamp, *entry[1:])))) + "\n")
             if batch and day is not None:
                 written += self._write(day, batch)
-            if self.dropped != self._reported_dropped:
+            dropped = self.dropped
+            if dropped != self._reported_dropped:
                 log.warning("access log: %d line(s) dropped so far (the writer fell %d lines "
-                            "behind, or writes failed)", self.dropped, self.max_pending)
-                self._reported_dropped = self.dropped
+                            "behind, or writes failed)", dropped, self.max_pending)
+                self._reported_dropped = dropped
             now = self.clock()
             if now - self._last_prune >= PRUNE_INTERVAL_S:
                 self._prune_locked(now)
@@ -222,7 +230,7 @@ class AccessLog:
                 done = os.write(fd, data)
                 data = data[done:]
         except OSError as exc:
-            self.dropped += len(lines)
+            self._dropped_failed += len(lines)
             log.error("access log: %d line(s) not written to %s: %s", len(lines),
                       file_for_day(self.folder, day), exc.strerror or exc)
             if self._fd is not None:

@@ -160,6 +160,21 @@ def test_a_writer_far_behind_drops_lines_and_counts_them(tmp_path):
     log.close()
 
 
+def test_a_failed_write_drops_its_lines_and_the_writer_goes_on(tmp_path):
+    folder = tmp_path / "access"
+    log = AccessLog(folder, keep_days=30)
+    log.open(start_thread=False)
+    folder.rmdir()
+    folder.write_text("a file where the folder was")     # the folder cannot be made again
+    _record(log, _epoch("2026-05-01 12:00:00"))
+    assert log.flush() == 0 and log.dropped == 1
+    folder.unlink()                                        # fixed: writes go on
+    _record(log, _epoch("2026-05-01 12:00:01"))
+    assert log.flush() == 1 and log.dropped == 1
+    log.close()
+    assert len(_lines(file_for_day(folder, "2026-05-01"))) == 1
+
+
 def test_the_writer_thread_writes_without_being_asked(tmp_path):
     log = AccessLog(tmp_path / "access", keep_days=30, flush_interval_s=0.05)
     log.open()
