@@ -41,6 +41,7 @@ def gateway(file: str, table: str | None, replica_key_file: str | None, listen: 
             idle_timeout: float, body_timeout: float, log_level: str,
             log_file: str | None = None) -> None:
     """Serve every model of FILE behind one OpenAI-compatible endpoint."""
+    from coral_hpc.gateway.accesslog import ACCESS_DIR_NAME
     from coral_hpc.gateway.proxy import GatewaySettings
     from coral_hpc.gateway.server import run_gateway
     from coral_hpc.gateway.table import default_replica_key_path, default_table_path
@@ -78,6 +79,8 @@ def gateway(file: str, table: str | None, replica_key_file: str | None, listen: 
         tls_cert=Path(config.tls_cert).expanduser() if config.tls_cert else None,
         tls_key=Path(config.tls_key).expanduser() if config.tls_key else None,
         behind_tls_proxy=config.behind_tls_proxy,
+        access_log_dir=deployment.state_path / ACCESS_DIR_NAME,
+        access_log_days=deployment.retention.access_log_days,
     )
     os.umask(0o077)  # its ready file and logs are the service account's alone
     configure_logging(log_level, log_file, deployment.retention)
@@ -97,12 +100,13 @@ def keys() -> None:
 @keys.command("add")
 @click.argument("keys_file", type=click.Path(dir_okay=False))
 @click.argument("name")
-def keys_add(keys_file: str, name: str) -> None:
+@click.option("--lab", help="The group this key's use is booked to (named in the access log).")
+def keys_add(keys_file: str, name: str, lab: str | None = None) -> None:
     """Create key NAME in KEYS_FILE and print it (the only time it is shown)."""
     from coral_hpc.gateway.auth import KeysFileError, add_key
 
     try:
-        key = add_key(keys_file, name)
+        key = add_key(keys_file, name, lab)
     except KeysFileError as exc:
         fail(str(exc))
     click.echo(key)
@@ -120,15 +124,17 @@ def keys_list(keys_file: str, as_json: bool) -> None:
         entries = read_keys_file(keys_file)
     except KeysFileError as exc:
         fail(str(exc))
-    rows = [{"name": e.name, "created": e.created, "sha256_prefix": e.digest[:12]}
+    rows = [{"name": e.name, "lab": e.lab, "created": e.created, "sha256_prefix": e.digest[:12]}
             for e in entries]
     if as_json:
         print_json(rows)
         return
     from coral_hpc.cli._output import Column, print_table
 
-    print_table([Column("name", "id"), Column("created", "id"), Column("sha256 prefix", "id")],
-                [(row["name"], row["created"], row["sha256_prefix"]) for row in rows])
+    print_table([Column("name", "id"), Column("lab", "id"), Column("created", "id"),
+                 Column("sha256 prefix", "id")],
+                [(row["name"], row["lab"] or "-", row["created"], row["sha256_prefix"])
+                 for row in rows])
 
 
 @keys.command("remove")

@@ -152,3 +152,8 @@ class RetentionConfig(_Frozen):
     prune_interval_s: float = Field(
         default=3600.0, gt=0, description="apply these limits this often"
     )
+    access_log_days: float = Field(
+        default=90.0, gt=0,
+        description="keep the gateway's access log (one file per UTC day under "
+                    "<state_dir>/<deployment>/access/) this long",
+    )

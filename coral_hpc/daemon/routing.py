@@ -31,7 +31,7 @@ def ready_routes(
         if record.model in routes:
             routes[record.model].append(
                 ReplicaRoute(record.id, record.endpoint.rstrip("/"), max(record.throughput, 1e-6),
-                             record.layout.role if record.layout else "both")
+                             record.layout.role if record.layout else "both", record.job_id)
             )
     return {m: tuple(sorted(r, key=lambda x: x.id)) for m, r in routes.items()}
 

@@ -53,10 +53,11 @@ _INF = float("inf")
 class Request:
     """One request, head and whole body, as a handler gets it."""
 
-    __slots__ = ("method", "path", "headers", "body", "remote", "content_length", "key", "_conn")
+    __slots__ = ("method", "path", "headers", "body", "remote", "content_length", "key", "_conn",
+                 "started", "note")
 
     def __init__(self, method: str, path: str, headers: dict[str, str], remote: str,
-                 conn: HttpConnection) -> None:
+                 conn: HttpConnection, started: float = 0.0) -> None:
         self.method = method
         self.path = path
         self.headers = headers              # lower-case names → value (a repeated name: last)
@@ -64,6 +65,8 @@ class Request:
         self.remote = remote
         self.key: str | None = None         # the client's API-key name, set by a head check
         self._conn = conn
+        self.started = started              # time.monotonic() when the head was complete
+        self.note: object = None            # what the handler tells ServerSettings.on_answered
         length = headers.get("content-length")
         self.content_length = int(length) if length is not None and length.isdigit() else None
 
@@ -179,12 +182,18 @@ class ServerSettings:
 
     ``routes`` match a whole path; ``prefix_routes`` (method, prefix ending in ``/``) match any
     longer path under the prefix (``/v1/models/{id}``), looked up only when no whole path
-    matched, so the fixed paths cost one dict lookup as before."""
+    matched, so the fixed paths cost one dict lookup as before.
+
+    ``on_answered(request, status)`` is called once per request whose head was parsed, when its
+    answer has been written (a stream: when it ended) or the client went away before (status
+    499): whoever answered it, a handler, a head check or the server itself (404, 408, 413, …).
+    It runs on the event loop and must be quick (the access log only queues a tuple)."""
 
     def __init__(self, routes: dict[tuple[str, str], Route], *,
                  error: Callable[[int, str, str], Response], max_body_bytes: int,
                  idle_timeout_s: float, body_timeout_s: float,
-                 prefix_routes: dict[tuple[str, str], Route] | None = None) -> None:
+                 prefix_routes: dict[tuple[str, str], Route] | None = None,
+                 on_answered: Callable[[Request, int], None] | None = None) -> None:
         self.routes = routes
         self.paths = {path for _, path in routes}
         self.prefix_routes = dict(prefix_routes or {})
@@ -192,6 +201,11 @@ class ServerSettings:
         self.max_body_bytes = max_body_bytes
         self.idle_timeout_s = idle_timeout_s
         self.body_timeout_s = body_timeout_s
+        self.on_answered = on_answered
+
+
+#: status of a request whose client went away before its answer was complete (nginx's)
+CLIENT_GONE = 499
 
 
 def _prefix_route(settings: ServerSettings, method: str, path: str) -> Route | None:
@@ -250,7 +264,8 @@ class HttpConnection(asyncio.Protocol):
         self._drain: asyncio.Future | None = None
         self.on_resume: Callable[[], None] | None = None   # a producer paused on our buffer
         self._task: asyncio.Task | None = None   # the request being answered
-        self._pipeline: deque[tuple[Route, Request | Response]] = deque()   # parsed, waiting
+        # parsed and waiting: (route, request, the answer a head check gave or None)
+        self._pipeline: deque[tuple[Route, Request, Response | None]] = deque()
         self._read_paused = False
         self.deadline = 0.0                 # when the current wait (head or body) times out
         self._waiting_body = False
@@ -277,7 +292,7 @@ class HttpConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self._server.connections.discard(self)
-        self._pipeline.clear()
+        self._pipeline.clear()   # never answered, so never logged: the client did not wait
         if self._task is not None and not self._task.done():
             self._task.cancel()             # the client went away: stop the upstream request
         drain = self._drain
@@ -336,7 +351,8 @@ class HttpConnection(asyncio.Protocol):
         query = url.find(b"?")
         path = (url if query < 0 else url[:query]).decode("latin-1")
         method = parser.get_method().decode("latin-1")
-        request = self._request = Request(method, path, self._headers, self.remote, self)
+        request = self._request = Request(method, path, self._headers, self.remote, self,
+                                          time.monotonic())
         route = settings.routes.get((method, path))
         if route is None and settings.prefix_routes:
             route = _prefix_route(settings, method, path)
@@ -373,37 +389,43 @@ class HttpConnection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         request = self._request
         route = self._route
+        self._request = None                # handed on: a later reject is not this request's
         self._waiting_body = False
-        if self._early is not None:
-            item: Request | Response = self._early
-        else:
+        if self._early is None:
             body = self._body
             request.body = body[0] if len(body) == 1 else b"".join(body)
-            item = request
         if self._task is not None or self._pipeline:
             # pipelined behind an answer still being written
-            self._pipeline.append((route, item))
+            self._pipeline.append((route, request, self._early))
             if len(self._pipeline) > MAX_PIPELINED and not self._read_paused:
                 self._read_paused = True
                 self.transport.pause_reading()
             return
-        self._start(route, item)
+        self._start(route, request, self._early)
 
     # -- answering
-    def _start(self, route: Route, item: Request | Response) -> None:
-        if isinstance(item, Response):
-            self.transport.write(item.encode(self.keep_alive))
+    def _answered(self, request: Request, status: int) -> None:
+        hook = self._settings.on_answered
+        if hook is not None:
+            try:
+                hook(request, status)
+            except Exception:
+                log.exception("on_answered for %s %s failed", request.method, request.path)
+
+    def _start(self, route: Route, request: Request, early: Response | None) -> None:
+        if early is not None:
+            self.transport.write(early.encode(self.keep_alive))
+            self._answered(request, early.status)
             self._done()
             return
         self.deadline = _INF
-        self._task = self._loop.create_task(self._answer(route, item))
+        self._task = self._loop.create_task(self._answer(route, request))
 
     async def _answer(self, route: Route, request: Request) -> None:
         try:
             response = await route.handler(request)
-        except asyncio.CancelledError:
-            return                          # the client went away
-        except ConnectionResetError:
+        except (asyncio.CancelledError, ConnectionResetError):
+            self._answered(request, CLIENT_GONE)   # the client went away
             return
         except Exception:
             log.exception("gateway handler for %s %s failed", request.method, request.path)
@@ -411,12 +433,16 @@ class HttpConnection(asyncio.Protocol):
             self.keep_alive = False
         self._task = None
         if self.closed:
+            self._answered(request, CLIENT_GONE)
             return
         self.on_resume = None
         if isinstance(response, Response):
             self.transport.write(response.encode(self.keep_alive))
-        elif not response.finished:
-            self.keep_alive = False         # a stream that did not end cleanly: close
+            self._answered(request, response.status)
+        else:
+            if not response.finished:
+                self.keep_alive = False     # a stream that did not end cleanly: close
+            self._answered(request, response.status if response.finished else CLIENT_GONE)
         self._done()
 
     def _done(self) -> None:
@@ -425,11 +451,11 @@ class HttpConnection(asyncio.Protocol):
             self.close()
             return
         if self._pipeline:
-            route, item = self._pipeline.popleft()
+            route, request, early = self._pipeline.popleft()
             if self._read_paused and len(self._pipeline) <= MAX_PIPELINED:
                 self._read_paused = False
                 self.transport.resume_reading()
-            self._start(route, item)
+            self._start(route, request, early)
             return
         if not self._waiting_body:
             self.deadline = self._loop.time() + self._settings.idle_timeout_s
@@ -449,6 +475,9 @@ class HttpConnection(asyncio.Protocol):
             self.close()
             return
         self.transport.write(response.encode(keep_alive=False))
+        if self._request is not None:       # a request whose head was parsed: answered now
+            self._answered(self._request, response.status)
+            self._request = None
         self.close()
 
     def sweep(self, now: float) -> None:

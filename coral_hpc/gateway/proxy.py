@@ -44,6 +44,7 @@ from urllib.parse import unquote
 import aiohttp
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from coral_hpc.gateway.accesslog import AccessLog
 from coral_hpc.gateway.auth import KeyChecker, KeysFileError, is_loopback, read_keys_file
 from coral_hpc.gateway.disagg import Disaggregation
 from coral_hpc.gateway.http_server import (
@@ -67,6 +68,8 @@ PROXIED_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 MODELS_PREFIX = "/v1/models/"
 _DECODER = json.JSONDecoder()
 ANONYMOUS = "anonymous"
+#: an unknown model's name is logged cut to this many characters (it is the client's text)
+MAX_LOGGED_MODEL = 200
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,23 @@ class GatewaySettings:
     client_idle_timeout_s: float = 15.0
     #: The whole request body must arrive within this; slower is an attack, not a client.
     body_timeout_s: float = 30.0
+    #: the access log's folder (:mod:`coral_hpc.gateway.accesslog`); None = no access log
+    access_log_dir: Path | None = None
+    access_log_days: float = 90.0                # retention.access_log_days
+
+
+class _Outcome:
+    """What the access log says of a proxied request beyond its status (``Request.note``)."""
+
+    __slots__ = ("model", "stream", "replica", "prompt_tokens", "output_tokens", "estimated")
+
+    def __init__(self, model: str, stream: bool) -> None:
+        self.model = model
+        self.stream = stream
+        self.replica: ReplicaState | None = None     # the replica whose answer the client got
+        self.prompt_tokens: int | None = None
+        self.output_tokens: int | None = None
+        self.estimated: bool | None = None
 
 
 class _UpstreamFailed(Exception):
@@ -222,6 +242,8 @@ class Gateway:
         self._table_file = _Reloadable(settings.table_path)
         self._keys_file = _Reloadable(settings.api_keys_file)
         self._replica_key_file = _Reloadable(settings.replica_key_file)
+        self.access_log = (AccessLog(settings.access_log_dir, settings.access_log_days)
+                           if settings.access_log_dir is not None else None)
 
     # ------------------------------------------------------------------ app and lifecycle
 
@@ -240,7 +262,8 @@ class Gateway:
         return ServerSettings(routes, error=self._server_error, max_body_bytes=s.max_body_bytes,
                               idle_timeout_s=s.client_idle_timeout_s,
                               body_timeout_s=s.body_timeout_s,
-                              prefix_routes={("GET", MODELS_PREFIX): Route(self.handle_model)})
+                              prefix_routes={("GET", MODELS_PREFIX): Route(self.handle_model)},
+                              on_answered=self._answered if self.access_log else None)
 
     def _server_error(self, status: int, message: str, kind: str) -> Response:
         """An error the HTTP server answers itself (400, 404, 408, 413, 431, …), counted."""
@@ -249,7 +272,10 @@ class Gateway:
         return _error(status, message, kind)
 
     async def start(self) -> None:
-        """Load the files and start the poller, the prober and the idle-connection reaper."""
+        """Open the access log, load the files and start the poller, the prober and the
+        idle-connection reaper."""
+        if self.access_log is not None:
+            self.access_log.open()
         self._reload_files()
         self._probe_session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=self.settings.probe_timeout_s),
@@ -271,6 +297,33 @@ class Gateway:
         self._pools.clear()
         if self._probe_session is not None:
             await self._probe_session.close()
+        if self.access_log is not None:
+            self.access_log.close()
+
+    def _answered(self, request: Request, status: int) -> None:
+        """The access log's one hook (``ServerSettings.on_answered``): a line per request to the
+        OpenAI routes (``/v1/…``), and per refused one (401) on any route. The metrics routes
+        and ``/health``, polled every few seconds by the daemon and monitors, are not logged."""
+        path = request.path
+        if not path.startswith("/v1/") and status != 401:
+            return
+        key = request.key
+        if key is None and self._keys is None:
+            key = ANONYMOUS
+        lab = self._keys.lab_of(key) if key is not None and self._keys is not None else None
+        note = request.note
+        latency = round(time.monotonic() - request.started, 4)
+        if isinstance(note, _Outcome):
+            replica = note.replica
+            self.access_log.record(  # type: ignore[union-attr]
+                time.time() - latency, key, lab, request.method, path, note.model, status,
+                note.stream, note.prompt_tokens, note.output_tokens, note.estimated, latency,
+                replica.id if replica else None, replica.job_id if replica else None,
+                replica.url if replica else None)
+        else:
+            self.access_log.record(  # type: ignore[union-attr]
+                time.time() - latency, key, lab, request.method, path, None, status, None,
+                None, None, None, latency, None, None, None)
 
     async def _loop(self, interval: float, step) -> None:
         """Run ``step`` every ``interval`` seconds; errors are logged here, at the loop boundary."""
@@ -423,7 +476,10 @@ class Gateway:
                 "ready_replicas": len(healthy), "replicas": len(states)}
 
     def _client_key_missing(self, request: Request) -> Response | None:
-        if self._keys is not None and self._keys.name_for(request.headers.get("authorization")) is None:
+        if self._keys is None:
+            return None
+        request.key = self._keys.name_for(request.headers.get("authorization"))
+        if request.key is None:
             return _error(401, "missing or invalid API key", "authentication_error")
         return None
 
@@ -507,6 +563,7 @@ class Gateway:
         if not isinstance(stream, bool):
             self.metrics.client_errors.labels("400").inc()
             return _error(400, "'stream' must be true or false", "invalid_request_error")
+        request.note = _Outcome(model[:MAX_LOGGED_MODEL], stream)
         if model not in self._known:
             self.metrics.client_errors.labels("404").inc()
             return _error(404, f"model {model!r} is not served here; GET /v1/models lists them",
@@ -605,8 +662,10 @@ class Gateway:
         status = conn.status
         content_type = conn.content_type or "application/json"
         if status == 200:
-            self._count_answer(replica.model, key, payload, data, replica.role)
+            _noted(request, replica,
+                   self._count_answer(replica.model, key, payload, data, replica.role))
         else:
+            _noted(request, replica, None)
             self.metrics.errors.labels(replica.model, f"upstream_{status}").inc()
         response = Response(status=status, body=data, content_type=content_type)
         if status >= 500:
@@ -614,7 +673,8 @@ class Gateway:
         return response
 
     def _count_answer(self, model: str, key: str, payload: dict, data: bytes,
-                      role: str = "both") -> None:
+                      role: str = "both") -> tuple[int, int, bool]:
+        """Count the tokens of a whole answer; (prompt, generated, estimated)."""
         counts = None
         generated_chars = 0
         # Fast path: parse only the usage object (answers can be large; usage is small).
@@ -627,7 +687,7 @@ class Gateway:
             counts = _usage_counts(usage)
             if counts is not None:
                 self._add_tokens(model, key, counts[0], counts[1], False, role)
-                return
+                return counts[0], counts[1], False
         try:
             answer = json.loads(data)
         except (ValueError, RecursionError):
@@ -646,6 +706,7 @@ class Gateway:
         if estimated:
             counts = (_estimate_prompt_tokens(payload), math.ceil(generated_chars / 4))
         self._add_tokens(model, key, counts[0], counts[1], estimated, role)
+        return counts[0], counts[1], estimated
 
     def _add_tokens(self, model: str, key: str, prompt: int, generated: int,
                     estimated: bool, role: str = "both") -> None:
@@ -660,6 +721,7 @@ class Gateway:
                               payload: dict, key: str, children, started: float
                               ) -> Response | StreamResponse:
         pool, conn = await self._post(replica, request.path, body)
+        _noted(request, replica, None)   # answering: named even if the client leaves mid-way
         timeout = pool.read_timeout_s
         try:
             content_type = conn.content_type
@@ -728,8 +790,18 @@ class Gateway:
             if estimated:
                 counts = (_estimate_prompt_tokens(payload), usage.chunks)
             self._add_tokens(replica.model, key, counts[0], counts[1], estimated, replica.role)
+            _noted(request, replica, (counts[0], counts[1], estimated))
             return out
         finally:
             # back to the pool when the answer was read whole, else closed: the replica sees the
             # request cancelled
             pool.release(conn)
+
+
+def _noted(request: Request, replica: ReplicaState, counts: tuple[int, int, bool] | None) -> None:
+    """Tell the access log which replica answered ``request`` and with how many tokens."""
+    note = request.note
+    if isinstance(note, _Outcome):
+        note.replica = replica
+        if counts is not None:
+            note.prompt_tokens, note.output_tokens, note.estimated = counts

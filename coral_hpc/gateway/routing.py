@@ -27,7 +27,7 @@ class ReplicaState:
     """Live state of one replica of one model, kept across table reloads."""
 
     __slots__ = ("model", "id", "url", "weight", "outstanding", "healthy", "credit", "removed",
-                 "served", "failures", "role")
+                 "served", "failures", "role", "job_id")
 
     def __init__(self, model: str, route: ReplicaRoute) -> None:
         self.model = model
@@ -41,6 +41,7 @@ class ReplicaState:
         self.served = 0               # requests routed here (for /internal/routing)
         self.failures = 0             # transport failures seen
         self.role = route.role        # "both", or "prefill"/"decode" of a disaggregated model
+        self.job_id = route.job_id    # its Slurm job (None in a table without it)
 
     def describe(self) -> dict:
         """A JSON-ready view for ``/internal/routing``."""

@@ -11,6 +11,7 @@ Every configured model is listed; ``replicas`` holds only READY replicas. ``weig
 planned throughput (requests/s of the model's mix), so routing shares follow the plan. A replica of a
 disaggregated model also has ``"role": "prefill"`` or ``"decode"`` (absent = ``"both"``); its weight
 is then its phase's throughput in the same requests/s (:mod:`coral_hpc.gateway.disagg`).
+``job_id`` (optional) is the replica's Slurm job, which the gateway's access log names.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class ReplicaRoute:
     url: str
     weight: float
     role: str = "both"  #: "both" (aggregated), "prefill" or "decode"
+    job_id: str | None = None  #: its Slurm job, for the access log (absent in older tables)
 
 
 #: what a replica may serve (the planner's roles)
@@ -55,6 +57,8 @@ def _route_dict(r: ReplicaRoute) -> dict[str, Any]:
     out: dict[str, Any] = {"id": r.id, "url": r.url, "weight": r.weight}
     if r.role != "both":  # aggregated replicas keep the original three keys
         out["role"] = r.role
+    if r.job_id is not None:
+        out["job_id"] = r.job_id
     return out
 
 
@@ -152,8 +156,11 @@ def routing_table_from_dict(data: Any, source: str = "<routing table>") -> Routi
                 if role not in ROUTE_ROLES:
                     raise ValueError(f"{at}.role: expected one of {', '.join(ROUTE_ROLES)}, "
                                      f"got {role!r}")
+                job_id = rep.get("job_id")
+                if job_id is not None and (not isinstance(job_id, str) or not job_id):
+                    raise ValueError(f"{at}.job_id: expected a non-empty string")
                 replicas.append(ReplicaRoute(rid, _check_url(rep.get("url"), at), float(weight),
-                                             role))
+                                             role, job_id))
             models[str(name)] = tuple(replicas)
     except ValueError as exc:
         raise RoutingTableError(f"{source}: {exc}") from None
