@@ -27,6 +27,8 @@ from coral_hpc.errors import ConfigError, PermanentError
               help="Seconds of silence from a replica before it counts as stalled.")
 @click.option("--probe-interval", type=float, default=1.0, show_default=True,
               help="Seconds between /health probes of each replica.")
+@click.option("--poll-interval", type=click.FloatRange(min=0.05), default=0.5, show_default=True,
+              help="Seconds between checks of the routing table and keys files for changes.")
 @click.option("--idle-timeout", type=click.FloatRange(min=0.1), default=15.0, show_default=True,
               help="Close a client connection that sends no complete request head for this long "
                    "(idle keep-alive, or headers trickled in: slowloris).")
@@ -38,7 +40,7 @@ from coral_hpc.errors import ConfigError, PermanentError
               help="Log here, rotated at retention.log_max_mb [default: stderr].")
 def gateway(file: str, table: str | None, replica_key_file: str | None, listen: str | None,
             ready_file: str | None, read_timeout: float, probe_interval: float,
-            idle_timeout: float, body_timeout: float, log_level: str,
+            poll_interval: float, idle_timeout: float, body_timeout: float, log_level: str,
             log_file: str | None = None) -> None:
     """Serve every model of FILE behind one OpenAI-compatible endpoint."""
     from coral_hpc.gateway.accesslog import ACCESS_DIR_NAME
@@ -74,6 +76,7 @@ def gateway(file: str, table: str | None, replica_key_file: str | None, listen: 
         max_body_bytes=config.max_body_bytes,
         read_timeout_s=read_timeout,
         probe_interval_s=probe_interval,
+        poll_interval_s=poll_interval,
         client_idle_timeout_s=idle_timeout,
         body_timeout_s=body_timeout,
         tls_cert=Path(config.tls_cert).expanduser() if config.tls_cert else None,

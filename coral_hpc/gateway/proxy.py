@@ -341,9 +341,7 @@ class Gateway:
     # ------------------------------------------------------------------ reloading
 
     def _reload_files(self) -> None:
-        if self._table_file.changed() and not self._table_file.gone:
-            # a table that went away keeps the routes we have: the daemon rewrites it atomically
-            self._reload_table()
+        self._catch_up_table()
         if self._keys_file.changed():
             if self._keys_file.gone:
                 # fail closed: deleting the keys file is how an operator revokes every key at once
@@ -370,6 +368,15 @@ class Gateway:
                                           b"Authorization: Bearer " + key.encode("latin-1")
                                           + b"\r\n")
                 log.info("replica key loaded from %s", path)
+
+    def _catch_up_table(self) -> None:
+        """Load the routing table if the daemon rewrote it since the last look. The poller calls
+        this every ``poll_interval_s``; a request for a model with no replica calls it too, so
+        one that arrives just after the daemon routed the model's first replica (and `status`
+        called it READY) is served rather than answered 503 until the next poll."""
+        if self._table_file.changed() and not self._table_file.gone:
+            # a table that went away keeps the routes we have: the daemon rewrites it atomically
+            self._reload_table()
 
     def _reload_table(self) -> None:
         path = self._table_file.path
@@ -570,6 +577,8 @@ class Gateway:
                           "not_found_error")
         children = self.metrics.children(model, key)
         children.requests.inc()
+        if not self.router.replicas(model):
+            self._catch_up_table()
         if self.disagg.wants(model) or self.disagg.only_prefill_left(model):
             self.meter.record_arrival(model, key)
             started = time.perf_counter()

@@ -250,3 +250,24 @@ def test_a_request_every_replica_fails_gets_the_last_answer_and_takes_none_out(
     assert answer.status_code == 500 and "after shutdown" in answer.text
     assert sum(stub_stats(p)["requests"] for p in procs.values()) == 2  # each tried once
     assert all(s["healthy"] for s in _routing(gw)["models"]["m"])
+
+
+def test_a_model_first_routed_between_polls_is_served_at_once(tmp_path, stubs, gateway):
+    """The daemon routes a model's first replica and `status` calls it READY at that moment: a
+    request that comes before the gateway's next poll of the table is served, not answered 503
+    (the poller here looks only every 60 s, so only the request itself can have read the table)."""
+    a = stubs("a")
+    table = tmp_path / "table.json"
+    write_table(table, 1, {"m": []})
+    gw = start_gateway(tmp_path, write_models_yaml(tmp_path, ["m"]), table,
+                       "--poll-interval", "60")
+    try:
+        body = {"model": "m", "prompt": "x", "max_tokens": 1}
+        assert httpx.post(gw.url + "/v1/completions", json=body, timeout=10).status_code == 503
+        write_table(table, 2, {"m": [("a", a.url, 1.0)]})
+        resp = httpx.post(gw.url + "/v1/completions", json=body, timeout=10)
+        assert resp.status_code == 200, resp.text
+        assert stub_stats(a)["requests"] == 1
+        assert _routing(gw)["version"] == 2
+    finally:
+        gw.stop()

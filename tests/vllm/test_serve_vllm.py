@@ -128,7 +128,9 @@ def _assert_vllm_answers(address: str, model: str) -> None:
     resp = httpx.post(f"http://{address}/v1/completions", timeout=120, json={
         "model": model, "prompt": "Once upon a time", "max_tokens": 8, "temperature": 0,
         "ignore_eos": True})
-    assert resp.status_code == 200, resp.text
+    # on a failure, what the gateway routes says whether the table or a health probe was behind
+    assert resp.status_code == 200, (
+        resp.text, httpx.get(f"http://{address}/internal/routing", timeout=10).text)
     assert SIM_HEADER not in resp.headers, "answered by the sim engine"
     answer = resp.json()
     assert answer["system_fingerprint"].startswith("vllm-0.32.0"), answer
