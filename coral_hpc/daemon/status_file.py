@@ -97,8 +97,8 @@ def status_data(deployment, store, now: float, live: LiveFacts | None = None) ->
             # whether the endpoint answered /health just now (source slurm); None: not probed
             "health": None if live is None else live.health.get(r.id),
             "source": source if r.job_id is not None else "last-known",
-            "observed_at": (live.observed_at if source == "slurm" and r.job_id is not None
-                            else r.last_seen_at),
+            "observed_at": (live.observed_at if source == "slurm" and live is not None
+                            and r.job_id is not None else r.last_seen_at),
         })
     models = []
     for m in deployment.models:
