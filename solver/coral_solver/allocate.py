@@ -1,6 +1,6 @@
 """Stage 2: integer replicas per (template, partition of each stage) at least cost.
 
-:func:`allocate` prepares the data (:func:`coral_solver.allocate_model.prepare`), builds the model once
+:func:`allocate` prepares the data (:func:`coral_solver.allocate_data.prepare`), builds the model once
 (:func:`coral_solver.allocate_model.build_model`) and solves it with HiGHS (or, for a site's
 ``policy.solver: pyomo:<name>``, the same model through Pyomo with that solver: every phase on
 the whole model, none of the shortcuts below):
@@ -43,15 +43,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from coral_solver.allocate_bound import Restricted, certified_restriction, lift_point
+from coral_solver.allocate_data import Prepared, prepare
 from coral_solver.allocate_highs import HighsSolver, SolveResult
-from coral_solver.allocate_model import (
-    LinearModel,
-    Prepared,
-    Stage2Model,
-    build_model,
-    job_cap,
-    prepare,
-)
+from coral_solver.allocate_model import LinearModel, Stage2Model, build_model, job_cap
 from coral_solver.queue import queue_unplaced
 from coral_solver.types import Cluster, ModelSpec, Plan, PlanRow, Policy, Template, served_capacity
 

@@ -49,8 +49,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from coral_solver.allocate_data import Prepared, prepare
 from coral_solver.allocate_highs import HighsSolver, SolveResult
-from coral_solver.allocate_model import LinearModel, Prepared, Stage2Model, build_model, prepare
+from coral_solver.allocate_model import LinearModel, Stage2Model, build_model
 from coral_solver.types import Cluster, ModelSpec, Policy, Template
 
 #: rounds of "widen the restriction by what the forced relaxations used" before giving up
