@@ -54,6 +54,7 @@ from coral_hpc.slurm.snapshot import ClusterSnapshot
 from coral_solver.allocate import SolverUnavailable as NoSuchSolver
 from coral_solver.allocate import allocate
 from coral_solver.check import check_plan
+from coral_solver.kv_room import kv_limit
 from coral_solver.templates import PerfThroughput, ThroughputModel, build_library
 from coral_solver.types import Cluster, ModelSpec, Plan, Policy, Template
 
@@ -275,6 +276,10 @@ class Planner:
                                 cache_dir=self.cache_dir, progress=self.progress)
         deployment = request.deployment
         snapshot, warnings = availability.type_untyped_nodes(deployment, request.snapshot)
+        # the layouts refused because a stage cannot hold one max_model_len request's KV: the
+        # plan says so per model rather than leave it unplanned without a word
+        warnings += [line for m in models
+                     if (line := kv_limit(throughput, m, cluster.gpu_types(), policy))]
         # before cool-downs narrow the library: a template on cool-down comes back
         shortfalls = tuple(capacity.never_held(deployment, snapshot, library))
         if shortfalls:

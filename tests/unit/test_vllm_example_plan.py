@@ -66,3 +66,37 @@ def test_the_long_context_models_do_not_fit_one_node_by_the_measured_kv(example)
         assert model.max_model_len is not None
         assert perf.stage_kv_capacity_tokens(arch, v100, 1, 3) >= model.max_model_len
         assert perf.stage_kv_capacity_tokens(arch, v100, 1, 4) < model.max_model_len
+
+
+def test_disaggregated_the_long_context_roles_never_sit_on_one_node(example):
+    """issue 27: with ``disaggregation: on`` and ``measured_only`` relaxed, the long-context
+    models' prefill and decode replicas were planned on one node, whose measured KV space holds
+    fewer tokens than max_model_len, and crashed at start. Now no role's stage holds more layers
+    than its KV room allows, and the plan says why per model."""
+    from dataclasses import replace
+
+    from coral_solver.kv_room import kv_limit
+
+    from coral_hpc.plan.figures import use_measured_profiles
+
+    models = [replace(m, disaggregation="on") for m in model_specs(example)]
+    policy = replace(policy_of(example), measured_only=False)
+    use_measured_profiles(example)  # as the planner does: the example's 1 GiB KV space too
+    tm = PerfThroughput()
+    library = build_library(models, GPUS, policy, tm, use_cache=False)
+    # 1 GiB over 600,000 tokens of 512 B per layer: 3 layers a stage (699,050 tokens), not 4
+    most = {"tiny-llama": 3, "tiny-qwen2": 3}
+    for name, limit in most.items():
+        roles = {t.role for t in library[name]}
+        assert roles == {"prefill", "decode"}, name
+        assert all(t.pp >= 2 and max(s.layers for s in t.stages) <= limit
+                   for t in library[name]), name
+    lines = {m.name: kv_limit(tm, m, GPUS, policy) for m in models}
+    assert lines["tiny-chat"] is None
+    assert lines["tiny-llama"] == (
+        "tiny-llama: max_model_len 600000: every pipeline stage (prefill and decode replicas "
+        "alike) must hold one request's KV cache or vLLM refuses to start it; a stage holds at "
+        "most 3 of 4 layers on a100 (TP 1), so layouts of fewer than 2 stages are refused")
+    assert "at most 3 of 5 layers" in lines["tiny-qwen2"]
+    one_stage = replace(policy, n_max=1)
+    assert "nothing of it is planned" in kv_limit(tm, models[0], GPUS, one_stage)
