@@ -24,8 +24,8 @@ from pathlib import Path
 
 from coral_hpc.config import Deployment
 from coral_hpc.errors import CoralError
-from coral_hpc.launch.failure import failure_line
 from coral_hpc.launch.endpoint import Endpoint, EndpointRefused, http_health, read_endpoint
+from coral_hpc.launch.failure import failure_line
 from coral_hpc.launch.spec import ReplicaSpec, is_pre_instance_job_of
 from coral_hpc.reconcile.decide import Observation
 from coral_hpc.reconcile.settings import ReconcileSettings

@@ -48,7 +48,10 @@ def kv_limit(tm, model: ModelSpec, gpu_types: Mapping[str, tuple[int, float]],
         for gpu in usable:
             if gpu_types[gpu][0] < tp:
                 continue
-            most = _most_layers(lambda n, g=gpu, t=tp: n == 0 or kv_fits(model, g, t, n), layers)
+            def fits(n: int, g: str = gpu, t: int = tp) -> bool:
+                return n == 0 or bool(kv_fits(model, g, t, n))
+
+            most = _most_layers(fits, layers)
             if most >= layers:
                 return None  # one node holds it: no layout is refused for KV alone
             if best is None or most > best[0]:

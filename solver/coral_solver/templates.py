@@ -204,7 +204,7 @@ class PerfThroughput:
                 digest.update(str(path).encode())
                 digest.update(path.read_bytes())
         # a configured KV space (vLLM's CPU VLLM_CPU_KVCACHE_SPACE) decides which stages fit
-        kv_space = getattr(self._perf, "kv_space", dict)()
+        kv_space: dict[str, int] = getattr(self._perf, "kv_space", dict)()
         digest.update(json.dumps(sorted(kv_space.items())).encode())
         for module in (self._perf, self._catalog):
             # both are plain source modules of this package, so they have a file

@@ -75,9 +75,8 @@ def test_disaggregated_the_long_context_roles_never_sit_on_one_node(example):
     than its KV room allows, and the plan says why per model."""
     from dataclasses import replace
 
-    from coral_solver.kv_room import kv_limit
-
     from coral_hpc.plan.figures import use_measured_profiles
+    from coral_solver.kv_room import kv_limit
 
     models = [replace(m, disaggregation="on") for m in model_specs(example)]
     policy = replace(policy_of(example), measured_only=False)
