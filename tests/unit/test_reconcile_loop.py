@@ -361,6 +361,9 @@ def test_a_layout_that_fails_at_start_backs_off_naming_why(make):
     (logs / f"{record.id}.{record.job_id}.rank0.engine.log").write_text(KV_REFUSAL)
     loop.slurm.end(record.job_id, "FAILED")
     loop.cycle(2)
+    loop.cycle(2)
+    # not resubmitted where it failed: the next plan goes elsewhere
+    assert [r.partitions for r in loop.live()] == [("v100",)]
     failed = loop.store.replica(record.id)
     assert failed is not None and "1.14 GiB KV cache is needed" in (failed.failure or "")
     (exclusion,) = loop.store.exclusions(loop.clock.now)
@@ -370,9 +373,6 @@ def test_a_layout_that_fails_at_start_backs_off_naming_why(make):
                                                               abs=0.1)
     assert "1.14 GiB KV cache is needed" in exclusion.reason
     assert any("1.14 GiB KV cache" in m for m in events(loop, "failed"))
-    loop.cycle(2)
-    # not resubmitted where it failed: the next plan goes elsewhere
-    assert [r.partitions for r in loop.live()] == [("v100",)]
     # the other layout fails at start too; once a100's back-off is over it is tried again,
     # and failing again it waits twice as long
     moved = loop.live()[0]

@@ -76,7 +76,6 @@ def test_disaggregated_the_long_context_roles_never_sit_on_one_node(example):
     from dataclasses import replace
 
     from coral_hpc.plan.figures import use_measured_profiles
-    from coral_solver.kv_room import kv_limit
 
     models = [replace(m, disaggregation="on") for m in model_specs(example)]
     policy = replace(policy_of(example), measured_only=False)
@@ -90,6 +89,8 @@ def test_disaggregated_the_long_context_roles_never_sit_on_one_node(example):
         assert roles == {"prefill", "decode"}, name
         assert all(t.pp >= 2 and max(s.layers for s in t.stages) <= limit
                    for t in library[name]), name
+    from coral_solver.kv_room import kv_limit
+
     lines = {m.name: kv_limit(tm, m, GPUS, policy) for m in models}
     assert lines["tiny-chat"] is None
     assert lines["tiny-llama"] == (
