@@ -164,6 +164,14 @@ def _shape_fields(shape: ReplicaShape | None) -> dict[str, int | None]:
             {"cpus_per_gpu": shape.cpus_per_gpu, "mem_per_gpu_gb": shape.mem_per_gpu_gb})
 
 
+def _gpu_types_of(cluster: Cluster, model: ModelSpec) -> dict[str, tuple[int, float]]:
+    """:meth:`Cluster.gpu_types` on the partitions the model may use only."""
+    names = {g for p in cluster.partitions if model.allows_partition(p.name)
+             for g in p.node_groups}
+    types = {cluster.node_group(g).gpu_type for g in names}
+    return {g: v for g, v in cluster.gpu_types().items() if g in types}
+
+
 def refused_plan(models: list[ModelSpec], reasons: list[str], solve_s: float) -> Plan:
     """The empty, ``infeasible`` plan of a deployment whose ``min_replicas`` the cluster could
     never hold (:mod:`coral_hpc.plan.capacity`): Stage 2 is not asked, and ``reasons`` are its
@@ -279,7 +287,7 @@ class Planner:
         # the layouts refused because a stage cannot hold one max_model_len request's KV: the
         # plan says so per model rather than leave it unplanned without a word
         warnings += [line for m in models
-                     if (line := kv_limit(throughput, m, cluster.gpu_types(), policy))]
+                     if (line := kv_limit(throughput, m, _gpu_types_of(cluster, m), policy))]
         # before cool-downs narrow the library: a template on cool-down comes back
         shortfalls = tuple(capacity.never_held(deployment, snapshot, library))
         if shortfalls:

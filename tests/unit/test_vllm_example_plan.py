@@ -100,3 +100,33 @@ def test_disaggregated_the_long_context_roles_never_sit_on_one_node(example):
     assert "at most 3 of 5 layers" in lines["tiny-qwen2"]
     one_stage = replace(policy, n_max=1)
     assert "nothing of it is planned" in kv_limit(tm, models[0], GPUS, one_stage)
+
+
+def test_plan_names_the_layouts_the_kv_check_refuses(tmp_path, monkeypatch):
+    """`coral-hpc plan --json` of the example, disaggregated and not measured-only: every long-
+    context replica is a pipeline, and its warnings say why per model."""
+    import json
+
+    from click.testing import CliRunner
+
+    from coral_hpc.cli.plan import plan
+
+    text = (REPO / "examples" / "vllm-cpu.yaml").read_text()
+    text = text.replace("profiles_dir: vllm-cpu.profiles",
+                        f"profiles_dir: {REPO / 'examples' / 'vllm-cpu.profiles'}")
+    text = text.replace("  measured_only: true", '  measured_only: false\n  disaggregation: "on"')
+    text = text.replace("engine:\n  kind: vllm\n",
+                        "engine:\n  kind: vllm\n  kv_connector: {name: NixlConnector}\n")
+    path = tmp_path / "vllm-cpu.yaml"
+    path.write_text(text)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    out = CliRunner().invoke(plan, [str(path), "--json", "--snapshot",
+                                    str(REPO / "tests/data/plan/devcluster-snapshot.json")])
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.stdout)
+    long = [r for r in data["replicas"] if r["model"] in ("tiny-llama", "tiny-qwen2")]
+    assert long and all(r["pp"] >= 2 and max(s["layers"] for s in r["stages"]) <= 3
+                        for r in long)
+    warned = {w.split(":")[0] for w in data["warnings"] if "max_model_len 600000" in w}
+    assert warned == {"tiny-llama", "tiny-qwen2"}
+    assert any("at most 3 of 4 layers on v100" in w for w in data["warnings"])
