@@ -25,6 +25,7 @@ from pathlib import Path
 from coral_hpc.config import Deployment
 from coral_hpc.errors import CoralError
 from coral_hpc.launch.endpoint import Endpoint, EndpointRefused, http_health, read_endpoint
+from coral_hpc.launch.failure import failure_line
 from coral_hpc.launch.spec import ReplicaSpec, is_pre_instance_job_of
 from coral_hpc.reconcile.decide import Observation
 from coral_hpc.reconcile.settings import ReconcileSettings
@@ -291,8 +292,15 @@ class Observer:
     def _event_end(self, record: ReplicaRecord, state: str, now: float) -> None:
         asked = record.drain_requested_at is not None or record.cancelled_at is not None
         kind = "ended" if asked else "failed"
-        self.store.add_event(now, kind, f"job {record.job_id} ended {state}",
-                             model=record.model, replica_id=record.id)
+        message = f"job {record.job_id} ended {state}"
+        if not asked:
+            # Slurm knows only FAILED: why is in the job's logs (vLLM refusing a context its KV
+            # cache cannot hold, a missing checkpoint); status and the cool-down name it
+            failure = failure_line(self.deployment.state_path / "logs", record.id, record.job_id)
+            if failure:
+                self.store.update_replica(record.id, failure=failure)
+                message += f": {failure}"
+        self.store.add_event(now, kind, message, model=record.model, replica_id=record.id)
 
     def _leave_alone(self, job: JobInfo, now: float, why: str, events: list) -> None:
         """Report once that ``job`` is not ours to adopt or cancel."""
