@@ -49,7 +49,8 @@ def _tail(path: Path) -> list[str]:
 def last_error_line(lines: Iterable[str]) -> str | None:
     """The last exception line (``Type: message``) of ``lines`` that is not a wrapper pointing
     at the one above it; failing that, the last wrapper; None when there is none."""
-    found = wrapper = None
+    found: str | None = None
+    wrapper: str | None = None
     for line in lines:
         match = _EXCEPTION.search(line.rstrip())
         if match is None or _NOT_AN_ERROR.search(line[:match.start()]):
@@ -59,8 +60,8 @@ def last_error_line(lines: Iterable[str]) -> str | None:
             wrapper = text
         else:
             found = text
-    line = found or wrapper
-    return None if line is None else line[:MAX_CHARS]
+    last = found or wrapper
+    return None if last is None else last[:MAX_CHARS]
 
 
 def replica_log_files(logs_dir: Path, replica_id: str, job_id: str | None) -> list[Path]:
