@@ -144,7 +144,16 @@ class _Runner:
         if lp.status != "optimal" or lp.reduced_costs is None:
             result = highs.solve(self.left(), gap, start=start)
             return _Outcome(result, result.bound, len(nu))
-        assert lp.x is not None  # an optimal LP has its point
+        return self._restricted(lp, cost, start)
+
+    def _restricted(self, lp: SolveResult, cost: np.ndarray,
+                    start: np.ndarray | None) -> _Outcome:
+        """The MIP over the columns whose reduced cost at the LP optimum could still pay,
+        widened until its optimum is certified for the whole model (or time runs out)."""
+        highs = self.highs
+        assert highs is not None and lp.x is not None and lp.reduced_costs is not None
+        gap = self.policy.mip_gap
+        nu = self.sm.nu
         reduced = lp.reduced_costs[nu]
         at_zero = lp.x[nu] <= 1e-9
         if start is not None:  # keeping more columns leaves the certificate below valid
@@ -175,12 +184,10 @@ class _Runner:
                 if result.status == "infeasible" and excluded.any():
                     delta = math.inf  # the restriction was too tight: use every column
                     continue
-                if result.x is None:
-                    return _Outcome(result, min(result.bound, certified), int((~excluded).sum()))
-                if result.objective <= certified + 1e-9 * scale or not excluded.any():
-                    return _Outcome(result, min(result.bound, certified), int((~excluded).sum()))
-                if time.perf_counter() >= self.deadline:
-                    return _Outcome(result, min(result.bound, certified), int((~excluded).sum()))
+                outcome = _Outcome(result, min(result.bound, certified), int((~excluded).sum()))
+                if (result.x is None or result.objective <= certified + 1e-9 * scale
+                        or not excluded.any() or time.perf_counter() >= self.deadline):
+                    return outcome
                 # widen to every column that could still beat the incumbent; then it certifies
                 delta = result.objective - lp.objective
                 start = result.x  # feasible for the wider restriction too
