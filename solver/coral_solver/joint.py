@@ -121,9 +121,27 @@ def random_instance(seed: int, scarce: bool | None = None,
     scarce = rng.random() < 0.35 if scarce is None else scarce
     kinds = [("big", 40.0, 3.0, 4), ("mid", 24.0, 1.6, 2), ("small", 16.0, 1.0, 2)]
     kinds = rng.sample(kinds, rng.choice([2, 3]))
+    groups, partitions, quotas = _random_cluster(rng, kinds, scarce)
+    models, throughput = _random_models(rng, phase_rng, kinds, scarce, disaggregation)
+    fabric = None
+    if disaggregation is not None and phase_rng.random() < 0.3:
+        fabric = phase_rng.uniform(0.5, 2.0)  # GB/s: binds on some instances
+    cluster = Cluster(tuple(groups), tuple(partitions), quotas, kv_fabric_gbs=fabric)
+    policy = Policy(n_max=3, rho=math.inf, heterogeneous=True, max_tp=2, startup_penalty=0.0,
+                    time_limit_s=60.0, mip_gap=0.0, prune=False)
+    return Instance(models, cluster, throughput, policy, scarce)
+
+
+_Kind = tuple[str, float, float, int]  # GPU type, memory GB, relative speed, GPUs per node
+
+
+def _random_cluster(rng: random.Random, kinds: list[_Kind], scarce: bool
+                    ) -> tuple[list[NodeGroup], list[Partition], tuple[Quota, ...]]:
+    """Node groups of each kind (at most ``_FREE_CAP`` free GPUs in all), one or two priced
+    partitions and maybe a quota."""
     groups: list[NodeGroup] = []
     names: list[str] = []
-    for gpu, memory, speed, size in kinds:
+    for gpu, memory, _speed, size in kinds:
         nodes = rng.choice([1, 2])
         free = tuple(rng.randint(1 if not scarce else 0, size) for _ in range(nodes))
         room = max(_FREE_CAP - sum(sum(g.free) for g in groups), 0)
@@ -142,6 +160,14 @@ def random_instance(seed: int, scarce: bool | None = None,
     quotas: tuple[Quota, ...] = ()
     if rng.random() < 0.3:
         quotas = (Quota("qos", rng.randint(4, 8)),)
+    return groups, partitions, quotas
+
+
+def _random_models(rng: random.Random, phase_rng: random.Random, kinds: list[_Kind],
+                   scarce: bool, disaggregation: Disaggregation | None
+                   ) -> tuple[list[ModelSpec], TableThroughput]:
+    """One or two models with tabulated stage throughput (falling with the layers held, zero
+    where the weights do not fit), and per-phase tables when disaggregated."""
     speeds = {g: s for g, _, s, _ in kinds}
     memories = {g: m for g, m, _, _ in kinds}
     models, table, layer_count, weights, tps = [], {}, {}, {}, {}
@@ -181,14 +207,7 @@ def random_instance(seed: int, scarce: bool | None = None,
         ))
         if disaggregation is not None:
             kv_bytes[name] = 1e9 * phase_rng.uniform(0.1, 0.5)
-    fabric = None
-    if disaggregation is not None and phase_rng.random() < 0.3:
-        fabric = phase_rng.uniform(0.5, 2.0)  # GB/s: binds on some instances
-    cluster = Cluster(tuple(groups), tuple(partitions), quotas, kv_fabric_gbs=fabric)
-    policy = Policy(n_max=3, rho=math.inf, heterogeneous=True, max_tp=2, startup_penalty=0.0,
-                    time_limit_s=60.0, mip_gap=0.0, prune=False)
-    throughput = TableThroughput(layer_count, weights, tps, table, phase_table, kv_bytes)
-    return Instance(models, cluster, throughput, policy, scarce)
+    return models, TableThroughput(layer_count, weights, tps, table, phase_table, kv_bytes)
 
 
 # --------------------------------------------------------------------------- the joint model
