@@ -125,30 +125,10 @@ def with_reservations(deployment: Deployment, snapshot: ClusterSnapshot, cluster
     usable, warnings = usable_reservations(deployment, snapshot)
     if not usable:
         return cluster, warnings
-    nodes = {n.name: n for n in snapshot.nodes}
-    moved: set[str] = set()
-    groups: dict[tuple, list[tuple[str, int]]] = {}
-    for item in usable:
-        res = item.info
-        for name in res.nodes:
-            node = nodes.get(name)
-            if (node is None or not node.gpu_type or node.gpus_total <= 0 or name in moved
-                    or node.state not in _RESERVABLE_STATES):
-                continue
-            placements = _placements_of(deployment, snapshot, name, node.gpu_type, res.name)
-            if not placements:
-                continue
-            if res.state == "active":
-                free = node.gpus_total - node.gpus_alloc + held.get(name, 0)
-            else:
-                free = node.gpus_total
-            memory = node.gpu_memory_gb or gpu_memory_gb(node.gpu_type) or 0.0
-            key = (res.name, node.gpu_type, node.gpus_total, float(memory), item.wait_s,
-                   placements)
-            groups.setdefault(key, []).append((name, max(0, min(free, node.gpus_total))))
-            moved.add(name)
+    groups = _reserved_groups(deployment, snapshot, usable, held)
     if not groups:
         return cluster, warnings
+    moved = {name for pairs in groups.values() for name, _ in pairs}
     kept = []
     for group in cluster.node_groups:
         pairs = [(n, f) for n, f in zip(group.nodes, group.free) if n not in moved]
@@ -182,6 +162,36 @@ def with_reservations(deployment: Deployment, snapshot: ClusterSnapshot, cluster
         job_limits=_limits_with(cluster.job_limits, added),
         environment_groups=_groups_with(cluster.environment_groups, added),
     ), warnings
+
+
+def _reserved_groups(deployment: Deployment, snapshot: ClusterSnapshot, usable: list,
+                     held: dict[str, int]) -> dict[tuple, list[tuple[str, int]]]:
+    """The usable reservations' GPU nodes grouped by (reservation, GPU type, GPUs per node,
+    memory, wait, placements) → [(node, free GPUs)]; a node in two reservations goes with the
+    first."""
+    nodes = {n.name: n for n in snapshot.nodes}
+    moved: set[str] = set()
+    groups: dict[tuple, list[tuple[str, int]]] = {}
+    for item in usable:
+        res = item.info
+        for name in res.nodes:
+            node = nodes.get(name)
+            if (node is None or not node.gpu_type or node.gpus_total <= 0 or name in moved
+                    or node.state not in _RESERVABLE_STATES):
+                continue
+            placements = _placements_of(deployment, snapshot, name, node.gpu_type, res.name)
+            if not placements:
+                continue
+            if res.state == "active":
+                free = node.gpus_total - node.gpus_alloc + held.get(name, 0)
+            else:
+                free = node.gpus_total
+            memory = node.gpu_memory_gb or gpu_memory_gb(node.gpu_type) or 0.0
+            key = (res.name, node.gpu_type, node.gpus_total, float(memory), item.wait_s,
+                   placements)
+            groups.setdefault(key, []).append((name, max(0, min(free, node.gpus_total))))
+            moved.add(name)
+    return groups
 
 
 def _quota_with(quota: Quota, placements: list[str]) -> Quota:
