@@ -164,7 +164,8 @@ def with_reservations(deployment: Deployment, snapshot: ClusterSnapshot, cluster
     ), warnings
 
 
-def _reserved_groups(deployment: Deployment, snapshot: ClusterSnapshot, usable: list,
+def _reserved_groups(deployment: Deployment, snapshot: ClusterSnapshot,
+                     usable: list[UsableReservation],
                      held: dict[str, int]) -> dict[tuple, list[tuple[str, int]]]:
     """The usable reservations' GPU nodes grouped by (reservation, GPU type, GPUs per node,
     memory, wait, placements) → [(node, free GPUs)]; a node in two reservations goes with the
