@@ -31,6 +31,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from email.utils import formatdate
 from http import HTTPStatus
+from typing import cast
 
 import httptools
 
@@ -105,19 +106,25 @@ class StreamResponse:
 
     __slots__ = ("status", "headers", "_conn", "finished")
 
+    @property
+    def _connection(self) -> HttpConnection:
+        conn = self._conn
+        assert conn is not None, "prepare() first"
+        return conn
+
     #: called when a client that was not reading reads again (see :meth:`send`)
     @property
     def on_resume(self) -> Callable[[], None] | None:
-        return self._conn.on_resume
+        return self._connection.on_resume
 
     @on_resume.setter
     def on_resume(self, callback: Callable[[], None] | None) -> None:
-        self._conn.on_resume = callback
+        self._connection.on_resume = callback
 
     @property
     def write_paused(self) -> bool:
         """The client's socket buffer is full: stop producing until :attr:`on_resume`."""
-        return self._conn.write_paused
+        return self._connection.write_paused
 
     def __init__(self, status: int = 200, headers: dict[str, str] | None = None) -> None:
         self.status = status
@@ -141,7 +148,7 @@ class StreamResponse:
         """Send ``data`` as one chunk; waits while the client is not reading."""
         if not data:
             return
-        conn = self._conn
+        conn = self._connection
         conn.write(b"%x\r\n%b\r\n" % (len(data), data))
         if conn.write_paused:
             await conn.drain()
@@ -149,17 +156,17 @@ class StreamResponse:
     def send(self, data: bytes) -> bool:
         """Send ``data`` as one chunk without waiting (for protocol callbacks, which cannot);
         False when the client has gone. The caller watches :attr:`write_paused`."""
-        conn = self._conn
+        conn = self._connection
         if conn.closed:
             return False
-        conn.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+        conn.write(b"%x\r\n%b\r\n" % (len(data), data))
         return True
 
     async def write_eof(self) -> None:
         """End the answer."""
         if not self.finished:
             self.finished = True
-            self._conn.write(b"0\r\n\r\n")
+            self._connection.write(b"0\r\n\r\n")
 
 
 Handler = Callable[[Request], Awaitable["Response | StreamResponse"]]
@@ -281,9 +288,15 @@ class HttpConnection(asyncio.Protocol):
         self._body_bytes = 0
         self._early: Response | None = None  # answered from the head; the body is skipped
 
+    @property
+    def _transport(self) -> asyncio.Transport:
+        transport = self.transport
+        assert transport is not None  # asyncio calls connection_made before anything else
+        return transport
+
     # -- transport callbacks
-    def connection_made(self, transport) -> None:  # type: ignore[override]
-        self.transport = transport
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # a TCP server's: it reads, writes
         peer = transport.get_extra_info("peername")
         self.remote = peer[0] if isinstance(peer, tuple) else ""
         self.deadline = self._loop.time() + self._settings.idle_timeout_s
@@ -373,7 +386,7 @@ class HttpConnection(asyncio.Protocol):
         if request.content_length is not None and request.content_length > limit:
             raise _Reject(413, f"request body over {limit} bytes")
         if expects:
-            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         self._waiting_body = True
         if self._task is None:
             # the body must come within the body timeout; the idle deadline is over
@@ -389,6 +402,8 @@ class HttpConnection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         request = self._request
         route = self._route
+        # httptools calls this only after on_headers_complete, which set both
+        assert request is not None and route is not None
         self._request = None                # handed on: a later reject is not this request's
         self._waiting_body = False
         if self._early is None:
@@ -399,7 +414,7 @@ class HttpConnection(asyncio.Protocol):
             self._pipeline.append((route, request, self._early))
             if len(self._pipeline) > MAX_PIPELINED and not self._read_paused:
                 self._read_paused = True
-                self.transport.pause_reading()
+                self._transport.pause_reading()
             return
         self._start(route, request, self._early)
 
@@ -414,7 +429,7 @@ class HttpConnection(asyncio.Protocol):
 
     def _start(self, route: Route, request: Request, early: Response | None) -> None:
         if early is not None:
-            self.transport.write(early.encode(self.keep_alive))
+            self._transport.write(early.encode(self.keep_alive))
             self._answered(request, early.status)
             self._done()
             return
@@ -437,7 +452,7 @@ class HttpConnection(asyncio.Protocol):
             return
         self.on_resume = None
         if isinstance(response, Response):
-            self.transport.write(response.encode(self.keep_alive))
+            self._transport.write(response.encode(self.keep_alive))
             self._answered(request, response.status)
         else:
             if not response.finished:
@@ -454,7 +469,7 @@ class HttpConnection(asyncio.Protocol):
             route, request, early = self._pipeline.popleft()
             if self._read_paused and len(self._pipeline) <= MAX_PIPELINED:
                 self._read_paused = False
-                self.transport.resume_reading()
+                self._transport.resume_reading()
             self._start(route, request, early)
             return
         if not self._waiting_body:
@@ -466,7 +481,7 @@ class HttpConnection(asyncio.Protocol):
         self._send_and_close(self._settings.error(status, message, kind))
 
     def _send_and_close(self, response: Response) -> None:
-        if self.closed or self.transport.is_closing():
+        if self.closed or self._transport.is_closing():
             return
         self.keep_alive = False
         self._pipeline.clear()
@@ -474,7 +489,7 @@ class HttpConnection(asyncio.Protocol):
             # an answer is still being written: it must not be cut by this one; just close
             self.close()
             return
-        self.transport.write(response.encode(keep_alive=False))
+        self._transport.write(response.encode(keep_alive=False))
         if self._request is not None:       # a request whose head was parsed: answered now
             self._answered(self._request, response.status)
             self._request = None
@@ -495,7 +510,7 @@ class HttpConnection(asyncio.Protocol):
         """Write to the client; raises :class:`ConnectionResetError` once it has gone."""
         if self.closed:
             raise ConnectionResetError("the client closed the connection")
-        self.transport.write(data)
+        self._transport.write(data)
 
     async def drain(self) -> None:
         """Wait until the client reads again."""

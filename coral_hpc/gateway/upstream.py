@@ -21,6 +21,7 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import cast
 from urllib.parse import urlsplit
 
 import httptools
@@ -75,8 +76,8 @@ class _Connection(asyncio.Protocol):
         self.last_read = 0.0            # loop time of the last bytes (piped reads time out on it)
 
     # -- protocol callbacks
-    def connection_made(self, transport) -> None:  # type: ignore[override]
-        self.transport = transport
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # a TCP connection's: reads, writes
 
     def data_received(self, data: bytes) -> None:
         self.got_bytes = True
@@ -183,11 +184,13 @@ class _Connection(asyncio.Protocol):
 
     # -- request API
     def send(self, data: bytes) -> None:
-        if self._paused and self.transport is not None:
+        transport = self.transport
+        assert transport is not None  # sent on a connection the pool opened
+        if self._paused:
             # paused for the previous answer's slow client, as its last bytes came in
-            self.transport.resume_reading()
+            transport.resume_reading()
         self._reset()
-        self.transport.write(data)  # type: ignore[union-attr]
+        transport.write(data)
 
     async def wait_answer_started(self, timeout: float) -> None:
         """Wait until the first answer byte, a failure, or ``timeout``; never raises (the
