@@ -368,36 +368,17 @@ def _run_worker(spec: ReplicaSpec, job_id: str, rank: int, stop: StopFlag) -> di
                 if engine is not None:
                     engine.drain(spec.drain_timeout_s)  # the head restarted on new ports
                 attempt = head["attempt"]
-                script = _write_script(
-                    spec,
-                    job_id,
-                    rank,
-                    attempt,
-                    render_engine_script(
-                        spec,
-                        rank=rank,
-                        master_addr=head["master_addr"],
-                        master_port=head["master_port"],
-                    ),
-                )
-                log.info("joining head %s (attempt %d): %s", head["master_addr"], attempt, script)
-                engine = Engine(script, engine_log, env)
+                engine = _join_head(spec, job_id, rank, head, env, engine_log)
             elif head is None and time.monotonic() > deadline:
                 raise EngineFailed(f"the head never published {run_dir / 'head.json'}")
             if engine is not None and engine.exited() is not None:
+                if not _head_moved_on(run_dir, attempt, stop):
+                    raise EngineFailed(
+                        f"worker exited with code {engine.exited()}; see {engine_log}"
+                    )
                 if (run_dir / "done.json").exists():
                     break
-                head = _read_json(run_dir / "head.json")
-                if head is None or head["attempt"] == attempt:
-                    stop.wait(2.0)  # the head may be about to retry or finish
-                    if (run_dir / "done.json").exists():
-                        break
-                    head = _read_json(run_dir / "head.json")
-                    if head is None or head["attempt"] == attempt:
-                        raise EngineFailed(
-                            f"worker exited with code {engine.exited()}; see {engine_log}"
-                        )
-                continue
+                continue  # the head restarted: join its new attempt
             stop.wait(POLL_S)
         if stop.is_set() and engine is not None and stop.signal_name != "SIGTERM":
             # The head drains the requests in flight through every stage: this stage must
@@ -412,6 +393,32 @@ def _run_worker(spec: ReplicaSpec, job_id: str, rank: int, stop: StopFlag) -> di
             got_term = stop.signal_name == "SIGTERM" and _exits_within(engine, SELF_DRAIN_WAIT_S)
             engine.drain(spec.drain_timeout_s, send_term=not got_term)
     return {"replica_id": spec.replica_id, "job_id": job_id, "rank": rank}
+
+
+def _join_head(spec: ReplicaSpec, job_id: str, rank: int, head: dict[str, Any],
+               env: dict[str, str], engine_log: Path) -> Engine:
+    """Start this rank's engine against the head's published address and attempt."""
+    script = _write_script(
+        spec, job_id, rank, head["attempt"],
+        render_engine_script(spec, rank=rank, master_addr=head["master_addr"],
+                             master_port=head["master_port"]),
+    )
+    log.info("joining head %s (attempt %d): %s", head["master_addr"], head["attempt"], script)
+    return Engine(script, engine_log, env)
+
+
+def _head_moved_on(run_dir: Path, attempt: int, stop: StopFlag) -> bool:
+    """After this worker's engine exited: True when the head finished or restarted on new
+    ports, waiting up to 2 s for it to say so; False when it did neither (the worker failed)."""
+    for wait_s in (0.0, 2.0):
+        if wait_s:
+            stop.wait(wait_s)  # the head may be about to retry or finish
+        if (run_dir / "done.json").exists():
+            return True
+        head = _read_json(run_dir / "head.json")
+        if head is not None and head["attempt"] != attempt:
+            return True
+    return False
 
 
 def _wait_head_done(run_dir: Path, engine: Engine, timeout: float) -> None:
