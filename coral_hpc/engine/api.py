@@ -191,26 +191,8 @@ class SimAPI:
         model = body.get("model") or self.served.names[0]
         if model not in self.served.names:
             raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
-        if chat:
-            messages = body.get("messages")
-            if not isinstance(messages, list) or not messages:
-                raise ApiError(400, "'messages' must be a non-empty list", param="messages")
-            try:
-                seed_text = render_chat(messages)
-            except (TypeError, ValueError) as exc:
-                raise ApiError(400, str(exc), param="messages") from None
-            prompt_tokens = count_text_tokens(seed_text)
-        else:
-            seed_text, prompt_tokens = _completion_prompt(body.get("prompt"))
-        for key in ("n", "best_of"):
-            if body.get(key) not in (None, 1):
-                raise ApiError(
-                    400, f"'{key}' must be 1: the sim engine serves one choice", param=key
-                )
-        if body.get("echo"):
-            raise ApiError(400, "'echo' is not supported by the sim engine", param="echo")
-        if body.get("logprobs") not in (None, False) or body.get("top_logprobs") not in (None, 0):
-            raise ApiError(400, "logprobs are not supported by the sim engine", param="logprobs")
+        seed_text, prompt_tokens = _prompt(body, chat)
+        _refuse_unsupported(body)
         stream = body.get("stream", False)
         if not isinstance(stream, bool):
             raise ApiError(400, "'stream' must be a boolean", param="stream")
@@ -225,6 +207,20 @@ class SimAPI:
         if kv_params is not None and not isinstance(kv_params, dict):
             raise ApiError(400, "'kv_transfer_params' must be an object",
                            param="kv_transfer_params")  # fmt: skip
+        return _Job(
+            chat=chat,
+            model=model,
+            prompt_tokens=prompt_tokens,
+            max_tokens=self._max_tokens(body, chat, prompt_tokens),
+            seed_text=seed_text,
+            stream=stream,
+            include_usage=bool(options.get("include_usage")),
+            continuous_usage=bool(options.get("continuous_usage_stats")),
+            kv_params=kv_params,
+        )
+
+    def _max_tokens(self, body: dict[str, Any], chat: bool, prompt_tokens: int) -> int:
+        """The tokens to generate, checked against the context length as vLLM checks them."""
         max_model_len = self.served.max_model_len
         if prompt_tokens >= max_model_len:
             raise ApiError(
@@ -250,17 +246,7 @@ class SimAPI:
                 f"{prompt_tokens} input tokens ({max_tokens} > {max_model_len} - {prompt_tokens}).",
                 param="max_tokens",
             )
-        return _Job(
-            chat=chat,
-            model=model,
-            prompt_tokens=prompt_tokens,
-            max_tokens=max_tokens,
-            seed_text=seed_text,
-            stream=stream,
-            include_usage=bool(options.get("include_usage")),
-            continuous_usage=bool(options.get("continuous_usage_stats")),
-            kv_params=kv_params,
-        )
+        return max_tokens
 
     async def _generate(self, request: web.Request, job: _Job) -> web.StreamResponse:
         external, load_s = 0, 0.0
@@ -393,6 +379,32 @@ async def _json_body(request: web.Request) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise ApiError(400, "request body must be a JSON object")
     return body
+
+
+def _prompt(body: dict[str, Any], chat: bool) -> tuple[str, int]:
+    """The text that seeds the answer and the prompt's token count, from ``messages`` (chat)
+    or ``prompt``."""
+    if not chat:
+        return _completion_prompt(body.get("prompt"))
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "'messages' must be a non-empty list", param="messages")
+    try:
+        seed_text = render_chat(messages)
+    except (TypeError, ValueError) as exc:
+        raise ApiError(400, str(exc), param="messages") from None
+    return seed_text, count_text_tokens(seed_text)
+
+
+def _refuse_unsupported(body: dict[str, Any]) -> None:
+    """400 for what the sim engine does not serve: several choices, echo, logprobs."""
+    for key in ("n", "best_of"):
+        if body.get(key) not in (None, 1):
+            raise ApiError(400, f"'{key}' must be 1: the sim engine serves one choice", param=key)
+    if body.get("echo"):
+        raise ApiError(400, "'echo' is not supported by the sim engine", param="echo")
+    if body.get("logprobs") not in (None, False) or body.get("top_logprobs") not in (None, 0):
+        raise ApiError(400, "logprobs are not supported by the sim engine", param="logprobs")
 
 
 def _completion_prompt(prompt: Any) -> tuple[str, int]:
