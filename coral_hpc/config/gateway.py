@@ -1,5 +1,9 @@
-"""The ``gateway`` section: the one OpenAI-compatible endpoint, and what exposing it beyond
-loopback requires (API keys, and TLS to carry them)."""
+"""The ``gateway`` section: the one OpenAI-compatible endpoint, and who may reach it.
+
+Every route but ``/health`` needs an API key, on every address: a login node's loopback is shared
+by everyone logged in, so ``127.0.0.1`` is not private. Beyond loopback the keys must travel over
+TLS. Only a machine one person uses may serve without keys, and only on loopback, by saying so:
+``open_on_loopback: true``."""
 
 from __future__ import annotations
 
@@ -25,7 +29,15 @@ class GatewayConfig(_Frozen):
 
     listen: str = Field(default="127.0.0.1:8000", description="host:port")
     api_keys_file: str | None = Field(
-        default=None, description="file of hashed API keys; required beyond loopback"
+        default=None,
+        description="file of hashed API keys (`coral-hpc keys add`); every route but /health "
+                    "needs one of them, loopback included",
+    )
+    open_on_loopback: bool = Field(
+        default=False,
+        description="serve without API keys: anyone who can log in to this machine may use every "
+                    "model, the metrics and the internal routes. Only for a machine one person "
+                    "uses, with a loopback listen; never on a shared login node",
     )
     max_body_bytes: int = Field(
         default=4 * 1024 * 1024, gt=0, le=1 << 30,
@@ -46,6 +58,18 @@ class GatewayConfig(_Frozen):
     def _exposure(self) -> GatewayConfig:
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("set tls_cert and tls_key together (or neither)")
+        if self.open_on_loopback and not is_loopback_host(self.host):
+            raise ValueError(
+                f"open_on_loopback: true serves without API keys, so it needs a loopback listen "
+                f"address, but listen {self.listen!r} is reachable from other machines: set "
+                "api_keys_file instead (`coral-hpc keys add FILE NAME`) and drop open_on_loopback"
+            )
+        if self.open_on_loopback and self.api_keys_file is not None:
+            raise ValueError(
+                "open_on_loopback: true and api_keys_file are both set: with a keys file every "
+                "route needs a key, so drop open_on_loopback (or the keys file, on a machine "
+                "only you use)"
+            )
         if is_loopback_host(self.host):
             return self
         # beyond loopback, API keys travel over the network: keys, and TLS to carry them

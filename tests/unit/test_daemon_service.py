@@ -124,13 +124,22 @@ def test_restart_gateway_backs_off_only_when_the_start_fails():
     assert events.added[-1] == ("gateway", "gateway restart failed: port taken")
 
 
+def _open_deployment(tmp_path):
+    """A deployment whose gateway has no keys file (open_on_loopback: true)."""
+    return load_deployment(write_models_yaml(tmp_path, "svc", time_limit="01:00:00",
+                                             partitions=("a100",),
+                                             models=(SimModel("chat", (512, 128), 1),)))
+
+
 @pytest.mark.parametrize("listen", [None, ""])
-def test_no_metrics_listen_starts_no_metrics_server(listen):
-    assert service.start_metrics(listen, DaemonMetrics()) == (None, None)
+def test_no_metrics_listen_starts_no_metrics_server(listen, tmp_path):
+    assert service.start_metrics(listen, DaemonMetrics(), _open_deployment(tmp_path)) == (
+        None, None)
 
 
-def test_metrics_server_reports_the_port_it_bound():
-    server, address = service.start_metrics("127.0.0.1:0", DaemonMetrics())
+def test_metrics_server_reports_the_port_it_bound(tmp_path):
+    server, address = service.start_metrics("127.0.0.1:0", DaemonMetrics(),
+                                            _open_deployment(tmp_path))
     try:
         assert address == f"127.0.0.1:{server.server_port}" and server.server_port > 0
     finally:
