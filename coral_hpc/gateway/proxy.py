@@ -23,8 +23,14 @@ Both need a valid API key when keys are configured (401 otherwise, before anythi
 is said); an unknown id is a 404 in OpenAI's error shape (``invalid_request_error``, code
 ``model_not_found``, ``param`` ``model``).
 
-Background tasks: a poller that reloads the routing table, the API-keys file and the replica key
-when they change (a ``stat`` per interval), and a prober that checks every replica's ``/health``
+``/metrics`` and ``/internal/*`` take a client key or the daemon's internal key (which opens
+nothing else), from every address, loopback too: a login node's loopback is shared by everyone
+logged in. ``/health`` is open: it says the gateway answers and nothing about models, keys or
+replicas. Without a keys file (``gateway.open_on_loopback``, which the start allows on loopback
+only) every route is open.
+
+Background tasks: a poller that reloads the routing table, the API-keys file, the internal key
+and the replica key when they change (a ``stat`` per interval), and a prober that checks every replica's ``/health``
 so a replica taken out after a failure comes back when it answers again.
 """
 
@@ -226,6 +232,8 @@ def _read_internal_key(file: _Reloadable) -> str | None:
     if file.gone or file.path is None:
         return None
     try:
+        if os.stat(file.path).st_mode & 0o077:
+            log.warning("%s is readable by others; it should be mode 0600", file.path)
         key = Path(file.path).read_text(encoding="utf-8").strip()
     except OSError as exc:
         log.error("cannot read the internal key file %s: %s", file.path, exc.strerror)
