@@ -85,7 +85,7 @@ def serve(file: str, listen: str | None, metrics_listen: str, cache_dir: str | N
     os.umask(0o077)
     configure_logging(log_level, log_file, deployment.retention)
     if deployment.gateway.api_keys_file is None:
-        from coral_hpc.gateway.server import OPEN_WARNING
+        from coral_hpc.config.gateway import OPEN_WARNING
 
         logging.getLogger("coral_hpc.daemon").warning(OPEN_WARNING)
     # Stage 1 at start-up can take minutes: a bar on a terminal, a log line per model otherwise;

@@ -13,6 +13,31 @@ from pydantic import Field, field_validator, model_validator
 
 from coral_hpc.config.base import _against_file, _Frozen
 
+#: why a gateway without a keys file and without the opt-out does not start
+NO_KEYS_MESSAGE = (
+    "gateway.api_keys_file is not set: every route of the gateway needs an API key, on "
+    "127.0.0.1 too, since everyone logged in to a login node shares its loopback. Create a key "
+    "with `coral-hpc keys add FILE NAME` and set gateway.api_keys_file: FILE; or, on a machine "
+    "only you use, set gateway.open_on_loopback: true"
+)
+
+#: logged at every start of a gateway without keys
+OPEN_WARNING = (
+    "gateway.open_on_loopback is true: no API key is asked for, and everyone who can log in to "
+    "this machine may use every model, read the metrics and the routing table; a shared login "
+    "node must not run this way (set gateway.api_keys_file)"
+)
+
+
+def access_warning(config: GatewayConfig) -> str | None:
+    """What ``validate`` says of who may reach the gateway: that ``serve`` and ``gateway``
+    will refuse a file without keys or the opt-out, or that the opt-out is in use."""
+    if config.api_keys_file is not None:
+        return None
+    if config.open_on_loopback:
+        return OPEN_WARNING
+    return "serve and gateway will refuse to start: " + NO_KEYS_MESSAGE
+
 
 def is_loopback_host(host: str) -> bool:
     """True for ``localhost`` and loopback addresses; a host name may resolve anywhere."""

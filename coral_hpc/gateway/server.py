@@ -10,6 +10,7 @@ import ssl
 from pathlib import Path
 
 from coral_hpc.atomic import write_atomic
+from coral_hpc.config.gateway import NO_KEYS_MESSAGE, OPEN_WARNING
 from coral_hpc.errors import PermanentError
 from coral_hpc.gateway.auth import KeyChecker, is_loopback, read_keys_file
 from coral_hpc.gateway.http_server import HttpServer
@@ -54,22 +55,6 @@ def check_exposure(host: str, api_keys_file: Path | None, tls: bool = False,
             "cross the network in clear: set gateway.tls_cert and gateway.tls_key, or "
             "gateway.behind_tls_proxy: true when the site's TLS-terminating proxy is in front"
         )
-
-
-#: why a gateway without a keys file and without the opt-out does not start
-NO_KEYS_MESSAGE = (
-    "gateway.api_keys_file is not set: every route of the gateway needs an API key, on "
-    "127.0.0.1 too, since everyone logged in to a login node shares its loopback. Create a key "
-    "with `coral-hpc keys add FILE NAME` and set gateway.api_keys_file: FILE; or, on a machine "
-    "only you use, set gateway.open_on_loopback: true"
-)
-
-#: logged at every start of a gateway without keys
-OPEN_WARNING = (
-    "gateway.open_on_loopback is true: no API key is asked for, and everyone who can log in to "
-    "this machine may use every model, read the metrics and the routing table; a shared login "
-    "node must not run this way (set gateway.api_keys_file)"
-)
 
 
 def _write_ready_file(path: Path, address: str) -> None:

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from coral_hpc.config import GatewayConfig
 from coral_hpc.gateway.server import GatewayStartError, check_exposure
+from tests.conftest import REPO
 
 
 def test_no_keys_and_no_opt_out_is_refused_naming_the_field_and_the_fix():
@@ -48,3 +49,26 @@ def test_open_on_loopback_with_a_non_loopback_listen_is_a_config_error_naming_th
 def test_open_on_loopback_and_a_keys_file_together_is_a_config_error():
     with pytest.raises(ValidationError, match="open_on_loopback: true and api_keys_file"):
         GatewayConfig(open_on_loopback=True, api_keys_file="/etc/coral/keys")
+
+
+def test_validate_warns_that_serve_will_refuse_a_file_without_keys(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from coral_hpc.cli.validate import validate
+    from tests.support.gateway_harness import write_models_yaml
+
+    def warnings(path) -> list[str]:
+        snapshot = REPO / "tests" / "data" / "plan" / "devcluster-snapshot.json"
+        out = CliRunner().invoke(validate, [str(path), "--snapshot", str(snapshot), "--json"])
+        assert out.exit_code == 0, out.output
+        return json.loads(out.output)["warnings"]
+
+    for name in ("closed", "open"):
+        (tmp_path / name).mkdir()
+    closed = write_models_yaml(tmp_path / "closed", ["m"], open_on_loopback=False)
+    assert any(w.startswith("serve and gateway will refuse to start: gateway.api_keys_file")
+               for w in warnings(closed))
+    opened = write_models_yaml(tmp_path / "open", ["m"], open_on_loopback=True)
+    assert any(w.startswith("gateway.open_on_loopback is true") for w in warnings(opened))
