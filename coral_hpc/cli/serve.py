@@ -34,19 +34,16 @@ def _check_access(file: str, deployment: Deployment, listen: str | None,
     address, or the file opts out on loopback (``gateway.open_on_loopback``); exit 2 naming the
     field and the fix otherwise."""
     from coral_hpc.daemon.metrics_server import check_metrics_listen
-    from coral_hpc.gateway.server import check_exposure
+    from coral_hpc.daemon.service import gateway_access_problem
 
-    gateway = deployment.gateway
-    host = listen.rpartition(":")[0].strip("[]") if listen else gateway.host
-    try:
-        check_exposure(host, Path(gateway.api_keys_file) if gateway.api_keys_file else None,
-                       tls=gateway.tls_cert is not None,
-                       behind_tls_proxy=gateway.behind_tls_proxy,
-                       open_on_loopback=gateway.open_on_loopback)
-        if metrics:
+    problem = gateway_access_problem(deployment, listen)
+    if problem is None and metrics:
+        try:
             check_metrics_listen(metrics.rpartition(":")[0].strip("[]"), deployment)
-    except PermanentError as exc:
-        fail([f"{file}: {exc}", f"{file}: nothing was started"])
+        except PermanentError as exc:
+            problem = str(exc)
+    if problem is not None:
+        fail([f"{file}: {problem}", f"{file}: nothing was started"])
 
 
 @click.command()

@@ -28,6 +28,7 @@ from coral_hpc.daemon.scrape import fetch_demand, read_internal_key
 from coral_hpc.daemon.status_file import status_data, status_file, write_status
 from coral_hpc.daemon.stop_request import StopRequests
 from coral_hpc.errors import ConfigError, PermanentError
+from coral_hpc.gateway.server import check_exposure
 from coral_hpc.gateway.table import (
     default_internal_key_path,
     default_replica_key_path,
@@ -252,6 +253,20 @@ def clean_up(serving: Serving, lock: DaemonLock) -> None:
     serving.lease.release()
 
 
+def gateway_access_problem(deployment: Deployment, listen: str | None) -> str | None:
+    """Why the gateway of ``deployment`` (on ``listen`` when given, else ``gateway.listen``)
+    would refuse to start as to who may reach it, or None (:func:`check_exposure`)."""
+    config = deployment.gateway
+    host = listen.rpartition(":")[0].strip("[]") if listen else config.host
+    try:
+        check_exposure(host, Path(config.api_keys_file) if config.api_keys_file else None,
+                       tls=config.tls_cert is not None, behind_tls_proxy=config.behind_tls_proxy,
+                       open_on_loopback=config.open_on_loopback)
+    except PermanentError as exc:
+        return str(exc)
+    return None
+
+
 def retention_loop(daemon: Daemon, stop: threading.Event) -> Loop:
     """Prune the database and old replica files every ``retention.prune_interval_s``."""
     step = RetentionStep(lambda: daemon.deployment, daemon.store, daemon.clock)
@@ -283,6 +298,12 @@ def reload(
         daemon.store.add_event(time.time(), "reload_error",
                                "models.yaml not reloaded: deployment name and db_path cannot "
                                "change while serving; stop and start instead")
+        return deployment
+    refused = gateway_access_problem(new, gateway.listen)
+    if refused is not None:
+        # the gateway would not start with it: keep serving with the file we have
+        daemon.store.add_event(time.time(), "reload_error", f"models.yaml not reloaded: {refused}")
+        log.error("models.yaml not reloaded: %s", refused)
         return deployment
     daemon.reload(new)
     if [m.name for m in new.models] != [m.name for m in deployment.models] or (
