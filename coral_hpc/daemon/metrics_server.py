@@ -14,6 +14,7 @@ from __future__ import annotations
 import hmac
 import logging
 import os
+import socket
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -108,6 +109,10 @@ class _ThreadingServer(ThreadingMixIn, WSGIServer):
     daemon_threads = True   # a scrape in flight does not hold the daemon's exit
 
 
+class _ThreadingServer6(_ThreadingServer):
+    address_family = socket.AF_INET6   # --metrics [::1]:9100
+
+
 class _QuietHandler(WSGIRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base's name
         """Scrapes every few seconds are not worth a log line each."""
@@ -141,7 +146,8 @@ def start_metrics_server(host: str, port: int, registry: CollectorRegistry,
     thread; the server (``server_port``, ``shutdown()``) and its thread."""
     check_metrics_listen(host, deployment)
     app = guarded_app(registry, access_for(deployment, internal_key_file))
-    server = make_server(host, port, app, _ThreadingServer, handler_class=_QuietHandler)
+    server_class = _ThreadingServer6 if ":" in host else _ThreadingServer
+    server = make_server(host, port, app, server_class, handler_class=_QuietHandler)
     gateway = deployment.gateway
     if not is_loopback(host) and gateway.tls_cert and gateway.tls_key:
         context = server_context(Path(gateway.tls_cert), Path(gateway.tls_key))

@@ -186,7 +186,8 @@ def start_metrics(listen: str | None, metrics: DaemonMetrics, deployment: Deploy
     host = host.strip("[]") or "127.0.0.1"
     server, _thread = start_metrics_server(host, int(port), metrics.registry, deployment,
                                            internal_key_file)
-    return server, f"{host}:{server.server_port}"
+    shown = f"[{host}]" if ":" in host else host   # host:port, IPv6 in brackets
+    return server, f"{shown}:{server.server_port}"
 
 
 def supervise(

@@ -72,3 +72,13 @@ def test_keys_beyond_loopback_without_tls_are_refused(tmp_path):
     deployment = load_deployment(write_models_yaml(tmp_path, ["m"], api_keys_file=keys))
     with pytest.raises(PermanentError, match="in clear: set gateway.tls_cert"):
         service.start_metrics("0.0.0.0:0", DaemonMetrics(), deployment)
+
+
+def test_an_ipv6_loopback_listen_is_served_and_reported_in_brackets(tmp_path):
+    deployment = load_deployment(write_models_yaml(tmp_path, ["m"]))
+    server, address = service.start_metrics("[::1]:0", DaemonMetrics(), deployment)
+    try:
+        assert address == f"[::1]:{server.server_port}"
+        assert _get(address).status_code == 200
+    finally:
+        server.shutdown()
