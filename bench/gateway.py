@@ -208,7 +208,7 @@ state_dir: {work}/state
 db_path: {work}/db.sqlite
 cluster: {{partitions: [{{name: gpu}}]}}
 engine: {{kind: sim}}
-gateway: {{listen: "127.0.0.1:{gw_port}"}}
+gateway: {{listen: "127.0.0.1:{gw_port}", open_on_loopback: true}}   # a bench machine of its own
 models:
   - {{name: bench, source: org/bench, architecture: qwen3-8b,
      mix: {{input_tokens: 3, output_tokens: {output_tokens}}}, demand: {{requests_per_s: 1}},

@@ -20,6 +20,10 @@ from coral_hpc.errors import ConfigError, PermanentError
 @click.option("--replica-key-file", type=click.Path(dir_okay=False),
               help="File holding the key replicas require [default: "
                    "<state_dir>/<deployment>/replica.key, when it exists].")
+@click.option("--internal-key-file", type=click.Path(dir_okay=False),
+              help="File holding the key that opens /metrics and /internal/* besides the client "
+                   "keys (the daemon's) [default: <state_dir>/<deployment>/internal.key, when it "
+                   "exists].")
 @click.option("--listen", help="host:port, overriding gateway.listen (port 0 = any free port).")
 @click.option("--ready-file", type=click.Path(dir_okay=False),
               help="Write the bound host:port here once listening.")
@@ -38,7 +42,8 @@ from coral_hpc.errors import ConfigError, PermanentError
               type=click.Choice(["debug", "info", "warning", "error"]))
 @click.option("--log-file", type=click.Path(dir_okay=False),
               help="Log here, rotated at retention.log_max_mb [default: stderr].")
-def gateway(file: str, table: str | None, replica_key_file: str | None, listen: str | None,
+def gateway(file: str, table: str | None, replica_key_file: str | None,
+            internal_key_file: str | None, listen: str | None,
             ready_file: str | None, read_timeout: float, probe_interval: float,
             poll_interval: float, idle_timeout: float, body_timeout: float, log_level: str,
             log_file: str | None = None) -> None:
@@ -46,7 +51,11 @@ def gateway(file: str, table: str | None, replica_key_file: str | None, listen: 
     from coral_hpc.gateway.accesslog import ACCESS_DIR_NAME
     from coral_hpc.gateway.proxy import GatewaySettings
     from coral_hpc.gateway.server import run_gateway
-    from coral_hpc.gateway.table import default_replica_key_path, default_table_path
+    from coral_hpc.gateway.table import (
+        default_internal_key_path,
+        default_replica_key_path,
+        default_table_path,
+    )
 
     try:
         deployment = load_deployment(file)
@@ -68,11 +77,20 @@ def gateway(file: str, table: str | None, replica_key_file: str | None, listen: 
         key_path = Path(replica_key_file)
         if not key_path.exists():
             fail(f"--replica-key-file {replica_key_file}: no such file")
+    if internal_key_file is None:
+        # read when it appears too: the daemon creates it before it starts this gateway
+        internal_key = default_internal_key_path(deployment)
+    else:
+        internal_key = Path(internal_key_file)
+        if not internal_key.exists():
+            fail(f"--internal-key-file {internal_key_file}: no such file")
     settings = GatewaySettings(
         models=tuple(m.name for m in deployment.models),
         table_path=Path(table) if table else default_table_path(deployment),
         api_keys_file=Path(config.api_keys_file).expanduser() if config.api_keys_file else None,
         replica_key_file=key_path,
+        open_on_loopback=config.open_on_loopback,
+        internal_key_file=internal_key,
         max_body_bytes=config.max_body_bytes,
         read_timeout_s=read_timeout,
         probe_interval_s=probe_interval,

@@ -8,6 +8,7 @@ them).
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import click
 from coral_hpc.cli._logging import configure_logging
 from coral_hpc.cli._output import EXIT_UNAVAILABLE, Stage1Progress, fail
 from coral_hpc.cli.validate import checked_deployment
+from coral_hpc.config import Deployment
 from coral_hpc.errors import ConfigError, PermanentError
 
 
@@ -24,6 +26,24 @@ def _listen(option: str, value: str) -> str:
     if not host or not port.isdigit() or int(port) > 65535:
         fail(f"{option} {value!r}: expected host:port such as 127.0.0.1:8000 (port 0 = any free)")
     return value
+
+
+def _check_access(file: str, deployment: Deployment, listen: str | None,
+                  metrics: str | None) -> None:
+    """Before anything starts: the gateway and the daemon's metrics ask for a key on every
+    address, or the file opts out on loopback (``gateway.open_on_loopback``); exit 2 naming the
+    field and the fix otherwise."""
+    from coral_hpc.daemon.metrics_server import check_metrics_listen
+    from coral_hpc.daemon.service import gateway_access_problem
+
+    problem = gateway_access_problem(deployment, listen)
+    if problem is None and metrics:
+        try:
+            check_metrics_listen(metrics.rpartition(":")[0].strip("[]"), deployment)
+        except PermanentError as exc:
+            problem = str(exc)
+    if problem is not None:
+        fail([f"{file}: {problem}", f"{file}: nothing was started"])
 
 
 @click.command()
@@ -57,9 +77,14 @@ def serve(file: str, listen: str | None, metrics_listen: str, cache_dir: str | N
     if listen is not None:
         _listen("--listen", listen)
     metrics = None if metrics_listen.lower() == "off" else _listen("--metrics", metrics_listen)
+    _check_access(file, deployment, listen, metrics)
     # everything the daemon, its log, its gateway and submitit write is the service account's
     os.umask(0o077)
     configure_logging(log_level, log_file, deployment.retention)
+    if deployment.gateway.api_keys_file is None:
+        from coral_hpc.config.gateway import OPEN_WARNING
+
+        logging.getLogger("coral_hpc.daemon").warning(OPEN_WARNING)
     # Stage 1 at start-up can take minutes: a bar on a terminal, a log line per model otherwise;
     # on a busy cluster the plan asks Slurm when each job shape would start (budgeted)
     planner = Planner(cache_dir=Path(cache_dir) if cache_dir else None,

@@ -145,7 +145,10 @@ def validate(file: str, as_json: bool, snapshot_file: str | None, cache_dir: str
             _refuse_json(file, problems)
         fail(problems + [f"{file}: {len(problems)} problem(s); nothing was changed"])
     summary = deployment_summary(deployment)
-    summary["warnings"] = site_warnings(deployment, snapshot)
+    from coral_hpc.config.gateway import access_warning
+
+    access = access_warning(deployment.gateway)
+    summary["warnings"] = [*([access] if access else []), *site_warnings(deployment, snapshot)]
     if as_json:
         print_json({"file": file, "valid": True, "errors": [], **summary})
         return

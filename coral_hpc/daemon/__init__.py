@@ -22,6 +22,12 @@ from coral_hpc.atomic import private_dir
 
 def ensure_replica_key(path: Path) -> Path:
     """Create the key every replica requires (mode 600) when it does not exist yet."""
+    return ensure_key_file(path)
+
+
+def ensure_key_file(path: Path) -> Path:
+    """Create a file holding a new random key (256 bits, mode 600, in a 0700 folder) when
+    it does not exist yet; an existing one is kept, so a restart changes no key."""
     private_dir(path.parent)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

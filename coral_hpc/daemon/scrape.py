@@ -24,14 +24,28 @@ _FIELDS = ("requests_total", "prompt_tokens_total", "generated_tokens_total", "r
 
 
 def fetch_demand(base_url: str, timeout: float = 5.0,
-                 tls_cert: str | Path | None = None) -> dict[str, Any]:
-    """GET ``base_url/internal/demand`` (the daemon runs on the gateway's host: loopback). A TLS
-    gateway is trusted through its own certificate, ``tls_cert`` (the daemon dials 127.0.0.1,
-    a name the site's certificate does not carry)."""
+                 tls_cert: str | Path | None = None,
+                 key: str | None = None) -> dict[str, Any]:
+    """GET ``base_url/internal/demand`` (the daemon runs on the gateway's host: loopback) with
+    ``key`` as its bearer token: the gateway asks for a key on loopback too, and the daemon
+    holds the internal one (:func:`read_internal_key`). A TLS gateway is trusted through its
+    own certificate, ``tls_cert`` (the daemon dials 127.0.0.1, a name the site's certificate
+    does not carry)."""
     context = loopback_client_context(Path(tls_cert)) if tls_cert else None
-    url = f"{base_url.rstrip('/')}/internal/demand"
-    with urllib.request.urlopen(url, timeout=timeout, context=context) as r:
+    request = urllib.request.Request(f"{base_url.rstrip('/')}/internal/demand")
+    if key:
+        request.add_header("Authorization", f"Bearer {key}")
+    with urllib.request.urlopen(request, timeout=timeout, context=context) as r:
         return json.loads(r.read().decode("utf-8"))
+
+
+def read_internal_key(path: Path) -> str | None:
+    """The daemon's internal key from ``path`` (mode 0600 in the state folder), or None when
+    the file is missing or empty."""
+    try:
+        return path.read_text(encoding="utf-8").strip() or None
+    except FileNotFoundError:
+        return None
 
 
 class DemandScraper:

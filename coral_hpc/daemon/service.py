@@ -16,20 +16,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import start_http_server
-
 from coral_hpc.config import Deployment, load_deployment
-from coral_hpc.daemon import ensure_replica_key
+from coral_hpc.daemon import ensure_key_file, ensure_replica_key
 from coral_hpc.daemon.core import Daemon, Loop
 from coral_hpc.daemon.lease import Lease, read_lease
 from coral_hpc.daemon.metrics import DaemonMetrics
+from coral_hpc.daemon.metrics_server import start_metrics_server
 from coral_hpc.daemon.process import DaemonLock, GatewayProcess, info_path, lock_path, write_info
 from coral_hpc.daemon.retention import RetentionStep
-from coral_hpc.daemon.scrape import fetch_demand
+from coral_hpc.daemon.scrape import fetch_demand, read_internal_key
 from coral_hpc.daemon.status_file import status_data, status_file, write_status
 from coral_hpc.daemon.stop_request import StopRequests
 from coral_hpc.errors import ConfigError, PermanentError
-from coral_hpc.gateway.table import default_replica_key_path, default_table_path
+from coral_hpc.gateway.server import check_exposure
+from coral_hpc.gateway.table import (
+    default_internal_key_path,
+    default_replica_key_path,
+    default_table_path,
+)
 from coral_hpc.instance import ensure_instance
 from coral_hpc.slurm.client import call_budget, client_for_deployment
 from coral_hpc.store import Store, open_store
@@ -100,7 +104,10 @@ def gateway_demand(gateway: GatewayProcess) -> dict[str, Any]:
     url = gateway.url
     if url is None:
         raise ConnectionError("the gateway is not listening (it is being restarted)")
-    return fetch_demand(url, tls_cert=gateway.deployment.gateway.tls_cert)
+    # read per scrape (a few bytes each poll): a key file restored or replaced is used at once
+    key = read_internal_key(default_internal_key_path(gateway.deployment))
+    return fetch_demand(url, tls_cert=gateway.deployment.gateway.tls_cert, key=key)
+
 
 def start(
     serving: Serving,
@@ -119,6 +126,9 @@ def start(
         store.add_event(time.time(), "lease", "took over the stale lease of the daemon on "
                         f"{taken.get('host')} (pid {taken.get('pid')})")
     key_file = ensure_replica_key(default_replica_key_path(deployment))
+    # the daemon's own key for its gateway's /internal/* and /metrics (and its own metrics):
+    # made before the gateway starts, which reads it (gateway.table.default_internal_key_path)
+    internal_key = ensure_key_file(default_internal_key_path(deployment))
     # every Slurm call of this daemon is charged to one budget (cluster.slurm.calls_per_min)
     client = client_for_deployment(deployment, budgeted=True)
     if hasattr(planner, "use_client"):  # its start-estimate probes: the same budget
@@ -127,7 +137,8 @@ def start(
                                                listen=gateway_listen)
     address = start_gateway(gateway, store)
     metrics = DaemonMetrics()
-    serving.metrics_server, metrics_address = start_metrics(metrics_listen, metrics)
+    serving.metrics_server, metrics_address = start_metrics(metrics_listen, metrics, deployment,
+                                                            internal_key)
     daemon = Daemon(
         deployment, store, client, planner,
         api_key_file=key_file, table_path=default_table_path(deployment),
@@ -164,14 +175,19 @@ def start_gateway(gateway: GatewayProcess, store: Store) -> str:
     return address
 
 
-def start_metrics(listen: str | None, metrics: DaemonMetrics) -> tuple[Any, str | None]:
-    """The Prometheus server on ``listen`` (host:port; port 0 picks one) and the address it
-    bound, or (None, None) when ``listen`` is empty: no metrics server."""
+def start_metrics(listen: str | None, metrics: DaemonMetrics, deployment: Deployment,
+                  internal_key_file: Path | None = None) -> tuple[Any, str | None]:
+    """The Prometheus server on ``listen`` (host:port; port 0 picks one), asking for one of the
+    deployment's client keys or the internal key (:mod:`coral_hpc.daemon.metrics_server`), and
+    the address it bound; (None, None) when ``listen`` is empty: no metrics server."""
     if not listen:
         return None, None
     host, _, port = listen.rpartition(":")
-    server, _thread = start_http_server(int(port), host or "127.0.0.1", registry=metrics.registry)
-    return server, f"{host or '127.0.0.1'}:{server.server_port}"
+    host = host.strip("[]") or "127.0.0.1"
+    server, _thread = start_metrics_server(host, int(port), metrics.registry, deployment,
+                                           internal_key_file)
+    shown = f"[{host}]" if ":" in host else host   # host:port, IPv6 in brackets
+    return server, f"{shown}:{server.server_port}"
 
 
 def supervise(
@@ -238,6 +254,20 @@ def clean_up(serving: Serving, lock: DaemonLock) -> None:
     serving.lease.release()
 
 
+def gateway_access_problem(deployment: Deployment, listen: str | None) -> str | None:
+    """Why the gateway of ``deployment`` (on ``listen`` when given, else ``gateway.listen``)
+    would refuse to start as to who may reach it, or None (:func:`check_exposure`)."""
+    config = deployment.gateway
+    host = listen.rpartition(":")[0].strip("[]") if listen else config.host
+    try:
+        check_exposure(host, Path(config.api_keys_file) if config.api_keys_file else None,
+                       tls=config.tls_cert is not None, behind_tls_proxy=config.behind_tls_proxy,
+                       open_on_loopback=config.open_on_loopback)
+    except PermanentError as exc:
+        return str(exc)
+    return None
+
+
 def retention_loop(daemon: Daemon, stop: threading.Event) -> Loop:
     """Prune the database and old replica files every ``retention.prune_interval_s``."""
     step = RetentionStep(lambda: daemon.deployment, daemon.store, daemon.clock)
@@ -269,6 +299,12 @@ def reload(
         daemon.store.add_event(time.time(), "reload_error",
                                "models.yaml not reloaded: deployment name and db_path cannot "
                                "change while serving; stop and start instead")
+        return deployment
+    refused = gateway_access_problem(new, gateway.listen)
+    if refused is not None:
+        # the gateway would not start with it: keep serving with the file we have
+        daemon.store.add_event(time.time(), "reload_error", f"models.yaml not reloaded: {refused}")
+        log.error("models.yaml not reloaded: %s", refused)
         return deployment
     daemon.reload(new)
     if [m.name for m in new.models] != [m.name for m in deployment.models] or (

@@ -23,14 +23,21 @@ Both need a valid API key when keys are configured (401 otherwise, before anythi
 is said); an unknown id is a 404 in OpenAI's error shape (``invalid_request_error``, code
 ``model_not_found``, ``param`` ``model``).
 
-Background tasks: a poller that reloads the routing table, the API-keys file and the replica key
-when they change (a ``stat`` per interval), and a prober that checks every replica's ``/health``
+``/metrics`` and ``/internal/*`` take a client key or the daemon's internal key (which opens
+nothing else), from every address, loopback too: a login node's loopback is shared by everyone
+logged in. ``/health`` is open: it says the gateway answers and nothing about models, keys or
+replicas. Without a keys file (``gateway.open_on_loopback``, which the start allows on loopback
+only) every route is open.
+
+Background tasks: a poller that reloads the routing table, the API-keys file, the internal key
+and the replica key when they change (a ``stat`` per interval), and a prober that checks every replica's ``/health``
 so a replica taken out after a failure comes back when it answers again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import math
@@ -45,7 +52,7 @@ import aiohttp
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from coral_hpc.gateway.accesslog import AccessLog
-from coral_hpc.gateway.auth import KeyChecker, KeysFileError, is_loopback, read_keys_file
+from coral_hpc.gateway.auth import KeyChecker, KeysFileError, hash_key, read_keys_file
 from coral_hpc.gateway.disagg import Disaggregation
 from coral_hpc.gateway.http_server import (
     Request,
@@ -79,6 +86,11 @@ class GatewaySettings:
     models: tuple[str, ...]                      # configured models: 503 when none READY, else 404
     table_path: Path | None = None               # the daemon's routing table
     api_keys_file: Path | None = None            # hashed client keys; None = no client auth
+    #: no keys file, and its owner said so (gateway.open_on_loopback); the start refuses a
+    #: gateway without keys otherwise, and this one beyond loopback
+    open_on_loopback: bool = False
+    #: the daemon's key for /metrics and /internal/* (:func:`~coral_hpc.gateway.table.default_internal_key_path`)
+    internal_key_file: Path | None = None
     replica_key_file: Path | None = None         # the key replicas require (sent upstream)
     tls_cert: Path | None = None                 # HTTPS when set (with tls_key)
     tls_key: Path | None = None
@@ -214,6 +226,21 @@ class _Reloadable:
         return self.stamp is None
 
 
+def _read_internal_key(file: _Reloadable) -> str | None:
+    """The SHA-256 of the daemon's internal key in ``file``, or None (no file, unreadable, or
+    empty: then only client keys open /metrics and /internal/*)."""
+    if file.gone or file.path is None:
+        return None
+    try:
+        if os.stat(file.path).st_mode & 0o077:
+            log.warning("%s is readable by others; it should be mode 0600", file.path)
+        key = Path(file.path).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        log.error("cannot read the internal key file %s: %s", file.path, exc.strerror)
+        return None
+    return hash_key(key) if key else None
+
+
 class Gateway:
     """The gateway's state and handlers. Construct, then :meth:`start` and serve
     :meth:`server_settings` (:mod:`~coral_hpc.gateway.server`); nothing starts before (no
@@ -242,6 +269,8 @@ class Gateway:
         self._table_file = _Reloadable(settings.table_path)
         self._keys_file = _Reloadable(settings.api_keys_file)
         self._replica_key_file = _Reloadable(settings.replica_key_file)
+        self._internal_key_file = _Reloadable(settings.internal_key_file)
+        self._internal_digest: str | None = None   # SHA-256 of the daemon's internal key
         self.access_log = (AccessLog(settings.access_log_dir, settings.access_log_days)
                            if settings.access_log_dir is not None else None)
 
@@ -355,6 +384,8 @@ class Gateway:
                 except KeysFileError as exc:
                     # keep the keys we had: a half-edited file must not lock everyone out
                     log.error("%s (keeping the previous keys)", exc)
+        if self._internal_key_file.changed():
+            self._internal_digest = _read_internal_key(self._internal_key_file)
         if self._replica_key_file.changed() and not self._replica_key_file.gone:
             path = self._replica_key_file.path
             try:
@@ -466,10 +497,18 @@ class Gateway:
     # ------------------------------------------------------------------ small endpoints
 
     def _authorized_internal(self, request: Request) -> bool:
-        """Metrics and internal JSON: open to this machine, else a valid key."""
-        if self._keys is None or is_loopback(request.remote):
+        """Metrics and internal JSON: a client key, or the daemon's internal key, from any
+        address (loopback too: on a login node everyone logged in shares it). Without a keys
+        file (``open_on_loopback``, the only way the start allows that) they are open."""
+        if self._keys is None:
             return True
-        return self._keys.name_for(request.headers.get("authorization")) is not None
+        authorization = request.headers.get("authorization")
+        if self._internal_digest is not None and authorization:
+            scheme, _, token = authorization.partition(" ")
+            if scheme.lower() == "bearer" and token.strip() and hmac.compare_digest(
+                    hash_key(token.strip()), self._internal_digest):
+                return True
+        return self._keys.name_for(authorization) is not None
 
     async def handle_health(self, request: Request) -> Response:
         return _json({"status": "ok", "table_version": self.router.version})

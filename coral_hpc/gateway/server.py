@@ -10,6 +10,7 @@ import ssl
 from pathlib import Path
 
 from coral_hpc.atomic import write_atomic
+from coral_hpc.config.gateway import NO_KEYS_MESSAGE, OPEN_WARNING
 from coral_hpc.errors import PermanentError
 from coral_hpc.gateway.auth import KeyChecker, is_loopback, read_keys_file
 from coral_hpc.gateway.http_server import HttpServer
@@ -24,17 +25,30 @@ class GatewayStartError(PermanentError):
 
 
 def check_exposure(host: str, api_keys_file: Path | None, tls: bool = False,
-                   behind_tls_proxy: bool = False) -> None:
-    """Refuse to listen beyond loopback without client API keys, or with keys but neither TLS
-    nor a TLS-terminating proxy in front (the keys would cross the network in clear)."""
+                   behind_tls_proxy: bool = False, open_on_loopback: bool = False) -> None:
+    """Refuse to start a gateway anyone may use without a key: no keys file unless
+    ``gateway.open_on_loopback`` opts out on a loopback address, and beyond loopback keys but
+    neither TLS nor a TLS-terminating proxy in front (the keys would cross the network in clear).
+    A login node's loopback is shared by everyone logged in, so ``127.0.0.1`` alone is no
+    protection."""
+    if api_keys_file is None:
+        if not is_loopback(host):
+            if open_on_loopback:
+                raise GatewayStartError(
+                    f"gateway.open_on_loopback only opens a loopback address, but the gateway "
+                    f"would listen on {host!r}, reachable from other machines: create keys with "
+                    "`coral-hpc keys add FILE NAME` and set gateway.api_keys_file"
+                )
+            raise GatewayStartError(
+                f"gateway.listen host {host!r} is reachable from other machines but "
+                "gateway.api_keys_file is not set: create keys with `coral-hpc keys add FILE "
+                "NAME` and set gateway.api_keys_file, or listen on 127.0.0.1"
+            )
+        if not open_on_loopback:
+            raise GatewayStartError(NO_KEYS_MESSAGE)
+        return
     if is_loopback(host):
         return
-    if api_keys_file is None:
-        raise GatewayStartError(
-            f"gateway.listen host {host!r} is reachable from other machines but "
-            "gateway.api_keys_file is not set: create keys with `coral-hpc keys add FILE NAME` and "
-            "set gateway.api_keys_file, or listen on 127.0.0.1"
-        )
     if not tls and not behind_tls_proxy:
         raise GatewayStartError(
             f"gateway.listen host {host!r} is reachable from other machines and API keys would "
@@ -52,9 +66,12 @@ async def serve_gateway(settings: GatewaySettings, host: str, port: int,
     """Serve until SIGTERM or SIGINT. Writes ``host:port`` (the bound port, useful with port 0)
     to ``ready_file`` once listening."""
     check_exposure(host, settings.api_keys_file, tls=settings.tls_cert is not None,
-                   behind_tls_proxy=settings.behind_tls_proxy)
+                   behind_tls_proxy=settings.behind_tls_proxy,
+                   open_on_loopback=settings.open_on_loopback)
     tls = _tls_context(settings)
     keys = None
+    if settings.api_keys_file is None:
+        log.warning(OPEN_WARNING)
     if settings.api_keys_file is not None:
         # read now so a bad keys file stops the start with its file and line
         keys = KeyChecker(read_keys_file(settings.api_keys_file))
@@ -112,7 +129,8 @@ def run_gateway(settings: GatewaySettings, host: str, port: int,
                 ready_file: Path | None = None) -> None:
     """Blocking entry point: uvloop when available, then :func:`serve_gateway`."""
     check_exposure(host, settings.api_keys_file, tls=settings.tls_cert is not None,
-                   behind_tls_proxy=settings.behind_tls_proxy)
+                   behind_tls_proxy=settings.behind_tls_proxy,
+                   open_on_loopback=settings.open_on_loopback)
     _tls_context(settings)   # a bad certificate or key stops the start before the event loop
     try:
         import uvloop

@@ -32,6 +32,7 @@ from coral_hpc.errors import PermanentError
 #: File names inside a deployment's state folder (``<state_dir>/<deployment>/``).
 TABLE_FILE_NAME = "routing-table.json"
 REPLICA_KEY_FILE_NAME = "replica.key"
+INTERNAL_KEY_FILE_NAME = "internal.key"
 
 
 class RoutingTableError(PermanentError):
@@ -92,6 +93,17 @@ def default_table_path(deployment: Deployment) -> Path:
 def default_replica_key_path(deployment: Deployment) -> Path:
     """The file (mode 0600) holding the API key every replica of ``deployment`` requires."""
     return deployment.state_path / REPLICA_KEY_FILE_NAME
+
+
+def default_internal_key_path(deployment: Deployment) -> Path:
+    """The file (mode 0600) holding the key the daemon reads its gateway's ``/internal/*`` and
+    ``/metrics`` with.
+
+    A key of its own rather than the replica key: the replica key goes into every replica job's
+    environment on the compute nodes, this one never leaves the state folder, so whoever reads
+    a replica's environment reads no gateway counters. Nor a client key: the daemon needs no
+    entry in the site's keys file, and one deleted there does not blind the daemon."""
+    return deployment.state_path / INTERNAL_KEY_FILE_NAME
 
 
 def _check_url(url: Any, where: str) -> str:

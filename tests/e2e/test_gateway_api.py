@@ -49,6 +49,12 @@ def env(tmp_path_factory):
     stub.stop()
 
 
+def _get(env, path: str, key: str = "alice") -> httpx.Response:
+    """GET with a client key: /metrics and /internal/* need one on loopback too."""
+    return httpx.get(env["gw"].url + path, headers={"Authorization": f"Bearer {env[key]}"},
+                     timeout=10)
+
+
 def _post(env, path: str, body, key: str | None = "alice", **kw) -> httpx.Response:
     headers = kw.pop("headers", {})
     if key is not None:
@@ -145,11 +151,11 @@ def test_bad_inputs_get_their_status(env):
     assert missing.status_code == 404
     assert "not-configured" in missing.json()["error"]["message"]
 
-    before = httpx.get(env["gw"].url + "/internal/demand").json()["models"]["empty"]
+    before = _get(env, "/internal/demand").json()["models"]["empty"]
     no_replica = _post(env, "/v1/chat/completions", {**CHAT, "model": "empty"})
     assert no_replica.status_code == 503
     assert int(no_replica.headers["Retry-After"]) > 0
-    after = httpx.get(env["gw"].url + "/internal/demand").json()["models"]["empty"]
+    after = _get(env, "/internal/demand").json()["models"]["empty"]
     # turned away for lack of capacity, still demand
     assert after["requests_total"] == before["requests_total"] + 1
     assert after["rejected_total"] == before["rejected_total"] + 1
@@ -171,14 +177,14 @@ def test_metrics_and_demand_count_per_model_and_key(env):
         match = re.search(rf"^{name}\{{{re.escape(want)}\}} (\S+)$", text, re.M)
         return float(match.group(1)) if match else 0.0
 
-    before = httpx.get(env["gw"].url + "/metrics").text
+    before = _get(env, "/metrics").text
     for _ in range(3):
         assert _post(env, "/v1/chat/completions", CHAT, key="bob").status_code == 200
     streamed = _post(env, "/v1/chat/completions",
                      {**CHAT, "stream": True, "stream_options": {"include_usage": True}},
                      key="bob")
     assert streamed.status_code == 200
-    after = httpx.get(env["gw"].url + "/metrics").text
+    after = _get(env, "/metrics").text
     count = lambda t, n: metric(t, n, key="bob", model="m")  # noqa: E731
     assert count(after, "coral_gateway_requests_total") - count(
         before, "coral_gateway_requests_total") == 4
@@ -188,7 +194,7 @@ def test_metrics_and_demand_count_per_model_and_key(env):
     assert metric(after, "coral_gateway_ready_replicas", model="m") == 1
     assert metric(after, "coral_gateway_ready_replicas", model="empty") == 0
     assert "coral_gateway_request_seconds_bucket" in after
-    demand = httpx.get(env["gw"].url + "/internal/demand").json()
+    demand = _get(env, "/internal/demand").json()
     assert demand["keys"]["bob"]["generated_tokens_total"] >= 24
     assert demand["models"]["m"]["mean_generated_tokens"] > 0
 
@@ -234,7 +240,7 @@ def test_client_disconnect_cancels_the_upstream_request(env, tmp_path):
 def _wait_routing(env, predicate, timeout: float = 5.0) -> dict:
     deadline = time.monotonic() + timeout
     while True:
-        routing = httpx.get(env["gw"].url + "/internal/routing").json()
+        routing = _get(env, "/internal/routing").json()
         if predicate(routing):
             return routing
         if time.monotonic() > deadline:

@@ -14,9 +14,11 @@ import openai
 import pytest
 
 from coral_hpc.config import load_deployment
+from coral_hpc.daemon import ensure_key_file, service
 from coral_hpc.daemon.process import GatewayProcess
 from coral_hpc.daemon.scrape import fetch_demand
 from coral_hpc.gateway.auth import add_key
+from coral_hpc.gateway.table import default_internal_key_path
 from coral_hpc.gateway.tls import loopback_client_context
 from tests.support.gateway_harness import (
     CORAL_HPC,
@@ -37,6 +39,8 @@ def env(tmp_path_factory):
     key = add_key(keys, "alice")
     models = write_models_yaml(tmp, ["m"], api_keys_file=keys, tls_cert=str(pki.server_cert),
                                tls_key=str(pki.server_key))
+    # the daemon's internal key, where serve keeps it and the gateway reads it
+    ensure_key_file(default_internal_key_path(load_deployment(models)))
     table = tmp / "routing-table.json"
     write_table(table, 1, {"m": [("r1", stub.url, 1.0)]})
     gateway = start_gateway(tmp, models, table)
@@ -80,7 +84,7 @@ def test_no_cleartext_and_no_unknown_certificate(env):
 def test_the_daemons_loopback_context_trusts_the_gateways_own_certificate(env):
     context = loopback_client_context(env["pki"].server_cert)
     response = httpx.get(f"https://127.0.0.1:{env['port']}/internal/demand", verify=context,
-                         timeout=5)
+                         headers={"Authorization": f"Bearer {env['key']}"}, timeout=5)
     assert response.status_code == 200 and "models" in response.json()
 
 
@@ -90,8 +94,11 @@ def test_the_daemon_scrapes_demand_from_a_tls_gateway(env):
     gateway = GatewayProcess(env["models"], load_deployment(env["models"]))
     gateway.address = f"127.0.0.1:{env['port']}"   # the address the started gateway reported
     assert gateway.url == f"https://127.0.0.1:{env['port']}"
-    counters = fetch_demand(gateway.url, tls_cert=gateway.deployment.gateway.tls_cert)
+    # with the daemon's internal key, as serve scrapes it (service.gateway_demand)
+    counters = service.gateway_demand(gateway)
     assert "models" in counters
+    with pytest.raises(urllib.error.HTTPError, match="401"):
+        fetch_demand(gateway.url, tls_cert=gateway.deployment.gateway.tls_cert)   # no key
     with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
         fetch_demand(gateway.url)   # without the gateway's own certificate: refused, not cleartext
 

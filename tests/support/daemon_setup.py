@@ -60,8 +60,9 @@ def write_models_yaml(folder: Path, deployment: str, *, time_limit: str,
                       policy: Mapping[str, object] | None = None) -> Path:
     """Write ``folder/models.yaml`` and return its path: ``deployment``, state folder
     ``folder/shared`` and database ``folder/daemon/coral.db``, one partition per GPU type of
-    the same name, ``cluster`` settings after the time limit, the sim engine, ``policy`` (left
-    out when None: the defaults) and ``models``."""
+    the same name, ``cluster`` settings after the time limit, the sim engine, a gateway on
+    loopback without keys (``open_on_loopback``: the test host is no shared login node),
+    ``policy`` (left out when None: the defaults) and ``models``."""
     cluster_lines = "".join(f"  {k}: {v}\n" for k, v in (cluster or {}).items())
     partition_lines = "".join(f"    - {{name: {p}, gpu_types: [{p}]}}\n" for p in partitions)
     policy_block = ("" if policy is None else
@@ -75,6 +76,7 @@ cluster:
   time_limit: "{time_limit}"
 {cluster_lines}  partitions:
 {partition_lines}engine: {{kind: sim}}
+gateway: {{listen: "127.0.0.1:8000", open_on_loopback: true}}
 {policy_block}models:
 {chr(10).join(m.yaml() for m in models)}
 """)

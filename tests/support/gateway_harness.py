@@ -94,10 +94,16 @@ def start_sim_engine(tmp: Path, name: str, served: str, *args: str, api_key: str
 
 def write_models_yaml(tmp: Path, models: list[str], listen: str = "127.0.0.1:8000",
                       api_keys_file: Path | None = None, max_body_bytes: int | None = None,
-                      **gateway_extra) -> Path:
+                      open_on_loopback: bool | None = None, **gateway_extra) -> Path:
     """A small models.yaml (sim engine) naming ``models``; ``gateway_extra`` are more fields of
-    its ``gateway`` section (``tls_cert=...``)."""
+    its ``gateway`` section (``tls_cert=...``). ``open_on_loopback`` None: true when there is no
+    keys file and ``listen`` is loopback (these tests run on a machine of their own), else
+    left out; False leaves it out (the gateway then refuses to start without keys)."""
     gateway: dict = {"listen": listen, **gateway_extra}
+    if open_on_loopback is None:
+        open_on_loopback = api_keys_file is None and listen.startswith("127.0.0.1:")
+    if open_on_loopback:
+        gateway["open_on_loopback"] = True
     if api_keys_file is not None:
         gateway["api_keys_file"] = str(api_keys_file)
     if max_body_bytes is not None:

@@ -98,6 +98,7 @@ BAD_CASES = [
     ("negative-priority", lambda t: _edit(t, "    slo:", "    priority: -1\n    slo:"), "models[0].priority", 20, "greater than or equal to 0.001"),
     ("bad-time-limit", lambda t: _edit(t, "cluster:\n", "cluster:\n  time_limit: 'four hours'\n"), "cluster.time_limit", 5, "Slurm time"),
     ("bad-listen", lambda t: t + "gateway: {listen: 'localhost'}\n", "gateway.listen", 21, "host:port"),
+    ("open-beyond-loopback", lambda t: t + "gateway: {listen: '0.0.0.0:8000', open_on_loopback: true}\n", "gateway", 21, "open_on_loopback: true serves without API keys"),
     ("vllm-without-env", lambda t: _edit(t, "kind: sim", "kind: vllm"), "cluster.partitions[0].environment", 6, "environment"),
     ("bad-env-kind", lambda t: _edit(t, "price: {v100: 0.8}", "price: {v100: 0.8}\n      environment: {kind: conda, path: /x}"), "cluster.partitions[1].environment", 12, "venv"),
     ("no-models", lambda t: t.split("models:")[0] + "models: []\n", "models", 14, "at least 1"),

@@ -27,6 +27,7 @@ class FakeGateway:
 
     def __init__(self, config_path=None, deployment=None, listen=None, adopt=None):
         self.deployment = deployment
+        self.listen = listen
         self.address: str | None = None
         self.adoptable = adopt
         self.pid = 4242
@@ -124,13 +125,22 @@ def test_restart_gateway_backs_off_only_when_the_start_fails():
     assert events.added[-1] == ("gateway", "gateway restart failed: port taken")
 
 
+def _open_deployment(tmp_path):
+    """A deployment whose gateway has no keys file (open_on_loopback: true)."""
+    return load_deployment(write_models_yaml(tmp_path, "svc", time_limit="01:00:00",
+                                             partitions=("a100",),
+                                             models=(SimModel("chat", (512, 128), 1),)))
+
+
 @pytest.mark.parametrize("listen", [None, ""])
-def test_no_metrics_listen_starts_no_metrics_server(listen):
-    assert service.start_metrics(listen, DaemonMetrics()) == (None, None)
+def test_no_metrics_listen_starts_no_metrics_server(listen, tmp_path):
+    assert service.start_metrics(listen, DaemonMetrics(), _open_deployment(tmp_path)) == (
+        None, None)
 
 
-def test_metrics_server_reports_the_port_it_bound():
-    server, address = service.start_metrics("127.0.0.1:0", DaemonMetrics())
+def test_metrics_server_reports_the_port_it_bound(tmp_path):
+    server, address = service.start_metrics("127.0.0.1:0", DaemonMetrics(),
+                                            _open_deployment(tmp_path))
     try:
         assert address == f"127.0.0.1:{server.server_port}" and server.server_port > 0
     finally:
@@ -146,3 +156,26 @@ def test_a_demand_scrape_while_the_gateway_restarts_is_one_clear_error():
 
     with pytest.raises(ConnectionError, match="not listening"):
         service.gateway_demand(Restarting())  # type: ignore[arg-type]
+
+
+def test_a_reload_the_gateway_would_refuse_keeps_the_file_in_use(tmp_path):
+    """SIGHUP with a file that drops gateway.open_on_loopback (and has no keys file): the
+    gateway would not start, so the daemon keeps the old file and says why."""
+
+    class Daemon:
+        store = Events()
+        reloaded = None
+
+        def reload(self, deployment):
+            self.reloaded = deployment
+
+    config = write_models_yaml(tmp_path, "svc", time_limit="01:00:00", partitions=("a100",),
+                               models=(SimModel("chat", (512, 128), 1),))
+    deployment = load_deployment(config)
+    config.write_text(config.read_text().replace(", open_on_loopback: true", ""))
+    daemon, gateway = Daemon(), FakeGateway(deployment=deployment)
+    gateway.running = True
+    assert service.reload(config, daemon, deployment, gateway) is deployment
+    assert daemon.reloaded is None and gateway.running
+    ((kind, message),) = daemon.store.added
+    assert kind == "reload_error" and "gateway.api_keys_file is not set" in message

@@ -92,6 +92,9 @@ cluster:
       gpu_types: [a100]
       environment: *cpu-vllm
 engine: {{kind: vllm, version: 0.32.0}}
+gateway:                     # no keys: the test host is no shared login node
+  listen: 127.0.0.1:8000
+  open_on_loopback: true
 policy:
   poll_interval_s: 1
   replan_interval_s: 120
