@@ -378,8 +378,10 @@ class Gateway:
                 log.error("API-keys file %s is gone: every key is revoked until it returns",
                           self._keys_file.path)
             else:
+                path = self._keys_file.path
+                assert path is not None  # changed() is never True for a file not configured
                 try:
-                    self._keys = KeyChecker(read_keys_file(self._keys_file.path))
+                    self._keys = KeyChecker(read_keys_file(path))
                     log.info("API keys reloaded from %s", self._keys_file.path)
                 except KeysFileError as exc:
                     # keep the keys we had: a half-edited file must not lock everyone out
@@ -388,6 +390,7 @@ class Gateway:
             self._internal_digest = _read_internal_key(self._internal_key_file)
         if self._replica_key_file.changed() and not self._replica_key_file.gone:
             path = self._replica_key_file.path
+            assert path is not None  # changed() is never True for a file not configured
             try:
                 if os.stat(path).st_mode & 0o077:
                     log.warning("%s is readable by others; it should be mode 0600", path)
@@ -411,6 +414,7 @@ class Gateway:
 
     def _reload_table(self) -> None:
         path = self._table_file.path
+        assert path is not None  # the gateway is always given a table
         try:
             table = read_routing_table(path)
         except (OSError, RoutingTableError) as exc:
@@ -463,9 +467,11 @@ class Gateway:
         state.healthy = False
 
     async def _probe(self, state: ReplicaState) -> None:
+        session = self._probe_session
+        assert session is not None  # made by start(), before the prober runs
         timed_out = False
         try:
-            async with self._probe_session.get(state.url + "/health") as resp:
+            async with session.get(state.url + "/health") as resp:
                 ok = resp.status == 200
         except asyncio.TimeoutError:
             ok, timed_out = False, True
@@ -751,7 +757,7 @@ class Gateway:
                         if isinstance(text, str):
                             generated_chars += len(text)
         estimated = counts is None
-        if estimated:
+        if counts is None:
             counts = (_estimate_prompt_tokens(payload), math.ceil(generated_chars / 4))
         self._add_tokens(model, key, counts[0], counts[1], estimated, role)
         return counts[0], counts[1], estimated
@@ -835,7 +841,7 @@ class Gateway:
                 return out
             counts = _usage_counts(usage.usage)
             estimated = counts is None
-            if estimated:
+            if counts is None:
                 counts = (_estimate_prompt_tokens(payload), usage.chunks)
             self._add_tokens(replica.model, key, counts[0], counts[1], estimated, replica.role)
             _noted(request, replica, (counts[0], counts[1], estimated))
