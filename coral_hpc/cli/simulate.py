@@ -179,6 +179,11 @@ def _print_tables(data: dict, wide: bool) -> None:
                  Column("planned req/s", "num"), Column("within SLO", "num"),
                  Column("refused", "num"), Column("cost", "num"), Column("GPU-h", "num"),
                  Column("mean replicas", "num")], rows, title=title, wide=wide)
+    console.print(f"planned req/s: the rate sized for ({data.get('plan_for', 'mean')}) with "
+                  "policy.demand_headroom, at the last plan"
+                  + "".join(f"; {name}: {m['planned_for']}" for name, m in data["models"].items()
+                            if m.get("planned_for") not in (None, "", "mean")),
+                  highlight=False)
     print_table([Column("partition", "id"), Column("GPU-h", "num")],
                 [[p, f"{v:.2f}"] for p, v in data["gpu_hours_by_partition"].items()],
                 title="GPU-hours by partition", wide=wide)
