@@ -257,7 +257,10 @@ class Daemon:
     def _maybe_plan(self, observed: Observed, now: float) -> None:
         policy = self.deployment.policy
         tau = policy.replan_interval_s
-        windows = self.scraper.windows_at(now, policy.demand_windows * policy.demand_window_s)
+        # the newest window ends up to a window and a scrape before now; deployment_demand keeps
+        # the newest policy.demand_windows of those still fresh
+        windows = self.scraper.windows_at(now, (policy.demand_windows + 1) * policy.demand_window_s
+                                          + policy.poll_interval_s)
         demand = deployment_demand(self.deployment, self.store.demand_since(now - 10 * tau), tau,
                                    windows)
         for name, item in demand.items():

@@ -49,12 +49,13 @@ class DemandScraper:
         self.windows: dict[str, ArrivalWindows] = {}
 
     def windows_at(self, now: float, span_s: float) -> dict[str, ArrivalWindows]:
-        """The newest snapshot's windows that ended within ``span_s`` before ``now``: a gateway
-        that stopped answering leaves windows that age out rather than stand for today."""
+        """The newest snapshot's windows that ended less than ``span_s`` before ``now``: a
+        gateway that stopped answering leaves windows that age out rather than stand for
+        today."""
         out = {}
         for model, found in self.windows.items():
             fresh = sum(1 for k in range(len(found.counts))
-                        if found.end - k * found.window_s >= now - span_s)
+                        if found.end - k * found.window_s > now - span_s)
             out[model] = ArrivalWindows(found.window_s,
                                         found.counts[len(found.counts) - fresh:], found.end)
         return out
