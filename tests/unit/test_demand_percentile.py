@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 
 from coral_hpc.config import parse_deployment
@@ -81,6 +82,15 @@ def test_a_burst_lifts_the_95th_percentile_far_above_the_mean():
     assert p95 == pytest.approx(1.0 + 0.05 * 20.0)
     assert rate_percentile(BURST, 10.0, 100) == pytest.approx(21.0)
     assert rate_percentile(EVEN, 10.0, 95) == pytest.approx(2.0)
+
+
+def test_the_percentile_is_numpys_linear_percentile_of_the_rates():
+    rng = np.random.default_rng(7)
+    for n in (1, 2, 5, 20, 61, 360):
+        counts = rng.poisson(rng.uniform(0, 30), n).tolist()
+        for q in (50, 90, 95, 99.5, 100):
+            assert rate_percentile(counts, 10.0, q) == pytest.approx(
+                float(np.percentile(np.array(counts) / 10.0, q)), abs=1e-12), (n, q)
 
 
 def test_no_window_has_no_percentile_and_bad_arguments_are_refused():
