@@ -130,24 +130,23 @@ def _sized(mean_rps: float, source: str, windows: ArrivalWindows | None,
     """The rate to size for before headroom and why (see the module doc)."""
     if percentile is None:
         return mean_rps, "the mean rate"
-    name = f"p{percentile:g} of the {window_s:g} s rate"
+    name = f"p{percentile:g}"
     if windows is not None and windows.window_s != window_s:
-        return mean_rps, (f"mean: the gateway counts {windows.window_s:g} s windows, not "
+        return mean_rps, (f"the mean: the gateway counts {windows.window_s:g} s windows, not "
                           f"{window_s:g} s (restart it with this file)")
     if windows is None or not windows.counts:
-        return mean_rps, f"mean: no {window_s:g} s window counted yet for {name}"
+        return mean_rps, "the mean: no window counted yet"
     n = len(windows.counts)
     rate = rate_percentile(windows.counts, window_s, percentile) or 0.0
     if source == "declared":
         window_mean = sum(windows.counts) / (n * window_s)
         if window_mean <= 0:
-            return mean_rps, f"declared: nothing arrived in the last {n} windows for {name}"
+            return mean_rps, f"the declared rate: nothing arrived in the last {n} windows"
         factor = max(1.0, rate / window_mean)
-        return mean_rps * factor, (f"declared × {factor:.2f}, the {name} over its mean "
-                                   f"({n} windows)")
+        return mean_rps * factor, f"declared × {factor:.2f} ({name}/mean of {n} windows)"
     if rate < mean_rps:
-        return mean_rps, f"mean: above the {name} ({n} windows)"
-    return rate, f"{name} ({n} windows)"
+        return mean_rps, f"the mean: above the {name} of {n} windows"
+    return rate, f"the {name} of {n} windows"
 
 
 def bucket_tokens(tokens: float) -> int:
@@ -284,9 +283,9 @@ def planned_for_lines(plan_for: str, basis: Mapping[str, str]) -> list[str]:
     model says the same, else one per model. ``plan_for``: :func:`plan_for_words`."""
     reasons = {name: why for name, why in basis.items() if why}
     if not reasons:
-        return [f"sized for: {plan_for} (policy.plan_for)"]
+        return [f"sized for the {plan_for} (policy.plan_for)"]
     if len(set(reasons.values())) == 1:
-        return [f"sized for: {next(iter(reasons.values()))} (policy.plan_for: {plan_for})"]
+        return [f"sized for {next(iter(reasons.values()))} (policy.plan_for: {plan_for})"]
     return [f"sized for (policy.plan_for: {plan_for}):"] + [
         f"  {name}: {why}" for name, why in reasons.items()]
 

@@ -156,8 +156,8 @@ def _print_table(outcome, wide: bool = False, demand=None, plan_for: str = "mean
                f"{plan.capacity[m.name]:.3g}") for m in result.models]
     print_table([Column("model", "id"), Column("mean", "num"), Column("sized for", "num"),
                  Column("demand", "num"), Column("served", "num"), Column("capacity", "num")],
-                served, title="Demand (requests/s of each model's mix; demand = sized for × "
-                              "(1 + policy.demand_headroom))", wide=wide)
+                served, title="Demand (req/s of each model's mix; demand = sized for × "
+                              "(1 + headroom))", wide=wide)
     for line in planned_for_lines(plan_for, {n: d.basis for n, d in demand.items()}):
         console.print(line, highlight=False)
     gap = "unknown" if plan.gap == float("inf") else f"{plan.gap:.1e}"

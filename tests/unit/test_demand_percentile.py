@@ -126,7 +126,7 @@ def test_p95_sizes_a_measured_model_for_its_95th_percentile_window_rate():
     assert bursty.requests_per_s == pytest.approx(0.5)  # the mean is still shown
     assert bursty.sized == pytest.approx(2.0)
     assert bursty.planned_rps == pytest.approx(2.0 * 1.25)
-    assert bursty.basis == "p95 of the 10 s rate (20 windows)"
+    assert bursty.basis == "the p95 of 20 windows"
 
 
 def test_p95_never_sizes_below_the_mean():
@@ -134,7 +134,7 @@ def test_p95_never_sizes_below_the_mean():
     item = deployment_demand(deployment, _measured_auto(3.0),
                              windows={"auto": ArrivalWindows(10.0, EVEN)})["auto"]
     assert item.sized == pytest.approx(3.0)
-    assert item.basis.startswith("mean: above the p95")
+    assert item.basis == "the mean: above the p95 of 20 windows"
 
 
 def test_a_declared_model_gets_its_rate_times_the_measured_burstiness():
@@ -149,7 +149,7 @@ def test_a_declared_model_gets_its_rate_times_the_measured_burstiness():
     item = deployment_demand(deployment, [],
                              windows={"declared": ArrivalWindows(10.0, heavy)})["declared"]
     assert item.sized == pytest.approx(2.0 * 3.5 / 2.0)
-    assert item.basis == "declared × 1.75, the p95 of the 10 s rate over its mean (20 windows)"
+    assert item.basis == "declared × 1.75 (p95/mean of 20 windows)"
     # a percentile below the windows' mean never plans below the declared rate
     low = deployment_demand(deployment, [],
                             windows={"declared": ArrivalWindows(10.0, spiky)})["declared"]
@@ -161,7 +161,7 @@ def test_without_windows_the_plan_is_sized_for_the_mean_and_says_why():
     demand = deployment_demand(deployment, _measured_auto(1.0),
                                windows={"declared": ArrivalWindows(5.0, (0,) * 20)})
     assert demand["auto"].sized == pytest.approx(1.0)
-    assert demand["auto"].basis == "mean: no 5 s window counted yet for p99 of the 5 s rate"
+    assert demand["auto"].basis == "the mean: no window counted yet"
     assert demand["declared"].sized == pytest.approx(2.0)
     assert "nothing arrived in the last 20 windows" in demand["declared"].basis
     other = deployment_demand(deployment, _measured_auto(1.0),
@@ -184,13 +184,13 @@ def test_the_stored_basis_and_the_lines_people_read():
                                windows={"auto": ArrivalWindows(10.0, BURST)})
     basis = demand_basis(demand.values())
     assert basis["auto"] == {"mean_rps": 0.5, "sized_rps": 2.0, "planned_rps": 2.4,
-                             "basis": "p95 of the 10 s rate (20 windows)"}
+                             "basis": "the p95 of 20 windows"}
     assert plan_for_words(deployment.policy) == "p95 of the 10 s rate"
     lines = planned_for_lines("p95 of the 10 s rate", {n: b["basis"] for n, b in basis.items()})
     assert lines[0] == "sized for (policy.plan_for: p95 of the 10 s rate):"
-    assert "  auto: p95 of the 10 s rate (20 windows)" in lines
+    assert "  auto: the p95 of 20 windows" in lines
     assert planned_for_lines("mean", {"a": "the mean rate", "b": "the mean rate"}) == [
-        "sized for: the mean rate (policy.plan_for: mean)"]
+        "sized for the mean rate (policy.plan_for: mean)"]
 
 
 # --------------------------------------------------------------------------- the policy

@@ -105,7 +105,7 @@ def test_p95_buys_capacity_for_a_bursty_stream_and_none_for_a_steady_one(planner
     assert p95_steady == pytest.approx(mean_steady)
     # bursts of 16 req/s for 10 s of every 40: p95 of the 10-s rate is 16 req/s
     assert sized_bursty.sized == pytest.approx(16.0)
-    assert sized_bursty.basis.startswith("declared × 4.00, the p95 of the 10 s rate")
+    assert sized_bursty.basis == "declared × 4.00 (p95/mean of 20 windows)"
     assert p95_bursty >= 16.0 * 1.2 > mean_bursty
 
 
@@ -162,7 +162,7 @@ def test_the_daemon_sizes_from_the_meters_windows_and_status_says_why(tmp_path, 
         qwen = demand["qwen3-8b"]
         assert qwen.basis.startswith("declared × ")
         assert qwen.sized > 4.0 * 1.5  # declared 4 req/s times the bursts' p95/mean
-        assert demand["llama-70b"].basis.startswith("declared: nothing arrived")
+        assert demand["llama-70b"].basis.startswith("the declared rate: nothing arrived")
         stored = store.latest_plan()
         assert stored is not None
         assert stored.demand_basis["qwen3-8b"]["sized_rps"] == pytest.approx(qwen.sized,
@@ -198,9 +198,9 @@ def test_plan_shows_the_mean_the_rate_sized_for_and_why(tmp_path, cache):
     # `plan` meters nothing: the declared rate, and it says so
     assert (qwen["mean_rps"], qwen["sized_rps"]) == (4.0, 4.0)
     assert qwen["demand"] == pytest.approx(4.8)
-    assert qwen["planned_for"] == "mean: no 10 s window counted yet for p99 of the 10 s rate"
+    assert qwen["planned_for"] == "the mean: no window counted yet"
     table = CliRunner().invoke(plan_command, args, env={"COLUMNS": "200"})
     assert table.exit_code == 0, table.output
     assert "sized for" in table.output and "mean" in table.output
-    assert ("sized for: mean: no 10 s window counted yet for p99 of the 10 s rate "
-            "(policy.plan_for: p99 of the 10 s rate)") in table.output
+    assert ("sized for the mean: no window counted yet (policy.plan_for: p99 of the 10 s "
+            "rate)") in table.output
