@@ -13,7 +13,16 @@ Units (../shared/ARCHITECTURE.md): requests per second of the model's own reques
 - The measured **mix** (mean prompt and generated tokens per served request) is rounded to
   buckets, because Stage-1 templates are cached per mix: a mix wobbling between 250 and 260
   tokens must not re-run Stage 1 or churn replicas.
-- Either way the plan is asked for ``demand × (1 + policy.demand_headroom)``.
+- **What the plan is sized for** (``policy.plan_for``): the mean rate above (``mean``, the
+  default), or ``pNN`` — the NNth percentile of the rate over short windows
+  (``policy.demand_window_s``, 10 s by default) of the last re-plan interval
+  (:attr:`~coral_hpc.config.PolicyConfig.demand_windows` windows): requests arrive in bursts,
+  and a plan sized for the mean queues every burst. The gateway's meter counts arrivals per
+  window (``serve``), ``coral-hpc simulate`` counts them in the trace. A measured model is
+  sized for that percentile (never below its mean); a declared one for its declared rate times
+  the measured percentile/mean ratio of its arrivals (the declared rate when none arrived).
+  Until a window has been counted the plan is sized for the mean, and says so.
+- Either way the plan is asked for ``sized rate × (1 + policy.demand_headroom)``.
 - :func:`changed_models` says which models moved beyond ``policy.demand_change_threshold`` since
   the last plan, the trigger for an early re-plan.
 """
@@ -22,11 +31,11 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from coral_hpc.config import Deployment, ModelConfig
+from coral_hpc.config import Deployment, ModelConfig, PolicyConfig
 from coral_hpc.store import DemandInterval
 
 #: Below this rate (requests/s) two demands count as equal for change detection, so a model
@@ -65,17 +74,79 @@ class Measured:
 
 
 @dataclass(frozen=True)
+class ArrivalWindows:
+    """Arrivals of one model per short window, oldest first, closed windows only: as the
+    gateway's meter counts them (``serve``) or the trace holds them (``simulate``)."""
+
+    window_s: float
+    counts: tuple[int, ...]
+    end: float = 0.0  #: end of the newest window (wall clock in serve, trace time in simulate)
+
+
+@dataclass(frozen=True)
 class ModelDemand:
     """What the plan must serve for one model."""
 
     model: str
-    requests_per_s: float  # estimate before headroom
-    planned_rps: float  # estimate × (1 + headroom): the Stage-2 demand
+    requests_per_s: float  # the mean rate (declared or measured), before headroom
+    planned_rps: float  # sized rate × (1 + headroom): the Stage-2 demand
     mix: Mix  # bucketed when measured
     source: Literal["declared", "measured", "unmeasured"]
     #: the measured mix before bucketing (None: declared or nothing served yet), so change
     #: detection can tell a mix that moved from one that wobbles across a bucket boundary
     measured_mix: Mix | None = None
+    #: the rate the plan is sized for before headroom (``policy.plan_for``); None: the mean
+    sized_rps: float | None = None
+    #: why that rate, in words (``plan`` and ``status`` show it)
+    basis: str = "the mean rate"
+
+    @property
+    def sized(self) -> float:
+        """The rate sized for before headroom (the mean unless ``policy.plan_for`` says else)."""
+        return self.requests_per_s if self.sized_rps is None else self.sized_rps
+
+
+def rate_percentile(counts: Sequence[int], window_s: float, percentile: float) -> float | None:
+    """The ``percentile`` (0 .. 100) of the per-window rates ``count / window_s``, requests/s;
+    None without a window. An empty window is a rate of 0. Between two windows' rates the
+    percentile is interpolated linearly (numpy's default method): p100 is the busiest window,
+    p50 the median."""
+    if window_s <= 0:
+        raise ValueError(f"window_s must be > 0, got {window_s}")
+    if not 0 <= percentile <= 100:
+        raise ValueError(f"percentile must be within 0 .. 100, got {percentile}")
+    if not counts:
+        return None
+    ordered = sorted(counts)
+    position = (len(ordered) - 1) * percentile / 100.0
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    value = ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+    return value / window_s
+
+
+def _sized(mean_rps: float, source: str, windows: ArrivalWindows | None,
+           percentile: float | None, window_s: float) -> tuple[float, str]:
+    """The rate to size for before headroom and why (see the module doc)."""
+    if percentile is None:
+        return mean_rps, "the mean rate"
+    name = f"p{percentile:g}"
+    if windows is not None and windows.window_s != window_s:
+        return mean_rps, (f"the mean: the gateway counts {windows.window_s:g} s windows, not "
+                          f"{window_s:g} s (restart it with this file)")
+    if windows is None or not windows.counts:
+        return mean_rps, "the mean: no window counted yet"
+    n = len(windows.counts)
+    rate = rate_percentile(windows.counts, window_s, percentile) or 0.0
+    if source == "declared":
+        window_mean = sum(windows.counts) / (n * window_s)
+        if window_mean <= 0:
+            return mean_rps, f"the declared rate: nothing arrived in the last {n} windows"
+        factor = max(1.0, rate / window_mean)
+        return mean_rps * factor, f"declared × {factor:.2f} ({name}/mean of {n} windows)"
+    if rate < mean_rps:
+        return mean_rps, f"the mean: above the {name} of {n} windows"
+    return rate, f"the {name} of {n} windows"
 
 
 def bucket_tokens(tokens: float) -> int:
@@ -137,41 +208,86 @@ def measure(intervals: Iterable[DemandInterval], tau_s: float) -> dict[str, Meas
     }
 
 
-def model_demand(model: ModelConfig, measured: Measured | None, headroom: float) -> ModelDemand:
-    """The demand the plan serves for one model: declared, else measured, else zero.
+def model_demand(model: ModelConfig, measured: Measured | None, headroom: float,
+                 windows: ArrivalWindows | None = None, percentile: float | None = None,
+                 window_s: float = 10.0) -> ModelDemand:
+    """The demand the plan serves for one model: declared, else measured, else zero; sized for
+    the mean, or for ``percentile`` of the ``window_s`` rate counted in ``windows``.
 
     A model with ``demand: auto`` and no traffic yet has zero demand: the plan gives it
     ``min_replicas``; its first requests are rejected (503) and counted, which raises its demand.
     """
     declared_mix = Mix(model.mix.input_tokens, model.mix.output_tokens)
+    raw_mix: Mix | None = None
+    source: Literal["declared", "measured", "unmeasured"]
     if model.demand != "auto":
-        rps = float(model.demand_rps or 0.0)
-        return ModelDemand(model.name, rps, rps * (1.0 + headroom), declared_mix, "declared")
-    if measured is None:
-        return ModelDemand(model.name, 0.0, 0.0, declared_mix, "unmeasured")
-    raw_mix = measured.mix
-    mix = (
-        Mix(bucket_tokens(raw_mix.input_tokens), bucket_tokens(raw_mix.output_tokens))
-        if raw_mix is not None
-        else declared_mix
-    )
-    rps = measured.requests_per_s
-    return ModelDemand(model.name, rps, rps * (1.0 + headroom), mix, "measured", raw_mix)
+        rps, mix, source = float(model.demand_rps or 0.0), declared_mix, "declared"
+    elif measured is None:
+        rps, mix, source = 0.0, declared_mix, "unmeasured"
+    else:
+        raw_mix = measured.mix
+        mix = (
+            Mix(bucket_tokens(raw_mix.input_tokens), bucket_tokens(raw_mix.output_tokens))
+            if raw_mix is not None
+            else declared_mix
+        )
+        rps, source = measured.requests_per_s, "measured"
+    sized, basis = _sized(rps, source, windows, percentile, window_s)
+    return ModelDemand(model.name, rps, sized * (1.0 + headroom), mix, source, raw_mix,
+                       sized_rps=sized, basis=basis)
 
 
 def deployment_demand(
-    deployment: Deployment, intervals: Iterable[DemandInterval], tau_s: float | None = None
+    deployment: Deployment, intervals: Iterable[DemandInterval], tau_s: float | None = None,
+    windows: Mapping[str, ArrivalWindows] | None = None,
 ) -> dict[str, ModelDemand]:
     """Demand for every configured model, in configuration order.
 
     ``tau_s`` (the smoothing time constant) defaults to the re-plan interval: demand is averaged
     over about one planning period, long enough to ignore bursts the headroom absorbs, short
-    enough that a plan follows a real change within a period or two.
+    enough that a plan follows a real change within a period or two. ``windows`` (by model)
+    are the arrivals per short window a ``policy.plan_for`` percentile is taken of; only the
+    newest ``policy.demand_windows`` of them count.
     """
-    tau = tau_s if tau_s is not None else deployment.policy.replan_interval_s
+    policy = deployment.policy
+    tau = tau_s if tau_s is not None else policy.replan_interval_s
     measured = measure(intervals, tau)
-    headroom = deployment.policy.demand_headroom
-    return {m.name: model_demand(m, measured.get(m.name), headroom) for m in deployment.models}
+    keep = policy.demand_windows
+    out = {}
+    for m in deployment.models:
+        counted = (windows or {}).get(m.name)
+        if counted is not None and len(counted.counts) > keep:
+            counted = ArrivalWindows(counted.window_s, counted.counts[-keep:], counted.end)
+        out[m.name] = model_demand(m, measured.get(m.name), policy.demand_headroom, counted,
+                                   policy.plan_percentile, policy.demand_window_s)
+    return out
+
+
+def demand_basis(demand: Iterable[ModelDemand]) -> dict[str, dict[str, float | str]]:
+    """Per model the mean rate, the rate sized for, the rate planned for (headroom included) and
+    why, as plain data: what a stored plan keeps for ``coral-hpc status``."""
+    return {d.model: {"mean_rps": round(d.requests_per_s, 6), "sized_rps": round(d.sized, 6),
+                      "planned_rps": round(d.planned_rps, 6), "basis": d.basis}
+            for d in demand}
+
+
+def plan_for_words(policy: PolicyConfig) -> str:
+    """``policy.plan_for`` in words, with its window: ``mean`` or ``p95 of the 10 s rate``."""
+    if policy.plan_percentile is None:
+        return "mean"
+    return f"{policy.plan_for} of the {policy.demand_window_s:g} s rate"
+
+
+def planned_for_lines(plan_for: str, basis: Mapping[str, str]) -> list[str]:
+    """What each model was sized for and why, for ``plan`` and ``status``: one line when every
+    model says the same, else one per model. ``plan_for``: :func:`plan_for_words`."""
+    reasons = {name: why for name, why in basis.items() if why}
+    if not reasons:
+        return [f"sized for the {plan_for} (policy.plan_for)"]
+    if len(set(reasons.values())) == 1:
+        return [f"sized for {next(iter(reasons.values()))} (policy.plan_for: {plan_for})"]
+    return [f"sized for (policy.plan_for: {plan_for}):"] + [
+        f"  {name}: {why}" for name, why in reasons.items()]
 
 
 def changed_models(

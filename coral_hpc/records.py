@@ -7,7 +7,7 @@ contract in pyproject.toml checks it).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from coral_hpc.types import Excluded, ExclusionKind, ReplicaLayout
@@ -67,6 +67,8 @@ class PlanRecord:
     status: str
     rows: list[dict[str, Any]]
     demand: dict[str, float]
+    #: per model: mean_rps, sized_rps, planned_rps and basis (why); empty for older plans
+    demand_basis: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

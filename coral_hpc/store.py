@@ -168,6 +168,13 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
         ALTER TABLE replicas ADD COLUMN failure TEXT;
         """,
     ),
+    (
+        5,
+        """
+        -- per model: the mean rate, the rate the plan was sized for (policy.plan_for) and why
+        ALTER TABLE plans ADD COLUMN demand_basis_json TEXT;
+        """,
+    ),
 )
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -295,12 +302,15 @@ class Store:
         demand: dict[str, float],
         solve_s: float = 0.0,
         status: str = "optimal",
+        demand_basis: dict[str, dict[str, Any]] | None = None,
     ) -> int:
-        """Record a plan; returns its id. ``rows`` must be plain JSON data."""
+        """Record a plan; returns its id. ``rows`` must be plain JSON data; ``demand_basis``
+        (:func:`coral_hpc.demand.demand_basis`) says per model what the plan was sized for."""
         cursor = self._write(
-            "INSERT INTO plans (time, cost_per_hour, solve_s, status, rows_json, demand_json) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
-            (time, cost_per_hour, solve_s, status, _dumps(rows), _dumps(demand)),
+            "INSERT INTO plans (time, cost_per_hour, solve_s, status, rows_json, demand_json, "
+            "demand_basis_json) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (time, cost_per_hour, solve_s, status, _dumps(rows), _dumps(demand),
+             _dumps(demand_basis or {})),
         )
         return _row_id(cursor)
 
@@ -649,6 +659,7 @@ def _row_to_plan(row: sqlite3.Row) -> PlanRecord:
         status=row["status"],
         rows=json.loads(row["rows_json"]),
         demand=json.loads(row["demand_json"]),
+        demand_basis=json.loads(row["demand_basis_json"] or "{}"),
     )
 
 

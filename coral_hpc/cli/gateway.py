@@ -102,6 +102,8 @@ def gateway(file: str, table: str | None, replica_key_file: str | None,
         behind_tls_proxy=config.behind_tls_proxy,
         access_log_dir=deployment.state_path / ACCESS_DIR_NAME,
         access_log_days=deployment.retention.access_log_days,
+        demand_window_s=deployment.policy.demand_window_s,
+        demand_windows=deployment.policy.demand_windows,
     )
     os.umask(0o077)  # its ready file and logs are the service account's alone
     configure_logging(log_level, log_file, deployment.retention)

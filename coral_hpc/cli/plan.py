@@ -47,6 +47,7 @@ def plan(models_yaml: str, snapshot_file: str | None, as_json: bool, export_file
     """Plan replicas for MODELS_YAML at least cost; print the plan (nothing is submitted)."""
     from coral_hpc.cli.cluster import load_snapshot_file, observe
     from coral_hpc.config import load_deployment, measured_profiles_problems
+    from coral_hpc.demand import plan_for_words
     from coral_hpc.errors import ConfigError
     from coral_hpc.plan.planner import Planner, PlanRequest, SolverUnavailable
     from coral_hpc.plan.report import infeasible_problems, plan_json, templates_json
@@ -73,11 +74,12 @@ def plan(models_yaml: str, snapshot_file: str | None, as_json: bool, export_file
         return
     # the same planner and request `serve` plans with at start on this snapshot
     # live: ask Slurm when each job shape would start; on a saved snapshot, its saved estimates
+    request = PlanRequest.from_snapshot(deployment, snapshot)
     with stage1_progress() as progress:
         planner = Planner(cache_dir=Path(cache_dir) if cache_dir else None, progress=progress,
                           probe=not snapshot_file)
         try:
-            outcome = planner.solve(PlanRequest.from_snapshot(deployment, snapshot))
+            outcome = planner.solve(request)
         except SolverUnavailable as exc:  # policy.solver names a solver this host lacks
             fail([f"{models_yaml}: {exc}", f"{models_yaml}: 1 problem(s); nothing was planned"])
     if save_file and outcome.solved is not None:
@@ -87,9 +89,10 @@ def plan(models_yaml: str, snapshot_file: str | None, as_json: bool, export_file
     if export_file:
         Path(export_file).write_text(json.dumps(templates_json(outcome), indent=1))
     if as_json:
-        print_json(plan_json(outcome))
+        print_json({**plan_json(outcome, request.demand),
+                    "plan_for": plan_for_words(deployment.policy)})
     else:
-        _print_table(outcome, wide)
+        _print_table(outcome, wide, request.demand, plan_for_words(deployment.policy))
     if outcome.status == "infeasible":
         fail(infeasible_problems(models_yaml, deployment,
                                  shortfalls=outcome.solved.shortfalls if outcome.solved else ()))
@@ -103,7 +106,8 @@ def _known_architectures() -> set[str]:
     return set(load_models())
 
 
-def _print_table(outcome, wide: bool = False) -> None:
+def _print_table(outcome, wide: bool = False, demand=None, plan_for: str = "mean") -> None:
+    from coral_hpc.demand import planned_for_lines
     from coral_hpc.plan.availability import start_label
     from coral_hpc.plan.figures import figures_used
 
@@ -146,11 +150,16 @@ def _print_table(outcome, wide: bool = False) -> None:
         console.print(f"throughput figures of every template: {same[8]}", highlight=False)
     if 9 in same:
         console.print(f"start of every replica: {same[9]}", highlight=False)
-    served = [(m.name, f"{m.demand_rps:.3g}", f"{plan.served[m.name]:.3g}",
+    demand = demand or {}
+    served = [(m.name, _rate(demand, m.name, "requests_per_s"), _rate(demand, m.name, "sized"),
+               f"{m.demand_rps:.3g}", f"{plan.served[m.name]:.3g}",
                f"{plan.capacity[m.name]:.3g}") for m in result.models]
-    print_table([Column("model", "id"), Column("demand", "num"), Column("served", "num"),
-                 Column("capacity", "num")], served,
-                title="Demand (requests/s of each model's mix, headroom included)", wide=wide)
+    print_table([Column("model", "id"), Column("mean", "num"), Column("sized for", "num"),
+                 Column("demand", "num"), Column("served", "num"), Column("capacity", "num")],
+                served, title="Demand (req/s of each model's mix; demand = sized for × "
+                              "(1 + headroom))", wide=wide)
+    for line in planned_for_lines(plan_for, {n: d.basis for n, d in demand.items()}):
+        console.print(line, highlight=False)
     gap = "unknown" if plan.gap == float("inf") else f"{plan.gap:.1e}"
     console.print(f"Stage 1 {result.stage1_s:.2f} s, Stage 2 {result.stage2_s:.2f} s "
                   f"({result.solver}), gap {gap}", highlight=False)
@@ -158,3 +167,9 @@ def _print_table(outcome, wide: bool = False) -> None:
         console.print(f"binding: {line}", highlight=False)
     for line in result.warnings:
         err_console.print(f"warning: {line}", highlight=False)
+
+
+def _rate(demand, name: str, attribute: str) -> str:
+    item = demand.get(name)
+    return "-" if item is None else f"{getattr(item, attribute):.3g}"
+

@@ -179,6 +179,12 @@ def _print_tables(data: dict, wide: bool) -> None:
                  Column("planned req/s", "num"), Column("within SLO", "num"),
                  Column("refused", "num"), Column("cost", "num"), Column("GPU-h", "num"),
                  Column("mean replicas", "num")], rows, title=title, wide=wide)
+    plan_for = data.get("plan_for", "mean")
+    console.print(f"planned req/s (last plan): sized for the {plan_for} (policy.plan_for) × "
+                  "(1 + headroom)", highlight=False)
+    if plan_for != "mean":
+        for name, m in data["models"].items():
+            console.print(f"  {name}: sized for {m.get('planned_for') or '-'}", highlight=False)
     print_table([Column("partition", "id"), Column("GPU-h", "num")],
                 [[p, f"{v:.2f}"] for p, v in data["gpu_hours_by_partition"].items()],
                 title="GPU-hours by partition", wide=wide)

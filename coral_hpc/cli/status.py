@@ -21,6 +21,7 @@ from coral_hpc.cli._output import Column, console, fail, print_json, print_table
 from coral_hpc.cli.timefmt import duration, local_time
 from coral_hpc.config import load_deployment
 from coral_hpc.daemon.status_file import running_daemon, status_data
+from coral_hpc.demand import planned_for_lines
 from coral_hpc.errors import ConfigError, PermanentError
 
 
@@ -165,12 +166,20 @@ def _print_tables(data: dict, wide: bool = False, now: float | None = None) -> N
         console.print(f"as published in the state folder at "
                       f"{local_time(data.get('generated_at') or now, now)}")
     print_table(
-        [Column("model", "id"), Column("demand req/s", "num"), Column("served req/s", "num"),
-         Column("ready", "num"), Column("planned", "num")],
-        [(m["name"], f"{m['demand']:.3g}", f"{m['served']:.3g}", m["ready_replicas"],
-          m["planned_replicas"]) for m in data["models"]],
+        [Column("model", "id"), Column("mean req/s", "num"), Column("sized for", "num"),
+         Column("demand req/s", "num"), Column("served req/s", "num"), Column("ready", "num"),
+         Column("planned", "num")],
+        [(m["name"], _rate(m.get("mean_rps")), _rate(m.get("sized_rps")), f"{m['demand']:.3g}",
+          f"{m['served']:.3g}", m["ready_replicas"], m["planned_replicas"])
+         for m in data["models"]],
         wide=wide,
     )
+    if any(m.get("planned_for") for m in data["models"]):
+        # demand = the rate sized for × (1 + policy.demand_headroom), at the last plan
+        for line in planned_for_lines(data.get("plan_for") or "mean",
+                                      {m["name"]: m.get("planned_for") or ""
+                                       for m in data["models"]}):
+            console.print(line, highlight=False)
     print_table(
         [Column("replica", "id"), Column("model", "id"), Column("role", "id"),
          Column("job", "id"), Column("state", "id"), Column("partition"),
@@ -213,3 +222,8 @@ def _print_tables(data: dict, wide: bool = False, now: float | None = None) -> N
          for e in data["events"][:10]],
         title="recent events", wide=wide,
     )
+
+
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}"
+

@@ -24,7 +24,7 @@ from coral_hpc.config import Deployment
 from coral_hpc.daemon.metrics import DaemonMetrics
 from coral_hpc.daemon.routing import TablePublisher, ready_routes
 from coral_hpc.daemon.scrape import DemandScraper
-from coral_hpc.demand import ModelDemand, changed_models, deployment_demand
+from coral_hpc.demand import ModelDemand, changed_models, demand_basis, deployment_demand
 from coral_hpc.engine.vllm_metrics import fetch_engine_load
 from coral_hpc.errors import ConfigError
 from coral_hpc.plan.desired import DesiredPlan, plan_from_rows, slot_rows
@@ -258,8 +258,14 @@ class Daemon:
         self.store.add_event(self.clock(), "warning", message)
 
     def _maybe_plan(self, observed: Observed, now: float) -> None:
-        tau = self.deployment.policy.replan_interval_s
-        demand = deployment_demand(self.deployment, self.store.demand_since(now - 10 * tau), tau)
+        policy = self.deployment.policy
+        tau = policy.replan_interval_s
+        # the newest window ends up to a window and a scrape before now; deployment_demand keeps
+        # the newest policy.demand_windows of those still fresh
+        windows = self.scraper.windows_at(now, (policy.demand_windows + 1) * policy.demand_window_s
+                                          + policy.poll_interval_s)
+        demand = deployment_demand(self.deployment, self.store.demand_since(now - 10 * tau), tau,
+                                   windows)
         for name, item in demand.items():
             self.metrics.demand.labels(name).set(item.planned_rps)
         changed = (changed_models(self.planned_demand, demand,
@@ -322,7 +328,8 @@ class Daemon:
                 sum(s.count for s in outcome.desired.slots if s.model == model.name))
         self.store.add_plan(now, outcome.cost_per_hour, slot_rows(outcome.desired),
                             {m: d.planned_rps for m, d in demand.items()},
-                            solve_s=outcome.solve_s, status=outcome.status)
+                            solve_s=outcome.solve_s, status=outcome.status,
+                            demand_basis=demand_basis(demand.values()))
         summary = ", ".join(f"{s.count}×{s.template_id}@{','.join(s.partitions)}"
                             for s in outcome.desired.slots) or "no replicas"
         self.store.add_event(now, "plan", f"{outcome.status}, {outcome.cost_per_hour:.3g}/h: "

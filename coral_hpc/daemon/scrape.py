@@ -5,6 +5,10 @@ since its last scrape (:class:`coral_hpc.store.DemandInterval`), for ``demand: a
 token. Every configured model gets a row each interval, zeros included, so a model whose traffic
 stopped decays towards zero. A total that went down means the gateway restarted: its new total
 is the delta. Per-key rows use the model ``*`` (the gateway counts keys across models).
+
+The arrivals per short window the gateway kept (``policy.plan_for: pNN``) are not stored: the
+gateway sends every window of the span a percentile covers at each scrape, so the newest
+snapshot's windows are all the daemon needs, and a restarted daemon has them at its first scrape.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from coral_hpc.demand import ArrivalWindows
 from coral_hpc.gateway.tls import loopback_client_context
 from coral_hpc.store import DemandInterval
 
@@ -54,11 +59,39 @@ class DemandScraper:
     def __init__(self) -> None:
         self._last: dict[tuple[str, str], tuple[int, ...]] = {}
         self._last_time: float | None = None
+        #: the newest snapshot's arrivals per window, by model
+        self.windows: dict[str, ArrivalWindows] = {}
+
+    def windows_at(self, now: float, span_s: float) -> dict[str, ArrivalWindows]:
+        """The newest snapshot's windows that ended less than ``span_s`` before ``now``: a
+        gateway that stopped answering leaves windows that age out rather than stand for
+        today."""
+        out = {}
+        for model, found in self.windows.items():
+            fresh = sum(1 for k in range(len(found.counts))
+                        if found.end - k * found.window_s > now - span_s)
+            out[model] = ArrivalWindows(found.window_s,
+                                        found.counts[len(found.counts) - fresh:], found.end)
+        return out
+
+    def _read_windows(self, snapshot: dict[str, Any]) -> None:
+        window_s, end = snapshot.get("window_s"), snapshot.get("windows_end")
+        if not isinstance(window_s, (int, float)) or window_s <= 0 or not isinstance(
+                end, (int, float)):
+            self.windows = {}  # a gateway from before windows were counted
+            return
+        self.windows = {
+            model: ArrivalWindows(float(window_s),
+                                  tuple(int(c) for c in data.get("arrival_windows") or ()),
+                                  float(end))
+            for model, data in (snapshot.get("models") or {}).items()}
 
     def intervals(
         self, snapshot: dict[str, Any], now: float, models: Iterable[str]
     ) -> list[DemandInterval]:
-        """Deltas since the previous call; the first call only sets the baseline."""
+        """Deltas since the previous call; the first call only sets the baseline. Keeps the
+        snapshot's arrivals per window in :attr:`windows`."""
+        self._read_windows(snapshot)
         current: dict[tuple[str, str], tuple[int, ...]] = {}
         for model, data in (snapshot.get("models") or {}).items():
             current[(model, "")] = tuple(int(data.get(f) or 0) for f in _FIELDS)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from coral_hpc.atomic import write_atomic
 from coral_hpc.daemon.observed import LiveFacts, as_observed, record_from_row
+from coral_hpc.demand import plan_for_words
 from coral_hpc.reconcile import ReconcileSettings, ReplicaFacts, ReplicaState, replica_status
 from coral_hpc.types import ShapeExclusion
 
@@ -111,9 +112,14 @@ def status_data(deployment, store, now: float, live: LiveFacts | None = None) ->
             by_role[r.layout.role if r.layout else "both"] += r.throughput
         capacity = by_role["both"] + min(by_role["prefill"], by_role["decode"])
         demand = planned_demand.get(m.name, m.demand_rps or 0.0)
+        basis = (plan.demand_basis if plan else {}).get(m.name) or {}
         models.append({
             "name": m.name,
             "demand": demand,
+            # the mean rate, the rate sized for (policy.plan_for) and why, at the last plan
+            "mean_rps": basis.get("mean_rps"),
+            "sized_rps": basis.get("sized_rps"),
+            "planned_for": basis.get("basis"),
             "served": min(demand, capacity),
             "capacity": capacity,
             "ready_replicas": len(ready),
@@ -140,6 +146,7 @@ def status_data(deployment, store, now: float, live: LiveFacts | None = None) ->
         "source": source,
         "observed_at": live.observed_at if source == "slurm" and live is not None else None,
         "slurm_error": None if live is None else live.error,
+        "plan_for": plan_for_words(deployment.policy),
         "models": models,
         "replicas": replicas,
         "plan": None if plan is None else {

@@ -8,6 +8,10 @@ Two outputs from one set of counts:
   stores their deltas and ``coral_hpc.demand`` smooths them into the rates ``demand: auto`` plans
   from, rebuilt from the stored intervals so a restart of either process loses nothing; the
   gateway keeps no rates of its own.
+* Per model, the arrivals of each closed short window (``policy.demand_window_s``, aligned to
+  the wall clock) of the last ``policy.demand_windows`` windows, empty ones included: what a
+  ``policy.plan_for`` percentile is taken of. The window in progress when the gateway started
+  is not counted (it saw only part of it); a gateway restart starts the windows afresh.
 
 Requests turned away for lack of capacity (503, no READY replica) count as demand too: they are
 exactly the traffic the plan failed to serve. Tokens come from the responses' ``usage`` fields; when
@@ -18,7 +22,9 @@ chunk) and prompt tokens estimated at 4 characters per token, and the request is
 
 from __future__ import annotations
 
+import math
 import time
+from collections import deque
 from datetime import datetime, timezone
 from typing import Callable
 
@@ -45,14 +51,49 @@ class _ModelWindow:
         self.completed = 0            # requests whose tokens were counted
 
 
+class _Arrivals:
+    """Arrivals per window of one model: the window in progress and the closed ones kept."""
+
+    __slots__ = ("index", "count", "closed")
+
+    def __init__(self, index: int, zeros: int, kept: int) -> None:
+        self.index = index            # the window in progress (wall time // window_s)
+        self.count = 0
+        self.closed: deque[int] = deque([0] * min(zeros, kept), maxlen=kept)
+
+
 class DemandMeter:
     """Counts arrivals and tokens per model and per key; cheap on the request path."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic, window_s: float = 10.0,
+                 windows_kept: int = 20, wall: Callable[[], float] = time.time) -> None:
+        if window_s <= 0 or windows_kept < 1:
+            raise ValueError(f"window_s must be > 0 and windows_kept >= 1, got {window_s}, "
+                             f"{windows_kept}")
         self._clock = clock
         self._models: dict[str, _ModelWindow] = {}
         self._keys: dict[str, list[int]] = {}   # key -> [requests, rejected, prompt, generated]
         self._started = clock()
+        self._wall = wall
+        self._window_s = float(window_s)
+        self._kept = int(windows_kept)
+        self._arrivals: dict[str, _Arrivals] = {}
+        # the window in progress now began before the meter: the first whole one is the next
+        self._first = math.floor(wall() / self._window_s) + 1
+
+    def _arrivals_at(self, model: str, index: int) -> _Arrivals:
+        """``model``'s windows, the one in progress moved on to ``index``: the windows it passed
+        are closed (those it skipped had no arrival)."""
+        found = self._arrivals.get(model)
+        if found is None:
+            # the meter ran since _first without an arrival for this model: empty windows
+            found = self._arrivals[model] = _Arrivals(index, index - self._first, self._kept)
+        elif index > found.index:
+            if found.index >= self._first:
+                found.closed.append(found.count)
+            found.closed.extend([0] * min(index - found.index - 1, self._kept))
+            found.index, found.count = index, 0
+        return found
 
     def _window(self, model: str) -> _ModelWindow:
         window = self._models.get(model)
@@ -64,6 +105,8 @@ class DemandMeter:
         """One request for ``model`` from ``key``; ``rejected`` when no replica could take it."""
         window = self._window(model)
         window.requests += 1
+        # a wall clock set back counts into the window in progress
+        self._arrivals_at(model, math.floor(self._wall() / self._window_s)).count += 1
         per_key = self._keys.get(key)
         if per_key is None:
             per_key = self._keys[key] = [0, 0, 0, 0]
@@ -89,9 +132,11 @@ class DemandMeter:
                  models: tuple[str, ...] = ()) -> dict:
         """The JSON the daemon reads from ``/internal/demand``."""
         now = self._clock()
+        index = math.floor(self._wall() / self._window_s)
         out_models: dict[str, dict] = {}
         for model in sorted(set(self._models) | set(models)):
             window = self._window(model)
+            arrivals = self._arrivals_at(model, index)
             done = window.completed
             out_models[model] = {
                 "requests_total": window.requests,
@@ -101,11 +146,15 @@ class DemandMeter:
                 "mean_prompt_tokens": round(window.prompt_tokens / done, 3) if done else None,
                 "mean_generated_tokens": round(window.generated_tokens / done, 3) if done else None,
                 "estimated_usage_total": window.estimated,
+                # arrivals per closed window, oldest first; the newest ends at windows_end
+                "arrival_windows": list(arrivals.closed),
                 **({"ready_replicas": ready(model)} if ready else {}),
             }
         return {
             "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "uptime_s": round(now - self._started, 3),
+            "window_s": self._window_s,
+            "windows_end": index * self._window_s,
             "models": out_models,
             "keys": {
                 key: {"requests_total": v[0], "rejected_total": v[1],

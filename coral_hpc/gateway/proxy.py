@@ -123,6 +123,8 @@ class GatewaySettings:
     #: the access log's folder (:mod:`coral_hpc.gateway.accesslog`); None = no access log
     access_log_dir: Path | None = None
     access_log_days: float = 90.0                # retention.access_log_days
+    demand_window_s: float = 10.0                # policy.demand_window_s: arrivals per window
+    demand_windows: int = 20                     # policy.demand_windows: windows kept
 
 
 class _Outcome:
@@ -254,7 +256,8 @@ class Gateway:
     def __init__(self, settings: GatewaySettings, keys: KeyChecker | None = None) -> None:
         self.settings = settings
         self.router = Router()
-        self.meter = DemandMeter()
+        self.meter = DemandMeter(window_s=settings.demand_window_s,
+                                 windows_kept=settings.demand_windows)
         self.metrics = GatewayMetrics(self._ready_counts)
         self.disagg = Disaggregation(self)  # prefill → decode for disaggregated models
         self._configured = set(settings.models)

@@ -3,10 +3,11 @@ and the lines saying why no plan exists (``plan`` and ``serve`` exit 2 with them
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from coral_hpc.config import Deployment, field_line
+from coral_hpc.demand import ModelDemand, demand_basis
 from coral_hpc.plan.availability import start_label
 from coral_hpc.plan.capacity import Shortfall
 from coral_hpc.plan.figures import figures_used
@@ -20,11 +21,14 @@ def _solved(outcome: PlanOutcome) -> Solved:
     return outcome.solved
 
 
-def plan_json(outcome: PlanOutcome) -> dict[str, Any]:
+def plan_json(outcome: PlanOutcome,
+              demand: Mapping[str, ModelDemand] | None = None) -> dict[str, Any]:
     """The ``coral-hpc plan --json`` document (demand and throughput in requests/s of each
     model's mix; cost per hour in the deployment's unit). Each replica row's layout is the one
-    ``serve`` would launch (:class:`~coral_hpc.types.ReplicaLayout`)."""
+    ``serve`` would launch (:class:`~coral_hpc.types.ReplicaLayout`). With the request's
+    ``demand`` each model also says its mean rate, the rate sized for and why."""
     solved = _solved(outcome)
+    basis = demand_basis((demand or {}).values())
     plan = solved.plan
     arch = {m.name: m.arch for m in solved.models}
     replicas = []
@@ -69,7 +73,11 @@ def plan_json(outcome: PlanOutcome) -> dict[str, Any]:
         "solver": solved.solver,
         "gap": plan.gap if plan.gap != float("inf") else None,
         "models": [{"name": m.name, "demand": m.demand_rps, "served": plan.served[m.name],
-                    "capacity": plan.capacity[m.name]} for m in solved.models],
+                    "capacity": plan.capacity[m.name],
+                    **({"mean_rps": basis[m.name]["mean_rps"],
+                        "sized_rps": basis[m.name]["sized_rps"],
+                        "planned_for": basis[m.name]["basis"]} if m.name in basis else {})}
+                   for m in solved.models],
         "replicas": replicas,
         "binding": list(plan.binding),
         "checker_problems": list(outcome.problems),

@@ -6,7 +6,9 @@ Every ``step_s`` (a minute, or the re-plan interval when that is shorter) of vir
   their prompt/output tokens, :class:`coral_hpc.records.DemandInterval`, none rejected), read
   back through :func:`coral_hpc.demand.deployment_demand` over the last 10 re-plan intervals as
   the daemon reads its store. A model with declared demand is planned for it (with the policy's
-  headroom), one with ``demand: auto`` for what the gateway measured.
+  headroom), one with ``demand: auto`` for what the gateway measured. The trace's arrivals
+  per ``policy.demand_window_s`` window are counted as the gateway's meter counts them, so
+  ``policy.plan_for: pNN`` sizes each model for that percentile of its short-window rate.
 * **Re-plans** (:class:`Replanner`) happen when :func:`coral_hpc.reconcile.replan_triggers`
   says so — the function the daemon calls (``coral_hpc.daemon.core``), with the models
   :func:`coral_hpc.demand.changed_models` names: the re-plan interval elapsed, or a model's
@@ -44,7 +46,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from coral_hpc.config import Deployment
-from coral_hpc.demand import ModelDemand, changed_models, deployment_demand
+from coral_hpc.demand import ArrivalWindows, ModelDemand, changed_models, deployment_demand
 from coral_hpc.plan.planner import Planner, PlanningError, PlanRequest
 from coral_hpc.reconcile import ReconcileSettings, Trigger, replan_triggers
 from coral_hpc.records import DemandInterval
@@ -100,6 +102,10 @@ class SimulationResult:
     models: dict[str, ModelFigures] = field(default_factory=dict)
     demand_rps: dict[str, float] = field(default_factory=dict)  #: mean arrivals replayed
     planned_rps: dict[str, float] = field(default_factory=dict)  #: at the last plan
+    #: the rate the last plan was sized for before headroom, and why (policy.plan_for)
+    sized_rps: dict[str, float] = field(default_factory=dict)
+    basis: dict[str, str] = field(default_factory=dict)
+    plan_for: str = "mean"
     provisioning_cost: float = 0.0
     startup_cost: float = 0.0
     gpu_hours_by_partition: dict[str, float] = field(default_factory=dict)
@@ -126,12 +132,15 @@ class SimulationResult:
             },
             "slo_attainment": round(good / requests, 4) if requests else None,
             "requests": requests,
+            "plan_for": self.plan_for,
             "models": {
                 name: {
                     "trace": self.sources.get(name, ""),
                     "requests": m.requests,
                     "demand_rps": round(self.demand_rps.get(name, 0.0), 4),
+                    "sized_rps": round(self.sized_rps.get(name, 0.0), 4),
                     "planned_rps": round(self.planned_rps.get(name, 0.0), 4),
+                    "planned_for": self.basis.get(name, ""),
                     "slo_attainment": round(m.within_slo / m.requests, 4) if m.requests else None,
                     "within_slo": round(m.within_slo, 1),
                     "refused": m.refused,
@@ -171,22 +180,44 @@ class Replanner:
 
     def __init__(self, deployment: Deployment, step_s: float) -> None:
         self.deployment = deployment
-        self.settings = ReconcileSettings.from_policy(deployment.policy)
-        self.tau = deployment.policy.replan_interval_s
+        policy = deployment.policy
+        self.settings = ReconcileSettings.from_policy(policy)
+        self.tau = policy.replan_interval_s
         self.store: deque[list[DemandInterval]] = deque(
             maxlen=max(1, math.ceil(10 * self.tau / step_s)))
         self.plan_time: float | None = None
         self.planned: Mapping[str, ModelDemand] = {}
+        self.window_s = policy.demand_window_s
+        #: arrivals per closed window by model, the newest policy.demand_windows of them
+        self.windows: dict[str, deque[int]] = {}
+        self.windows_end = 0.0  #: end of the newest closed window
 
     def meter(self, intervals: Iterable[DemandInterval]) -> None:
         """Store one step's gateway counters (the oldest step beyond the history goes)."""
         self.store.append(list(intervals))
 
+    def count_windows(self, loads: Mapping[str, ModelWorkload], until: float) -> None:
+        """Count the arrivals of every window that closed by ``until`` (windows at multiples of
+        ``policy.demand_window_s`` from the start), as the gateway's meter counts them."""
+        closed = math.floor(until / self.window_s + 1e-9)
+        first = round(self.windows_end / self.window_s)
+        if closed <= first:
+            return
+        edges = np.arange(first, closed + 1) * self.window_s
+        keep = self.deployment.policy.demand_windows
+        for name, load in loads.items():
+            counts = np.diff(np.searchsorted(load.at, edges, side="left"))
+            found = self.windows.setdefault(name, deque(maxlen=keep))
+            found.extend(int(c) for c in counts[-keep:])
+        self.windows_end = closed * self.window_s
+
     def due(self, now: float) -> tuple[dict[str, ModelDemand], list[Trigger]]:
         """The demand to plan for at ``now`` and why the plan is out of date (empty: it is
         not)."""
+        windows = {name: ArrivalWindows(self.window_s, tuple(counts), self.windows_end)
+                   for name, counts in self.windows.items()}
         demand = deployment_demand(self.deployment,
-                                   (i for batch in self.store for i in batch), self.tau)
+                                   (i for batch in self.store for i in batch), self.tau, windows)
         changed = (changed_models(self.planned, demand, self.settings.demand_change_threshold)
                    if self.planned else [])
         return demand, replan_triggers(self.plan_time, now, self.settings, (), changed,
@@ -245,6 +276,8 @@ def simulate(deployment: Deployment, snapshot: ClusterSnapshot,
     result = SimulationResult(span_s, "gpu_hour", {n: w.source for n, w in loads.items()})
     result.models = {m.name: ModelFigures() for m in deployment.models}
     result.demand_rps = {n: len(w.at) / span_s for n, w in loads.items()}
+    result.plan_for = (policy.plan_for if policy.plan_percentile is None
+                       else f"{policy.plan_for} of the {policy.demand_window_s:g} s rate")
     plan: Plan | None = None
     specs: dict[str, ModelSpec] = {}
     running: tuple = ()
@@ -310,6 +343,8 @@ def simulate(deployment: Deployment, snapshot: ClusterSnapshot,
                         * policy.startup_time_s / 3600.0
                 plan, specs, result.unit = new, {m.name: m for m in solved.models}, solved.unit
                 result.planned_rps = {n: d.planned_rps for n, d in demand.items()}
+                result.sized_rps = {n: d.sized for n, d in demand.items()}
+                result.basis = {n: d.basis for n, d in demand.items()}
                 running = tuple((tid, parts) for (tid, parts, _), n in sorted(after.items())
                                 for _ in range(n))
                 result.timeline.append(PlanPoint(now, triggers[0].kind.value, True,
@@ -333,6 +368,7 @@ def simulate(deployment: Deployment, snapshot: ClusterSnapshot,
                     by_partition = result.gpu_hours_by_partition
                     by_partition[partition] = by_partition.get(partition, 0.0) + gpu_h
         replanner.meter(_intervals(loads, now, now + dt))
+        replanner.count_windows(loads, now + dt)
     serve_segment(serving_since, span_s)
     result.seconds = {"plan": plan_s, "serve": serve_s, "total": time.perf_counter() - began}
     return result
