@@ -32,6 +32,7 @@ from typing import Protocol
 
 import numpy as np
 
+from coral_solver.catalog import derived_model
 from coral_solver.roles import phase_templates, roles_for, supports_phases
 from coral_solver.types import ModelSpec, Policy, Stage, Template
 
@@ -450,6 +451,11 @@ def _cache_key(
     business and not part of it. ``fingerprint``: ``tm.fingerprint()`` when already computed (it
     hashes every profile file)."""
     named = [] if getattr(tm, "answers_by_architecture", False) else [model.name]
+    # an architecture read from a config.json is named by its path or id, whose file may change:
+    # its derived figures are part of the key, so an edited config.json is planned afresh
+    derived = derived_model(model.arch)
+    if derived is not None:
+        named = named + [repr(derived)]
     material = {
         "version": CACHE_VERSION,
         "model": named + [model.arch, model.input_tokens, model.output_tokens,
