@@ -16,8 +16,18 @@ def _estimate(fact: dict[str, Any]) -> str:
     return "catalogue"
 
 
+def _runs(gpu_dtypes: dict[str, str]) -> str:
+    """``a100-80g (bfloat16), v100-32g (half: bf16 checkpoint cast to fp16)``"""
+    parts = []
+    for gpu, dtype in gpu_dtypes.items():
+        flag, _, note = dtype.partition(" (")
+        parts.append(f"{gpu} ({flag}: {note.rstrip(')')})" if note else f"{gpu} ({flag})")
+    return ", ".join(parts) or "no allowed GPU type"
+
+
 def print_model_facts(facts: list[dict[str, Any]], wide: bool = False) -> None:
-    """A table of what was derived per model, then one line per excluded GPU type."""
+    """A table of what was derived per model; then per model where it was read from, the GPU
+    types that serve it (vLLM ``--dtype``) and each excluded GPU type with the reason."""
     rows = [
         (
             fact["name"],
@@ -27,24 +37,21 @@ def print_model_facts(facts: list[dict[str, Any]], wide: bool = False) -> None:
             f"{fact['kv_bytes_per_token']:,}",
             f"{fact['dtype']}" + (f" {fact['quantization']}"
                                   if fact["quantization"] not in ("bf16", "fp16") else ""),
-            ", ".join(f"{gpu} {dtype.split(' ')[0]}" for gpu, dtype in fact["gpu_dtypes"].items())
-            or "none",
         )
         for fact in facts
     ]
     print_table([Column("model", "id"), Column("model type"), Column("layers", "num"),
-                 Column("weights GB", "num"), Column("KV B/token", "num"), Column("dtype"),
-                 Column("GPU types (vLLM --dtype)")], rows,
-                title="Models (as derived from each model's config.json or the catalogue)",
+                 Column("weights GB", "num"), Column("KV bytes/token", "num"),
+                 Column("dtype")], rows,
+                title="Models, as read from each model's config.json (or the catalogue)",
                 wide=wide)
     for fact in facts:
-        console.print(f"{fact['name']}: from {fact['derived_from']}", highlight=False)
+        name = fact["name"]
+        console.print(f"{name}: from {fact['derived_from']}", highlight=False)
         if fact["estimate"] == "generic":
-            console.print(f"{fact['name']}: model_type {fact['model_type'] or '(none)'!s} has no "
+            console.print(f"{name}: model_type {fact['model_type'] or '(none)'!s} has no "
                           "family rules: weights and FLOPs are a generic dense estimate from "
                           "its config.json's standard fields", highlight=False)
-        for gpu, dtype in fact["gpu_dtypes"].items():
-            if "(" in dtype:  # runs, degraded: say how
-                console.print(f"{fact['name']}: {gpu}: {dtype}", highlight=False)
+        console.print(f"{name}: runs on {_runs(fact['gpu_dtypes'])}", highlight=False)
         for gpu, why in fact["excluded_gpus"].items():
-            console.print(f"{fact['name']}: {gpu} excluded: {why}", highlight=False)
+            console.print(f"{name}: {gpu} excluded: {why}", highlight=False)

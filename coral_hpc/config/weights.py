@@ -121,12 +121,13 @@ def read_config_json(path: Path) -> dict[str, Any]:
 
 def find_config_json(source: str, *, hf_homes: list[Path], state_path: Path | None,
                      base_dir: Path | None = None) -> tuple[Path | None, list[Path]]:
-    """The first of :func:`config_json_candidates` that is a file (None when none is), and
-    every place looked."""
+    """The first of :func:`config_json_candidates` that exists (None when none does), and
+    every place looked. Something there that is not a regular file is returned too: reading it
+    says what it is, rather than that nothing was found."""
     places = config_json_candidates(source, hf_homes=hf_homes, state_path=state_path,
                                     base_dir=base_dir)
     for place in places:
-        if "*" not in place.parts and place.is_file():
+        if "*" not in place.parts and place.exists():
             return place, places
     return None, places
 
