@@ -42,7 +42,7 @@ def raw(stem: str) -> dict:
     # which ~63M are FP8 block scales (one per 128 x 128 weights)
     ("kimi-k2-instruct", 1026.4, 32.9, 0.01),
     ("mistral-7b-v0.1", 7.2417, 7.2417, 0.001),  # 7,241,732,096 parameters on the Hub
-    ("phi-3-mini-4k-instruct", 3.821, 3.821, 0.002),  # Phi-3 report: 3.8B (3,821,079,552 on the Hub)
+    ("phi-3-mini-4k-instruct", 3.821, 3.821, 0.002),  # Phi-3 report: 3.8B (3,821,079,552)
     # DeepSeek-V2-Lite card: 15.7B total, 2.4B activated (+ the 0.21B input embedding)
     ("deepseek-v2-lite", 15.7, 2.4 + 102400 * 2048 / 1e9, 0.005),
     ("qwen2.5-7b-instruct-awq", 7.61, 7.61, 0.005),  # the parameters of Qwen2.5-7B, AWQ-packed

@@ -16,8 +16,8 @@ from click.testing import CliRunner
 from coral_hpc.cli import cli
 from coral_hpc.config import load_deployment
 from coral_hpc.config.weights import MAX_CONFIG_JSON_BYTES, staged_copy
-from coral_hpc.model_archs import derivation, derive_models, derived_deployment, ensure_arch
 from coral_hpc.errors import ConfigError
+from coral_hpc.model_archs import derivation, derive_models, derived_deployment, ensure_arch
 from coral_solver import catalog, perf
 from coral_solver.hf_config import arch_from_config_json
 from tests.conftest import REPO
