@@ -90,6 +90,10 @@ def prepare(args: SimArgs) -> Prepared:
         )
     for gpu in gpus:
         dtype = perf.engine_dtype(arch, gpu)
+        derived = catalog.derived_model(arch.name)
+        if dtype is None and derived is not None:  # read from its config.json: its own reason
+            raise StartupError(f"{arch.name} cannot run on {gpu.name}: "
+                               f"{derived.support(gpu.compute_capability).reason}")
         if dtype is None:
             raise StartupError(
                 f"{arch.name} ({arch.quantization}) cannot run on {gpu.name} "
