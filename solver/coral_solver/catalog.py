@@ -266,9 +266,11 @@ def gpu_spec(name: str, profiles: Path | None = None) -> GpuSpec:
 def model_arch(name: str, profiles: Path | None = None) -> ModelArch:
     """The architecture ``name`` (or a Hugging Face id alias); KeyError listing valid names."""
     key = name.strip().lower()
-    if key in _DERIVED:  # a model's own config.json outranks a catalogue alias of its id
-        return _DERIVED[key].arch
     archs, aliases = _models(_dir(profiles))
+    # a catalogue entry's own name always means the entry (what `architecture:` names); a
+    # model's own config.json outranks a catalogue alias of its id
+    if key not in archs and key in _DERIVED:
+        return _DERIVED[key].arch
     key = key if key in archs else aliases.get(key, "")
     if key not in archs:
         raise KeyError(f"unknown model architecture {name!r}; known: {', '.join(sorted(archs))}")

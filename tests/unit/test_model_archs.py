@@ -177,6 +177,32 @@ def test_architecture_stays_an_override(tmp_path):
     assert derivation(deployment, "m") is None and catalog.derived_model(str(folder)) is None
 
 
+def test_a_derived_model_never_shadows_a_catalogue_entrys_own_name(tmp_path):
+    # a Hugging Face id without an org that happens to be a catalogue key: the entry keeps its
+    # meaning for every `architecture: phi-4`
+    _hub(tmp_path / "hf", "phi-4", {"r1": "qwen3-8b"}, "r1")
+    deployment = derived_deployment(load_deployment(_models_yaml(
+        tmp_path, [{"name": "odd", "source": "phi-4"},
+                   {"name": "pinned", "source": "microsoft/phi-4", "architecture": "phi-4"}],
+        hf_home=tmp_path / "hf")))
+    assert catalog.model_arch(deployment.models[1].arch_key).layers == 40  # Phi-4's, not Qwen's
+    # while an alias of a catalogue entry is outranked by the model's own file
+    _hub(tmp_path / "hf", "meta-llama/Llama-3.1-8B-Instruct", {"r1": "qwen3-8b"}, "r1")
+    derived_deployment(load_deployment(_models_yaml(
+        tmp_path, [{"name": "m", "source": "meta-llama/Llama-3.1-8B-Instruct"}],
+        hf_home=tmp_path / "hf")))
+    assert catalog.model_arch("meta-llama/Llama-3.1-8B-Instruct").layers == 36
+
+
+def test_a_missing_config_json_stops_plan_with_exit_2(tmp_path):
+    path = _models_yaml(tmp_path, [{"name": "m", "source": "lab/never-staged"}])
+    result = CliRunner().invoke(cli, ["plan", str(path), "--snapshot", str(SNAPSHOT)])
+    assert result.exit_code == 2, result.output
+    flat = " ".join(result.output.split())
+    assert "models[0].source: no config.json for 'lab/never-staged'" in flat
+    assert "coral-hpc stage" in flat
+
+
 def test_the_sim_engine_finds_the_config_through_hf_home(tmp_path, monkeypatch):
     _hub(tmp_path / "hf", "org/tiny", {"r1": "phi-4"}, "r1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # what the job's environment sets
