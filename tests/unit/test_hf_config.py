@@ -192,6 +192,15 @@ def test_which_gpus_can_serve_it(stem, cc, ok, dtype):
     assert support.ok or "compute capability" in support.reason
 
 
+def test_a_family_vllm_refuses_in_fp16_runs_bf16_whatever_its_checkpoint_dtype():
+    fp32 = model_from_config(dict(raw("gemma-2-2b-it"), torch_dtype="float32"))
+    assert fp32.dtype == "fp32" and fp32.support(8.0).dtype == "bfloat16"
+    assert not fp32.support(7.5).ok
+    # other families keep their checkpoint's 16-bit type
+    assert model_from_config(dict(raw("llama-3.1-8b"), torch_dtype="float16")).support(
+        9.0).dtype == "half"
+
+
 def test_fp8_dense_on_ampere_runs_weight_only_and_awq_not_on_volta():
     fp8 = model_from_config(dict(raw("llama-3.1-8b"), quantization_config={
         "quant_method": "fp8", "activation_scheme": "dynamic"}))
