@@ -23,7 +23,7 @@ from coral_hpc.config.weights import (
     ConfigJsonMissing,
     WeightsError,
     find_config_json,
-    process_hf_homes,
+    hub_caches,
     read_config_json,
 )
 from coral_hpc.errors import ConfigError
@@ -61,12 +61,12 @@ def derive_from_file(source: str, path: Path) -> HfModel:
     return model
 
 
-def derive(source: str, *, hf_homes: list[Path], state_path: Path | None,
+def derive(source: str, *, hubs: list[Path], state_path: Path | None,
            base_dir: Path | None = None) -> Derivation:
     """Find and read ``source``'s config.json and register its architecture; a source with no
     config.json anywhere that the catalogue knows by this id gets the catalogue's entry.
     Raises :class:`WeightsError` naming the file and field, or every place looked."""
-    path, places = find_config_json(source, hf_homes=hf_homes, state_path=state_path,
+    path, places = find_config_json(source, hubs=hubs, state_path=state_path,
                                     base_dir=base_dir)
     if path is not None:
         return Derivation(source, path, derive_from_file(source, path))
@@ -87,7 +87,7 @@ def derive_models(deployment: Deployment) -> list[str]:
     """Derive and register the architecture of every model of ``deployment`` without
     ``architecture:``; one problem line (file, line, field) per model that cannot be derived."""
     problems: list[str] = []
-    homes = process_hf_homes(hf_home_of(deployment))
+    hubs = hub_caches(hf_home_of(deployment))
     # relative folders mean "beside this models.yaml", as every other path in it
     base_dir = (Path(os.path.abspath(deployment._source)).parent
                 if deployment._source != "<string>" else None)
@@ -96,7 +96,7 @@ def derive_models(deployment: Deployment) -> list[str]:
             continue
         try:
             deployment._derived[model.name] = derive(
-                model.source, hf_homes=homes, state_path=deployment.state_path,
+                model.source, hubs=hubs, state_path=deployment.state_path,
                 base_dir=base_dir)
         except WeightsError as exc:
             problems.append(deployment.problem(("models", index, "source"), str(exc)))
@@ -130,6 +130,6 @@ def ensure_arch(name: str) -> None:
     except KeyError:
         pass
     try:
-        derive(name, hf_homes=process_hf_homes(), state_path=None)
+        derive(name, hubs=hub_caches(), state_path=None)
     except ConfigJsonMissing:
         pass

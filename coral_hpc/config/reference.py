@@ -37,8 +37,9 @@ requests raise its demand and the next plan gives it replicas.
 A model is named by its weights: `source:` is a folder on the shared filesystem or a Hugging
 Face id, as vLLM takes it, and nothing else is needed. coral-hpc reads the model's own
 `config.json` — from the folder (a relative folder is beside this file); for an id, from the
-site's Hugging Face cache (`engine.hf_home`, else `<state_dir>/huggingface`, then `HF_HOME`),
-`hub/models--ORG--NAME/snapshots/REV/config.json` with the revision `refs/main` names; or from the
+site's Hugging Face cache (`engine.hf_home`, else `<state_dir>/huggingface`; then
+`HF_HUB_CACHE` or `HF_HOME`), `hub/models--ORG--NAME/snapshots/REV/config.json` with the
+revision `refs/main` names; or from the
 copy `coral-hpc stage` keeps in `<state_dir>/<deployment>/model-configs/`, so `validate` and
 `plan` work on a host that cannot read the weights. From it come the layers, hidden size,
 attention and KV heads, head size, FFN and expert widths, experts per token, vocabulary, context

@@ -5,8 +5,9 @@ Hugging Face id, as vLLM takes them. Its ``config.json`` is looked for, in this 
 
 1. a folder source: ``<folder>/config.json`` (relative folders against the models.yaml's own);
 2. a Hugging Face id, in the site's cache (``engine.hf_home``, else ``<state_dir>/huggingface``)
-   and in this process's ``HF_HOME``: ``hub/models--<org>--<name>/snapshots/<rev>/config.json``,
-   the revision ``refs/main`` names first (the hub cache layout of ``huggingface_hub``);
+   and in this process's own (``HF_HUB_CACHE``, ``HF_HOME``):
+   ``hub/models--<org>--<name>/snapshots/<rev>/config.json``, the revision ``refs/main`` names
+   first (the hub cache layout of ``huggingface_hub``);
 3. the copy ``coral-hpc stage`` keeps: ``<state_dir>/<deployment>/model-configs/`` — so
    ``validate`` and ``plan`` work on a login node that cannot read the weights.
 
@@ -52,10 +53,14 @@ def staged_copy(state_path: Path, source: str) -> Path:
     return state_path / STAGED_CONFIGS / f"{kind}--{source.strip('/').replace('/', '--')}.json"
 
 
-def _hub_snapshot_configs(hf_home: Path, repo_id: str) -> list[Path]:
-    """config.json files of ``repo_id`` in the hub cache under ``hf_home``, the revision
-    ``refs/main`` names first, then the newest."""
-    folder = hf_home / "hub" / f"models--{repo_id.replace('/', '--')}"
+def _hub_folder(hub: Path, repo_id: str) -> Path:
+    return hub / f"models--{repo_id.replace('/', '--')}"
+
+
+def _hub_snapshot_configs(hub: Path, repo_id: str) -> list[Path]:
+    """config.json files of ``repo_id`` in the hub cache ``hub``, the revision ``refs/main``
+    names first, then the newest."""
+    folder = _hub_folder(hub, repo_id)
     found: list[Path] = []
     try:
         main = (folder / "refs" / "main").read_text().strip()
@@ -71,7 +76,7 @@ def _hub_snapshot_configs(hf_home: Path, repo_id: str) -> list[Path]:
     return found + [p for p in others if p not in found]
 
 
-def config_json_candidates(source: str, *, hf_homes: list[Path], state_path: Path | None,
+def config_json_candidates(source: str, *, hubs: list[Path], state_path: Path | None,
                            base_dir: Path | None = None) -> list[Path]:
     """Every place ``source``'s config.json may be, in the order they are tried."""
     places: list[Path] = []
@@ -81,10 +86,9 @@ def config_json_candidates(source: str, *, hf_homes: list[Path], state_path: Pat
             folder = base_dir / folder
         places.append(folder / "config.json")
     else:
-        for home in dict.fromkeys(hf_homes):
-            hub = _hub_snapshot_configs(home, source)
-            places += hub or [home / "hub" / f"models--{source.replace('/', '--')}"
-                              / "snapshots" / "*" / "config.json"]
+        for hub in dict.fromkeys(hubs):
+            places += (_hub_snapshot_configs(hub, source)
+                       or [_hub_folder(hub, source) / "snapshots" / "*" / "config.json"])
     if state_path is not None:
         places.append(staged_copy(state_path, source))
     return places
@@ -119,12 +123,12 @@ def read_config_json(path: Path) -> dict[str, Any]:
     return parsed
 
 
-def find_config_json(source: str, *, hf_homes: list[Path], state_path: Path | None,
+def find_config_json(source: str, *, hubs: list[Path], state_path: Path | None,
                      base_dir: Path | None = None) -> tuple[Path | None, list[Path]]:
     """The first of :func:`config_json_candidates` that exists (None when none does), and
     every place looked. Something there that is not a regular file is returned too: reading it
     says what it is, rather than that nothing was found."""
-    places = config_json_candidates(source, hf_homes=hf_homes, state_path=state_path,
+    places = config_json_candidates(source, hubs=hubs, state_path=state_path,
                                     base_dir=base_dir)
     for place in places:
         if "*" not in place.parts and place.exists():
@@ -132,10 +136,15 @@ def find_config_json(source: str, *, hf_homes: list[Path], state_path: Path | No
     return None, places
 
 
-def process_hf_homes(configured: str | None = None) -> list[Path]:
-    """Hugging Face caches to look in: the deployment's, then this process's ``HF_HOME`` (or
-    ``~/.cache/huggingface``, huggingface_hub's default)."""
-    homes = [Path(configured)] if configured else []
-    env = os.environ.get("HF_HOME")
-    homes.append(Path(env).expanduser() if env else Path.home() / ".cache" / "huggingface")
-    return homes
+def hub_caches(configured: str | None = None) -> list[Path]:
+    """Hugging Face hub caches to look in: ``<engine.hf_home>/hub`` (the deployment's), then
+    this process's own as huggingface_hub finds it: ``HF_HUB_CACHE``, else ``$HF_HOME/hub``, else
+    ``~/.cache/huggingface/hub``."""
+    hubs = [Path(configured).expanduser() / "hub"] if configured else []
+    if os.environ.get("HF_HUB_CACHE"):
+        hubs.append(Path(os.environ["HF_HUB_CACHE"]).expanduser())
+    elif os.environ.get("HF_HOME"):
+        hubs.append(Path(os.environ["HF_HOME"]).expanduser() / "hub")
+    else:
+        hubs.append(Path.home() / ".cache" / "huggingface" / "hub")
+    return hubs

@@ -31,6 +31,7 @@ def _fresh_registry(monkeypatch):
     """Each test starts with only the catalogue: what it derives is gone afterwards."""
     monkeypatch.setattr(catalog, "_DERIVED", {})
     monkeypatch.delenv("HF_HOME", raising=False)
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     monkeypatch.setenv("HOME", "/nonexistent-home")
 
 
@@ -210,6 +211,12 @@ def test_the_sim_engine_finds_the_config_through_hf_home(tmp_path, monkeypatch):
         catalog.model_arch("org/tiny")
     ensure_arch("org/tiny")
     assert catalog.model_arch("org/tiny").layers == 40
+    # HF_HUB_CACHE, where a site sets it, is the hub folder itself (huggingface_hub's order)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "elsewhere"))
+    _hub(tmp_path / "elsewhere-home", "org/other", {"r1": "qwen3-8b"}, "r1")
+    (tmp_path / "elsewhere-home" / "hub").rename(tmp_path / "elsewhere")
+    ensure_arch("org/other")
+    assert catalog.model_arch("org/other").layers == 36
     ensure_arch("no/such-model")  # nothing anywhere: left for the catalogue to refuse
     with pytest.raises(KeyError, match="no/such-model"):
         catalog.model_arch("no/such-model")
