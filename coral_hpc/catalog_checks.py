@@ -9,13 +9,15 @@ lacks, capacity for ``min_replicas``) live with the cluster snapshot.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from coral_hpc.config import Deployment
 
 #: Largest TP degree considered, as Stage 1 does (coral_solver.types.Policy.max_tp).
 MAX_TP = 8
 
 
-def _gpu_problems(deployment: Deployment, known: dict[str, object]) -> list[str]:
+def _gpu_problems(deployment: Deployment, known: Mapping[str, object]) -> list[str]:
     from coral_solver.catalog import canonical_gpu_name
 
     names = ", ".join(sorted(known))
@@ -54,9 +56,10 @@ def candidate_gpus(deployment: Deployment, model_index: int) -> list[str]:
     if any(not p.gpu_types for p in parts):
         types = set(load_gpus())
     else:
-        types = {canonical_gpu_name(g) for p in parts for g in p.gpu_types} - {None}
+        types = {name for p in parts for g in p.gpu_types
+                 if (name := canonical_gpu_name(g)) is not None}
     if model.gpu_types:
-        types &= {canonical_gpu_name(g) for g in model.gpu_types} - {None}
+        types &= {name for g in model.gpu_types if (name := canonical_gpu_name(g)) is not None}
     return sorted(types)
 
 

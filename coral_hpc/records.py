@@ -46,6 +46,9 @@ class ReplicaRecord:
     end_state: str | None = None
     #: while PENDING: when Slurm expects the job to start (squeue --start); None when unknown
     expected_start: float | None = None
+    #: why its job failed, when it failed unasked: the last error line of its logs
+    #: (:func:`coral_hpc.launch.failure.failure_line`); None when they said nothing
+    failure: str | None = None
 
     @property
     def live(self) -> bool:

@@ -160,6 +160,14 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
         ALTER TABLE replicas ADD COLUMN expected_start REAL;
         """,
     ),
+    (
+        4,
+        """
+        -- why a replica's job failed unasked (the last error line of its logs), for status and
+        -- the cool-down of a layout that crashes at start
+        ALTER TABLE replicas ADD COLUMN failure TEXT;
+        """,
+    ),
 )
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -171,7 +179,7 @@ _MUTABLE_REPLICA_FIELDS = frozenset(
         "job_id", "time_limit_s", "submitted_at", "started_at", "ready_at", "endpoint",
         "slurm_state", "slurm_reason", "nodes", "last_seen_at", "health_ok_at",
         "health_failures", "drain_requested_at", "cancelled_at", "ended_at", "end_state",
-        "reason", "expected_start",
+        "reason", "expected_start", "failure",
     }
 )
 _REPLICA_COLUMNS = tuple(

@@ -238,6 +238,7 @@ class ExclusionKind(str, enum.Enum):
     """Why something is kept out of plans for a while."""
 
     CRASH_COOLDOWN = "crash_cooldown"  #: a template crashed ``crash_limit`` times
+    START_FAILED = "start_failed"  #: a replica of a template failed before READY (backs off)
     PENDING_TIMEOUT = "pending_timeout"  #: a replica of a shape sat pending past the timeout
     SUBMIT_REFUSED = "submit_refused"  #: Slurm refused a shape (drained partition, bad GRES)
 

@@ -13,7 +13,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from coral_hpc.accounting.cost import group
 from coral_hpc.accounting.summary import CostReport
@@ -50,7 +50,8 @@ def cost_series(report: CostReport) -> tuple[list[float], dict[str, list[float]]
     totals = group(pieces, report.pricing, lambda u: (u.run.model, u.bin_start))
     series: dict[str, list[float]] = defaultdict(lambda: [0.0] * (len(edges) - 1))
     index = {edge: i for i, edge in enumerate(edges[:-1])}
-    for (model, bin_start), t in totals.items():  # type: ignore[misc]
+    for key, t in totals.items():
+        model, bin_start = cast(tuple[str, float], key)  # the key made just above
         series[model][index[bin_start]] = (t.cost or 0.0) if priced else t.gpu_hours
     return list(edges[:-1]), dict(sorted(series.items()))
 

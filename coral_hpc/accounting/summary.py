@@ -80,9 +80,35 @@ class CostReport:
 
     def to_dict(self) -> dict[str, Any]:
         """The ``--json`` shape (see the module's README row and the CLI docstring)."""
-        def iso(epoch: float) -> str:
-            return _iso(epoch, self.tz)
+        jobs_totals = self.by_job()
+        return {
+            "version": JSON_VERSION,
+            "deployment": self.deployment,
+            "price_unit": self.price_unit,
+            "since": self._iso(self.since),
+            "until": self._iso(self.until),
+            "now": self._iso(self.now),
+            "total": {**self.total().to_dict(), "runs": len(jobs_totals)},
+            "rows": [
+                {"model": m, "partition": p, "gpu_type": g, "day": d, **t.to_dict()}
+                for (m, p, g, d), t in sorted(self.rows().items())
+            ],
+            "models": self._models_json(),
+            "partitions": [
+                {"partition": p, "gpu_type": g, **t.to_dict()}
+                for (p, g), t in sorted(self.by_partition().items())
+            ],
+            "api_keys": self._api_keys_json(),
+            "jobs": self._jobs_json(jobs_totals),
+            "plan_comparison": None if self.comparison is None else self.comparison.to_dict(),
+            "warnings": self.warnings,
+        }
 
+    def _iso(self, epoch: float) -> str:
+        return _iso(epoch, self.tz)
+
+    def _models_json(self) -> list[dict[str, Any]]:
+        """Per model: its totals, its tokens and its cost per million tokens."""
         models_totals = self.by_model()
         tokens = self.model_tokens()
         models = []
@@ -99,6 +125,12 @@ class CostReport:
                     "cost_per_million_generated_tokens": _per_million(totals.cost, generated),
                 }
             )
+        return models
+
+    def _api_keys_json(self) -> list[dict[str, Any]]:
+        """Per API key and model: its tokens and its share of the model's cost by tokens."""
+        models_totals = self.by_model()
+        tokens = self.model_tokens()
         api_keys = []
         for (model, key), (prompt, generated) in sorted(self.tokens.items()):
             if not key:
@@ -117,47 +149,29 @@ class CostReport:
                     "cost_per_million_tokens": _per_million(cost, prompt + generated),
                 }
             )
-        jobs_totals = self.by_job()
-        return {
-            "version": JSON_VERSION,
-            "deployment": self.deployment,
-            "price_unit": self.price_unit,
-            "since": iso(self.since),
-            "until": iso(self.until),
-            "now": iso(self.now),
-            "total": {**self.total().to_dict(), "runs": len(jobs_totals)},
-            "rows": [
-                {"model": m, "partition": p, "gpu_type": g, "day": d, **t.to_dict()}
-                for (m, p, g, d), t in sorted(self.rows().items())
-            ],
-            "models": models,
-            "partitions": [
-                {"partition": p, "gpu_type": g, **t.to_dict()}
-                for (p, g), t in sorted(self.by_partition().items())
-            ],
-            "api_keys": api_keys,
-            "jobs": [
-                {
-                    "job_id": run.job_id,
-                    "model": run.model,
-                    "replica_id": run.replica_id,
-                    "partition": run.partition,
-                    "gpu_type": run.gpu_type,
-                    "gpus": run.gpus,
-                    "billing": run.billing,
-                    "state": run.state,
-                    "start": iso(run.start),
-                    "end": None if run.end is None else iso(run.end),
-                    "running": run.end is None,
-                    "seconds_in_range": _seconds(self.usage, run),
-                    **jobs_totals[(run.job_id, run.start)].to_dict(),
-                }
-                for run in self.runs
-                if (run.job_id, run.start) in jobs_totals
-            ],
-            "plan_comparison": None if self.comparison is None else self.comparison.to_dict(),
-            "warnings": self.warnings,
-        }
+        return api_keys
+
+    def _jobs_json(self, jobs_totals: dict[tuple[str, float], Totals]) -> list[dict[str, Any]]:
+        """Per Slurm job run in the range: what it was and what it used."""
+        return [
+            {
+                "job_id": run.job_id,
+                "model": run.model,
+                "replica_id": run.replica_id,
+                "partition": run.partition,
+                "gpu_type": run.gpu_type,
+                "gpus": run.gpus,
+                "billing": run.billing,
+                "state": run.state,
+                "start": self._iso(run.start),
+                "end": None if run.end is None else self._iso(run.end),
+                "running": run.end is None,
+                "seconds_in_range": _seconds(self.usage, run),
+                **jobs_totals[(run.job_id, run.start)].to_dict(),
+            }
+            for run in self.runs
+            if (run.job_id, run.start) in jobs_totals
+        ]
 
 
 def build_report(

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.text import Text
@@ -36,6 +37,9 @@ from coral_hpc.config import Deployment, load_deployment
 from coral_hpc.errors import ConfigError, PermanentError, TransientError
 from coral_hpc.store import PlanRecord, ReplicaRecord, Store, open_store
 from coral_hpc.types import JobTag
+
+if TYPE_CHECKING:
+    from coral_hpc.accounting.summary import CostReport
 
 #: what --since/--until accept, for their --help and their errors
 TIME_FORMATS = ("sacct's TIME forms: now[-N[seconds|minutes|hours|days|weeks]] (now-90m, "
@@ -161,12 +165,13 @@ def read_inputs(file: str, since: str | None, until: str | None) -> Inputs:
         if since:
             start = parse_when(since, now)
         else:
-            start = _deployment_start(store)
-            if start is None:
+            first = _deployment_start(store)
+            if first is None:
                 fail(
                     f"--since is needed: no database at {db} (db_path in {file}) to tell when "
                     "the deployment started"
                 )
+            start = first
     except ValueError as exc:
         fail(f"--since/--until: {exc}")
     if end <= start:
@@ -192,7 +197,7 @@ def _plans(store: Store | None, since: float, until: float) -> list[PlanRecord] 
     return store.plans_between(since, until)
 
 
-def build(inputs: Inputs):  # type: ignore[no-untyped-def]
+def build(inputs: Inputs) -> tuple[CostReport, list[ReplicaRecord]]:
     """Read sacct through the Slurm layer and the database, and build the CostReport.
     Exits 3 when Slurm accounting cannot be read (disabled, slurmdbd down): never zeros."""
     from coral_hpc.accounting import build_report

@@ -143,6 +143,12 @@ def _pending_note(replica: dict, now: float) -> str:
     return ", ".join(parts)
 
 
+def _retry_note(until: float, now: float) -> str:
+    """``14:05 (in 12 min)``: when an excluded template or shape may be planned again."""
+    left = max(0.0, until - now)
+    return f"{local_time(until, now)} (in {duration(left)})"
+
+
 def _print_tables(data: dict, wide: bool = False, now: float | None = None) -> None:
     now = time.time() if now is None else now
     daemon = data["daemon"]
@@ -190,6 +196,15 @@ def _print_tables(data: dict, wide: bool = False, now: float | None = None) -> N
             title=f"plan of {local_time(plan['time'], now)}: {plan['status']}, "
                   f"{plan['cost_per_hour']:.3g} {rate}",
             wide=wide,
+        )
+    excluded = data.get("excluded") or []  # absent from a status published before it
+    if excluded:
+        print_table(
+            [Column("template", "id"), Column("partitions"), Column("tried again", "id"),
+             Column("why")],
+            [(e["template"], ", ".join(e["partitions"] or ["any"]), _retry_note(e["until"], now),
+              e["reason"]) for e in excluded],
+            title="kept out of plans", wide=wide,
         )
     print_table(
         [Column("time", "id"), Column("kind", "id"), Column("replica", "id"),

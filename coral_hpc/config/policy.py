@@ -49,6 +49,15 @@ class PolicyConfig(_Frozen):
         description="a template with crash_limit crashes within this window is kept out of "
                     "plans this long",
     )
+    # A first retry after a minute: a vLLM start that fails (a context its KV cache cannot hold,
+    # a missing checkpoint) fails about a minute after submit (examples/vllm-cpu.profiles
+    # README: "FAILED about a minute after submit"), so retrying sooner only repeats it.
+    start_backoff_s: float = Field(
+        default=60.0, gt=0, le=7 * 86400,
+        description="a template whose replica failed at start (before READY) is kept out of "
+                    "plans this long, twice as long after each further failed start in a row, "
+                    "at most crash_cooldown_s",
+    )
     n_max: int = Field(default=6, ge=1, le=16, description="Stage 1: nodes per template at most")
     rho: float = Field(default=12.0, gt=1, description="Stage 1: GPU memory ≤ ρ × model size")
     heterogeneous: bool = Field(default=True, description="allow stages on different GPU types")

@@ -200,7 +200,10 @@ class Daemon:
             if self.fatal is not None:
                 return False  # nothing decided or acted on: serve stops with the error
             decision = decide(self.plan, observed.facts, now, self.settings,
-                              exclusions=self.store.exclusions(now),
+                              # also those ended within the cool-down: a failed start
+                              # continues their back-off (reconcile.start_backoff)
+                              exclusions=self.store.exclusions(
+                                  now - self.settings.crash_cooldown_s),
                               observation=observed.observation,
                               configured=frozenset(m.name for m in self.deployment.models),
                               history=self.plan_history)

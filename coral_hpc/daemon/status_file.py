@@ -16,6 +16,7 @@ from pathlib import Path
 from coral_hpc.atomic import write_atomic
 from coral_hpc.daemon.observed import LiveFacts, as_observed, record_from_row
 from coral_hpc.reconcile import ReconcileSettings, ReplicaFacts, ReplicaState, replica_status
+from coral_hpc.types import ShapeExclusion
 
 STATUS_FILE_NAME = "status.json"
 
@@ -97,8 +98,8 @@ def status_data(deployment, store, now: float, live: LiveFacts | None = None) ->
             # whether the endpoint answered /health just now (source slurm); None: not probed
             "health": None if live is None else live.health.get(r.id),
             "source": source if r.job_id is not None else "last-known",
-            "observed_at": (live.observed_at if source == "slurm" and r.job_id is not None
-                            else r.last_seen_at),
+            "observed_at": (live.observed_at if source == "slurm" and live is not None
+                            and r.job_id is not None else r.last_seen_at),
         })
     models = []
     for m in deployment.models:
@@ -148,6 +149,14 @@ def status_data(deployment, store, now: float, live: LiveFacts | None = None) ->
             "cost_unit": deployment.cluster.price_unit,
             "solve_s": plan.solve_s, "rows": rows,
         },
+        # templates and shapes kept out of plans now, why, and when they are tried again
+        "excluded": [
+            {"template": e.target.template_id,
+             "partitions": (list(e.target.partitions) if isinstance(e.target, ShapeExclusion)
+                            else None),
+             "kind": e.kind.value, "since": e.since, "until": e.until, "reason": e.reason}
+            for e in store.exclusions(now)
+        ],
         "events": [
             {"time": e.time, "kind": e.kind, "model": e.model, "replica": e.replica_id,
              "message": e.message}

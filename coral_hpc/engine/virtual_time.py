@@ -108,6 +108,8 @@ def serve(layout: Layout, requests: list[Request],
             index_of[id(seq)] = index
         else:
             batch, busy[index] = busy[index], None
+            # a completion event is pushed only for an engine that took a batch (above)
+            assert batch is not None
             for event in scheduler.complete(batch):
                 i = index_of[id(event.seq)]
                 first.setdefault(i, now)

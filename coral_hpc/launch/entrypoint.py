@@ -203,55 +203,14 @@ def _write_script(spec: ReplicaSpec, job_id: str, rank: int, attempt: int, text:
 
 def _run_head(spec: ReplicaSpec, job_id: str, stop: StopFlag) -> dict[str, Any]:
     env = _engine_env(spec)
-    rng = random.Random()
     host = socket.gethostname()
-    run_dir = spec.run_dir(job_id)
     engine_log = spec.logs_dir / f"{spec.replica_id}.{job_id}.rank0.engine.log"
-    needs_master = spec.pp > 1 and spec.env_kind != "sim"
     engine: Engine | None = None
-    port = 0
     try:
-        for attempt in range(PORT_ATTEMPTS):
-            port = pick_port(rng)
-            master_port = pick_port(rng) if needs_master else None
-            if spec.pp > 1:
-                write_json_atomic(
-                    run_dir / "head.json",
-                    {"attempt": attempt, "master_addr": host, "master_port": master_port},
-                )
-            script = _write_script(
-                spec,
-                job_id,
-                0,
-                attempt,
-                render_engine_script(
-                    spec, rank=0, port=port, master_addr=host, master_port=master_port
-                ),
-            )
-            log.info("starting engine (attempt %d) on port %d: %s", attempt, port, script)
-            engine = Engine(script, engine_log, env)
-            outcome = _wait_healthy(engine, port, stop, spec.health_timeout_s)
-            if outcome == "healthy":
-                break
-            if outcome == "stopped":
-                log.info("%s before the engine was healthy; stopping it", stop.signal_name)
-                engine.drain(spec.drain_timeout_s)
-                return {"replica_id": spec.replica_id, "job_id": job_id, "ready": False}
-            code = engine.exited()
-            clash = [p for p in (port, master_port) if p and port_in_use(p)]
-            if outcome == "exited" and (clash or code == EXIT_ADDRINUSE):
-                log.warning(
-                    "engine exited (%s); port(s) %s taken by another process: retrying", code, clash
-                )
-                continue
-            engine.drain(spec.drain_timeout_s)
-            raise EngineFailed(
-                f"engine {outcome} before answering /health (exit code {code}); see {engine_log}"
-            )
-        else:
-            raise EngineFailed(f"no free port after {PORT_ATTEMPTS} attempts; see {engine_log}")
-
-        assert engine is not None
+        started = _start_head_engine(spec, job_id, stop, env, host, engine_log)
+        if started is None:
+            return {"replica_id": spec.replica_id, "job_id": job_id, "ready": False}
+        engine, port = started
         endpoint = Endpoint(
             replica_id=spec.replica_id,
             job_id=job_id,
@@ -273,7 +232,6 @@ def _run_head(spec: ReplicaSpec, job_id: str, stop: StopFlag) -> dict[str, Any]:
             endpoint.url,
             spec.endpoint_file,
         )
-
         while not stop.wait(POLL_S):
             code = engine.exited()
             if code is not None:
@@ -281,7 +239,6 @@ def _run_head(spec: ReplicaSpec, job_id: str, stop: StopFlag) -> dict[str, Any]:
                 raise EngineFailed(
                     f"engine exited with code {code} while serving; see {engine_log}"
                 )
-
         log.info(
             "%s received: draining the engine (up to %.0fs)", stop.signal_name, spec.drain_timeout_s
         )
@@ -296,7 +253,54 @@ def _run_head(spec: ReplicaSpec, job_id: str, stop: StopFlag) -> dict[str, Any]:
         if engine is not None and engine.exited() is None:
             engine.drain(spec.drain_timeout_s)
         if spec.pp > 1:
-            write_json_atomic(run_dir / "done.json", {"at": time.time()})
+            write_json_atomic(spec.run_dir(job_id) / "done.json", {"at": time.time()})
+
+
+def _start_head_engine(spec: ReplicaSpec, job_id: str, stop: StopFlag, env: dict[str, str],
+                       host: str, engine_log: Path) -> tuple[Engine, int] | None:
+    """Start rank 0's engine on a free port (telling pipeline workers where to meet it) and wait
+    for /health: (engine, port) once healthy, None when a signal came first. Raises
+    :class:`EngineFailed` when it cannot start."""
+    rng = random.Random()
+    needs_master = spec.pp > 1 and spec.env_kind != "sim"
+    for attempt in range(PORT_ATTEMPTS):
+        port = pick_port(rng)
+        master_port = pick_port(rng) if needs_master else None
+        if spec.pp > 1:
+            write_json_atomic(
+                spec.run_dir(job_id) / "head.json",
+                {"attempt": attempt, "master_addr": host, "master_port": master_port},
+            )
+        script = _write_script(
+            spec, job_id, 0, attempt,
+            render_engine_script(spec, rank=0, port=port, master_addr=host,
+                                 master_port=master_port),
+        )
+        log.info("starting engine (attempt %d) on port %d: %s", attempt, port, script)
+        engine = Engine(script, engine_log, env)
+        try:
+            outcome = _wait_healthy(engine, port, stop, spec.health_timeout_s)
+        except BaseException:
+            engine.drain(spec.drain_timeout_s)  # never leave an engine behind the job
+            raise
+        if outcome == "healthy":
+            return engine, port
+        if outcome == "stopped":
+            log.info("%s before the engine was healthy; stopping it", stop.signal_name)
+            engine.drain(spec.drain_timeout_s)
+            return None
+        code = engine.exited()
+        clash = [p for p in (port, master_port) if p and port_in_use(p)]
+        if outcome == "exited" and (clash or code == EXIT_ADDRINUSE):
+            log.warning(
+                "engine exited (%s); port(s) %s taken by another process: retrying", code, clash
+            )
+            continue
+        engine.drain(spec.drain_timeout_s)
+        raise EngineFailed(
+            f"engine {outcome} before answering /health (exit code {code}); see {engine_log}"
+        )
+    raise EngineFailed(f"no free port after {PORT_ATTEMPTS} attempts; see {engine_log}")
 
 
 def _wait_healthy(engine: Engine, port: int, stop: StopFlag, timeout: float) -> str:

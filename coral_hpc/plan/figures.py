@@ -25,16 +25,44 @@ def _signature(dirs: tuple[Path, ...]) -> tuple:
 
 _configured: tuple | None = None
 
+#: vLLM's CPU build keeps ``VLLM_CPU_KVCACHE_SPACE`` GiB of KV cache per worker (vllm
+#: ``envs.VLLM_CPU_KVCACHE_SPACE`` x ``GiB_bytes`` = 2**30 in its CPU worker), not what memory
+#: leaves: measured, 1 GiB held 1,048,576 tokens of 1,024 B (examples/vllm-cpu.profiles)
+CPU_KV_SPACE_VARIABLE = "VLLM_CPU_KVCACHE_SPACE"
+GIB = 2**30
+
+
+def kv_space(deployment: Deployment) -> dict[str, int]:
+    """GPU type -> KV bytes per engine worker the partitions' engine environments set
+    (``VLLM_CPU_KVCACHE_SPACE``); the smallest where two partitions of one type differ. Types
+    of a partition that lists none, and values that are no positive number, set nothing (vLLM
+    then sizes the cache itself)."""
+    out: dict[str, int] = {}
+    for part in deployment.cluster.partitions:
+        env = dict(part.environment.env) if part.environment is not None else {}
+        try:
+            gib = float(env.get(CPU_KV_SPACE_VARIABLE, ""))
+        except ValueError:
+            continue
+        if not gib > 0:
+            continue
+        for gpu in part.gpu_types:
+            name = catalog.canonical_gpu_name(gpu)
+            if name is not None:
+                out[name] = min(out.get(name, int(gib * GIB)), int(gib * GIB))
+    return out
+
 
 def use_measured_profiles(deployment: Deployment) -> None:
-    """Point :mod:`coral_solver.perf` at ``deployment``'s measured profiles; re-read them when a
-    file was added or changed since the last call (a profile written while ``serve`` runs counts at
-    the next plan)."""
+    """Point :mod:`coral_solver.perf` at ``deployment``'s measured profiles and its engines'
+    configured KV space (:func:`kv_space`); re-read them when a file was added or changed since
+    the last call (a profile written while ``serve`` runs counts at the next plan)."""
     global _configured
     dirs = measured_profile_dirs(deployment)
-    key = (dirs, _signature(dirs))
+    space = kv_space(deployment)
+    key = (dirs, _signature(dirs), tuple(sorted(space.items())))
     if key != _configured:
-        perf.configure(measured=dirs)
+        perf.configure(measured=dirs, kv_space=space)
         _configured = key
 
 

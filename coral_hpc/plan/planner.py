@@ -54,6 +54,7 @@ from coral_hpc.slurm.snapshot import ClusterSnapshot
 from coral_solver.allocate import SolverUnavailable as NoSuchSolver
 from coral_solver.allocate import allocate
 from coral_solver.check import check_plan
+from coral_solver.kv_room import kv_limit
 from coral_solver.templates import PerfThroughput, ThroughputModel, build_library
 from coral_solver.types import Cluster, ModelSpec, Plan, Policy, Template
 
@@ -161,6 +162,14 @@ def desired_plan(plan: Plan, models: list[ModelSpec], now: float,
 def _shape_fields(shape: ReplicaShape | None) -> dict[str, int | None]:
     return ({"cpus_per_gpu": None, "mem_per_gpu_gb": None} if shape is None else
             {"cpus_per_gpu": shape.cpus_per_gpu, "mem_per_gpu_gb": shape.mem_per_gpu_gb})
+
+
+def _gpu_types_of(cluster: Cluster, model: ModelSpec) -> dict[str, tuple[int, float]]:
+    """:meth:`Cluster.gpu_types` on the partitions the model may use only."""
+    names = {g for p in cluster.partitions if model.allows_partition(p.name)
+             for g in p.node_groups}
+    types = {cluster.node_group(g).gpu_type for g in names}
+    return {g: v for g, v in cluster.gpu_types().items() if g in types}
 
 
 def refused_plan(models: list[ModelSpec], reasons: list[str], solve_s: float) -> Plan:
@@ -275,6 +284,10 @@ class Planner:
                                 cache_dir=self.cache_dir, progress=self.progress)
         deployment = request.deployment
         snapshot, warnings = availability.type_untyped_nodes(deployment, request.snapshot)
+        # the layouts refused because a stage cannot hold one max_model_len request's KV: the
+        # plan says so per model rather than leave it unplanned without a word
+        warnings += [line for m in models
+                     if (line := kv_limit(throughput, m, _gpu_types_of(cluster, m), policy))]
         # before cool-downs narrow the library: a template on cool-down comes back
         shortfalls = tuple(capacity.never_held(deployment, snapshot, library))
         if shortfalls:

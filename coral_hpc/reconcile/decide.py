@@ -6,7 +6,10 @@ Rules, in the order they are applied:
 
 1. **Crash cool-down.** A template with ``crash_limit`` crashes within ``crash_cooldown_s`` is
    excluded from plans for ``crash_cooldown_s`` (an :class:`Exclude` with a clear reason); no new
-   replica of it is submitted meanwhile. Replicas of it that do serve keep serving.
+   replica of it is submitted meanwhile. Replicas of it that do serve keep serving. Before that
+   (1a, :mod:`coral_hpc.reconcile.start_backoff`), a template whose replica failed before READY
+   is excluded at once for ``start_backoff_s``, doubling with each failed start in a row up to
+   ``crash_cooldown_s``, its reason the error line of the job's logs.
 2. **Stale or partial observations.** When the job observation is stale (older than
    ``stale_after_polls`` polls) or the last Slurm call failed or was partial, nothing is submitted
    and nothing drained or cancelled: a job we cannot see may still be running.
@@ -74,6 +77,7 @@ from coral_hpc.reconcile.hysteresis import PlanHistory
 from coral_hpc.reconcile.match import match_plan
 from coral_hpc.reconcile.serving import goes_on_serving
 from coral_hpc.reconcile.settings import ReconcileSettings
+from coral_hpc.reconcile.start_backoff import start_backoffs
 from coral_hpc.reconcile.status import ReplicaFacts, ReplicaState, ReplicaStatus, replica_status
 from coral_hpc.reconcile.surplus import settle_surplus
 from coral_hpc.records import Exclusion, ReplicaRecord
@@ -105,8 +109,11 @@ def decide(
     observation = observation or Observation(jobs_at=now, cluster_at=now)
     statuses = replica_statuses(plan, replicas, now, settings)
     excluded: set[Excluded] = {e.target for e in exclusions if e.until > now}
-    # 1. crash cool-down (a fact of the store: safe whatever the freshness)
-    cooldowns = crash_cooldowns(replicas, statuses, now, settings, excluded)
+    # 1a. a failed start backs off (exponential, capped), 1. crash cool-down (facts of the
+    # store: safe whatever the freshness)
+    cooldowns = start_backoffs(replicas, statuses, exclusions, now, settings, excluded)
+    excluded.update(e.target for e in cooldowns)
+    cooldowns += crash_cooldowns(replicas, statuses, now, settings, excluded)
     excluded.update(e.target for e in cooldowns)
     actions: list[Action] = [*cooldowns]
     replan = [e.reason for e in cooldowns]

@@ -25,6 +25,7 @@ from pathlib import Path
 from coral_hpc.config import Deployment
 from coral_hpc.errors import CoralError
 from coral_hpc.launch.endpoint import Endpoint, EndpointRefused, http_health, read_endpoint
+from coral_hpc.launch.failure import failure_line
 from coral_hpc.launch.spec import ReplicaSpec, is_pre_instance_job_of
 from coral_hpc.reconcile.decide import Observation
 from coral_hpc.reconcile.settings import ReconcileSettings
@@ -140,6 +141,24 @@ class Observer:
             )
         events: list[str] = []
         self._answered(now, events)
+        snapshot = self._own_jobs(snapshot, now, events)
+        error = self._record_jobs(snapshot, now, events)
+        self._adopt_untracked(snapshot, now, events)
+        self._check_health(now, events)
+        # jobs left alone are not ours to plan around either (their GPUs are simply taken)
+        snapshot = replace(snapshot, jobs=tuple(j for j in snapshot.jobs
+                                                if j.job_id not in self._reported))
+        unavailable = unavailable_places(snapshot, partitions)
+        return Observed(
+            Observation(jobs_at=snapshot.observed_at, cluster_at=snapshot.observed_at,
+                        complete=error is None),
+            snapshot, unavailable, self._facts(now, unavailable), error=error, events=events,
+        )
+
+    def _own_jobs(self, snapshot: ClusterSnapshot, now: float,
+                  events: list[str]) -> ClusterSnapshot:
+        """``snapshot`` with this instance's jobs only (and its jobs from before instance
+        tags); another instance's jobs of the deployment name are reported and left alone."""
         snapshot, foreign = split_instance(snapshot, self.instance)
         if self.instance:
             # jobs from before instance tags existed: ours when their spec.json in our state
@@ -154,49 +173,47 @@ class Observer:
             self._leave_alone(other, now, "belongs to another instance of this deployment name "
                               f"(instance {theirs or 'none'}, not {self.instance or 'none'}; "
                               "another state_dir)", events)
-        complete = True
-        error = None
+        return snapshot
+
+    def _record_jobs(self, snapshot: ClusterSnapshot, now: float,
+                     events: list[str]) -> str | None:
+        """Record what Slurm says of every live replica's job (sacct for those squeue no longer
+        holds); the error when their states could not be read (the observation is partial)."""
         jobs = {j.job_id: j for j in snapshot.jobs}
         by_replica = {j.tag.replica_id: j for j in snapshot.jobs if j.tag is not None}
-        live = self.store.replicas(live_only=True)
-        known_ids = {r.id for r in live}
         missing: list[ReplicaRecord] = []
-        for record in live:
+        for record in self.store.replicas(live_only=True):
             job = jobs.get(record.job_id) if record.job_id else by_replica.get(record.id)
             if job is None:
                 if record.job_id is not None:
                     missing.append(record)
                 continue
             self._record_job(record, job, now, events)
+        if not missing:
+            return None
         # jobs squeue no longer holds: one batched call (sacct behind it)
-        if missing:
-            try:
-                states = self.client.job_states([r.job_id for r in missing])
-            except CoralError as exc:
-                complete, error = False, f"Slurm job states failed: {exc}"
-            else:
-                for record in missing:
-                    self._record_gone(record, states.get(record.job_id), now, events)
-        # tagged jobs with no row: adopt (a lost or older database); never submit them again
-        ended_ids = {r.id for r in self.store.replicas(live_only=False)} - known_ids
+        try:
+            states = self.client.job_states([r.job_id for r in missing if r.job_id])
+        except CoralError as exc:
+            return f"Slurm job states failed: {exc}"
+        for record in missing:
+            self._record_gone(record, states.get(record.job_id), now, events)
+        return None
+
+    def _adopt_untracked(self, snapshot: ClusterSnapshot, now: float,
+                         events: list[str]) -> None:
+        """Tagged live jobs with no row: adopt them (a lost or older database); never submit
+        them again."""
+        live_ids = {r.id for r in self.store.replicas(live_only=True)}
+        ended_ids = {r.id for r in self.store.replicas(live_only=False)} - live_ids
         for job in snapshot.jobs:
-            if job.tag is None or job.tag.replica_id in known_ids:
+            if job.tag is None or job.tag.replica_id in live_ids:
                 continue
             if job.tag.replica_id in ended_ids or slurm_word(job.state) in TERMINAL_STATES:
                 continue
             if self.store.replica_by_job(job.job_id) is not None:
                 continue
             self._adopt(job, now, events)
-        self._check_health(now, events)
-        # jobs left alone are not ours to plan around either (their GPUs are simply taken)
-        snapshot = replace(snapshot, jobs=tuple(j for j in snapshot.jobs
-                                                if j.job_id not in self._reported))
-        unavailable = unavailable_places(snapshot, partitions)
-        return Observed(
-            Observation(jobs_at=snapshot.observed_at, cluster_at=snapshot.observed_at,
-                        complete=complete),
-            snapshot, unavailable, self._facts(now, unavailable), error=error, events=events,
-        )
 
     def close(self) -> None:
         """Stop the probe threads."""
@@ -291,8 +308,15 @@ class Observer:
     def _event_end(self, record: ReplicaRecord, state: str, now: float) -> None:
         asked = record.drain_requested_at is not None or record.cancelled_at is not None
         kind = "ended" if asked else "failed"
-        self.store.add_event(now, kind, f"job {record.job_id} ended {state}",
-                             model=record.model, replica_id=record.id)
+        message = f"job {record.job_id} ended {state}"
+        if not asked:
+            # Slurm knows only FAILED: why is in the job's logs (vLLM refusing a context its KV
+            # cache cannot hold, a missing checkpoint); status and the cool-down name it
+            failure = failure_line(self.deployment.state_path / "logs", record.id, record.job_id)
+            if failure:
+                self.store.update_replica(record.id, failure=failure)
+                message += f": {failure}"
+        self.store.add_event(now, kind, message, model=record.model, replica_id=record.id)
 
     def _leave_alone(self, job: JobInfo, now: float, why: str, events: list) -> None:
         """Report once that ``job`` is not ours to adopt or cancel."""

@@ -65,6 +65,9 @@ class ReconcileSettings:
     crash_limit: int = _POLICY.crash_limit
     #: How long a crashing template stays out of plans.
     crash_cooldown_s: float = _POLICY.crash_cooldown_s
+    #: A template whose replica failed before READY is excluded this long, doubling with each
+    #: further failed start in a row, at most ``crash_cooldown_s``.
+    start_backoff_s: float = _POLICY.start_backoff_s
     #: Consecutive failed health probes before a READY replica stops counting as serving.
     unhealthy_after: int = 3
     #: An unhealthy replica that has not recovered after this is cancelled and replaced.
@@ -104,6 +107,7 @@ class ReconcileSettings:
             walltime_lead_s=policy.walltime_lead_s,
             crash_limit=policy.crash_limit,
             crash_cooldown_s=policy.crash_cooldown_s,
+            start_backoff_s=policy.start_backoff_s,
             unhealthy_grace_s=unhealthy_grace_for(policy),
             drain_grace_s=drain_grace_for(policy),
         )

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from coral_hpc.errors import PermanentError, TransientError
 from coral_hpc.slurm.budget import CallBudget
@@ -33,7 +34,7 @@ def shape_key(shape: JobShape) -> tuple:
 class StartProber:
     """Cached, budgeted start estimates per job shape (see the module docstring)."""
 
-    def __init__(self, client, *, calls_per_min: float = 6.0, ttl_s: float = 60.0,  # type: ignore[no-untyped-def]
+    def __init__(self, client: Any, *, calls_per_min: float = 6.0, ttl_s: float = 60.0,
                  clock: Callable[[], float] = time.time, budget: CallBudget | None = None):
         if calls_per_min <= 0:
             raise ValueError("calls_per_min must be > 0")
@@ -91,15 +92,21 @@ class StartProber:
         return tuple(out)
 
     def _probe(self, shape: JobShape, now: float) -> ShapeEstimate | None:
-        base = {"partition": shape.partition, "gpu_type": shape.gpu_type,
-                "gpus_per_node": shape.gpus_per_node, "nodes": shape.nodes,
-                "reservation": shape.reservation}
         try:
             answer = self.client.test_only(shape)
         except TransientError:
             return None  # Slurm busy or down: no new word, keep what we had
         except PermanentError as exc:
-            return ShapeEstimate(**base, start=None, node_names=(), observed_at=now,
-                                 error=str(exc).strip()[:300])
-        return ShapeEstimate(**base, start=answer.start, node_names=answer.nodes,
-                             observed_at=answer.observed_at)
+            return _estimate(shape, start=None, node_names=(), observed_at=now,
+                             error=str(exc).strip()[:300])
+        return _estimate(shape, start=answer.start, node_names=answer.nodes,
+                         observed_at=answer.observed_at)
+
+
+def _estimate(shape: JobShape, *, start: float | None, node_names: tuple[str, ...],
+              observed_at: float, error: str | None = None) -> ShapeEstimate:
+    """Slurm's answer for ``shape``, carrying the shape's own fields."""
+    return ShapeEstimate(partition=shape.partition, gpu_type=shape.gpu_type,
+                         gpus_per_node=shape.gpus_per_node, nodes=shape.nodes,
+                         reservation=shape.reservation, start=start, node_names=node_names,
+                         observed_at=observed_at, error=error)

@@ -150,7 +150,8 @@ def build_partitions(
     by_name = {n.name: n for n in nodes}
     partitions = []
     for raw in raw_partitions:
-        types = sorted({by_name[n].gpu_type for n in raw.nodes if n in by_name and by_name[n].gpu_type})
+        types = sorted({gpu for n in raw.nodes if n in by_name
+                        and (gpu := by_name[n].gpu_type) is not None and gpu})
         partitions.append(
             PartitionInfo(
                 name=raw.name,

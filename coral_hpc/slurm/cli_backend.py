@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from coral_hpc.slurm.build import build_snapshot, gpu_memory_lookup
 from coral_hpc.slurm.errors import SlurmJobNotFound
@@ -154,7 +155,7 @@ class CliSlurmClient:
         self._partition_qos = (now, {k: v for k, v in found.items() if v is not None})
         return self._partition_qos[1]
 
-    def reservations(self):  # type: ignore[no-untyped-def]
+    def reservations(self) -> tuple[Any, ...]:
         """Reservations this user or account may use (``scontrol show res``, cached like
         :meth:`limits`)."""
         now = self.clock()
@@ -304,7 +305,9 @@ class CliSlurmClient:
             while alive and self.clock() < deadline:
                 self.sleep(min(poll_s, max(0.0, deadline - self.clock())))
                 now = self.job_states(alive)
-                alive = [i for i in alive if now[i].state is None or now[i].state.split()[0] not in FINISHED_JOB_STATES]
+                alive = [i for i in alive
+                         if (state := now[i].state) is None
+                         or state.split()[0] not in FINISHED_JOB_STATES]
             outcome.update({i: "exited" for i in running if i not in alive})
             if alive:
                 self.cancel(alive)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from coral_hpc.errors import PermanentError
 from coral_hpc.slurm.budget import CallBudget
@@ -114,7 +114,7 @@ def make_client(
     return cli
 
 
-def client_for_deployment(deployment, env: Mapping[str, str] | None = None,  # type: ignore[no-untyped-def]
+def client_for_deployment(deployment: Any, env: Mapping[str, str] | None = None,
                           *, budgeted: bool = False) -> SlurmClient:
     """:func:`make_client` configured from a :class:`coral_hpc.config.Deployment`; with
     ``budgeted`` (the daemon), its calls are charged to a :class:`CallBudget` of

@@ -11,7 +11,9 @@ _BRACKET_RE = re.compile(r"\[([^\]]*)\]")
 
 def _split_top_level(text: str) -> list[str]:
     """Split on commas that are not inside brackets."""
-    parts, depth, current = [], 0, []
+    parts: list[str] = []
+    current: list[str] = []
+    depth = 0
     for char in text:
         if char == "[":
             depth += 1
@@ -85,17 +87,19 @@ def compress_hostlist(names: list[str] | tuple[str, ...]) -> str:
             order.append(key)
         groups[key].append(int(match.group(2)))
     out: list[str] = []
-    for key in order:
-        if isinstance(key, str):
-            out.append(key)
+    for entry in order:
+        if isinstance(entry, str):
+            out.append(entry)
             continue
-        prefix, width = key
-        numbers = sorted(set(groups[key]))
+        prefix, width = entry
+        numbers = sorted(set(groups[entry]))
         if len(numbers) == 1:
             out.append(f"{prefix}{numbers[0]:0{width}d}")
             continue
-        ranges, start, prev = [], numbers[0], numbers[0]
-        for n in numbers[1:] + [None]:  # type: ignore[list-item]
+        ranges: list[str] = []
+        start = prev = numbers[0]
+        tail: list[int | None] = [*numbers[1:], None]
+        for n in tail:
             if n is not None and n == prev + 1:
                 prev = n
                 continue

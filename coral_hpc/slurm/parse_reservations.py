@@ -10,7 +10,8 @@ from coral_hpc.slurm.timefmt import parse_timestamp
 
 def _names(value: str | None) -> tuple[set[str], set[str]]:
     """``"alice,-bob"`` → ({"alice"}, {"bob"}): allowed and denied names."""
-    allowed, denied = set(), set()
+    allowed: set[str] = set()
+    denied: set[str] = set()
     for item in (value or "").split(","):
         item = item.strip()
         if not item or item == "(null)":

@@ -213,6 +213,17 @@ class PyslurmClient:
 
     backend = "pyslurm"
 
+    # the CLI client's own bound methods, set in __init__ (typed loosely: they are its methods)
+    version: Callable[[], str]
+    jobs: Callable[[], list[Any]]
+    limits: Callable[[], Any]
+    job_states: Callable[..., dict[str, Any]]
+    accounting: Callable[..., list[Any]]
+    test_only: Callable[..., Any]
+    submit_script: Callable[..., str]
+    cancel: Callable[..., None]
+    cancel_with_grace: Callable[..., dict[str, str]]
+
     def __init__(self, cli: CliSlurmClient):
         self.cli = cli
         # everything but the node and partition reads is the CLI client's

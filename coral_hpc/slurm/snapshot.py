@@ -365,7 +365,8 @@ class JobStatus:
 
     @property
     def finished(self) -> bool:
-        return bool(self.state) and self.state.split()[0] in FINISHED_JOB_STATES
+        words = (self.state or "").split()
+        return bool(words) and words[0] in FINISHED_JOB_STATES
 
     @property
     def end_kind(self) -> str | None:

@@ -1,9 +1,10 @@
 """Stage 2: integer replicas per (template, partition of each stage) at least cost.
 
-:func:`allocate` prepares the data (:func:`coral_solver.allocate_model.prepare`), builds the model once
-(:func:`coral_solver.allocate_model.build_model`) and solves it with HiGHS (or, for a site's
-``policy.solver: pyomo:<name>``, the same model through Pyomo with that solver: every phase on
-the whole model, none of the shortcuts below):
+:func:`allocate` prepares the data (:func:`coral_solver.allocate_data.prepare`), builds the
+model once (:func:`coral_solver.allocate_model.build_model`) and solves it with HiGHS (or, for a
+site's ``policy.solver: pyomo:<name>``, the same model through Pyomo with that solver: every
+phase on the whole model, none of the shortcuts below); :mod:`coral_solver.allocate_plan`
+turns the solution into the plan:
 
 1. **Served fraction** first: maximise phi, the smallest fraction of any model's demand served
    (deciding "all demand can be met" this way avoids a slow proof of infeasibility).
@@ -37,23 +38,17 @@ from __future__ import annotations
 
 import math
 import time
-from collections import Counter
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from coral_solver.allocate_bound import Restricted, certified_restriction, lift_point
+from coral_solver.allocate_data import Prepared, prepare
 from coral_solver.allocate_highs import HighsSolver, SolveResult
-from coral_solver.allocate_model import (
-    LinearModel,
-    Prepared,
-    Stage2Model,
-    build_model,
-    job_cap,
-    prepare,
-)
+from coral_solver.allocate_model import LinearModel, Stage2Model, build_model
+from coral_solver.allocate_plan import assemble_plan, decode
 from coral_solver.queue import queue_unplaced
-from coral_solver.types import Cluster, ModelSpec, Plan, PlanRow, Policy, Template, served_capacity
+from coral_solver.types import Cluster, ModelSpec, Plan, PlanRow, Policy, Template
 
 #: relative slack when a phase's optimum becomes the next phase's constraint: as loose as HiGHS's
 #: own feasibility tolerances (1e-7 primal, 1e-6 MIP), since the served amounts behind the
@@ -286,34 +281,16 @@ def _allocate(
     began = time.perf_counter()
     policy = policy if policy is not None else Policy()
     data = prepare(models, library, cluster, policy)
-    restricted = None
     shortcuts = len(data.templates) >= PER_MODEL_SHORTCUTS_MIN_TEMPLATES * len(data.models)
+    restricted, alone = None, None
     if backend == "highs" and policy.prune and shortcuts:
-        # every demand met on a small restriction, proven optimal by per-model relaxations
-        restricted = certified_restriction(models, library, cluster, policy, data,
-                                           began + CERTIFIED_SHARE * policy.time_limit_s)
-        if restricted is not None and restricted.proven:
-            return _certified_plan(restricted, policy, began)
-        if not START_FROM_RESTRICTED:
-            restricted = None
-    alone = None
-    if restricted is not None and len(data.models) > 1:
-        # the per-model relaxations were too weak to prove the restricted plan: each model's
-        # own optimum on the whole cluster is a tighter bound, and often proves it without the
-        # whole model (which the decomposition below then does not solve again)
-        alone = _alone(data, library, cluster, policy, began + policy.time_limit_s)
-        if alone is not None:
-            z = float(restricted.result.objective)
-            bound = max(alone.bound, restricted.bound)
-            if z - bound <= policy.mip_gap * max(abs(z), 1e-9):
-                return _certified_plan(replace(restricted, bound=min(bound, z), proven=True),
-                                       policy, began)
-            restricted = replace(restricted, bound=min(bound, z))
+        proven, restricted, alone = _shortcuts(models, library, cluster, policy, data, began)
+        if proven is not None:
+            return proven
     sm = build_model(data)
     runner = _Runner(sm, policy, backend, began + policy.time_limit_s)
-    phi, served, weighted = sm.demand["phi"], sm.demand["served"], sm.demand["weighted"]
+    served = sm.demand["served"]
     phases: dict[str, float] = {}
-
     outcome = None
     if backend == "highs" and policy.prune and shortcuts and len(data.models) > 1:
         outcome = _decomposed(data, sm, runner, library, cluster, policy, alone)
@@ -323,6 +300,7 @@ def _allocate(
     if outcome is None:
         # First the largest fraction of every demand that can be served together (phi): this
         # decides "demand met" without a slow proof that demand cannot be met.
+        phi = sm.demand["phi"]
         runner.set_col(phi, 0.0, 1.0)
         objective = np.zeros(sm.lm.num_cols)
         objective[phi] = -1.0
@@ -330,33 +308,11 @@ def _allocate(
         if first.result.x is None:
             return _fallback(models, library, cluster, policy, data, first.result.status, began)
         best_phi = float(first.result.x[phi])
-        outcome = None
-        if best_phi >= 1.0 - policy.mip_gap - PHASE_TOLERANCE:
-            runner.set_col(phi, 1.0, 1.0)
-            outcome = runner.minimise(sm.cost, start=first.result.x)
-            if outcome.result.status == "infeasible":
-                outcome = None
-            elif outcome.result.x is None:  # out of time: the phase-1 plan serves every demand
-                outcome = _Outcome(first.result, -math.inf, outcome.columns) \
-                    if best_phi >= 1.0 - PHASE_TOLERANCE else None
+        outcome = _meet_every_demand(runner, first, best_phi)
         if outcome is None:
             status = "scarce"
             phases["min_served_fraction"] = best_phi
-            runner.set_col(phi, max(best_phi - PHASE_TOLERANCE, 0.0), 1.0)
-            objective = np.zeros(sm.lm.num_cols)
-            objective[served] = [-m.priority for m in data.models]
-            second = runner.minimise(objective, start=first.result.x)
-            best = second.result if second.result.x is not None else first.result
-            assert best.x is not None  # the phase-1 point was checked above
-            best_weighted = float(np.dot([m.priority for m in data.models], best.x[served]))
-            phases["weighted_served"] = best_weighted
-            runner.set_row(weighted,
-                           best_weighted - PHASE_TOLERANCE * max(1.0, abs(best_weighted)), math.inf)
-            if runner.highs:
-                runner.highs.set_options(COST_PHASE_OPTIONS)
-            outcome = runner.minimise(sm.cost, start=best.x)
-            if outcome.result.x is None:  # out of time: keep the best served plan found
-                outcome = _Outcome(best, -math.inf, outcome.columns)
+            outcome = _serve_most(runner, data, first, best_phi, phases)
     result = outcome.result
     if result.x is None:
         return _empty(data, result.status, time.perf_counter() - began, outcome)
@@ -367,7 +323,75 @@ def _allocate(
     phases["objective"] = float(result.objective)
     phases["bound"] = float(outcome.bound)
     solved = dict(zip((m.name for m in data.models), result.x[served]))
-    return _plan(data, rows, status, gap, time.perf_counter() - began, phases, solved)
+    return assemble_plan(data, rows, status, gap, time.perf_counter() - began, phases, solved)
+
+
+def _shortcuts(models: list[ModelSpec], library: dict[str, list[Template]], cluster: Cluster,
+               policy: Policy, data: Prepared, began: float
+               ) -> tuple[Plan | None, Restricted | None, _Alone | None]:
+    """A plan proven optimal without the whole model, if one is: every demand met on a small
+    restriction, proven by per-model relaxations or by each model's own optimum. Otherwise
+    (None, the restriction to start from, the per-model optima) for the whole model."""
+    restricted = certified_restriction(models, library, cluster, policy, data,
+                                       began + CERTIFIED_SHARE * policy.time_limit_s)
+    if restricted is not None and restricted.proven:
+        return _certified_plan(restricted, policy, began), None, None
+    if not START_FROM_RESTRICTED:
+        restricted = None
+    alone = None
+    if restricted is not None and len(data.models) > 1:
+        # the per-model relaxations were too weak to prove the restricted plan: each model's
+        # own optimum on the whole cluster is a tighter bound, and often proves it without the
+        # whole model (which the decomposition then does not solve again)
+        alone = _alone(data, library, cluster, policy, began + policy.time_limit_s)
+        if alone is not None:
+            z = float(restricted.result.objective)
+            bound = max(alone.bound, restricted.bound)
+            if z - bound <= policy.mip_gap * max(abs(z), 1e-9):
+                proven = replace(restricted, bound=min(bound, z), proven=True)
+                return _certified_plan(proven, policy, began), None, None
+            restricted = replace(restricted, bound=min(bound, z))
+    return None, restricted, alone
+
+
+def _meet_every_demand(runner: _Runner, first: _Outcome, best_phi: float) -> _Outcome | None:
+    """The least cost with every demand served, when phase 1 found that possible; None when
+    it is not (or the cost phase proved it infeasible after all)."""
+    sm, policy = runner.sm, runner.policy
+    if best_phi < 1.0 - policy.mip_gap - PHASE_TOLERANCE:
+        return None
+    runner.set_col(sm.demand["phi"], 1.0, 1.0)
+    outcome = runner.minimise(sm.cost, start=first.result.x)
+    if outcome.result.status == "infeasible":
+        return None
+    if outcome.result.x is None:  # out of time: the phase-1 plan serves every demand
+        return (_Outcome(first.result, -math.inf, outcome.columns)
+                if best_phi >= 1.0 - PHASE_TOLERANCE else None)
+    return outcome
+
+
+def _serve_most(runner: _Runner, data: Prepared, first: _Outcome, best_phi: float,
+                phases: dict[str, float]) -> _Outcome:
+    """GPUs are scarce: keep the best served fraction, then the most priority-weighted demand
+    served, then the least cost (each phase's optimum a constraint of the next)."""
+    sm = runner.sm
+    served, weighted = sm.demand["served"], sm.demand["weighted"]
+    runner.set_col(sm.demand["phi"], max(best_phi - PHASE_TOLERANCE, 0.0), 1.0)
+    objective = np.zeros(sm.lm.num_cols)
+    objective[served] = [-m.priority for m in data.models]
+    second = runner.minimise(objective, start=first.result.x)
+    best = second.result if second.result.x is not None else first.result
+    assert best.x is not None  # the phase-1 point was checked by the caller
+    best_weighted = float(np.dot([m.priority for m in data.models], best.x[served]))
+    phases["weighted_served"] = best_weighted
+    runner.set_row(weighted,
+                   best_weighted - PHASE_TOLERANCE * max(1.0, abs(best_weighted)), math.inf)
+    if runner.highs:
+        runner.highs.set_options(COST_PHASE_OPTIONS)
+    outcome = runner.minimise(sm.cost, start=best.x)
+    if outcome.result.x is None:  # out of time: keep the best served plan found
+        outcome = _Outcome(best, -math.inf, outcome.columns)
+    return outcome
 
 
 def _from_restricted(restricted: Restricted, sm: Stage2Model, runner: _Runner) -> _Outcome:
@@ -423,7 +447,7 @@ def _certified_plan(certified: Restricted, policy: Policy, began: float) -> Plan
     phases = {"objective": objective, "bound": float(certified.bound),
               "restricted_templates": float(certified.columns)}
     solved = dict(zip((m.name for m in sm.data.models), result.x[sm.demand["served"]]))
-    return _plan(sm.data, decode(sm, result.x), status, gap, time.perf_counter() - began,
+    return assemble_plan(sm.data, decode(sm, result.x), status, gap, time.perf_counter() - began,
                  phases, solved)
 
 
@@ -506,218 +530,12 @@ def _decomposed(data: Prepared, sm: Stage2Model, runner: _Runner, library, clust
     return _Outcome(result, min(bound, result.objective), len(sm.nu))
 
 
-# --------------------------------------------------------------------------- decoding
-
-
-def decode(sm: Stage2Model, x: np.ndarray) -> list[PlanRow]:
-    """Turn a solution into plan rows: replicas per (template, partition of each stage), each
-    with a node per stage (the packing the model chose, made concrete)."""
-    data = sm.data
-    nu = np.rint(x[sm.nu]).astype(int)
-    sigma = {key: round(float(x[col])) for col, key in zip(sm.sigma["sigma"], sm.sigma["keys"])}
-    slots = _slot_pools(sm, x, sigma)
-    rows: Counter = Counter()
-    nodes: dict[tuple[int, tuple[str, ...]], list[tuple[str, ...]]] = {}
-    for j, count in enumerate(nu):
-        if count <= 0:
-            continue
-        template = data.templates[j]
-        pool = {g: Counter({p: sigma.get((j, g, p), 0) for p in parts})
-                for g, parts in data.stage_parts[j].items()}
-        replicas: list[tuple[str, ...]] = []
-        # keep running replicas where they are, as far as the plan's partitions allow
-        for (jj, parts), running in sorted(data.running_replicas.items()):
-            if jj != j:
-                continue
-            for _ in range(running):
-                if len(replicas) == count or not _take(pool, template, parts):
-                    break
-                replicas.append(parts)
-        while len(replicas) < count:
-            chosen: list[str] = []
-            for stage in template.stages:
-                options = pool[stage.gpu_type]
-                previous = chosen[-1] if chosen else None
-                choice = previous if previous and options[previous] > 0 else max(
-                    sorted(options), key=lambda p: options[p])
-                options[choice] -= 1
-                chosen.append(choice)
-            replicas.append(tuple(chosen))
-        for parts in replicas:
-            rows[(j, parts)] += 1
-            placed: list[str] = []
-            for stage, p in zip(template.stages, parts):
-                placed.append(_pop_slot(slots, stage.gpu_type, template.tp, p, avoid=placed))
-            nodes.setdefault((j, parts), []).append(tuple(placed))
-    wait_of = {node: cls.wait_s for cls in data.classes for node in cls.nodes}
-    out = []
-    for (j, parts), count in sorted(rows.items(), key=lambda kv: (kv[0][0], kv[0][1])):
-        template = data.templates[j]
-        cost = sum(data.stage_cost[(p, s.gpu_type, template.tp)] for s, p in zip(template.stages, parts))
-        replica_nodes = tuple(nodes[(j, parts)])
-        # a replica starts when its last stage's node is given to us
-        waits = tuple(max((wait_of.get(n, 0.0) for n in replica), default=0.0)
-                      for replica in replica_nodes)
-        out.append(PlanRow(template, parts, count, cost, replica_nodes, waits))
-    return out
-
-
-def _take(pool: dict[str, Counter], template: Template, parts: tuple[str, ...]) -> bool:
-    need = Counter((s.gpu_type, p) for s, p in zip(template.stages, parts))
-    if any(pool.get(g, Counter())[p] < n for (g, p), n in need.items()):
-        return False
-    for (g, p), n in need.items():
-        pool[g][p] -= n
-    return True
-
-
-def _slot_pools(sm: Stage2Model, x: np.ndarray, sigma: dict) -> dict[tuple[str, int, str], list[str]]:
-    """Node names per (gpu, size, partition) slot, from the chosen patterns and slot routing."""
-    data = sm.data
-    packing = sm.packing
-    # per class: the size-t slots on its nodes, node by node, following the chosen patterns
-    class_slots: dict[tuple[int, int], list[str]] = {}
-    next_node: Counter[int] = Counter()
-    for col, (k, pi) in zip(packing["y"], packing["y_labels"]):
-        cls = data.classes[k]
-        pattern = data.patterns[(cls.gpu_type, cls.free)][pi]
-        for _ in range(round(float(x[col]))):
-            node = cls.nodes[next_node[k]]
-            next_node[k] += 1
-            for size, count in pattern.items():
-                class_slots.setdefault((k, size), []).extend([node] * count)
-    need: Counter[tuple[str, int, str]] = Counter()
-    for (j, g, p), count in sigma.items():
-        need[(g, data.templates[j].tp, p)] += count
-    pools: dict[tuple[str, int, str], list[str]] = {}
-    # first follow the solver's routing z[k,t,p], then fill any rounding gap from classes that
-    # may serve the partition
-    for col, (k, t, p) in zip(packing["z"], packing["z_labels"]):
-        key = (data.classes[k].gpu_type, t, p)
-        want = min(round(float(x[col])), need[key] - len(pools.get(key, [])))
-        free = class_slots.get((k, t), [])
-        take, class_slots[(k, t)] = free[:max(want, 0)], free[max(want, 0):]
-        pools.setdefault(key, []).extend(take)
-    for key, count in need.items():
-        g, t, p = key
-        pool = pools.setdefault(key, [])
-        for k, cls in enumerate(data.classes):
-            if len(pool) >= count:
-                break
-            if cls.gpu_type == g and p in cls.partitions:
-                free = class_slots.get((k, t), [])
-                missing = count - len(pool)
-                pool.extend(free[:missing])
-                class_slots[(k, t)] = free[missing:]
-    return pools
-
-
-def _pop_slot(slots: dict, gpu: str, tp: int, partition: str, avoid=()) -> str:
-    """A node for one stage; prefers a node the replica does not use yet (Slurm gives each
-    node of a job, or each hetjob component, a node of its own)."""
-    pool = slots.get((gpu, tp, partition), [])
-    if not pool:
-        return "?"
-    for i, node in enumerate(pool):
-        if node not in avoid:
-            return pool.pop(i)
-    return pool.pop(0)
-
-
-# --------------------------------------------------------------------------- plan assembly
-
-
-def _plan(data: Prepared, rows: list[PlanRow], status: str, gap: float, seconds: float,
-          phases: dict[str, float], solved: dict[str, float] | None = None) -> Plan:
-    capacity = {m.name: 0.0 for m in data.models}
-    capacity.update(served_capacity(rows))  # a disaggregated request needs prefill and decode
-    demand = {m.name: m.demand_rps for m in data.models}
-    served = {name: min(demand[name], capacity[name]) for name in demand}
-    if data.cluster.kv_fabric_gbs is not None and solved is not None:
-        # the shared KV fabric may carry less than the replicas could serve: the solver's
-        # split between models is what the plan serves
-        phased = {r.model for r in rows if r.role != "both"}
-        for name in phased:
-            served[name] = min(served[name], max(float(solved[name]), 0.0))
-    cost = sum(row.count * row.cost_per_hour for row in rows)
-    return Plan(
-        rows=tuple(rows),
-        demand=demand,
-        served=served,
-        capacity=capacity,
-        cost_per_hour=cost,
-        status=status,
-        gap=gap,
-        solve_seconds=seconds,
-        binding=tuple(binding_constraints(data, rows, served)),
-        phases=phases,
-    )
-
-
 def _empty(data: Prepared, word: str, seconds: float, outcome: _Outcome | None) -> Plan:
     status = "infeasible" if word == "infeasible" else "no_solution"
-    plan = _plan(data, [], status, math.inf, seconds, {})
+    plan = assemble_plan(data, [], status, math.inf, seconds, {})
     reasons = list(plan.binding)
     for model in data.models:
         if model.min_replicas:
-            reasons.append(f"model {model.name}: min_replicas {model.min_replicas} cannot be placed")
+            reasons.append(f"model {model.name}: min_replicas {model.min_replicas} cannot be "
+                           "placed")
     return replace(plan, binding=tuple(reasons))
-
-
-def binding_constraints(data: Prepared, rows: list[PlanRow], served: dict[str, float]) -> list[str]:
-    """Constraints at their limit in this plan, in words (what a user would relax)."""
-    out = []
-    used_type: Counter = Counter()
-    used_quota: Counter = Counter()
-    replicas: Counter = Counter()
-    for row in rows:
-        replicas[row.model] += row.count
-        for stage, p in zip(row.template.stages, row.partitions):
-            used_type[stage.gpu_type] += row.count * row.template.tp
-            for quota in data.cluster.quotas:
-                if quota.matches(p, stage.gpu_type):
-                    used_quota[quota.name] += row.count * row.template.tp
-    free_type: Counter = Counter()
-    for cls in data.classes:
-        free_type[cls.gpu_type] += cls.free * len(cls.nodes)
-    for gpu in sorted(used_type):
-        if used_type[gpu] >= free_type[gpu]:
-            out.append(f"gpus {gpu}: all {free_type[gpu]} available GPUs used")
-    for quota in data.cluster.quotas:
-        if used_quota[quota.name] >= quota.max_gpus:
-            out.append(f"quota {quota.name}: {used_quota[quota.name]} of {quota.max_gpus} GPUs")
-    for why, count in sorted(data.limit_drops.items()):
-        out.append(f"site limit {why}: {count} template placement(s) kept out")
-    cap = job_cap(data.cluster.job_limits)
-    if cap is not None and sum(replicas.values()) >= cap:
-        limits = data.cluster.job_limits
-        names = [f"MaxJobs={limits.max_jobs}" if limits.max_jobs is not None else "",
-                 f"MaxSubmit={limits.max_submit}" if limits.max_submit is not None else ""]
-        out.append(f"site limit {' / '.join(n for n in names if n)}: {sum(replicas.values())} "
-                   f"replica jobs planned, {limits.other_jobs} other job(s) of this user")
-    preemptible = data.cluster.preemptible()
-    if preemptible:
-        offered = {data.models[int(data.model_of[j])].name for j, parts in
-                   enumerate(data.stage_parts) if any(p in preemptible for ps in parts.values()
-                                                       for p in ps)}
-        for row in rows:
-            if any(p in preemptible for p in row.partitions):
-                out.append(f"risk: {row.count} replica(s) of {row.model} on preemptible "
-                           f"{', '.join(sorted(set(row.partitions) & preemptible))}: Slurm may "
-                           "preempt them (resubmitted when it does); the model keeps a replica "
-                           "elsewhere")
-        for name in sorted(offered):
-            if not any(r.model == name and not (set(r.partitions) & preemptible) for r in rows):
-                out.append(f"model {name}: preemptible partitions unused: never a model's only "
-                           "replica")
-    for model in data.models:
-        if model.max_replicas is not None and replicas[model.name] >= model.max_replicas:
-            out.append(f"model {model.name}: max_replicas {model.max_replicas} reached")
-        if model.min_replicas and replicas[model.name] == model.min_replicas:
-            out.append(f"model {model.name}: min_replicas {model.min_replicas} held")
-        if served[model.name] < model.demand_rps * (1 - 1e-9):
-            out.append(
-                f"model {model.name}: demand {model.demand_rps:.4g} req/s, "
-                f"served {served[model.name]:.4g}"
-            )
-    return out

@@ -49,8 +49,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from coral_solver.allocate_data import Prepared, prepare
 from coral_solver.allocate_highs import HighsSolver, SolveResult
-from coral_solver.allocate_model import LinearModel, Prepared, Stage2Model, build_model, prepare
+from coral_solver.allocate_model import LinearModel, Stage2Model, build_model
 from coral_solver.types import Cluster, ModelSpec, Policy, Template
 
 #: rounds of "widen the restriction by what the forced relaxations used" before giving up
@@ -221,17 +222,7 @@ def certified_restriction(models: list[ModelSpec], library: dict[str, list[Templ
         if time.perf_counter() >= deadline:
             return unproven()
         chosen = sorted(set().union(*kept))
-        subset: dict[str, list[Template]] = {m.name: [] for m in models}
-        for j in chosen:
-            template = data.templates[j]
-            subset[template.model].append(template)
-        restricted = prepare(models, subset, cluster, policy)
-        restricted = replace(restricted, dropped=data.dropped, limit_drops=data.limit_drops)
-        sm = build_model(restricted)
-        highs = HighsSolver(sm.lm, options={"mip_heuristic_run_root_reduced_cost": False})
-        highs.set_col_bounds([sm.demand["phi"]], 1.0, 1.0)
-        highs.set_cost(sm.cost)
-        result = highs.solve(max(deadline - time.perf_counter(), 0.01), policy.mip_gap)
+        sm, result = _solve_restricted(models, data, chosen, cluster, policy, deadline)
         if result.x is None:
             return unproven()
         z = float(result.objective)
@@ -242,31 +233,8 @@ def certified_restriction(models: list[ModelSpec], library: dict[str, list[Templ
         # the excluded templates are bounded, only the relaxation's LB holds for the whole
         if z - total_lower <= policy.mip_gap * scale:
             return Restricted(sm, result, min(total_lower, z), len(chosen), rounds)
-        # B_m for every model with excluded templates; widen where it does not certify
-        widened = False
-        excluded_bound = math.inf
-        complete = True  # every B_m computed: then the round's bound holds for the whole model
-        for mi, model in enumerate(data.models):
-            rest = np.array(sorted(set(by_model[mi].tolist()) - kept[mi]), dtype=np.int64)
-            if not len(rest):
-                continue
-            inner = np.array(sorted(kept[mi]), dtype=np.int64)
-            found = relaxed_bound(model, cols, _front(cols, inner, keep_ties=False),
-                                  _front(cols, rest, keep_ties=False), K, deadline)
-            if found is None:
-                if time.perf_counter() >= deadline:
-                    complete = False
-                    break
-                continue  # no plan of R_m uses an excluded template: nothing to fear from them
-            b_m = total_lower - lower[mi] + found[0]
-            excluded_bound = min(excluded_bound, b_m)
-            if z - b_m > policy.mip_gap * scale:
-                members = np.concatenate([_front(cols, inner, keep_ties=False),
-                                          _front(cols, rest, keep_ties=False)])
-                used = members[found[1] > 0]
-                new = [int(j) for j in used if int(j) not in kept[mi]]
-                kept[mi].update(new)
-                widened = widened or bool(new)
+        excluded_bound, widened, complete = _bound_excluded(
+            data, cols, by_model, kept, lower, z, policy, deadline)
         if not complete:
             return unproven()
         bound = min(max(total_lower, min(float(result.bound), excluded_bound)), z)
@@ -276,6 +244,57 @@ def certified_restriction(models: list[ModelSpec], library: dict[str, list[Templ
         if not widened:
             return unproven()
     return unproven()
+
+
+def _solve_restricted(models: list[ModelSpec], data: Prepared, chosen: list[int],
+                      cluster: Cluster, policy: Policy, deadline: float
+                      ) -> tuple[Stage2Model, SolveResult]:
+    """The cost phase (every demand met) of the whole model over the ``chosen`` templates."""
+    subset: dict[str, list[Template]] = {m.name: [] for m in models}
+    for j in chosen:
+        template = data.templates[j]
+        subset[template.model].append(template)
+    restricted = prepare(models, subset, cluster, policy)
+    restricted = replace(restricted, dropped=data.dropped, limit_drops=data.limit_drops)
+    sm = build_model(restricted)
+    highs = HighsSolver(sm.lm, options={"mip_heuristic_run_root_reduced_cost": False})
+    highs.set_col_bounds([sm.demand["phi"]], 1.0, 1.0)
+    highs.set_cost(sm.cost)
+    return sm, highs.solve(max(deadline - time.perf_counter(), 0.01), policy.mip_gap)
+
+
+def _bound_excluded(data: Prepared, cols: _Columns, by_model: list[np.ndarray],
+                    kept: list[set[int]], lower: list[float], z: float, policy: Policy,
+                    deadline: float) -> tuple[float, bool, bool]:
+    """B_m for every model with excluded templates, widening ``kept`` (in place) where it does
+    not certify ``z``: (the least B_m, whether anything was widened, whether every B_m was
+    computed — only then does the round's bound hold for the whole model)."""
+    total_lower = float(sum(lower))
+    scale = max(abs(z), 1e-9)
+    K = policy.startup_penalty
+    widened = False
+    excluded_bound = math.inf
+    for mi, model in enumerate(data.models):
+        rest = np.array(sorted(set(by_model[mi].tolist()) - kept[mi]), dtype=np.int64)
+        if not len(rest):
+            continue
+        inner = np.array(sorted(kept[mi]), dtype=np.int64)
+        found = relaxed_bound(model, cols, _front(cols, inner, keep_ties=False),
+                              _front(cols, rest, keep_ties=False), K, deadline)
+        if found is None:
+            if time.perf_counter() >= deadline:
+                return excluded_bound, widened, False
+            continue  # no plan of R_m uses an excluded template: nothing to fear from them
+        b_m = total_lower - lower[mi] + found[0]
+        excluded_bound = min(excluded_bound, b_m)
+        if z - b_m > policy.mip_gap * scale:
+            members = np.concatenate([_front(cols, inner, keep_ties=False),
+                                      _front(cols, rest, keep_ties=False)])
+            used = members[found[1] > 0]
+            new = [int(j) for j in used if int(j) not in kept[mi]]
+            kept[mi].update(new)
+            widened = widened or bool(new)
+    return excluded_bound, widened, True
 
 
 def lift_point(small: Stage2Model, x: np.ndarray, full: Stage2Model) -> np.ndarray:

@@ -22,126 +22,183 @@ def check_plan(
 ) -> list[str]:
     """Problems with ``plan``: availability and packing per node, partitions, costs, demand,
     quotas, replica bounds, and (given ``library``/``throughput``) the templates themselves."""
-    problems: list[str] = []
     by_name = {m.name: m for m in models}
-    parts = {p.name: p for p in cluster.partitions}
-    node_index: dict[str, int] = {}
-    node_type: list[str] = []
-    node_free: list[int] = []
-    node_parts: list[set[str]] = []
-    for group in cluster.node_groups:
-        members = {p.name for p in cluster.partitions if group.name in p.node_groups}
-        for node, free in zip(group.nodes, group.free):
-            node_index[node] = len(node_type)
-            node_type.append(group.gpu_type)
-            node_free.append(free)
-            node_parts.append(members)
-    used = np.zeros(len(node_type), dtype=np.int64)
-    capacity = dict.fromkeys(by_name, 0.0)
-    role_capacity: dict[str, dict[str, float]] = {}
-    replicas = dict.fromkeys(by_name, 0)
-    quota_use = np.zeros(len(cluster.quotas))
-    total = 0.0
+    tally = _Tally(cluster, by_name)
     library_ids = {m: {t.id: t for t in ts} for m, ts in (library or {}).items()}
+    problems: list[str] = []
     for r, row in enumerate(plan.rows):
-        t = row.template
-        where = f"row {r} ({t.id})"
-        model = by_name.get(t.model)
-        if model is None:
-            problems.append(f"{where}: model {t.model} is not configured")
-            continue
-        if row.count < 1 or len(row.partitions) != t.pp or len(row.nodes) != row.count:
-            problems.append(f"{where}: count {row.count}, {len(row.partitions)} partitions for "
-                            f"{t.pp} stages, {len(row.nodes)} placements")
-            continue
-        if library is not None:
-            known = library_ids.get(t.model, {}).get(t.id)
-            if known is None or abs(known.throughput - t.throughput) > rel_tol * known.throughput:
-                problems.append(f"{where}: not in the Stage-1 library with this throughput")
-        if throughput is not None:
-            problems += _check_template(t, model, throughput, rel_tol)
-        cost = 0.0
-        for s, (stage, p) in enumerate(zip(t.stages, row.partitions)):
-            part = parts.get(p)
-            if part is None or not part.usable:
-                problems.append(f"{where}: stage {s} partition {p} is unknown or not usable")
-                continue
-            if not model.allows_partition(p) or not model.allows_gpu(stage.gpu_type):
-                problems.append(f"{where}: stage {s} on {p}/{stage.gpu_type} not allowed for {model.name}")
-            if (t.id, stage.gpu_type, p) in cluster.excluded_stages:
-                problems.append(f"{where}: stage {s} on {p}/{stage.gpu_type} is excluded")
-            price = part.stage_cost(stage.gpu_type, t.tp)
-            if price is None:
-                problems.append(f"{where}: partition {p} has no price for {stage.gpu_type}")
-                continue
-            cost += price
-            for q, quota in enumerate(cluster.quotas):
-                if quota.matches(p, stage.gpu_type):
-                    quota_use[q] += row.count * t.tp
-        if abs(cost - row.cost_per_hour) > rel_tol * max(cost, 1.0):
-            problems.append(f"{where}: cost_per_hour {row.cost_per_hour} but prices give {cost}")
-        for placed in row.nodes:
-            if len(placed) != t.pp:
-                problems.append(f"{where}: placement {placed} has not one node per stage")
-                continue
-            for s, (node, stage, p) in enumerate(zip(placed, t.stages, row.partitions)):
-                i = node_index.get(node)
-                if i is None:
-                    problems.append(f"{where}: stage {s} on unknown node {node}")
-                    continue
-                if node_type[i] != stage.gpu_type:
-                    problems.append(f"{where}: stage {s} needs {stage.gpu_type}, node {node} has {node_type[i]}")
-                if p not in node_parts[i]:
-                    problems.append(f"{where}: node {node} is not in partition {p}")
-                used[i] += t.tp
-        role_capacity.setdefault(t.model, {"both": 0.0, "prefill": 0.0, "decode": 0.0})
-        if t.role not in role_capacity[t.model]:
-            problems.append(f"{where}: role {t.role!r} is not both, prefill or decode")
-            continue
-        if t.role != "both" and model.disaggregation == "off":
-            problems.append(f"{where}: {t.role} replica but {model.name} is not disaggregated")
-        if t.role == "both" and model.disaggregation == "on":
-            problems.append(f"{where}: aggregated replica but {model.name} is disaggregated only")
-        role_capacity[t.model][t.role] += row.count * t.throughput
-        replicas[t.model] += row.count
-        total += row.count * cost
-    for name, roles in role_capacity.items():  # a disaggregated request needs one of each
-        capacity[name] = roles["both"] + min(roles["prefill"], roles["decode"])
+        problems += _check_row(r, row, tally, library_ids if library is not None else None,
+                               throughput, rel_tol)
     problems += _check_preemptible(plan, cluster)
     for r, row in enumerate(plan.queued):
-        problems += _check_queued(r, row, by_name, parts, cluster, replicas)
-    over = np.nonzero(used > np.asarray(node_free, dtype=np.int64))[0]
-    names = list(node_index)
-    for n in over:
-        problems.append(f"node {names[n]}: {used[n]} GPUs planned, {node_free[n]} available")
-    for q, quota in enumerate(cluster.quotas):
-        if quota_use[q] > quota.max_gpus:
-            problems.append(f"quota {quota.name}: {quota_use[q]:g} GPUs planned, limit {quota.max_gpus}")
-    if abs(total - plan.cost_per_hour) > rel_tol * max(total, 1.0):
-        problems.append(f"cost_per_hour {plan.cost_per_hour} but rows sum to {total}")
+        problems += _check_queued(r, row, by_name, tally.parts, cluster, tally.replicas)
+    problems += _check_totals(plan, tally, rel_tol)
     for name, model in by_name.items():
-        if abs(capacity[name] - plan.capacity.get(name, 0.0)) > rel_tol * max(capacity[name], 1.0):
-            problems.append(f"model {name}: capacity {plan.capacity.get(name)} but rows give {capacity[name]}")
-        served = min(capacity[name], model.demand_rps)
-        claimed = plan.served.get(name, 0.0)
-        if cluster.kv_fabric_gbs is not None and role_capacity.get(name, {}).get("prefill"):
-            # the shared KV fabric may hold a disaggregated model below its replicas' capacity
-            # (checked over all models below); never above
-            if claimed > served + rel_tol * max(served, 1.0):
-                problems.append(f"model {name}: served {claimed} but rows give at most {served}")
-        elif abs(served - claimed) > rel_tol * max(served, 1.0):
-            problems.append(f"model {name}: served {claimed} but rows give {served}")
-        if plan.status in ("optimal", "feasible") and min(capacity[name], claimed) < \
-                model.demand_rps * (1 - rel_tol):
-            problems.append(f"model {name}: demand {model.demand_rps} not met ({capacity[name]})")
-        queued = sum(row.count for row in plan.queued if row.model == name)
-        if replicas[name] + queued < model.min_replicas:
-            problems.append(f"model {name}: {replicas[name]} replicas (+{queued} queued) < "
-                            f"min_replicas {model.min_replicas}")
-        if model.max_replicas is not None and replicas[name] > model.max_replicas:
-            problems.append(f"model {name}: {replicas[name]} replicas > max_replicas {model.max_replicas}")
+        problems += _check_model(plan, model, tally, cluster, rel_tol)
     if cluster.kv_fabric_gbs is not None:
-        problems += _check_fabric(plan, cluster, role_capacity)
+        problems += _check_fabric(plan, cluster, tally.role_capacity)
+    return problems
+
+
+class _Tally:
+    """What the plan's rows add up to, recomputed from the raw inputs: GPUs used per node, GPUs
+    per quota, capacity per model and role, replicas per model, and the total cost."""
+
+    def __init__(self, cluster: Cluster, by_name: dict[str, ModelSpec]):
+        self.by_name = by_name
+        self.parts = {p.name: p for p in cluster.partitions}
+        self.quotas = cluster.quotas
+        self.excluded_stages = cluster.excluded_stages
+        self.node_index: dict[str, int] = {}
+        self.node_type: list[str] = []
+        self.node_free: list[int] = []
+        self.node_parts: list[set[str]] = []
+        for group in cluster.node_groups:
+            members = {p.name for p in cluster.partitions if group.name in p.node_groups}
+            for node, free in zip(group.nodes, group.free):
+                self.node_index[node] = len(self.node_type)
+                self.node_type.append(group.gpu_type)
+                self.node_free.append(free)
+                self.node_parts.append(members)
+        self.used = np.zeros(len(self.node_type), dtype=np.int64)
+        self.role_capacity: dict[str, dict[str, float]] = {}
+        self.replicas = dict.fromkeys(by_name, 0)
+        self.quota_use = np.zeros(len(cluster.quotas))
+        self.total = 0.0
+
+    def capacity(self, name: str) -> float:
+        """A disaggregated request needs one prefill and one decode: the lesser side counts."""
+        roles = self.role_capacity.get(name)
+        return 0.0 if roles is None else roles["both"] + min(roles["prefill"], roles["decode"])
+
+
+def _check_row(r: int, row, tally: _Tally, library_ids: dict[str, dict[str, Template]] | None,
+               throughput, rel_tol: float) -> list[str]:
+    """One placed row: its shape, template, stages' partitions and prices, placements and
+    role; adds what it uses and serves to ``tally``."""
+    t = row.template
+    where = f"row {r} ({t.id})"
+    model = tally.by_name.get(t.model)
+    if model is None:
+        return [f"{where}: model {t.model} is not configured"]
+    if row.count < 1 or len(row.partitions) != t.pp or len(row.nodes) != row.count:
+        return [f"{where}: count {row.count}, {len(row.partitions)} partitions for "
+                f"{t.pp} stages, {len(row.nodes)} placements"]
+    problems: list[str] = []
+    if library_ids is not None:
+        known = library_ids.get(t.model, {}).get(t.id)
+        if known is None or abs(known.throughput - t.throughput) > rel_tol * known.throughput:
+            problems.append(f"{where}: not in the Stage-1 library with this throughput")
+    if throughput is not None:
+        problems += _check_template(t, model, throughput, rel_tol)
+    cost = _check_stages(where, row, model, tally, problems)
+    if abs(cost - row.cost_per_hour) > rel_tol * max(cost, 1.0):
+        problems.append(f"{where}: cost_per_hour {row.cost_per_hour} but prices give {cost}")
+    _check_placements(where, row, tally, problems)
+    roles = tally.role_capacity.setdefault(t.model, {"both": 0.0, "prefill": 0.0, "decode": 0.0})
+    if t.role not in roles:
+        problems.append(f"{where}: role {t.role!r} is not both, prefill or decode")
+        return problems
+    if t.role != "both" and model.disaggregation == "off":
+        problems.append(f"{where}: {t.role} replica but {model.name} is not disaggregated")
+    if t.role == "both" and model.disaggregation == "on":
+        problems.append(f"{where}: aggregated replica but {model.name} is disaggregated only")
+    roles[t.role] += row.count * t.throughput
+    tally.replicas[t.model] += row.count
+    tally.total += row.count * cost
+    return problems
+
+
+def _check_stages(where: str, row, model: ModelSpec, tally: _Tally, problems: list[str]) -> float:
+    """Each stage's partition: usable, allowed, not excluded, priced; returns the row's price
+    per replica and counts its GPUs against the quotas."""
+    t = row.template
+    cost = 0.0
+    for s, (stage, p) in enumerate(zip(t.stages, row.partitions)):
+        part = tally.parts.get(p)
+        if part is None or not part.usable:
+            problems.append(f"{where}: stage {s} partition {p} is unknown or not usable")
+            continue
+        if not model.allows_partition(p) or not model.allows_gpu(stage.gpu_type):
+            problems.append(f"{where}: stage {s} on {p}/{stage.gpu_type} not allowed for {model.name}")
+        if (t.id, stage.gpu_type, p) in tally.excluded_stages:
+            problems.append(f"{where}: stage {s} on {p}/{stage.gpu_type} is excluded")
+        price = part.stage_cost(stage.gpu_type, t.tp)
+        if price is None:
+            problems.append(f"{where}: partition {p} has no price for {stage.gpu_type}")
+            continue
+        cost += price
+        for q, quota in enumerate(tally.quotas):
+            if quota.matches(p, stage.gpu_type):
+                tally.quota_use[q] += row.count * t.tp
+    return cost
+
+
+def _check_placements(where: str, row, tally: _Tally, problems: list[str]) -> None:
+    """Each replica's nodes: one per stage, of the stage's GPU type, in its partition; counts
+    the GPUs each node gives."""
+    t = row.template
+    for placed in row.nodes:
+        if len(placed) != t.pp:
+            problems.append(f"{where}: placement {placed} has not one node per stage")
+            continue
+        for s, (node, stage, p) in enumerate(zip(placed, t.stages, row.partitions)):
+            i = tally.node_index.get(node)
+            if i is None:
+                problems.append(f"{where}: stage {s} on unknown node {node}")
+                continue
+            if tally.node_type[i] != stage.gpu_type:
+                problems.append(f"{where}: stage {s} needs {stage.gpu_type}, node {node} has "
+                                f"{tally.node_type[i]}")
+            if p not in tally.node_parts[i]:
+                problems.append(f"{where}: node {node} is not in partition {p}")
+            tally.used[i] += t.tp
+
+
+def _check_totals(plan: Plan, tally: _Tally, rel_tol: float) -> list[str]:
+    """GPUs per node and per quota within what is free, and the plan's cost the rows' sum."""
+    problems = []
+    over = np.nonzero(tally.used > np.asarray(tally.node_free, dtype=np.int64))[0]
+    names = list(tally.node_index)
+    for n in over:
+        problems.append(f"node {names[n]}: {tally.used[n]} GPUs planned, "
+                        f"{tally.node_free[n]} available")
+    for q, quota in enumerate(tally.quotas):
+        if tally.quota_use[q] > quota.max_gpus:
+            problems.append(f"quota {quota.name}: {tally.quota_use[q]:g} GPUs planned, "
+                            f"limit {quota.max_gpus}")
+    if abs(tally.total - plan.cost_per_hour) > rel_tol * max(tally.total, 1.0):
+        problems.append(f"cost_per_hour {plan.cost_per_hour} but rows sum to {tally.total}")
+    return problems
+
+
+def _check_model(plan: Plan, model: ModelSpec, tally: _Tally, cluster: Cluster,
+                 rel_tol: float) -> list[str]:
+    """One model's capacity, served rate, demand and replica bounds against the rows."""
+    problems = []
+    name = model.name
+    capacity = tally.capacity(name)
+    replicas = tally.replicas[name]
+    if abs(capacity - plan.capacity.get(name, 0.0)) > rel_tol * max(capacity, 1.0):
+        problems.append(f"model {name}: capacity {plan.capacity.get(name)} but rows give {capacity}")
+    served = min(capacity, model.demand_rps)
+    claimed = plan.served.get(name, 0.0)
+    if cluster.kv_fabric_gbs is not None and tally.role_capacity.get(name, {}).get("prefill"):
+        # the shared KV fabric may hold a disaggregated model below its replicas' capacity
+        # (checked over all models below); never above
+        if claimed > served + rel_tol * max(served, 1.0):
+            problems.append(f"model {name}: served {claimed} but rows give at most {served}")
+    elif abs(served - claimed) > rel_tol * max(served, 1.0):
+        problems.append(f"model {name}: served {claimed} but rows give {served}")
+    if plan.status in ("optimal", "feasible") and min(capacity, claimed) < \
+            model.demand_rps * (1 - rel_tol):
+        problems.append(f"model {name}: demand {model.demand_rps} not met ({capacity})")
+    queued = sum(row.count for row in plan.queued if row.model == name)
+    if replicas + queued < model.min_replicas:
+        problems.append(f"model {name}: {replicas} replicas (+{queued} queued) < "
+                        f"min_replicas {model.min_replicas}")
+    if model.max_replicas is not None and replicas > model.max_replicas:
+        problems.append(f"model {name}: {replicas} replicas > max_replicas {model.max_replicas}")
     return problems
 
 

@@ -61,7 +61,8 @@ class TableThroughput:
     def runs_on(self, model: ModelSpec, gpu_type: str) -> bool:
         return any(k[0] == model.name and k[1] == gpu_type for k in self.table)
 
-    def throughput(self, model: ModelSpec, gpu_type: str, tp: int, layers: int, stages: int) -> float:
+    def throughput(self, model: ModelSpec, gpu_type: str, tp: int, layers: int,
+                   stages: int) -> float:
         row = self.table.get((model.name, gpu_type, tp, stages))
         if row is None or not 1 <= layers <= len(row):
             return 0.0
@@ -208,160 +209,212 @@ def _slots(cluster: Cluster, t_min: int) -> int:
 
 def build_joint(inst: Instance) -> tuple[LinearModel, dict]:
     """The monolithic MILP of ``inst`` (see the module docstring for the algebra)."""
-    models, cluster, tm, policy = inst.models, inst.cluster, inst.throughput, inst.policy
-    lm = LinearModel()
-    usable = [p for p in cluster.partitions if p.usable]
-    nodes = []  # (name, gpu, free, partitions)
-    for group in cluster.node_groups:
-        parts = tuple(p.name for p in usable
-                      if group.name in p.node_groups and p.gpu_hour_cost(group.gpu_type) is not None)
-        for node, free in zip(group.nodes, group.free):
-            if free > 0 and parts:
-                nodes.append((node, group.gpu_type, group.gpus_per_node, free, parts))
-    gpus = sorted({n[1] for n in nodes})
-    sizes = sorted({t for m in models for t in tm.tp_degrees(m, policy.max_tp)})
-    # node-level packing: q[n,t,p]
-    q_labels = [(n[0], t, p) for n in nodes for t in sizes if t <= n[3] for p in n[4]]
-    q = dict(zip(q_labels, lm.add_vars("q", q_labels, 0.0, INF, integer=True)))
-    cap_rows = dict(zip([n[0] for n in nodes], lm.add_rows("node", [(n[0],) for n in nodes],
-                                                           -INF, [n[3] for n in nodes])))
-    for (node, t, p), col in q.items():
-        lm.add_terms(cap_rows[node], col, float(t))
-    # e[m,g,t,p]: stages of model m of type g, size t, counted in partition p
-    e_labels = []
-    for m in models:
-        for g in gpus:
-            if not m.allows_gpu(g):
-                continue
-            for t in tm.tp_degrees(m, policy.max_tp):
-                for part in usable:
-                    if m.allows_partition(part.name) and any(
-                        (n[1] == g and part.name in n[4] and n[3] >= t) for n in nodes
-                    ):
-                        e_labels.append((m.name, g, t, part.name))
-    by_name = {p.name: p for p in usable}
-    e_cost = [by_name[p].stage_cost(g, t) for _, g, t, p in e_labels]
-    e = dict(zip(e_labels, lm.add_vars("e", e_labels, 0.0, INF, integer=True, cost=e_cost)))
-    supply_labels = sorted({(g, t, p) for _, g, t, p in e_labels})
-    supply = dict(zip(supply_labels, lm.add_rows("supply", supply_labels, -INF, 0.0)))
-    for (mname, g, t, p), col in e.items():
-        lm.add_terms(supply[(g, t, p)], col, 1.0)
-    for (node, t, p), col in q.items():
-        gpu = next(n[1] for n in nodes if n[0] == node)
-        if (gpu, t, p) in supply:
-            lm.add_terms(supply[(gpu, t, p)], col, -1.0)
-    if cluster.quotas:
-        rows = lm.add_rows("quota", [(x.name,) for x in cluster.quotas], -INF,
-                           [x.max_gpus for x in cluster.quotas])
-        for row, quota in zip(rows, cluster.quotas):
-            for (mname, g, t, p), col in e.items():
-                if quota.matches(p, g):
-                    lm.add_terms(row, col, float(t))
-    # per model, per replica slot: layout binaries
-    names = [(m.name,) for m in models]
-    demand = np.array([m.demand_rps for m in models])
-    served = lm.add_vars("served", names, 0.0, demand, integer=False)
-    phi = lm.add_vars("phi", [()], 1.0, 1.0, integer=False)[0]
-    cover = lm.add_rows("cover", names, 0.0, INF)
-    lm.add_terms(cover, served, -1.0)
-    fair = lm.add_rows("fair", names, 0.0, INF)
-    lm.add_terms(fair, served, 1.0)
-    lm.add_terms(fair, np.full(len(models), phi), -demand)
-    weighted = lm.add_rows("weighted", [()], -INF, INF)[0]
-    lm.add_terms(np.full(len(models), weighted), served, [m.priority for m in models])
-    fabric_row = None
-    if cluster.kv_fabric_gbs is not None and any(m.disaggregation != "off" for m in models):
-        fabric_row = _append_row(lm, "kv_fabric", (), -INF, cluster.kv_fabric_gbs * 1e9)
-    count_rows = lm.add_rows("replicas", names, [float(m.min_replicas) for m in models],
-                             [INF if m.max_replicas is None else float(m.max_replicas) for m in models])
-    for mi, m in enumerate(models):
-        L = tm.layers(m)
+    joint = _Joint(inst)
+    joint.pack_nodes()
+    joint.add_demand()
+    for mi, m in enumerate(inst.models):
+        joint.add_model(mi, m)
+    lm = joint.lm
+    cost = np.asarray(lm.cost, float)
+    return lm, {"served": joint.served, "phi": joint.phi, "weighted": joint.weighted,
+                "cost": cost}
+
+
+class _Joint:
+    """The joint MILP under construction: node packing and stage supply first, then demand,
+    then each model's replica slots with their layout and stage choices."""
+
+    def __init__(self, inst: Instance):
+        self.inst = inst
+        self.lm = LinearModel()
+        cluster, tm, policy = inst.cluster, inst.throughput, inst.policy
+        self.usable = [p for p in cluster.partitions if p.usable]
+        # (name, GPU type, GPUs per node, free GPUs, partitions)
+        self.nodes: list[tuple[str, str, int, int, tuple[str, ...]]] = []
+        for group in cluster.node_groups:
+            parts = tuple(p.name for p in self.usable if group.name in p.node_groups
+                          and p.gpu_hour_cost(group.gpu_type) is not None)
+            for node, free in zip(group.nodes, group.free):
+                if free > 0 and parts:
+                    self.nodes.append((node, group.gpu_type, group.gpus_per_node, free, parts))
+        self.gpus = sorted({n[1] for n in self.nodes})
+        self.sizes = sorted({t for m in inst.models for t in tm.tp_degrees(m, policy.max_tp)})
+
+    def pack_nodes(self) -> None:
+        """q[n,t,p] (size-t stages on node n through partition p, Σ t·q ≤ free), e[m,g,t,p]
+        (stages of model m, type g, size t in partition p, priced), supply rows tying e to q,
+        and the quota rows."""
+        lm, inst, nodes = self.lm, self.inst, self.nodes
+        models, cluster, tm, policy = inst.models, inst.cluster, inst.throughput, inst.policy
+        q_labels = [(n[0], t, p) for n in nodes for t in self.sizes if t <= n[3] for p in n[4]]
+        q = dict(zip(q_labels, lm.add_vars("q", q_labels, 0.0, INF, integer=True)))
+        cap_rows = dict(zip([n[0] for n in nodes],
+                            lm.add_rows("node", [(n[0],) for n in nodes], -INF,
+                                        [n[3] for n in nodes])))
+        for (node, t, p), col in q.items():
+            lm.add_terms(cap_rows[node], col, float(t))
+        e_labels = [(m.name, g, t, part.name) for m in models for g in self.gpus
+                    if m.allows_gpu(g) for t in tm.tp_degrees(m, policy.max_tp)
+                    for part in self.usable if m.allows_partition(part.name) and any(
+                        n[1] == g and part.name in n[4] and n[3] >= t for n in nodes)]
+        by_name = {p.name: p for p in self.usable}
+        e_cost = [by_name[p].stage_cost(g, t) for _, g, t, p in e_labels]
+        self.e = dict(zip(e_labels, lm.add_vars("e", e_labels, 0.0, INF, integer=True,
+                                                cost=e_cost)))
+        supply_labels = sorted({(g, t, p) for _, g, t, p in e_labels})
+        supply = dict(zip(supply_labels, lm.add_rows("supply", supply_labels, -INF, 0.0)))
+        for (_, g, t, p), col in self.e.items():
+            lm.add_terms(supply[(g, t, p)], col, 1.0)
+        gpu_of = {n[0]: n[1] for n in nodes}
+        for (node, t, p), col in q.items():
+            if (gpu_of[node], t, p) in supply:
+                lm.add_terms(supply[(gpu_of[node], t, p)], col, -1.0)
+        if cluster.quotas:
+            rows = lm.add_rows("quota", [(x.name,) for x in cluster.quotas], -INF,
+                               [x.max_gpus for x in cluster.quotas])
+            for row, quota in zip(rows, cluster.quotas):
+                for (_, g, t, p), col in self.e.items():
+                    if quota.matches(p, g):
+                        lm.add_terms(row, col, float(t))
+
+    def add_demand(self) -> None:
+        """served[m] ≤ D_m covered by replicas, phi (fairness), the weighted-served row, the
+        KV-fabric row and the replica-count rows."""
+        lm, models, cluster = self.lm, self.inst.models, self.inst.cluster
+        names = [(m.name,) for m in models]
+        demand = np.array([m.demand_rps for m in models])
+        self.served = lm.add_vars("served", names, 0.0, demand, integer=False)
+        self.phi = lm.add_vars("phi", [()], 1.0, 1.0, integer=False)[0]
+        self.cover = lm.add_rows("cover", names, 0.0, INF)
+        lm.add_terms(self.cover, self.served, -1.0)
+        fair = lm.add_rows("fair", names, 0.0, INF)
+        lm.add_terms(fair, self.served, 1.0)
+        lm.add_terms(fair, np.full(len(models), self.phi), -demand)
+        self.weighted = lm.add_rows("weighted", [()], -INF, INF)[0]
+        lm.add_terms(np.full(len(models), self.weighted), self.served,
+                     [m.priority for m in models])
+        self.fabric_row = None
+        if cluster.kv_fabric_gbs is not None and any(m.disaggregation != "off" for m in models):
+            self.fabric_row = _append_row(lm, "kv_fabric", (), -INF, cluster.kv_fabric_gbs * 1e9)
+        self.count_rows = lm.add_rows(
+            "replicas", names, [float(m.min_replicas) for m in models],
+            [INF if m.max_replicas is None else float(m.max_replicas) for m in models])
+
+    def add_model(self, mi: int, m: ModelSpec) -> None:
+        """Model ``m``'s stage rows (Σ a − Σ_p e = 0 per GPU type and size), its disaggregated
+        split, and its replica slots per role."""
+        lm, inst = self.lm, self.inst
+        tm, policy = inst.throughput, inst.policy
         tps = tm.tp_degrees(m, policy.max_tp)
-        options = [(t, S) for t in tps for S in range(1, min(policy.n_max, L) + 1)]
-        slots = _slots(cluster, min(tps))
+        slots = _slots(inst.cluster, min(tps))
         if m.max_replicas is not None:
             slots = min(slots, m.max_replicas)
-        stage_rows: dict[tuple[str, int], int] = {}  # (g, t) → row: Σ a − Σ_p e = 0
-        for g in gpus:
+        stage_rows: dict[tuple[str, int], int] = {}
+        for g in self.gpus:
             for t in tps:
-                if any((m.name, g, t, p.name) in e for p in usable):
+                cols = [self.e[(m.name, g, t, p.name)] for p in self.usable
+                        if (m.name, g, t, p.name) in self.e]
+                if cols:
                     stage_rows[(g, t)] = _append_row(lm, "stages", (m.name, g, t), 0.0, 0.0)
-                    for part in usable:
-                        if (m.name, g, t, part.name) in e:
-                            lm.add_terms(stage_rows[(g, t)], e[(m.name, g, t, part.name)], -1.0)
+                    for col in cols:
+                        lm.add_terms(stage_rows[(g, t)], col, -1.0)
         roles = roles_for(m)
-        cover_of = {"both": cover[mi]}
+        cover_of = {"both": self.cover[mi]}
         if "prefill" in roles:  # split[m]: requests/s through prefill + decode replicas
             split = lm.add_vars(f"split_{m.name}", [(m.name,)], 0.0, m.demand_rps,
                                 integer=False)[0]
-            lm.add_terms(cover[mi], split, 1.0)
+            lm.add_terms(self.cover[mi], split, 1.0)
             for role in ("prefill", "decode"):
                 cover_of[role] = _append_row(lm, f"cover_{role}", (m.name,), 0.0, INF)
                 lm.add_terms(cover_of[role], split, -1.0)
-            if fabric_row is not None:
-                lm.add_terms(fabric_row, split, tm.kv_bytes_per_request(m))
+            if self.fabric_row is not None:
+                lm.add_terms(self.fabric_row, split, tm.kv_bytes_per_request(m))
         for role in roles:
-            def speed_of(g, t, held, S, role=role, m=m):
-                return tm.phase_throughput(m, g, t, held, S, role)
             table = tm.table if role == "both" else {
                 k[:4]: v for k, v in tm.phase_table.items() if k[4] == role}
             t_max = max((max(row) for k, row in table.items() if k[0] == m.name), default=0.0)
-            prev_active, prev_T = None, None
+            previous: tuple[list[int], int] | None = None
             for r in range(slots):
-                T = lm.add_vars(f"T_{m.name}_{role}_{r}", [(m.name, role, r)], 0.0, t_max, integer=False)[0]
-                lm.add_terms(cover_of[role], T, 1.0)
-                one = _append_row(lm, "one_layout", (m.name, role, r), -INF, 1.0)
-                active = _append_row(lm, "active_cap", (m.name, role, r), -INF, 0.0)  # T ≤ t_max Σ w
-                lm.add_terms(active, T, 1.0)
-                w_cols = []
-                for t, S in options:
-                    w = lm.add_vars(f"w_{m.name}_{role}_{r}_{t}_{S}", [(m.name, role, r, t, S)], 0.0, 1.0, integer=True)[0]
-                    w_cols.append(w)
-                    lm.add_terms(one, w, 1.0)
-                    lm.add_terms(active, w, -t_max)
-                    lm.add_terms(count_rows[mi], w, 1.0)
-                    layer_row = _append_row(lm, "layers", (m.name, role, r, t, S), 0.0, 0.0)
-                    lm.add_terms(layer_row, w, -float(L))
-                    keys_prev = None
-                    for s in range(S):
-                        pick = _append_row(lm, "pick", (m.name, role, r, t, S, s), 0.0, 0.0)
-                        lm.add_terms(pick, w, -1.0)
-                        # T ≤ Σ thr·a + t_max·(1 − w): binds only when this option is taken
-                        bottleneck = _append_row(lm, "bottleneck", (m.name, role, r, t, S, s), -INF, t_max)
-                        lm.add_terms(bottleneck, T, 1.0)
-                        lm.add_terms(bottleneck, w, t_max)
-                        keys = []
-                        for gi, g in enumerate(gpus):
-                            if (g, t) not in stage_rows:
-                                continue
-                            for held in range(1, L - S + 2):
-                                speed = speed_of(g, t, held, S)
-                                if speed <= 0:
-                                    continue
-                                a = lm.add_vars(f"a_{m.name}_{role}_{r}_{t}_{S}_{s}_{g}_{held}",
-                                                [(m.name, role, r, t, S, s, g, held)], 0.0, 1.0, integer=True)[0]
-                                lm.add_terms(pick, a, 1.0)
-                                lm.add_terms(layer_row, a, float(held))
-                                lm.add_terms(bottleneck, a, -speed)
-                                lm.add_terms(stage_rows[(g, t)], a, 1.0)
-                                keys.append((a, gi * (L + 1) + held))
-                        if keys_prev is not None:  # stages sorted by (type, layers): no symmetric copies
-                            order = _append_row(lm, "stage_order", (m.name, role, r, t, S, s), 0.0, INF)
-                            lm.add_terms(order, [c for c, _ in keys_prev], [k for _, k in keys_prev])
-                            lm.add_terms(order, [c for c, _ in keys], [-k for _, k in keys])
-                        keys_prev = keys
-                if prev_active is not None:  # replicas sorted by throughput: no symmetric copies
-                    order = _append_row(lm, "replica_order", (m.name, role, r), 0.0, INF)
-                    lm.add_terms(order, [prev_T, T], [1.0, -1.0])
-                    order = _append_row(lm, "replica_active", (m.name, role, r), 0.0, INF)
-                    lm.add_terms(order, prev_active + w_cols,
-                                 [1.0] * len(prev_active) + [-1.0] * len(w_cols))
-                prev_active, prev_T = w_cols, T
-    cost = np.asarray(lm.cost, float)
-    return lm, {"served": served, "phi": phi, "weighted": weighted, "cost": cost}
+                previous = self._replica_slot(mi, m, role, r, t_max, cover_of[role], stage_rows,
+                                              previous)
+
+    def _replica_slot(self, mi: int, m: ModelSpec, role: str, r: int, t_max: float,
+                      cover_row: int, stage_rows: dict[tuple[str, int], int],
+                      previous: tuple[list[int], int] | None) -> tuple[list[int], int]:
+        """Replica slot r of ``m`` in ``role``: its throughput T, one layout (t, S) chosen by
+        w, and per stage position the GPU type and layers held (a). Returns (w columns, T)
+        for the next slot's symmetry-breaking rows."""
+        lm, tm, policy = self.lm, self.inst.throughput, self.inst.policy
+        L = tm.layers(m)
+        options = [(t, S) for t in tm.tp_degrees(m, policy.max_tp)
+                   for S in range(1, min(policy.n_max, L) + 1)]
+        label = (m.name, role, r)
+        T = lm.add_vars(f"T_{m.name}_{role}_{r}", [label], 0.0, t_max, integer=False)[0]
+        lm.add_terms(cover_row, T, 1.0)
+        one = _append_row(lm, "one_layout", label, -INF, 1.0)
+        active = _append_row(lm, "active_cap", label, -INF, 0.0)  # T ≤ t_max Σ w
+        lm.add_terms(active, T, 1.0)
+        w_cols = []
+        for t, S in options:
+            w = lm.add_vars(f"w_{m.name}_{role}_{r}_{t}_{S}", [(*label, t, S)], 0.0, 1.0,
+                            integer=True)[0]
+            w_cols.append(w)
+            lm.add_terms(one, w, 1.0)
+            lm.add_terms(active, w, -t_max)
+            lm.add_terms(self.count_rows[mi], w, 1.0)
+            layer_row = _append_row(lm, "layers", (*label, t, S), 0.0, 0.0)
+            lm.add_terms(layer_row, w, -float(L))
+            keys_prev = None
+            for s in range(S):
+                keys = self._stage_position(m, role, label, t, S, s, T, w, t_max, layer_row,
+                                            stage_rows)
+                if keys_prev is not None:  # stages sorted by (type, layers): no symmetric copies
+                    order = _append_row(lm, "stage_order", (*label, t, S, s), 0.0, INF)
+                    lm.add_terms(order, [c for c, _ in keys_prev], [k for _, k in keys_prev])
+                    lm.add_terms(order, [c for c, _ in keys], [-k for _, k in keys])
+                keys_prev = keys
+        if previous is not None:  # replicas sorted by throughput: no symmetric copies
+            prev_active, prev_T = previous
+            order = _append_row(lm, "replica_order", label, 0.0, INF)
+            lm.add_terms(order, [prev_T, T], [1.0, -1.0])
+            order = _append_row(lm, "replica_active", label, 0.0, INF)
+            lm.add_terms(order, prev_active + w_cols,
+                         [1.0] * len(prev_active) + [-1.0] * len(w_cols))
+        return w_cols, T
+
+    def _stage_position(self, m: ModelSpec, role: str, label: tuple, t: int, S: int, s: int,
+                        T: int, w: int, t_max: float, layer_row: int,
+                        stage_rows: dict[tuple[str, int], int]) -> list[tuple[int, int]]:
+        """Stage s of layout (t, S): one (GPU type, layers held) pick when w is chosen, and T
+        bounded by that pick's throughput. Returns (a column, sort key) pairs."""
+        lm, tm = self.lm, self.inst.throughput
+        L = tm.layers(m)
+        pick = _append_row(lm, "pick", (*label, t, S, s), 0.0, 0.0)
+        lm.add_terms(pick, w, -1.0)
+        # T ≤ Σ thr·a + t_max·(1 − w): binds only when this option is taken
+        bottleneck = _append_row(lm, "bottleneck", (*label, t, S, s), -INF, t_max)
+        lm.add_terms(bottleneck, T, 1.0)
+        lm.add_terms(bottleneck, w, t_max)
+        keys = []
+        for gi, g in enumerate(self.gpus):
+            if (g, t) not in stage_rows:
+                continue
+            for held in range(1, L - S + 2):
+                speed = tm.phase_throughput(m, g, t, held, S, role)
+                if speed <= 0:
+                    continue
+                a = lm.add_vars(f"a_{m.name}_{role}_{label[2]}_{t}_{S}_{s}_{g}_{held}",
+                                [(*label, t, S, s, g, held)], 0.0, 1.0, integer=True)[0]
+                lm.add_terms(pick, a, 1.0)
+                lm.add_terms(layer_row, a, float(held))
+                lm.add_terms(bottleneck, a, -speed)
+                lm.add_terms(stage_rows[(g, t)], a, 1.0)
+                keys.append((a, gi * (L + 1) + held))
+        return keys
 
 
-def _append_row(lm: LinearModel, family: str, label: tuple, lower: float = 0.0, upper: float = 0.0) -> int:
+def _append_row(lm: LinearModel, family: str, label: tuple, lower: float = 0.0,
+                upper: float = 0.0) -> int:
     """Add one row to a family that may already exist (rows of a family stay contiguous only
     when added together; here the family just collects labels for reading)."""
     row = lm.num_rows

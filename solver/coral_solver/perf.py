@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +43,7 @@ __all__ = [
     "has_measured_throughput",
     "is_calibrated",
     "kv_capacity_tokens",
+    "kv_space",
     "measured_dirs",
     "measured_pipeline_throughput",
     "measured_pipelines",
@@ -76,18 +77,23 @@ class Mix:
 
 _profiles: Path | None = None
 _measured_dirs: tuple[Path, ...] | None = None
+_kv_space: dict[str, int] = {}
 
 
-def configure(profiles: Path | None = None, measured: list[Path] | tuple[Path, ...] | None = None
-              ) -> None:
+def configure(profiles: Path | None = None, measured: list[Path] | tuple[Path, ...] | None = None,
+              kv_space: Mapping[str, int] | None = None) -> None:
     """Point the model at another profiles folder and/or measured-profile folders.
 
     ``profiles`` None: the shipped profiles; ``measured`` None: ``<profiles>/measured``.
+    ``kv_space``: GPU type -> bytes of KV cache the engine is told to keep per worker where
+    that is a setting, not what the GPU's memory leaves (vLLM's CPU build:
+    ``VLLM_CPU_KVCACHE_SPACE``); see :func:`stage_kv_capacity_tokens`.
     Clears every memoised result, so later calls see the new inputs.
     """
-    global _profiles, _measured_dirs
+    global _profiles, _measured_dirs, _kv_space
     _profiles = Path(profiles).resolve() if profiles is not None else None
     _measured_dirs = tuple(Path(p).resolve() for p in measured) if measured is not None else None
+    _kv_space = dict(kv_space or {})
     for cached in (_base_coeffs, _stage_coeffs, _stage_throughput, _kv_capacity, _step_correction,
                    load_calibration, load_measured):
         cached.cache_clear()
@@ -95,6 +101,11 @@ def configure(profiles: Path | None = None, measured: list[Path] | tuple[Path, .
 
 def _calibration() -> Calibration:
     return load_calibration(_profiles)
+
+
+def kv_space() -> dict[str, int]:
+    """GPU type -> configured KV bytes per engine worker (see :func:`configure`)."""
+    return dict(_kv_space)
 
 
 def measured_dirs() -> tuple[Path, ...]:
@@ -149,9 +160,12 @@ def pipeline_stage_gpus(profile: MeasuredProfile) -> tuple[str, ...]:
 
 
 def stage_kv_capacity_tokens(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int) -> int:
-    """KV-cache tokens one stage holding ``layers`` layers has: measured where the engine
-    reported its KV capacity on this GPU type (``coral-hpc profile``: a single-process profile,
-    or a pipeline's first stage), else the analytic :func:`kv_capacity_tokens`.
+    """KV-cache tokens one stage holding ``layers`` layers has: the engine's configured KV
+    space where the deployment sets one for this GPU type (:func:`configure` ``kv_space``, bytes
+    per worker over each worker's KV bytes per token of its heads and layers); else measured
+    where the engine reported its KV capacity on this GPU type (``coral-hpc profile``: a
+    single-process profile, or a pipeline's first stage); else the analytic
+    :func:`kv_capacity_tokens` (GPU memory x utilisation - reserve - weights).
 
     A measured figure is the engine's KV space in bytes (e.g. vLLM's CPU build sizes it by
     ``VLLM_CPU_KVCACHE_SPACE``, not by the model) divided by the bytes per token of the layers it
@@ -160,6 +174,8 @@ def stage_kv_capacity_tokens(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int
     ``max_model_len`` does not fit)."""
     if layers <= 0 or tp <= 0:
         return 0
+    if gpu.name in _kv_space:
+        return int(_kv_space[gpu.name] // kv_bytes_per_token_per_gpu(arch, tp, layers))
     measured = []
     for profile in _measured().get((arch.name, gpu.name, tp), ()):
         if profile.kv_capacity_tokens:

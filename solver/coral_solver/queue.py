@@ -87,30 +87,8 @@ def queue_unplaced(plan: Plan, models: list[ModelSpec], library: dict[str, list[
             wanted = min(wanted, model.max_replicas - placed[model.name])
         if wanted <= 0:
             continue
-        best = None
-        for template in library.get(model.name, []):
-            for option in cluster.queue_options:
-                if not _fits(option, template, model, cluster):
-                    continue
-                cost = _cost(cluster, option.partition, template)
-                if cost is None:
-                    continue
-                gpu = template.stages[0].gpu_type
-                over = [q for q in cluster.quotas if q.matches(option.partition, gpu)
-                        and quota_use[q.name] + template.gpus > q.max_gpus]
-                if over:
-                    continue
-                served = min(template.throughput, model.demand_rps) or template.throughput
-                contended = bool(planned_nodes & set(option.node_names))
-                # an estimate on nodes the plan gives others last; then the earliest start (to
-                # the minute: estimates are not finer), the cheapest per request served, the
-                # larger replica
-                wait = option.wait_s - (MOVE_MARGIN_S if option.held else 0.0)
-                minutes = round(wait / 60.0) if option.start_known else 0
-                key = (not option.start_known, contended, minutes, not option.held,
-                       cost / served, -template.throughput, template.id)
-                if best is None or key < best[0]:
-                    best = (key, template, option, cost)
+        best = _best_queue_choice(model, library.get(model.name, []), cluster, quota_use,
+                                  planned_nodes)
         if best is None:
             notes.append(f"model {model.name}: nothing to queue (no Slurm estimate for a shape "
                          "of its templates)")
@@ -132,18 +110,53 @@ def queue_unplaced(plan: Plan, models: list[ModelSpec], library: dict[str, list[
         queued.append(PlanRow(template, (option.partition,) * template.pp, wanted, cost,
                               (nodes,) * wanted, (wait,) * wanted,
                               start_known=option.start_known))
-        if not option.start_known:
-            notes.append(f"model {model.name}: nothing starts now and Slurm gave no start "
-                         f"estimate for its shapes; {wanted} replica(s) queued on "
-                         f"{option.partition}, start unknown")
-            continue
-        if key[1]:
-            when = (f"after this plan's replicas on {', '.join(option.node_names)} (Slurm's "
-                    f"estimate before them: {option.wait_s / 60:.0f} min)")
-        else:
-            when = f"expected in {option.wait_s / 60:.0f} min"
-        notes.append(f"model {model.name}: nothing starts within the horizon; {wanted} "
-                     f"replica(s) queued on {option.partition}, {when}")
+        notes.append(_queued_note(model.name, wanted, option, contended=key[1]))
     if not queued and not notes:
         return plan
     return replace(plan, queued=plan.queued + tuple(queued), binding=plan.binding + tuple(notes))
+
+
+def _best_queue_choice(model: ModelSpec, templates: list[Template], cluster: Cluster,
+                       quota_use: Counter[str], planned_nodes: set[str]
+                       ) -> tuple[tuple, Template, QueueOption, float] | None:
+    """The (sort key, template, queue option, cost per hour) to queue ``model`` with, or None
+    when no template's shape has an option that fits, is priced and stays within the quotas."""
+    best = None
+    for template in templates:
+        for option in cluster.queue_options:
+            if not _fits(option, template, model, cluster):
+                continue
+            cost = _cost(cluster, option.partition, template)
+            if cost is None:
+                continue
+            gpu = template.stages[0].gpu_type
+            over = [q for q in cluster.quotas if q.matches(option.partition, gpu)
+                    and quota_use[q.name] + template.gpus > q.max_gpus]
+            if over:
+                continue
+            served = min(template.throughput, model.demand_rps) or template.throughput
+            contended = bool(planned_nodes & set(option.node_names))
+            # an estimate on nodes the plan gives others last; then the earliest start (to
+            # the minute: estimates are not finer), the cheapest per request served, the
+            # larger replica
+            wait = option.wait_s - (MOVE_MARGIN_S if option.held else 0.0)
+            minutes = round(wait / 60.0) if option.start_known else 0
+            key = (not option.start_known, contended, minutes, not option.held,
+                   cost / served, -template.throughput, template.id)
+            if best is None or key < best[0]:
+                best = (key, template, option, cost)
+    return best
+
+
+def _queued_note(model: str, wanted: int, option: QueueOption, contended: bool) -> str:
+    """Why ``model`` is queued on ``option`` and when Slurm expects it to start."""
+    if not option.start_known:
+        return (f"model {model}: nothing starts now and Slurm gave no start estimate for its "
+                f"shapes; {wanted} replica(s) queued on {option.partition}, start unknown")
+    if contended:
+        when = (f"after this plan's replicas on {', '.join(option.node_names)} (Slurm's "
+                f"estimate before them: {option.wait_s / 60:.0f} min)")
+    else:
+        when = f"expected in {option.wait_s / 60:.0f} min"
+    return (f"model {model}: nothing starts within the horizon; {wanted} replica(s) queued on "
+            f"{option.partition}, {when}")

@@ -39,9 +39,10 @@ from coral_solver.types import ModelSpec, Policy, Stage, Template
 #: progress(model name, models done, models total)
 Progress = Callable[[str, int, int], None]
 
-#: 2: the key no longer holds the model's name (entries are shared between models); 3: a
-#: template may always use one GPU (:func:`memory_budget`), so small models' libraries grew
-CACHE_VERSION = 3
+#: 2: the key no longer holds the model's name (entries are shared between models);
+#: 3: prefill-only and decode-only stages must hold one ``max_model_len`` request's KV too;
+#: 4: a template may always use one GPU (:func:`memory_budget`), so small models' libraries grew
+CACHE_VERSION = 4
 
 
 def default_cache_dir() -> Path:
@@ -168,9 +169,13 @@ class PerfThroughput:
 
     def phase_throughput(self, model: ModelSpec, gpu_type: str, tp: int, layers: int,
                          stages: int, role: str) -> float:
-        """Requests/s one stage of a prefill-only or decode-only replica sustains."""
+        """Requests/s one stage of a prefill-only or decode-only replica sustains; 0.0 when
+        the stage cannot hold one ``max_model_len`` request's KV (:meth:`kv_fits`): a
+        prefill-only or decode-only vLLM checks it at start as any other does."""
         from coral_solver import perf_roles
 
+        if not self.kv_fits(model, gpu_type, tp, layers):
+            return 0.0
         slo = self._perf.Slo(ttft_s=model.ttft_s, tpot_s=model.tpot_s)
         mix = self._perf.Mix(input_tokens=model.input_tokens, output_tokens=model.output_tokens)
         return perf_roles.phase_throughput(self._arch(model), self._gpu(gpu_type), tp, layers,
@@ -200,6 +205,9 @@ class PerfThroughput:
                     Path(folder).glob("pipelines/*.yaml")):
                 digest.update(str(path).encode())
                 digest.update(path.read_bytes())
+        # a configured KV space (vLLM's CPU VLLM_CPU_KVCACHE_SPACE) decides which stages fit
+        kv_space: dict[str, int] = getattr(self._perf, "kv_space", dict)()
+        digest.update(json.dumps(sorted(kv_space.items())).encode())
         for module in (self._perf, self._catalog):
             # both are plain source modules of this package, so they have a file
             assert module.__file__ is not None

@@ -11,7 +11,7 @@ import pytest
 
 from coral_solver.allocate import allocate
 from coral_solver.allocate_bound import _columns, _front
-from coral_solver.allocate_model import prepare
+from coral_solver.allocate_data import prepare
 from coral_solver.check import check_plan
 from coral_solver.joint import random_instance
 from coral_solver.templates import build_library

@@ -91,3 +91,34 @@ def perf_stage(gpu: str, layers: int):
     from coral_solver.types import Stage
 
     return Stage(gpu, layers)
+
+
+def _disaggregated(max_model_len: int | None) -> ModelSpec:
+    return ModelSpec(name="tiny", arch="coral-tiny-llama", input_tokens=438, output_tokens=6,
+                     ttft_s=4.0, tpot_s=0.4, demand_rps=1.0, max_model_len=max_model_len,
+                     disaggregation="on")
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_every_role_holds_one_max_model_len_request(measured_pp2, role):
+    # issue 27: disaggregated replicas of a 600,000-token model were planned on one node (its
+    # 524,288 measured tokens), and vLLM refused to start them, in a loop
+    from coral_solver.roles import phase_templates
+
+    tm = PerfThroughput()
+    policy = Policy(n_max=2, rho=1e5, max_tp=1, heterogeneous=False)
+    v100 = {"v100": GPUS["v100"]}
+    assert any(t.pp == 1 for t in phase_templates(tm, _disaggregated(512), v100, policy, role))
+    long = phase_templates(tm, _disaggregated(600_000), v100, policy, role)
+    assert long and all(t.pp == 2 and max(s.layers for s in t.stages) <= 2 for t in long)
+    assert phase_templates(tm, _disaggregated(2_200_000), v100, policy, role) == []
+
+
+def test_a_stage_that_just_fits_and_one_that_just_does_not(measured_pp2):
+    tm = PerfThroughput()
+    # 4 layers on one v100 node hold 524,288 tokens (the measured 1,048,576 x 2 / 4)
+    assert tm.kv_fits(_model(524_288), "v100", 1, 4)
+    assert not tm.kv_fits(_model(524_289), "v100", 1, 4)
+    for role in ("prefill", "decode"):
+        assert tm.phase_throughput(_disaggregated(524_288), "v100", 1, 4, 1, role) > 0
+        assert tm.phase_throughput(_disaggregated(524_289), "v100", 1, 4, 1, role) == 0.0

@@ -207,7 +207,9 @@ def test_an_expired_exclusion_no_longer_blocks():
 
 
 def _crashed(rid, ended_at, template="t1"):
-    return rec(rid, ready_at=None, ended_at=ended_at, end_state="FAILED", template=template)
+    """A replica that served (READY at 20) and then crashed: the crash_limit rule's case (one
+    that failed before READY backs off at once, test_reconcile_start_backoff.py)."""
+    return rec(rid, ended_at=ended_at, end_state="FAILED", template=template)
 
 
 def test_a_template_that_keeps_crashing_cools_down_with_a_clear_event():

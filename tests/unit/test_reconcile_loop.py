@@ -331,15 +331,68 @@ def test_a_crash_cooldown_reaches_the_planner_as_an_excluded_template(make):
     for _ in range(loop.settings.crash_limit):
         loop.cycle(2)
         (record,) = loop.live()
-        loop.slurm.start(record.job_id, ["a100-01"])
+        loop.serve(record.id)  # READY, then it crashes: not a failed start
         loop.cycle(2)
         loop.slurm.end(record.job_id, "FAILED")
         loop.cycle(2)
-    excluded = {e.target for e in loop.store.exclusions(loop.clock.now)}
-    assert TemplateExclusion(slot("a100").template_id) in excluded
+    (exclusion,) = loop.store.exclusions(loop.clock.now)
+    assert exclusion.target == TemplateExclusion(slot("a100").template_id)
+    assert exclusion.kind is ExclusionKind.CRASH_COOLDOWN
     loop.cycle(2)
     assert slot("a100").template_id in planner.requests[-1].excluded_templates
     assert loop.live()[-1].partitions == ("v100",)
+
+
+KV_REFUSAL = (REPO / "tests/data/vllm/engine-kv-refusal-0.32.0-cpu.log").read_text()
+
+
+def test_a_layout_that_fails_at_start_backs_off_naming_why(make):
+    """issue 27: a layout whose KV cache could not hold max_model_len crashed at start and was
+    resubmitted in a loop. Now its reason is read from the job's engine log, the template is
+    kept out of plans at once, and again, twice as long, when it fails after that."""
+    planner = ScriptedPlanner(slot("a100"), slot("v100"))
+    loop = make(planner)
+    loop.cycle(2)
+    (record,) = loop.live()
+    loop.slurm.start(record.job_id, ["a100-01"])
+    loop.cycle(2)
+    logs = loop.deployment.state_path / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    (logs / f"{record.id}.{record.job_id}.rank0.engine.log").write_text(KV_REFUSAL)
+    loop.slurm.end(record.job_id, "FAILED")
+    loop.cycle(2)
+    loop.cycle(2)
+    # not resubmitted where it failed: the next plan goes elsewhere
+    assert [r.partitions for r in loop.live()] == [("v100",)]
+    failed = loop.store.replica(record.id)
+    assert failed is not None and "1.14 GiB KV cache is needed" in (failed.failure or "")
+    (exclusion,) = loop.store.exclusions(loop.clock.now)
+    assert exclusion.target == TemplateExclusion(slot("a100").template_id)
+    assert exclusion.kind is ExclusionKind.START_FAILED
+    assert exclusion.until - exclusion.since == pytest.approx(loop.settings.start_backoff_s,
+                                                              abs=0.1)
+    assert "1.14 GiB KV cache is needed" in exclusion.reason
+    assert any("1.14 GiB KV cache" in m for m in events(loop, "failed"))
+    # the other layout fails at start too; once a100's back-off is over it is tried again,
+    # and failing again it waits twice as long
+    moved = loop.live()[0]
+    loop.slurm.start(moved.job_id, ["v100-01"])
+    loop.cycle(2)
+    loop.slurm.end(moved.job_id, "FAILED")
+    loop.cycle(2)
+    assert loop.live() == []
+    loop.cycle(loop.settings.start_backoff_s - 6)
+    loop.cycle(2)
+    retry = [r for r in loop.live() if r.partitions == ("a100",)]
+    assert len(retry) == 1
+    loop.slurm.start(retry[0].job_id, ["a100-01"])
+    loop.cycle(2)
+    loop.slurm.end(retry[0].job_id, "FAILED")
+    loop.cycle(2)
+    (again,) = [e for e in loop.store.exclusions(loop.clock.now)
+                if e.target == TemplateExclusion(slot("a100").template_id)]
+    assert again.until - again.since == pytest.approx(2 * loop.settings.start_backoff_s,
+                                                      abs=0.1)
 
 
 def test_a_cancel_slurm_did_not_carry_out_is_sent_again(make):

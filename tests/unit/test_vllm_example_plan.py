@@ -66,3 +66,67 @@ def test_the_long_context_models_do_not_fit_one_node_by_the_measured_kv(example)
         assert model.max_model_len is not None
         assert perf.stage_kv_capacity_tokens(arch, v100, 1, 3) >= model.max_model_len
         assert perf.stage_kv_capacity_tokens(arch, v100, 1, 4) < model.max_model_len
+
+
+def test_disaggregated_the_long_context_roles_never_sit_on_one_node(example):
+    """issue 27: with ``disaggregation: on`` and ``measured_only`` relaxed, the long-context
+    models' prefill and decode replicas were planned on one node, whose measured KV space holds
+    fewer tokens than max_model_len, and crashed at start. Now no role's stage holds more layers
+    than its KV room allows, and the plan says why per model."""
+    from dataclasses import replace
+
+    from coral_hpc.plan.figures import use_measured_profiles
+
+    models = [replace(m, disaggregation="on") for m in model_specs(example)]
+    policy = replace(policy_of(example), measured_only=False)
+    use_measured_profiles(example)  # as the planner does: the example's 1 GiB KV space too
+    tm = PerfThroughput()
+    library = build_library(models, GPUS, policy, tm, use_cache=False)
+    # 1 GiB over 600,000 tokens of 512 B per layer: 3 layers a stage (699,050 tokens), not 4
+    most = {"tiny-llama": 3, "tiny-qwen2": 3}
+    for name, limit in most.items():
+        roles = {t.role for t in library[name]}
+        assert roles == {"prefill", "decode"}, name
+        assert all(t.pp >= 2 and max(s.layers for s in t.stages) <= limit
+                   for t in library[name]), name
+    from coral_solver.kv_room import kv_limit
+
+    lines = {m.name: kv_limit(tm, m, GPUS, policy) for m in models}
+    assert lines["tiny-chat"] is None
+    assert lines["tiny-llama"] == (
+        "tiny-llama: max_model_len 600000: every pipeline stage (prefill and decode replicas "
+        "alike) must hold one request's KV cache or vLLM refuses to start it; a stage holds at "
+        "most 3 of 4 layers on a100 (TP 1), so layouts of fewer than 2 stages are refused")
+    assert "at most 3 of 5 layers" in lines["tiny-qwen2"]
+    one_stage = replace(policy, n_max=1)
+    assert "nothing of it is planned" in kv_limit(tm, models[0], GPUS, one_stage)
+
+
+def test_plan_names_the_layouts_the_kv_check_refuses(tmp_path, monkeypatch):
+    """`coral-hpc plan --json` of the example, disaggregated and not measured-only: every long-
+    context replica is a pipeline, and its warnings say why per model."""
+    import json
+
+    from click.testing import CliRunner
+
+    from coral_hpc.cli.plan import plan
+
+    text = (REPO / "examples" / "vllm-cpu.yaml").read_text()
+    text = text.replace("profiles_dir: vllm-cpu.profiles",
+                        f"profiles_dir: {REPO / 'examples' / 'vllm-cpu.profiles'}")
+    text = text.replace("  measured_only: true", '  measured_only: false\n  disaggregation: "on"')
+    text = text.replace("engine:\n  kind: vllm\n",
+                        "engine:\n  kind: vllm\n  kv_connector: {name: NixlConnector}\n")
+    path = tmp_path / "vllm-cpu.yaml"
+    path.write_text(text)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    out = CliRunner().invoke(plan, [str(path), "--json", "--snapshot",
+                                    str(REPO / "tests/data/plan/devcluster-snapshot.json")])
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.stdout)
+    long = [r for r in data["replicas"] if r["model"] in ("tiny-llama", "tiny-qwen2")]
+    assert long and all(r["pp"] >= 2 and max(s["layers"] for s in r["stages"]) <= 3
+                        for r in long)
+    warned = {w.split(":")[0] for w in data["warnings"] if "max_model_len 600000" in w}
+    assert warned == {"tiny-llama", "tiny-qwen2"}
+    assert any("at most 3 of 4 layers on v100" in w for w in data["warnings"])
