@@ -59,7 +59,7 @@ def prefill_charges(plan, deployment) -> list[dict]:
     out = []
     for row in plan.rows:
         m = deployment.model(row.model)
-        arch = catalog.model_arch(m.architecture)
+        arch = catalog.model_arch(m.arch_key)
         n_in, n_out = m.mix.input_tokens, m.mix.output_tokens
         ctx = n_in + n_out / 2
         for k, stage in enumerate(row.template.stages):
@@ -82,7 +82,7 @@ def virtual_runs(plan, deployment, factors, window_s) -> list[dict]:
     rows_out = []
     for i, m in enumerate(deployment.models):
         rows = [r for r in plan.rows if r.model == m.name]
-        shapes = shapes_of(rows, m.architecture)
+        shapes = shapes_of(rows, m.arch_key)
         mix, slo = Mix(m.mix.input_tokens, m.mix.output_tokens), Slo(m.slo.ttft_s, m.slo.tpot_s)
         capacity = plan.capacity.get(m.name, 0.0)
         for f in factors:

@@ -93,16 +93,24 @@ def catalog_problems(deployment: Deployment) -> list[str]:
     known_archs = ", ".join(sorted(catalog.load_models()))
     for index, model in enumerate(deployment.models):
         try:
-            arch = catalog.model_arch(model.architecture)
+            arch = catalog.model_arch(model.arch_key)
         except KeyError:
             problems.append(deployment.problem(
                 ("models", index, "architecture"),
-                f"{model.architecture!r} is not in the performance model's catalogue "
+                f"{model.arch_key!r} is not in the performance model's catalogue "
                 f"(profiles/models.yaml); known: {known_archs}"))
             continue
         gpus = candidate_gpus(deployment, index)
         if not gpus:
             continue  # every allowed type is unknown: reported above
+        runs, excluded = gpu_exclusions(deployment, index)
+        if not runs:
+            problems.append(deployment.problem(
+                ("models", index, "gpu_types" if model.gpu_types else "source"),
+                f"no allowed GPU type can run {arch.name}: "
+                + "; ".join(f"{gpu}: {why}" for gpu, why in sorted(excluded.items()))
+                + "; allow other GPU types or partitions, or serve another checkpoint"))
+            continue
         slo = perf.Slo(ttft_s=model.slo.ttft_s, tpot_s=model.slo.tpot_s)
         mix = perf.Mix(input_tokens=model.mix.input_tokens, output_tokens=model.mix.output_tokens)
         if not slo_feasible(arch, gpus, slo, mix, deployment.policy.n_max):
@@ -113,3 +121,80 @@ def catalog_problems(deployment: Deployment) -> list[str]:
                 f"in/out on {', '.join(gpus)} (performance model: TP ≤ {MAX_TP}, ≤ "
                 f"{deployment.policy.n_max} pipeline stages); loosen the SLO or allow other GPUs"))
     return problems
+
+
+def gpu_exclusions(deployment: Deployment, model_index: int) -> tuple[dict[str, str],
+                                                                       dict[str, str]]:
+    """(GPU type -> vLLM ``--dtype`` it serves the model in, GPU type -> why it cannot) over the
+    model's candidate GPU types (:func:`candidate_gpus`)."""
+    from coral_solver import catalog, perf
+
+    model = deployment.models[model_index]
+    arch = catalog.model_arch(model.arch_key)
+    derived = catalog.derived_model(model.arch_key)
+    runs: dict[str, str] = {}
+    excluded: dict[str, str] = {}
+    for name in candidate_gpus(deployment, model_index):
+        gpu = catalog.gpu_spec(name)
+        if derived is not None and derived.arch == arch:
+            support = derived.support(gpu.compute_capability)
+            if support.ok and support.dtype:
+                runs[name] = support.dtype + (f" ({support.reason})" if support.reason else "")
+            else:
+                excluded[name] = support.reason
+            continue
+        dtype = perf.engine_dtype(arch, gpu)
+        if dtype is None:
+            excluded[name] = (f"vLLM has no kernels for {arch.quantization}"
+                              f"{' MoE' if arch.is_moe else ''} on compute capability "
+                              f"{gpu.compute_capability:g}")
+        else:
+            runs[name] = dtype
+    return runs, excluded
+
+
+def model_facts(deployment: Deployment) -> list[dict]:
+    """Per model, what the performance model knows of it and where from: layers, weights, KV
+    bytes per token, dtype, and which candidate GPU types run it (in which dtype) or not (why).
+    ``estimate``: ``family`` (a config.json of a known family), ``generic`` (a config.json of
+    an unknown model_type: a dense estimate from its standard fields) or ``catalogue``."""
+    from coral_hpc.model_archs import derivation
+    from coral_solver import catalog
+
+    facts = []
+    for index, model in enumerate(deployment.models):
+        try:
+            arch = catalog.model_arch(model.arch_key)
+        except KeyError:
+            continue  # reported by catalog_problems
+        derived = catalog.derived_model(model.arch_key)
+        found = derivation(deployment, model.name)
+        if found is not None and found.config_path is not None:
+            origin = str(found.config_path)
+        elif model.architecture is not None:
+            origin = f"architecture: {arch.name}"
+        else:
+            origin = f"catalogue entry {arch.name} (no config.json found)"
+        runs, excluded = gpu_exclusions(deployment, index)
+        facts.append({
+            "name": model.name,
+            "source": model.source,
+            "derived_from": origin,
+            "model_type": derived.model_type if derived is not None else None,
+            "estimate": ("catalogue" if derived is None
+                         else "generic" if derived.generic else "family"),
+            "layers": arch.layers,
+            "params_b": round(arch.params_b, 3),
+            "active_params_b": round(arch.active_params_b, 3),
+            "weight_gb": round(arch.weight_bytes / 1e9, 2),
+            "kv_bytes_per_token": arch.kv_bytes_per_token,
+            "attention": ("MLA" if derived is not None and derived.mla
+                          else "MHA" if arch.kv_heads == arch.q_heads else "GQA"),
+            "sliding_window": derived.sliding_window if derived is not None else None,
+            "dtype": derived.dtype if derived is not None else arch.quantization,
+            "quantization": arch.quantization,
+            "max_context": arch.max_context,
+            "gpu_dtypes": runs,
+            "excluded_gpus": excluded,
+        })
+    return facts

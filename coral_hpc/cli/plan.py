@@ -45,22 +45,25 @@ def plan(models_yaml: str, snapshot_file: str | None, as_json: bool, export_file
          cache_dir: str | None, save_file: str | None, spec_file: str | None,
          wide: bool) -> None:
     """Plan replicas for MODELS_YAML at least cost; print the plan (nothing is submitted)."""
+    from coral_hpc.catalog_checks import model_facts
+    from coral_hpc.cli._models import print_model_facts
     from coral_hpc.cli.cluster import load_snapshot_file, observe
     from coral_hpc.config import load_deployment, measured_profiles_problems
     from coral_hpc.demand import plan_for_words
     from coral_hpc.errors import ConfigError
+    from coral_hpc.model_archs import derived_deployment
     from coral_hpc.plan.planner import Planner, PlanRequest, SolverUnavailable
     from coral_hpc.plan.report import infeasible_problems, plan_json, templates_json
 
     try:
-        deployment = load_deployment(models_yaml)
+        deployment = derived_deployment(load_deployment(models_yaml))
     except ConfigError as exc:
         fail(exc.problems + [f"{models_yaml}: {len(exc.problems)} problem(s)"])
     missing = measured_profiles_problems(deployment)
     if missing:
         fail(missing + [f"{models_yaml}: {len(missing)} problem(s); nothing was planned"])
     snapshot = load_snapshot_file(snapshot_file) if snapshot_file else observe(models_yaml, None)
-    unknown = sorted({m.architecture for m in deployment.models} - _known_architectures())
+    unknown = _unknown_architectures(deployment)
     if unknown:
         known = ", ".join(sorted(_known_architectures()))
         fail([f"{models_yaml}: architecture(s) {unknown} not in profiles/models.yaml; "
@@ -88,10 +91,12 @@ def plan(models_yaml: str, snapshot_file: str | None, as_json: bool, export_file
         Path(save_file).write_text(replace(snapshot, estimates=outcome.solved.estimates).to_json())
     if export_file:
         Path(export_file).write_text(json.dumps(templates_json(outcome), indent=1))
+    facts = model_facts(deployment)
     if as_json:
         print_json({**plan_json(outcome, request.demand),
-                    "plan_for": plan_for_words(deployment.policy)})
+                    "plan_for": plan_for_words(deployment.policy), "model_facts": facts})
     else:
+        print_model_facts(facts, wide)
         _print_table(outcome, wide, request.demand, plan_for_words(deployment.policy))
     if outcome.status == "infeasible":
         fail(infeasible_problems(models_yaml, deployment,
@@ -104,6 +109,20 @@ def _known_architectures() -> set[str]:
     from coral_solver.catalog import load_models
 
     return set(load_models())
+
+
+def _unknown_architectures(deployment) -> list[str]:
+    """Architecture keys of ``deployment``'s models the catalogue does not answer to (a model
+    read from its config.json was registered when the file was loaded)."""
+    from coral_solver.catalog import model_arch
+
+    unknown = set()
+    for model in deployment.models:
+        try:
+            model_arch(model.arch_key)
+        except KeyError:
+            unknown.add(model.arch_key)
+    return sorted(unknown)
 
 
 def _print_table(outcome, wide: bool = False, demand=None, plan_for: str = "mean") -> None:

@@ -39,12 +39,13 @@ def profile(models_yaml: str, partitions: tuple[str, ...], models: tuple[str, ..
     """Measure the engine on each partition for MODELS_YAML's models; write measured profiles."""
     from coral_hpc.config import load_deployment
     from coral_hpc.errors import ConfigError, TransientError
+    from coral_hpc.model_archs import derived_deployment
     from coral_hpc.profile import profile_tasks, run_profiles
     from coral_hpc.profile.run import EngineFailed, ProfileError, pipeline_task
     from coral_hpc.slurm import client_for_deployment
 
     try:
-        deployment = load_deployment(models_yaml)
+        deployment = derived_deployment(load_deployment(models_yaml))
     except ConfigError as exc:
         fail(exc.problems + [f"{models_yaml}: {len(exc.problems)} problem(s)"])
     if deployment.engine.kind != "vllm":

@@ -94,22 +94,23 @@ def simulate(models_yaml: str, traces: tuple[str, ...], snapshot_file: str | Non
     simulated replicas; report cost, SLO attainment per model, GPU-hours per partition and
     replicas over time (progress on stderr; nothing is submitted)."""
     from coral_hpc.cli.cluster import load_snapshot_file, observe
-    from coral_hpc.cli.plan import _known_architectures
+    from coral_hpc.cli.plan import _known_architectures, _unknown_architectures
     from coral_hpc.config import load_deployment, measured_profiles_problems
     from coral_hpc.errors import ConfigError, PermanentError
+    from coral_hpc.model_archs import derived_deployment
     from coral_hpc.plan.planner import Planner, SolverUnavailable
     from coral_hpc.simulate.run import model_workloads
     from coral_hpc.simulate.run import simulate as run_simulation
     from coral_hpc.simulate.traces import TraceError, TraceRows, load_rows
 
     try:
-        deployment = load_deployment(models_yaml)
+        deployment = derived_deployment(load_deployment(models_yaml))
     except ConfigError as exc:
         fail(exc.problems + [f"{models_yaml}: {len(exc.problems)} problem(s)"])
     missing = measured_profiles_problems(deployment)
     if missing:
         fail(missing + [f"{models_yaml}: {len(missing)} problem(s); nothing was simulated"])
-    unknown = sorted({m.architecture for m in deployment.models} - _known_architectures())
+    unknown = _unknown_architectures(deployment)
     if unknown:
         fail(f"{models_yaml}: architecture(s) {unknown} not in profiles/models.yaml; known: "
              f"{', '.join(sorted(_known_architectures()))}")

@@ -36,7 +36,12 @@ def stage(file: str, partition: str | None, timeout: float, no_wait: bool, as_js
           wide: bool) -> None:
     """Download FILE's models into the shared Hugging Face cache (HF_HOME) with one Slurm job;
     models already there are not downloaded again."""
-    from coral_hpc.launch.stage import OK_STATUSES, StageError, submit_stage
+    from coral_hpc.launch.stage import (
+        OK_STATUSES,
+        StageError,
+        keep_config_copies,
+        submit_stage,
+    )
     from coral_hpc.slurm import client_for_deployment
 
     try:
@@ -63,14 +68,17 @@ def stage(file: str, partition: str | None, timeout: float, no_wait: bool, as_js
     if result is None:
         fail(f"job {job.job_id} ended without a result; see {job.log_file}",
              status=EXIT_UNAVAILABLE)
+    copies = keep_config_copies(deployment, result)
     if as_json:
-        print_json({"job_id": job.job_id, **result})
+        print_json({"job_id": job.job_id, **result, "config_copies": copies})
     else:
         rows = [(source, r["status"], r.get("path") or r.get("message", ""))
                 for source, r in result["results"].items()]
         print_table([Column("model source", "id"), Column("status", "id"),
                      Column("path or reason")], rows, wide=wide)
         console.print(f"HF_HOME {result['hf_home']}", highlight=False)
+        for source, where in copies.items():
+            console.print(f"{source}: config.json for validate/plan: {where}", highlight=False)
     statuses = [r["status"] for r in result["results"].values()]
     if any(s in ("refused", "missing") for s in statuses):
         raise SystemExit(EXIT_INVALID)  # a wrong source or a token the hub refuses

@@ -6,6 +6,8 @@ from typing import NoReturn
 
 import click
 
+from coral_hpc.catalog_checks import model_facts
+from coral_hpc.cli._models import print_model_facts
 from coral_hpc.cli._output import Column, console, fail, print_json, print_table, wide_option
 from coral_hpc.config import (
     Deployment,
@@ -32,11 +34,15 @@ def _local_problems(file: str) -> tuple[Deployment | None, list[str]]:
     """FILE's deployment (None when it does not load) and the problems
     :func:`checked_deployment` refuses."""
     from coral_hpc.catalog_checks import catalog_problems
+    from coral_hpc.model_archs import derive_models
 
     try:
         deployment = load_deployment(file)
     except ConfigError as exc:
         return None, exc.problems
+    underived = derive_models(deployment)  # each model's config.json, before the catalogue
+    if underived:
+        return deployment, host_path_problems(deployment) + underived
     return deployment, (host_path_problems(deployment) + catalog_problems(deployment)
                         + measured_profiles_problems(deployment))
 
@@ -59,7 +65,7 @@ def deployment_summary(deployment: Deployment) -> dict:
         "models": [
             {
                 "name": m.name,
-                "architecture": m.architecture,
+                "architecture": m.arch_key,
                 "demand_rps": m.demand_rps if m.demand != "auto" else "auto",
                 "ttft_s": m.slo.ttft_s,
                 "tpot_s": m.slo.tpot_s,
@@ -67,6 +73,7 @@ def deployment_summary(deployment: Deployment) -> dict:
             }
             for m in deployment.models
         ],
+        "model_facts": model_facts(deployment),
     }
 
 
@@ -171,6 +178,7 @@ def validate(file: str, as_json: bool, snapshot_file: str | None, cache_dir: str
     print_table([Column("model", "id"), Column("architecture", "id"),
                  Column("demand (req/s)", "num"), Column("TTFT SLO", "num"),
                  Column("TPOT SLO", "num"), Column("priority", "num")], rows, wide=wide)
+    print_model_facts(summary["model_facts"], wide)
     for line in summary["warnings"]:
         console.print(f"[yellow]warning[/]: {line}", highlight=False)
     console.print("[green]valid[/]")

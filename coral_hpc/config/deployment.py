@@ -105,6 +105,9 @@ class Deployment(_Frozen):
     #: where the deployment was read from, and the line of every field (for later checks' errors)
     _source: str = PrivateAttr(default="<string>")
     _lines: FieldLines = PrivateAttr(default_factory=dict)
+    #: model name -> where its architecture came from (coral_hpc.model_archs.Derivation); filled
+    #: by coral_hpc.model_archs.derive_models, which the configuration does not import
+    _derived: dict[str, object] = PrivateAttr(default_factory=dict)
 
     def problem(self, loc: FieldPath, message: str) -> str:
         """A problem line in the format of every config error: ``file:line: field: message``;

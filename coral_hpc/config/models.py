@@ -53,8 +53,15 @@ class ModelConfig(_Frozen):
     """One served model."""
 
     name: str = Field(description="safe identifier: job names, URLs, file names")
-    source: str = Field(min_length=1, description="Hugging Face id or path on the shared FS")
-    architecture: str = Field(description="an architecture in profiles/models.yaml")
+    source: str = Field(
+        min_length=1,
+        description="Hugging Face id or folder on the shared FS, as vLLM takes it; its "
+                    "config.json (from the folder, the site's HF cache, or the copy "
+                    "`coral-hpc stage` keeps) tells the planner the model's architecture")
+    architecture: str | None = Field(
+        default=None,
+        description="optional override: an entry of the built-in catalogue "
+                    "(profiles/models.yaml) instead of the model's own config.json")
     mix: RequestMix
     demand: Demand | Literal["auto"] = Field(
         description="{requests_per_s: N} or {output_tokens_per_s: N}, or `auto`: measured at the "
@@ -123,6 +130,13 @@ class ModelConfig(_Frozen):
                 f"max_replicas ({self.max_replicas}) is below min_replicas ({self.min_replicas})"
             )
         return self
+
+    @property
+    def arch_key(self) -> str:
+        """The key the performance model's catalogue knows this model by: ``architecture``
+        when given, else the source, whose config.json the loader registered under it
+        (:mod:`coral_hpc.config.weights`)."""
+        return self.architecture or self.source
 
     @property
     def demand_rps(self) -> float | None:

@@ -33,6 +33,28 @@ requests (those answered 503 for lack of a READY replica included) and their pro
 tokens, the daemon averages the rate over about one `policy.replan_interval_s`, and plans for it
 with the measured mix. A model with no traffic yet is planned at `min_replicas`; its first
 requests raise its demand and the next plan gives it replicas.
+
+A model is named by its weights: `source:` is a folder on the shared filesystem or a Hugging
+Face id, as vLLM takes it, and nothing else is needed. coral-hpc reads the model's own
+`config.json` — from the folder (write it absolute: a relative one is read beside this file,
+while a replica job resolves it in its own working directory); for an id, from the
+site's Hugging Face cache (`engine.hf_home`, else `<state_dir>/huggingface`; then
+`HF_HUB_CACHE` or `HF_HOME`), `hub/models--ORG--NAME/snapshots/REV/config.json` with the
+revision `refs/main` names; or from the
+copy `coral-hpc stage` keeps in `<state_dir>/<deployment>/model-configs/`, so `validate` and
+`plan` work on a host that cannot read the weights. From it come the layers, hidden size,
+attention and KV heads, head size, FFN and expert widths, experts per token, vocabulary, context
+length, dtype and quantization (AWQ, GPTQ, FP8, MXFP4): the weight bytes, the KV bytes per token
+(grouped-query or DeepSeek's latent attention) and which GPU types can run it (no bf16 below
+compute capability 8.0: a V100 serves an fp16 cast, or nothing for models vLLM refuses in fp16,
+such as Gemma 2/3; FP8 MoE needs 8.9; AWQ 7.5; MXFP4 8.0). Llama, Mistral, Mixtral, Qwen 2/2.5/3,
+Qwen MoE, Gemma 2/3, Phi-3/4, DeepSeek-V2/V3 and gpt-oss are read with their own rules; any
+other `model_type` gets a dense estimate from the standard fields, which `validate` and `plan`
+mark "generic estimate". A missing or unreadable `config.json`, or one without a field the
+estimate needs, is refused naming the file and the field. `architecture:` overrides all this with
+an entry of the built-in catalogue; an id the catalogue knows (e.g.
+`meta-llama/Llama-3.1-8B-Instruct`) needs no `config.json`. `validate` and `plan` print, per
+model, what they derived and which GPU types they leave out, and why.
 """
 
 

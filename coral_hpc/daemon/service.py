@@ -35,6 +35,7 @@ from coral_hpc.gateway.table import (
     default_table_path,
 )
 from coral_hpc.instance import ensure_instance
+from coral_hpc.model_archs import derived_deployment
 from coral_hpc.slurm.client import call_budget, client_for_deployment
 from coral_hpc.store import Store, open_store
 
@@ -68,7 +69,7 @@ def serve(
     """Run the daemon for ``config_path`` until ``stop`` is set or SIGTERM/SIGINT arrives (see
     :func:`coral_hpc.daemon.serve`)."""
     config_path = Path(config_path).resolve()
-    deployment = load_deployment(config_path)
+    deployment = derived_deployment(load_deployment(config_path))
     stop = stop or threading.Event()
     # the lease on the shared state folder first: a daemon on any host names itself there
     lease = Lease(deployment.state_path, deployment.deployment)
@@ -289,7 +290,7 @@ def reload(
 ) -> Deployment:
     """SIGHUP: validate the file; use it, or keep the old one and say why."""
     try:
-        new = load_deployment(config_path)
+        new = derived_deployment(load_deployment(config_path))
     except ConfigError as exc:
         daemon.store.add_event(time.time(), "reload_error",
                                "models.yaml not reloaded: " + "; ".join(exc.problems))

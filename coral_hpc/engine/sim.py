@@ -66,8 +66,14 @@ def prepare(args: SimArgs) -> Prepared:
 
     Raises :class:`StartupError` with vLLM's reason when the layout could not start.
     """
+    from coral_hpc.config.weights import WeightsError
+    from coral_hpc.model_archs import ensure_arch
     from coral_solver import catalog, perf  # the catalog reads profiles/ once, here
 
+    try:
+        ensure_arch(args.arch)  # a model named by its weights: read its config.json (HF_HOME)
+    except WeightsError as exc:
+        raise StartupError(str(exc)) from None
     try:
         arch = catalog.model_arch(args.arch)
     except KeyError as exc:
@@ -84,6 +90,10 @@ def prepare(args: SimArgs) -> Prepared:
         )
     for gpu in gpus:
         dtype = perf.engine_dtype(arch, gpu)
+        derived = catalog.derived_model(arch.name)
+        if dtype is None and derived is not None:  # read from its config.json: its own reason
+            raise StartupError(f"{arch.name} cannot run on {gpu.name}: "
+                               f"{derived.support(gpu.compute_capability).reason}")
         if dtype is None:
             raise StartupError(
                 f"{arch.name} ({arch.quantization}) cannot run on {gpu.name} "

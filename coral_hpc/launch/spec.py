@@ -356,7 +356,7 @@ def replica_spec(
         hf_token_file=None if hf_token_file is None else str(Path(hf_token_file).expanduser()),
         hf_home=hf_home_of(deployment),
         python=python or sys.executable,
-        sim_arch=config.architecture,
+        sim_arch=config.arch_key,
         instance=instance,
     )
 

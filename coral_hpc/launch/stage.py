@@ -19,6 +19,7 @@ from typing import Any
 
 from coral_hpc.atomic import private_dir, write_atomic
 from coral_hpc.config import Deployment, hf_home_of
+from coral_hpc.config.weights import WeightsError, read_config_json, staged_copy
 from coral_hpc.errors import PermanentError
 from coral_hpc.launch.render import render_template
 
@@ -96,6 +97,27 @@ def submit_stage(deployment: Deployment, client: Any, partition: str, python: st
                                              python))
     job_id = client.submit_script(script)
     return StageJob(str(job_id), result_file, log_file, stage_sources(deployment))
+
+
+def keep_config_copies(deployment: Deployment, result: dict[str, Any]) -> dict[str, str]:
+    """Copy the config.json of every model the job staged into the deployment's state folder
+    (:func:`coral_hpc.config.weights.staged_copy`), so ``validate`` and ``plan`` can derive its
+    architecture on a host that cannot read the weights. Source -> the copy's path, or why no
+    copy was kept (the snapshot or folder unreadable from this host)."""
+    kept: dict[str, str] = {}
+    for source, entry in (result.get("results") or {}).items():
+        if entry.get("status") not in OK_STATUSES or not entry.get("path"):
+            continue
+        original = Path(str(entry["path"])).expanduser() / "config.json"
+        target = staged_copy(deployment.state_path, source)
+        try:
+            config = read_config_json(original)
+        except WeightsError as exc:
+            kept[source] = f"no copy kept: {exc}"
+            continue
+        write_atomic(target, json.dumps(config, indent=1))
+        kept[source] = str(target)
+    return kept
 
 
 def read_stage_result(path: Path) -> dict[str, Any] | None:

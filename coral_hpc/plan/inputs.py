@@ -48,7 +48,7 @@ def model_specs(deployment: Deployment, demand_rps: Mapping[str, float] | None =
         rps = (demand_rps or {}).get(m.name, m.demand_rps)
         inp, outp = (mix or {}).get(m.name, (m.mix.input_tokens, m.mix.output_tokens))
         out.append(ModelSpec(
-            name=m.name, arch=m.architecture, input_tokens=inp, output_tokens=outp,
+            name=m.name, arch=m.arch_key, input_tokens=inp, output_tokens=outp,
             ttft_s=m.slo.ttft_s, tpot_s=m.slo.tpot_s, demand_rps=float(rps or 0.0),
             priority=m.priority, min_replicas=m.min_replicas, max_replicas=m.max_replicas,
             gpu_types=tuple(m.gpu_types), partitions=tuple(m.partitions),

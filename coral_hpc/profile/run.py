@@ -97,7 +97,7 @@ def pipeline_task(deployment: Deployment, model: str, partitions: Sequence[str])
                                "profile it")
         places.append((name, part.gpu_types[0]))
     spec = known_models[model]
-    return ProfileTask(model, spec.architecture, places[0][0], places[0][1], 1, len(places),
+    return ProfileTask(model, spec.arch_key, places[0][0], places[0][1], 1, len(places),
                        tuple(places))
 
 
@@ -126,7 +126,7 @@ def profile_tasks(deployment: Deployment, partitions: Sequence[str] = (),
             for gpu in part.gpu_types:
                 if model.gpu_types and gpu not in model.gpu_types:
                     continue
-                tasks += [ProfileTask(model.name, model.architecture, part.name, gpu, 1, pp)
+                tasks += [ProfileTask(model.name, model.arch_key, part.name, gpu, 1, pp)
                           for pp in pp_degrees]
     return tasks
 

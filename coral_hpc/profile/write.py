@@ -14,7 +14,10 @@ from coral_hpc.profile.measure import EngineMeasurements
 
 
 def profile_path(folder: Path, arch: str, gpu: str, tp: int, pp: int = 1) -> Path:
-    """Where the profile of (arch, gpu, tp) — or of a ``pp``-stage pipeline — lives."""
+    """Where the profile of (arch, gpu, tp) — or of a ``pp``-stage pipeline — lives. An
+    architecture named by its weights' path or Hugging Face id has its ``/`` written ``--`` (the
+    hub cache's own spelling); the document's ``arch`` field keeps the name."""
+    arch = arch.strip("/").replace("/", "--")
     if pp == 1:
         return folder / f"{arch}__{gpu}__tp{tp}.yaml"
     return folder / "pipelines" / f"{arch}__{gpu}__tp{tp}__pp{pp}.yaml"

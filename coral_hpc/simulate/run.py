@@ -238,7 +238,7 @@ def model_workloads(deployment: Deployment, traces: Mapping[str, TraceRows], spa
     for index, model in enumerate(deployment.models):
         rows = traces[model.name]
         load = scaled_workload(model.name, rows, 0.0, model.demand_rps, seed + index, span_s)
-        max_context = catalog.model_arch(model.architecture).max_context
+        max_context = catalog.model_arch(model.arch_key).max_context
         prompt = np.minimum(load.prompt, max_context - 1)
         output = np.minimum(load.output, max_context - prompt)
         loads[model.name] = ModelWorkload(load.model, load.at, prompt, output, load.source,

@@ -238,8 +238,11 @@ def load_gpus(profiles: Path | None = None) -> dict[str, GpuSpec]:
 
 
 def load_models(profiles: Path | None = None) -> dict[str, ModelArch]:
-    """All model architectures by canonical name."""
-    return dict(_models(_dir(profiles))[0])
+    """All model architectures by canonical name: the catalogue's, then every one derived from a
+    model's own config.json in this process (:func:`register_derived`)."""
+    archs = dict(_models(_dir(profiles))[0])
+    archs.update({key: model.arch for key, model in _DERIVED.items()})
+    return archs
 
 
 def canonical_gpu_name(name: str, profiles: Path | None = None) -> str | None:
@@ -262,12 +265,37 @@ def gpu_spec(name: str, profiles: Path | None = None) -> GpuSpec:
 
 def model_arch(name: str, profiles: Path | None = None) -> ModelArch:
     """The architecture ``name`` (or a Hugging Face id alias); KeyError listing valid names."""
-    archs, aliases = _models(_dir(profiles))
     key = name.strip().lower()
+    archs, aliases = _models(_dir(profiles))
+    # a catalogue entry's own name always means the entry (what `architecture:` names); a
+    # model's own config.json outranks a catalogue alias of its id
+    if key not in archs and key in _DERIVED:
+        return _DERIVED[key].arch
     key = key if key in archs else aliases.get(key, "")
     if key not in archs:
         raise KeyError(f"unknown model architecture {name!r}; known: {', '.join(sorted(archs))}")
     return archs[key]
+
+
+#: Architectures derived from models' own config.json, by lowercased source (path or HF id).
+#: Process-wide, like the catalogue's cache: the config layer registers a deployment's models
+#: when it loads models.yaml, so every later ``model_arch(source)`` finds them.
+_DERIVED: dict[str, HfModel] = {}
+
+
+def register_derived(key: str, model: HfModel) -> ModelArch:
+    """Make ``model`` (from :func:`arch_from_config_json`) the architecture ``key`` answers to in
+    :func:`model_arch`; its ``arch.name`` must be ``key`` lowercased. Returns its arch."""
+    norm = key.strip().lower()
+    if model.arch.name != norm:
+        raise ValueError(f"derived architecture {model.arch.name!r} registered as {norm!r}")
+    _DERIVED[norm] = model
+    return model.arch
+
+
+def derived_model(name: str) -> HfModel | None:
+    """The derivation behind architecture ``name`` when it came from a config.json, else None."""
+    return _DERIVED.get(name.strip().lower())
 
 
 def arch_from_config_json(source: str | Path | dict[str, Any], name: str | None = None

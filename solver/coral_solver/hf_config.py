@@ -135,9 +135,14 @@ class HfModel:
             return Support(False, None, f"fused-MoE kernels need compute capability >= 7.5 "
                                         f"(have {cc})")
         if cc >= 8.0:
-            return Support(True, "bfloat16" if self.dtype == "bf16" else "half", note)
-        # No bf16 below 8.0: vLLM raises "Bfloat16 is only supported on GPUs with compute
-        # capability of at least 8.0" and suggests --dtype half (vllm/platforms/cuda.py).
+            # a family vLLM refuses in fp16 runs bf16 whatever its checkpoint's dtype (an fp32
+            # Gemma 2 upload would otherwise get --dtype half and be refused)
+            bf16 = self.dtype == "bf16" or self.model_type in _NO_FP16
+            return Support(True, "bfloat16" if bf16 else "half", note)
+        # No bf16 below 8.0: bfloat16 arithmetic arrives with compute capability 8.0 (NVIDIA CUDA
+        # C++ Programming Guide, "Arithmetic Instructions" / cuda_bf16.h: __nv_bfloat16 math needs
+        # sm_80); vLLM raises "Bfloat16 is only supported on GPUs with compute capability of at
+        # least 8.0" and suggests --dtype half (vllm/platforms/cuda.py).
         if self.model_type in _NO_FP16:
             return Support(False, None, f"{self.model_type} is not supported in float16 by vLLM "
                                         f"(numerical instability) and bf16 needs compute "

@@ -208,6 +208,11 @@ def engine_dtype(arch: ModelArch, gpu: GpuSpec) -> str | None:
     MXFP4 kernels (sm80+); FP8 checkpoints need sm89 natively or Marlin on sm80+; vLLM's fused-MoE
     kernels do not run on Volta (sm70). Below sm70 vLLM does not run at all.
     """
+    derived = catalog.derived_model(arch.name)
+    if derived is not None and derived.arch == arch:
+        # a model read from its config.json knows its model_type and checkpoint dtype: its own
+        # rules (coral_solver.hf_config.HfModel.support), each with its source
+        return derived.support(gpu.compute_capability).dtype
     cc = gpu.compute_capability
     if cc < 7.0:
         return None

@@ -32,6 +32,7 @@ from typing import Protocol
 
 import numpy as np
 
+from coral_solver.catalog import derived_model
 from coral_solver.roles import phase_templates, roles_for, supports_phases
 from coral_solver.types import ModelSpec, Policy, Stage, Template
 
@@ -39,8 +40,9 @@ from coral_solver.types import ModelSpec, Policy, Stage, Template
 Progress = Callable[[str, int, int], None]
 
 #: 2: the key no longer holds the model's name (entries are shared between models);
-#: 3: prefill-only and decode-only stages must hold one ``max_model_len`` request's KV too
-CACHE_VERSION = 3
+#: 3: prefill-only and decode-only stages must hold one ``max_model_len`` request's KV too;
+#: 4: a template may always use one GPU (:func:`memory_budget`), so small models' libraries grew
+CACHE_VERSION = 4
 
 
 def default_cache_dir() -> Path:
@@ -309,6 +311,17 @@ def _split(per_type: np.ndarray, counts: np.ndarray, layers: int,
     return [(gi, l) for gi, l in stages]
 
 
+def memory_budget(tm: ThroughputModel, model: ModelSpec,
+                  gpu_types: Mapping[str, tuple[int, float]], policy: Policy,
+                  usable: Iterable[str]) -> float:
+    """GPU memory (GB) one template may use: ``rho`` times the model's weights, and never less
+    than one GPU of the smallest usable type. ``rho`` prunes layouts that waste memory; it must
+    not leave a small model with none: a 2B model (5 GB) where every GPU has 80 GB would have no
+    template at all (12 x 5 GB < 80 GB)."""
+    one_gpu = min((gpu_types[g][1] for g in usable if g in gpu_types), default=0.0)
+    return max(policy.rho * tm.weight_gb(model), one_gpu)
+
+
 def model_templates(
     tm: ThroughputModel,
     model: ModelSpec,
@@ -323,8 +336,8 @@ def model_templates(
     since a template uses configurations of its own TP only, so shards concatenate exactly).
     """
     layers = tm.layers(model)
-    budget = policy.rho * tm.weight_gb(model)
     usable = sorted(g for g in gpu_types if model.allows_gpu(g) and tm.runs_on(model, g))
+    budget = memory_budget(tm, model, gpu_types, policy, usable)
     out: list[Template] = []
     wanted = None if tps is None else set(tps)
     for tp in tm.tp_degrees(model, policy.max_tp):
@@ -372,6 +385,8 @@ def _with_measured_pipelines(tm: ThroughputModel, model: ModelSpec,
         return templates
     kv_fits = getattr(tm, "kv_fits", lambda *_: True)
     out = list(templates)
+    usable = [g for g in gpu_types if model.allows_gpu(g) and tm.runs_on(model, g)]
+    budget = memory_budget(tm, model, gpu_types, policy, usable)
     for tp in tm.tp_degrees(model, policy.max_tp):
         for stage_gpus, split, rps in measured_of(model, tp):
             if len(split) > policy.n_max or (
@@ -381,7 +396,7 @@ def _with_measured_pipelines(tm: ThroughputModel, model: ModelSpec,
                    for g in stage_gpus):
                 continue
             memory = sum(tp * gpu_types[g][1] for g in stage_gpus)
-            if memory > policy.rho * tm.weight_gb(model) + 1e-9:
+            if memory > budget + 1e-9:
                 continue
             if not all(kv_fits(model, g, tp, n) for g, n in zip(stage_gpus, split)):
                 continue
@@ -458,6 +473,11 @@ def _cache_key(
     business and not part of it. ``fingerprint``: ``tm.fingerprint()`` when already computed (it
     hashes every profile file)."""
     named = [] if getattr(tm, "answers_by_architecture", False) else [model.name]
+    # an architecture read from a config.json is named by its path or id, whose file may change:
+    # its derived figures are part of the key, so an edited config.json is planned afresh
+    derived = derived_model(model.arch)
+    if derived is not None:
+        named = named + [repr(derived)]
     material = {
         "version": CACHE_VERSION,
         "model": named + [model.arch, model.input_tokens, model.output_tokens,

@@ -41,6 +41,11 @@ def raw(stem: str) -> dict:
     # Kimi-K2 card: 1T total, 32B activated; its checkpoint holds 1,026,470,731,056 numbers, of
     # which ~63M are FP8 block scales (one per 128 x 128 weights)
     ("kimi-k2-instruct", 1026.4, 32.9, 0.01),
+    ("mistral-7b-v0.1", 7.2417, 7.2417, 0.001),  # 7,241,732,096 parameters on the Hub
+    ("phi-3-mini-4k-instruct", 3.821, 3.821, 0.002),  # Phi-3 report: 3.8B (3,821,079,552)
+    # DeepSeek-V2-Lite card: 15.7B total, 2.4B activated (+ the 0.21B input embedding)
+    ("deepseek-v2-lite", 15.7, 2.4 + 102400 * 2048 / 1e9, 0.005),
+    ("qwen2.5-7b-instruct-awq", 7.61, 7.61, 0.005),  # the parameters of Qwen2.5-7B, AWQ-packed
 ])
 def test_parameter_counts_match_the_model_cards(stem, total_b, active_b, rel):
     arch = derive(stem).arch
@@ -185,6 +190,15 @@ def test_which_gpus_can_serve_it(stem, cc, ok, dtype):
     support = derive(stem).support(cc)
     assert (support.ok, support.dtype) == (ok, dtype)
     assert support.ok or "compute capability" in support.reason
+
+
+def test_a_family_vllm_refuses_in_fp16_runs_bf16_whatever_its_checkpoint_dtype():
+    fp32 = model_from_config(dict(raw("gemma-2-2b-it"), torch_dtype="float32"))
+    assert fp32.dtype == "fp32" and fp32.support(8.0).dtype == "bfloat16"
+    assert not fp32.support(7.5).ok
+    # other families keep their checkpoint's 16-bit type
+    assert model_from_config(dict(raw("llama-3.1-8b"), torch_dtype="float16")).support(
+        9.0).dtype == "half"
 
 
 def test_fp8_dense_on_ampere_runs_weight_only_and_awq_not_on_volta():

@@ -1,0 +1,57 @@
+"""What ``validate`` and ``plan`` say about each model's architecture: where it was read from,
+the figures the performance model uses, and which GPU types can serve it (and why not)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from coral_hpc.cli._output import Column, console, print_table
+
+
+def _estimate(fact: dict[str, Any]) -> str:
+    if fact["estimate"] == "generic":
+        return f"{fact['model_type'] or '?'} (generic estimate)"
+    if fact["estimate"] == "family":
+        return str(fact["model_type"])
+    return "catalogue"
+
+
+def _runs(gpu_dtypes: dict[str, str]) -> str:
+    """``a100-80g (bfloat16), v100-32g (half: bf16 checkpoint cast to fp16)``"""
+    parts = []
+    for gpu, dtype in gpu_dtypes.items():
+        flag, _, note = dtype.partition(" (")
+        parts.append(f"{gpu} ({flag}: {note.rstrip(')')})" if note else f"{gpu} ({flag})")
+    return ", ".join(parts) or "no allowed GPU type"
+
+
+def print_model_facts(facts: list[dict[str, Any]], wide: bool = False) -> None:
+    """A table of what was derived per model; then per model where it was read from, the GPU
+    types that serve it (vLLM ``--dtype``) and each excluded GPU type with the reason."""
+    rows = [
+        (
+            fact["name"],
+            _estimate(fact),
+            fact["layers"],
+            f"{fact['weight_gb']:.1f}",
+            f"{fact['kv_bytes_per_token']:,}",
+            f"{fact['dtype']}" + (f" {fact['quantization']}"
+                                  if fact["quantization"] not in ("bf16", "fp16") else ""),
+        )
+        for fact in facts
+    ]
+    print_table([Column("model", "id"), Column("model type"), Column("layers", "num"),
+                 Column("weights GB", "num"), Column("KV bytes/token", "num"),
+                 Column("dtype")], rows,
+                title="Models, as read from each model's config.json (or the catalogue)",
+                wide=wide)
+    for fact in facts:
+        name = fact["name"]
+        console.print(f"{name}: from {fact['derived_from']}", highlight=False)
+        if fact["estimate"] == "generic":
+            console.print(f"{name}: model_type {fact['model_type'] or '(none)'!s} has no "
+                          "family rules: weights and FLOPs are a generic dense estimate from "
+                          "its config.json's standard fields", highlight=False)
+        console.print(f"{name}: runs on {_runs(fact['gpu_dtypes'])}", highlight=False)
+        for gpu, why in fact["excluded_gpus"].items():
+            console.print(f"{name}: {gpu} excluded: {why}", highlight=False)

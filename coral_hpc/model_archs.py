@@ -1,0 +1,135 @@
+"""Each model's architecture, for the performance model: the catalogue entry ``architecture:``
+names, or what the model's own ``config.json`` says.
+
+:func:`derive_models` reads the config.json of every model without ``architecture:`` (found by
+:mod:`coral_hpc.config.weights`), derives its architecture
+(:func:`coral_solver.catalog.arch_from_config_json`) and registers it with the catalogue under
+the model's source, the key :attr:`~coral_hpc.config.ModelConfig.arch_key` gives — so the
+planner, the performance model and the sim engine read it as they read a catalogue entry.
+Commands that plan or check against the performance model (validate, plan, simulate, profile,
+serve) call it right after loading models.yaml; the configuration package itself stays free of
+the solver (the decide step imports it).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from coral_hpc.config import Deployment, hf_home_of
+from coral_hpc.config.weights import (
+    ConfigJsonMissing,
+    WeightsError,
+    find_config_json,
+    hub_caches,
+    read_config_json,
+)
+from coral_hpc.errors import ConfigError
+from coral_solver import catalog
+
+if TYPE_CHECKING:
+    from coral_solver.hf_config import HfModel
+
+
+@dataclass(frozen=True)
+class Derivation:
+    """Where a model's architecture came from and what was derived."""
+
+    source: str  # the model's source: path or Hugging Face id
+    config_path: Path | None  # the config.json read; None when the catalogue knows the id
+    model: HfModel | None  # the derivation; None when taken from the catalogue
+
+    @property
+    def generic(self) -> bool:
+        """True when the model_type has no family rules: a generic dense estimate."""
+        return self.model is not None and self.model.generic
+
+
+def derive_from_file(source: str, path: Path) -> HfModel:
+    """The architecture of ``source`` from its config.json at ``path``, registered with the
+    catalogue under ``source``. Raises :class:`WeightsError` naming the file and field."""
+    config = read_config_json(path)
+    key = source.strip().lower()
+    try:
+        model = catalog.arch_from_config_json(config, name=key)
+    except (ValueError, TypeError) as exc:  # HfConfigError, or a field of the wrong type
+        message = str(exc).removeprefix("config.json: ")
+        raise WeightsError(f"{path}: {message}") from None
+    catalog.register_derived(key, model)
+    return model
+
+
+def derive(source: str, *, hubs: list[Path], state_path: Path | None,
+           base_dir: Path | None = None) -> Derivation:
+    """Find and read ``source``'s config.json and register its architecture; a source with no
+    config.json anywhere that the catalogue knows by this id gets the catalogue's entry.
+    Raises :class:`WeightsError` naming the file and field, or every place looked."""
+    path, places = find_config_json(source, hubs=hubs, state_path=state_path,
+                                    base_dir=base_dir)
+    if path is not None:
+        return Derivation(source, path, derive_from_file(source, path))
+    try:
+        catalog.model_arch(source)
+    except KeyError:
+        pass
+    else:
+        return Derivation(source, None, None)
+    raise ConfigJsonMissing(
+        f"no config.json for {source!r}: looked at {', '.join(str(p) for p in places)}; "
+        "run `coral-hpc stage` to download it (and keep a copy for this host), or name a "
+        f"catalogue entry with architecture: ({', '.join(sorted(catalog.load_models()))})"
+    )
+
+
+def derive_models(deployment: Deployment) -> list[str]:
+    """Derive and register the architecture of every model of ``deployment`` without
+    ``architecture:``; one problem line (file, line, field) per model that cannot be derived."""
+    problems: list[str] = []
+    hubs = hub_caches(hf_home_of(deployment))
+    # relative folders mean "beside this models.yaml", as every other path in it
+    base_dir = (Path(os.path.abspath(deployment._source)).parent
+                if deployment._source != "<string>" else None)
+    for index, model in enumerate(deployment.models):
+        if model.architecture is not None:
+            continue
+        try:
+            deployment._derived[model.name] = derive(
+                model.source, hubs=hubs, state_path=deployment.state_path,
+                base_dir=base_dir)
+        except WeightsError as exc:
+            problems.append(deployment.problem(("models", index, "source"), str(exc)))
+    return problems
+
+
+def derived_deployment(deployment: Deployment) -> Deployment:
+    """``deployment`` with its models' architectures derived; raises :class:`ConfigError` with
+    every model that cannot be (exit 2 in the CLI)."""
+    problems = derive_models(deployment)
+    if problems:
+        raise ConfigError(deployment._source, problems)
+    return deployment
+
+
+def derivation(deployment: Deployment, name: str) -> Derivation | None:
+    """Where model ``name``'s architecture came from; None for an ``architecture:`` override or
+    a deployment not yet derived."""
+    found = deployment._derived.get(name)
+    return found if isinstance(found, Derivation) else None
+
+
+def ensure_arch(name: str) -> None:
+    """Make architecture ``name`` known in this process: a catalogue entry, or a model source
+    whose config.json this process can find (an engine started by a job, with ``HF_HOME`` set).
+    Leaves a name with no config.json anywhere unknown: the catalogue's lookup then says so;
+    raises :class:`WeightsError` when the config.json found cannot be read or understood."""
+    try:
+        catalog.model_arch(name)
+        return
+    except KeyError:
+        pass
+    try:
+        derive(name, hubs=hub_caches(), state_path=None)
+    except ConfigJsonMissing:
+        pass
