@@ -165,8 +165,11 @@ def test_prefill_and_decode_jobs_serve_the_same_tokens_and_survive_losing_decode
         for thread in threads:
             thread.join(300)
         assert errors == [] and len(results) == 8, errors
-        assert all(r["usage"]["completion_tokens"] == 120 for r in results)
         gw_metrics = httpx.get(gateway + "/metrics", timeout=30).text
+        # on a failure: every answer's usage and finish reason, and which path served it
+        assert all(r["usage"]["completion_tokens"] == 120 for r in results), (
+            [(r["usage"], [c.get("finish_reason") for c in r["choices"]]) for r in results],
+            [line for line in gw_metrics.splitlines() if line.startswith("coral_gateway_phase")])
         print("\n" + "\n".join(line for line in gw_metrics.splitlines()
                                if line.startswith("coral_gateway_phase")))
     finally:
