@@ -9,6 +9,11 @@ else. Without a keys file the gateway (and ``serve``) refuse to start unless the
 
 from __future__ import annotations
 
+import encodings.idna  # noqa: F401 - loaded here: the child, once coral-other, cannot read it
+import http.client
+import json
+import os
+import pwd
 import subprocess
 import urllib.error
 
@@ -122,3 +127,48 @@ def test_open_on_loopback_serves_without_a_key_and_warns(tmp_path):
                             capture_output=True, text=True, timeout=60)
     assert beyond.returncode == 2
     assert "gateway.open_on_loopback only opens a loopback address" in beyond.stderr
+
+
+OTHER_USER = "coral-other"  # made by scripts/dev-cluster for the busy-cluster tests
+
+
+def _other_user() -> pwd.struct_passwd | None:
+    try:
+        return pwd.getpwnam(OTHER_USER)
+    except KeyError:
+        return None
+
+
+@pytest.mark.skipif(_other_user() is None or os.geteuid() != 0,
+                    reason=f"needs root and a second local user {OTHER_USER}")
+def test_a_second_local_user_gets_401_from_every_route(env):
+    """Another person on the login node: a process of theirs (a forked child that became
+    coral-other) reaches every route but /health only to be refused."""
+    other = _other_user()
+    assert other is not None
+    host, port = env["gw"].url.removeprefix("http://").rsplit(":", 1)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: coral-other from here on, plain sockets only
+        try:
+            os.setgid(other.pw_gid)
+            os.setuid(other.pw_uid)
+            statuses = []
+            for method, path, body in [*ROUTES, ("GET", "/health", None)]:
+                conn = http.client.HTTPConnection(host, int(port), timeout=10)
+                conn.request(method, path, body=json.dumps(body) if body else None,
+                             headers={"Content-Type": "application/json"})
+                statuses.append(conn.getresponse().status)
+                conn.close()
+            os.write(write_end, json.dumps([os.getuid(), statuses]).encode())
+        except BaseException as exc:  # noqa: BLE001 - the parent reports it
+            os.write(write_end, json.dumps(["failed", repr(exc)]).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as reader:
+        answer = reader.read()
+    os.waitpid(pid, 0)
+    uid, statuses = json.loads(answer)
+    assert uid == other.pw_uid, statuses
+    assert statuses == [401] * len(ROUTES) + [200], statuses   # /health answers, nothing else
