@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from coral_hpc.config.base import _SAFE_NAME_RE, _FieldError, _Frozen
+from coral_hpc.config.base import _SAFE_NAME_RE, _against_file, _FieldError, _Frozen
 from coral_hpc.config.engine_flags import engine_args_problems
+from coral_hpc.config.weights import is_local_path
 
 
 class RequestMix(_Frozen):
@@ -104,6 +105,16 @@ class ModelConfig(_Frozen):
                 f"{value!r} is not a demand: use 'auto' (measured at the gateway), "
                 "{requests_per_s: N} or {output_tokens_per_s: N}"
             )
+        return value
+
+    @field_validator("source")
+    @classmethod
+    def _folder_against_file(cls, value: str, info: ValidationInfo) -> str:
+        # a folder is made absolute against the models.yaml beside it, as every path of the
+        # file is: a replica job runs in its own working directory and would look elsewhere.
+        # A Hugging Face id stays as written.
+        if is_local_path(value):
+            return _against_file(value, info) or value
         return value
 
     @field_validator("name")

@@ -36,8 +36,8 @@ requests raise its demand and the next plan gives it replicas.
 
 A model is named by its weights: `source:` is a folder on the shared filesystem or a Hugging
 Face id, as vLLM takes it, and nothing else is needed. coral-hpc reads the model's own
-`config.json` — from the folder (write it absolute: a relative one is read beside this file,
-while a replica job resolves it in its own working directory); for an id, from the
+`config.json` — from the folder (a relative one is taken beside this file, and replica
+jobs are given that absolute path); for an id, from the
 site's Hugging Face cache (`engine.hf_home`, else `<state_dir>/huggingface`; then
 `HF_HUB_CACHE` or `HF_HOME`), `hub/models--ORG--NAME/snapshots/REV/config.json` with the
 revision `refs/main` names; or from the

@@ -102,6 +102,26 @@ def test_a_folder_source_is_derived_and_planned_as_a_catalogue_entry(
     assert found.model is not None and found.model.dtype == dtype and not found.generic
 
 
+def test_a_relative_folder_is_taken_beside_the_file_whatever_the_working_directory(
+        tmp_path, monkeypatch):
+    """A replica job runs in its own working directory: the source it is given must be the
+    folder beside models.yaml, absolute; a Hugging Face id stays as written."""
+    folder = _weights(tmp_path, "llama-3.1-8b")
+    config = _models_yaml(tmp_path, [
+        {"name": "m", "source": "./models/llama-3.1-8b"},
+        {"name": "hf", "source": "meta-llama/Llama-3.1-8B-Instruct"}])
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    deployment = load_deployment(config)
+    assert derive_models(deployment) == []
+    by_name = {m.name: m for m in deployment.models}
+    assert by_name["m"].source == str(folder)
+    assert by_name["hf"].source == "meta-llama/Llama-3.1-8B-Instruct"
+    found = derivation(deployment, "m")
+    assert found is not None and found.config_path == folder / "config.json"
+
+
 def test_plan_inputs_carry_the_derived_key(tmp_path):
     from coral_hpc.plan.inputs import model_specs
 
