@@ -54,6 +54,7 @@ class ReplicaState:
             "routed": self.served,
             "failures": self.failures,
             "role": self.role,
+            "job_id": self.job_id,    # which Slurm job to look at (squeue, sacct, its logs)
         }
 
 

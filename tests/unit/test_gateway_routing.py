@@ -76,3 +76,12 @@ def test_equal_table_is_an_empty_diff():
     table = _table(1, m=[("a", "http://a:1", 1.0)])
     router.apply(table)
     assert diff_tables(router.models, _table(2, m=[("a", "http://a:1", 1.0)])).empty
+
+
+def test_the_routing_view_names_each_replicas_slurm_job():
+    router = Router()
+    router.apply(RoutingTable(version=1, models={"m": (
+        ReplicaRoute("a", "http://a:1", 1.0, "both", "4711"),
+        ReplicaRoute("b", "http://b:1", 1.0))}))   # a table written before job ids
+    views = {s.id: s.describe() for s in router.replicas("m")}
+    assert views["a"]["job_id"] == "4711" and views["b"]["job_id"] is None
