@@ -55,7 +55,8 @@ DAY_S = 86400.0
 #: the fields of a line, in order; :meth:`AccessLog.record` takes one value per field after
 #: ``time`` (epoch seconds, formatted by the writer)
 FIELDS = ("time", "key", "lab", "method", "path", "model", "status", "stream", "prompt_tokens",
-          "output_tokens", "tokens_estimated", "latency_s", "replica", "job_id", "replica_url")
+          "output_tokens", "tokens_estimated", "latency_s", "replica", "job_id", "replica_url",
+          "error")
 
 
 class AccessLogError(PermanentError):

@@ -130,7 +130,8 @@ class GatewaySettings:
 class _Outcome:
     """What the access log says of a proxied request beyond its status (``Request.note``)."""
 
-    __slots__ = ("model", "stream", "replica", "prompt_tokens", "output_tokens", "estimated")
+    __slots__ = ("model", "stream", "replica", "prompt_tokens", "output_tokens", "estimated",
+                 "error")
 
     def __init__(self, model: str, stream: bool) -> None:
         self.model = model
@@ -139,6 +140,7 @@ class _Outcome:
         self.prompt_tokens: int | None = None
         self.output_tokens: int | None = None
         self.estimated: bool | None = None
+        self.error: str | None = None                # what went wrong after the status was sent
 
 
 class _UpstreamFailed(Exception):
@@ -351,11 +353,11 @@ class Gateway:
                 time.time() - latency, key, lab, request.method, path, note.model, status,
                 note.stream, note.prompt_tokens, note.output_tokens, note.estimated, latency,
                 replica.id if replica else None, replica.job_id if replica else None,
-                replica.url if replica else None)
+                replica.url if replica else None, note.error)
         else:
             self.access_log.record(  # type: ignore[union-attr]
                 time.time() - latency, key, lab, request.method, path, None, status, None,
-                None, None, None, latency, None, None, None)
+                None, None, None, latency, None, None, None, None)
 
     async def _loop(self, interval: float, step) -> None:
         """Run ``step`` every ``interval`` seconds; errors are logged here, at the loop boundary."""
@@ -833,6 +835,8 @@ class Gateway:
                     self._mark_down(replica, failure)
                     replica.failures += 1
                     self.metrics.errors.labels(replica.model, "stream_broken").inc()
+                    if isinstance(request.note, _Outcome):  # 200 was sent; the log says more
+                        request.note.error = "replica_failed_mid_stream"
                     await out.write(error_event(
                         f"replica failed mid-stream, the answer is incomplete ({failure})"))
                 elif framer.pending:

@@ -25,10 +25,11 @@ def env(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("gwaccess")
     fast = start_stub(tmp, "fast")
     slow = start_stub(tmp, "slow", "--token-delay", "0.2")
+    broken = start_stub(tmp, "broken", "--break-after", "3")   # dies mid-stream
     keys = tmp / "api-keys"
     alice = add_key(keys, "alice", lab="astro")
     bob = add_key(keys, "bob")
-    models = write_models_yaml(tmp, ["m", "slow"], api_keys_file=keys)
+    models = write_models_yaml(tmp, ["m", "slow", "broken"], api_keys_file=keys)
     config = yaml.safe_load(models.read_text())
     config["retention"] = {"access_log_days": 30}
     models.write_text(yaml.safe_dump(config))
@@ -39,7 +40,8 @@ def env(tmp_path_factory):
     table = tmp / "routing-table.json"
     write_routing_table(table, RoutingTable(version=1, models={
         "m": (ReplicaRoute("r1", fast.url, 1.0, job_id="4242"),),
-        "slow": (ReplicaRoute("r2", slow.url, 1.0),)}))   # a table without job ids still works
+        "slow": (ReplicaRoute("r2", slow.url, 1.0),),   # a table without job ids still works
+        "broken": (ReplicaRoute("r3", broken.url, 1.0, job_id="4343"),)}))
     gateway = start_gateway(tmp, models, table)
     env = {"gw": gateway, "alice": alice, "bob": bob, "folder": folder, "today": today,
            "fast": fast}
@@ -49,6 +51,7 @@ def env(tmp_path_factory):
         gateway.stop()              # SIGTERM: the gateway writes what is pending, then exits
         fast.stop()
         slow.stop()
+        broken.stop()
     yield env
 
 
@@ -79,6 +82,12 @@ def _traffic(env) -> list[str]:
                       timeout=10) as gone:
         next(gone.iter_bytes())
     time.sleep(0.5)                 # the gateway notices the closed connection
+    # a replica that dies mid-stream: the client already had its 200, then an SSE error event
+    dead = {"model": "broken", "prompt": "x", "max_tokens": 10, "stream": True}
+    with httpx.stream("POST", url + "/v1/completions", json=dead, headers=auth("bob"),
+                      timeout=10) as cut:
+        assert cut.status_code == 200
+        assert "incomplete" in cut.read().decode()
     return answers
 
 
@@ -94,8 +103,11 @@ def test_one_line_per_request_with_who_what_where_and_how_many_tokens(env):
         ("bob", None, "/v1/completions", "m", 200),
         (None, None, "/v1/chat/completions", None, 401),
         ("alice", "astro", "/v1/completions", "slow", 499),
+        ("bob", None, "/v1/completions", "broken", 200),
     ]
-    chat, stream, refused, gone = lines
+    chat, stream, refused, gone, cut = lines
+    assert [x["error"] for x in lines] == [None] * 4 + ["replica_failed_mid_stream"]
+    assert (cut["replica"], cut["job_id"]) == ("r3", "4343")
     assert (chat["prompt_tokens"], chat["output_tokens"], chat["tokens_estimated"]) == (
         len(json.dumps([{"role": "user", "content": SECRET}])) // 4, 7, False)
     assert (chat["stream"], chat["replica"], chat["job_id"], chat["replica_url"]) == (

@@ -37,6 +37,7 @@ class Stub:
         self.health_delay = args.health_delay
         self.usage = not args.no_usage
         self.fail_status = args.fail_status
+        self.break_after = args.break_after
         self.api_key = (Path(args.api_key_file).read_text().strip()
                         if args.api_key_file else None)
         self.stats = {"name": self.name, "pid": os.getpid(), "requests": 0, "by_path": {},
@@ -150,6 +151,10 @@ class Stub:
             for index, token in enumerate(tokens):
                 if self.token_delay:
                     await asyncio.sleep(self.token_delay)
+                if self.break_after and index == self.break_after:
+                    assert request.transport is not None
+                    request.transport.close()   # dead mid-answer: no [DONE], no clean end
+                    return response
                 last = index == len(tokens) - 1
                 await response.write(chunk(token, "length" if last else None))
             options = body.get("stream_options") or {}
@@ -200,6 +205,9 @@ if __name__ == "__main__":
                         help="seconds before /health answers")
     parser.add_argument("--api-key-file")
     parser.add_argument("--no-usage", action="store_true", help="omit usage from answers")
+    parser.add_argument("--break-after", type=int, default=0,
+                        help="close a stream's connection after this many tokens, as a replica "
+                             "that dies mid-answer")
     parser.add_argument("--fail-status", type=int, default=0,
                         help="answer every generation request with this status (/health: 200)")
     asyncio.run(main(parser.parse_args()))

@@ -42,7 +42,7 @@ def _epoch(text: str) -> float:
 
 def _record(log: AccessLog, epoch: float, key: str = "alice", status: int = 200) -> None:
     log.record(epoch, key, "astro", "POST", "/v1/completions", "m", status, False, 3, 5, False,
-               0.25, "r1", "4242", "http://node:1")
+               0.25, "r1", "4242", "http://node:1", None)
 
 
 def _lines(path: Path) -> list[dict]:
@@ -74,7 +74,7 @@ def test_lines_go_to_their_utc_days_file_with_every_field_in_order(tmp_path, loo
         "time": "2026-05-01T23:59:58.123Z", "key": "alice", "lab": "astro", "method": "POST",
         "path": "/v1/completions", "model": "m", "status": 200, "stream": False,
         "prompt_tokens": 3, "output_tokens": 5, "tokens_estimated": False, "latency_s": 0.25,
-        "replica": "r1", "job_id": "4242", "replica_url": "http://node:1"}
+        "replica": "r1", "job_id": "4242", "replica_url": "http://node:1", "error": None}
     assert (second[0]["key"], second[0]["status"]) == ("bob", 503)
     # appended, not replaced, by a later flush (and by a gateway started later)
     _record(log, _epoch("2026-05-02 10:00:00"))
