@@ -38,6 +38,8 @@ class CostReport:
     pricing: Pricing
     tz: tzinfo | None
     tokens: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
+    #: API key name → its lab (from the keys file; keys without one are absent)
+    labs: dict[str, str] = field(default_factory=dict)
     comparison: Comparison | None = None
     warnings: list[str] = field(default_factory=list)
 
@@ -99,6 +101,7 @@ class CostReport:
                 for (p, g), t in sorted(self.by_partition().items())
             ],
             "api_keys": self._api_keys_json(),
+            **self._labs_json(),
             "jobs": self._jobs_json(jobs_totals),
             "plan_comparison": None if self.comparison is None else self.comparison.to_dict(),
             "warnings": self.warnings,
@@ -151,6 +154,29 @@ class CostReport:
             )
         return api_keys
 
+    def _labs_json(self) -> dict[str, Any]:
+        """Chargeback: each lab's share of each model's booked cost, by the tokens its keys
+        used (a model's idle capacity is paid by whoever used the model, in proportion); what
+        no key used — models nobody called, or tokens of requests without a key — is
+        ``unattributed_cost``. The labs' costs and it sum to the total."""
+        labs: dict[str | None, dict[str, Any]] = {}
+        for row in self._api_keys_json():
+            lab = self.labs.get(row["api_key"])
+            entry = labs.setdefault(lab, {"lab": lab, "api_keys": [], "prompt_tokens": 0,
+                                          "generated_tokens": 0, "cost": 0.0})
+            if row["api_key"] not in entry["api_keys"]:
+                entry["api_keys"].append(row["api_key"])
+            entry["prompt_tokens"] += row["prompt_tokens"]
+            entry["generated_tokens"] += row["generated_tokens"]
+            entry["cost"] = None if entry["cost"] is None or row["cost"] is None \
+                else entry["cost"] + row["cost"]
+        total = self.total().cost
+        attributed = [e["cost"] for e in labs.values()]
+        unattributed = (None if total is None or any(c is None for c in attributed)
+                        else total - sum(attributed))
+        ordered = sorted(labs.values(), key=lambda e: (e["lab"] is None, e["lab"] or ""))
+        return {"labs": ordered, "unattributed_cost": unattributed}
+
     def _jobs_json(self, jobs_totals: dict[tuple[str, float], Totals]) -> list[dict[str, Any]]:
         """Per Slurm job run in the range: what it was and what it used."""
         return [
@@ -189,6 +215,7 @@ def build_report(
     edges: Sequence[float] | None = None,
     owns: Callable[[JobTag], bool] | None = None,
     stops: Sequence[float] = (),
+    labs: Mapping[str, str] | None = None,
 ) -> CostReport:
     """Price this deployment's sacct ``records`` over ``[since, until)`` (running jobs up to
     ``now``), split by day in ``tz`` (local by default) unless ``edges`` are given; join the
@@ -225,6 +252,7 @@ def build_report(
         pricing=pricing,
         tz=tz,
         tokens={k: (v[0], v[1]) for k, v in tokens.items()},
+        labs=dict(labs or {}),
         warnings=list(warnings),
     )
     if plans is not None:

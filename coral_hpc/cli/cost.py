@@ -227,8 +227,25 @@ def build(inputs: Inputs) -> tuple[CostReport, list[ReplicaRecord]]:
     report = build_report(
         deployment, records, inputs.since, inputs.until, inputs.now,
         demand=demand, plans=plans, replicas=replicas, owns=owns, stops=_stops(store),
+        labs=_key_labs(deployment),
     )
     return report, replicas
+
+
+def _key_labs(deployment: Deployment) -> dict[str, str]:
+    """API key name → lab, from the deployment's keys file (empty without one). A keys file
+    that cannot be read leaves every key without a lab: the cost figures stand regardless."""
+    from coral_hpc.gateway.auth import KeysFileError, read_keys_file
+
+    path = deployment.gateway.api_keys_file
+    if not path:
+        return {}
+    try:
+        entries = read_keys_file(Path(path).expanduser())
+    except (OSError, KeysFileError) as exc:
+        print(f"warning: labs not shown: {exc}", file=sys.stderr)
+        return {}
+    return {entry.name: entry.lab for entry in entries if entry.lab}
 
 
 def _stops(store: Store | None) -> list[float]:
@@ -335,6 +352,16 @@ def _print_table(data: dict, wide: bool = False) -> None:
           _money(m["cost_per_million_generated_tokens"])) for m in data["models"]],
         wide=wide,
     )
+    if data["labs"]:
+        print_table(
+            [Column("lab", "id"), Column("API keys", "id"), Column("tokens", "num"),
+             Column("cost", "num")],
+            [(lab["lab"] or "(no lab)", ", ".join(lab["api_keys"]),
+              lab["prompt_tokens"] + lab["generated_tokens"], _money(lab["cost"]))
+             for lab in data["labs"]]
+            + [(Text("no key", style="dim"), "", "", _money(data["unattributed_cost"]))],
+            wide=wide,
+        )
     comparison = data["plan_comparison"]
     if comparison:
         parts = comparison["parts"]

@@ -267,6 +267,32 @@ def test_cost_per_million_tokens_per_model_and_api_key():
     assert keys["key-a"]["cost_per_million_tokens"] == pytest.approx(cost)
 
 
+def test_chargeback_per_lab_sums_with_the_unattributed_part_to_the_booked_cost():
+    """Each lab pays each model's booked cost in proportion to its keys' tokens; a model no key
+    used (and tokens without a key) stay unattributed; together they are the total."""
+    used = record("6", "done", "a100", "a100", 2, t("10:00:00"), t("11:00:00"))
+    idle = record("7", "idle", "a100", "a100", 1, t("10:00:00"), t("11:00:00"))
+    demand = [
+        DemandInterval(t("10:00:00"), t("10:30:00"), "done", 10, 300_000, 100_000, 0, "alice"),
+        DemandInterval(t("10:00:00"), t("10:30:00"), "done", 10, 100_000, 100_000, 0, "bob"),
+        DemandInterval(t("10:30:00"), t("11:00:00"), "done", 10, 200_000, 100_000, 0, "carol"),
+        DemandInterval(t("10:30:00"), t("11:00:00"), "done", 10, 50_000, 50_000, 0, ""),
+    ]
+    labs = {"alice": "astro", "bob": "astro"}   # carol's key has no lab
+    data = report([used, idle], t("10:00:00"), t("11:00:00"), t("12:00:00"), demand=demand,
+                  labs=labs).to_dict()
+    done_cost, tokens = 2 * A100, 1_000_000
+    by_lab = {lab["lab"]: lab for lab in data["labs"]}
+    assert set(by_lab) == {"astro", None}
+    assert by_lab["astro"]["api_keys"] == ["alice", "bob"]
+    assert by_lab["astro"]["cost"] == pytest.approx(done_cost * 600_000 / tokens)
+    assert by_lab[None]["cost"] == pytest.approx(done_cost * 300_000 / tokens)
+    # the anonymous tokens' share of 'done' and all of 'idle' are nobody's
+    assert data["unattributed_cost"] == pytest.approx(done_cost * 100_000 / tokens + 1 * A100)
+    assert sum(lab["cost"] for lab in data["labs"]) + data["unattributed_cost"] == \
+        pytest.approx(data["total"]["cost"])
+
+
 def test_no_tokens_gives_no_cost_per_token():
     job = record("6", "done", "a100", "a100", 2, t("10:00:00"), t("11:00:00"))
     data = report([job], t("10:00:00"), t("11:00:00"), t("12:00:00")).to_dict()
