@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -124,12 +125,23 @@ def keys() -> None:
 @click.argument("keys_file", type=click.Path(dir_okay=False))
 @click.argument("name")
 @click.option("--lab", help="The group this key's use is booked to (named in the access log).")
-def keys_add(keys_file: str, name: str, lab: str | None = None) -> None:
+@click.option("--models", "models", help="Comma-separated models the key may use "
+                                         "[default: every model].")
+@click.option("--rpm", type=click.IntRange(min=1), help="Requests per minute at most.")
+@click.option("--tpm", type=click.IntRange(min=1),
+              help="Tokens (prompt and output) per minute at most.")
+@click.option("--expires", help="When the key stops working: an ISO date or time, UTC unless "
+                                "it names its zone (e.g. 2027-01-31).")
+def keys_add(keys_file: str, name: str, lab: str | None = None, models: str | None = None,
+             rpm: int | None = None, tpm: int | None = None,
+             expires: str | None = None) -> None:
     """Create key NAME in KEYS_FILE and print it (the only time it is shown)."""
     from coral_hpc.gateway.auth import KeysFileError, add_key
 
+    scope = tuple(m.strip() for m in (models or "").split(",") if m.strip())
     try:
-        key = add_key(keys_file, name, lab)
+        key = add_key(keys_file, name, lab, models=scope, rpm=rpm, tpm=tpm,
+                      expires=expires or "")
     except KeysFileError as exc:
         fail(str(exc))
     click.echo(key)
@@ -147,17 +159,21 @@ def keys_list(keys_file: str, as_json: bool) -> None:
         entries = read_keys_file(keys_file)
     except KeysFileError as exc:
         fail(str(exc))
-    rows = [{"name": e.name, "lab": e.lab, "created": e.created, "sha256_prefix": e.digest[:12]}
-            for e in entries]
+    rows: list[dict[str, Any]] = [
+        {"name": e.name, "lab": e.lab, "created": e.created, "models": list(e.models),
+         "rpm": e.rpm, "tpm": e.tpm, "expires": e.expires or None,
+         "sha256_prefix": e.digest[:12]} for e in entries]
     if as_json:
         print_json(rows)
         return
     from coral_hpc.cli._output import Column, print_table
 
-    print_table([Column("name", "id"), Column("lab", "id"), Column("created", "id"),
-                 Column("sha256 prefix", "id")],
-                [(row["name"], row["lab"] or "-", row["created"], row["sha256_prefix"])
-                 for row in rows])
+    print_table([Column("name", "id"), Column("lab", "id"), Column("models", "id"),
+                 Column("rpm", "num"), Column("tpm", "num"), Column("expires", "id"),
+                 Column("created", "id"), Column("sha256 prefix", "id")],
+                [(row["name"], row["lab"] or "-", ",".join(row["models"]) or "all",
+                  row["rpm"] or "-", row["tpm"] or "-", row["expires"] or "never",
+                  row["created"], row["sha256_prefix"]) for row in rows])
 
 
 @keys.command("remove")

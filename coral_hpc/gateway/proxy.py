@@ -62,6 +62,7 @@ from coral_hpc.gateway.http_server import (
     StreamResponse,
 )
 from coral_hpc.gateway.metering import DemandMeter, GatewayMetrics
+from coral_hpc.gateway.ratelimit import RateLimiter
 from coral_hpc.gateway.routing import ReplicaState, Router
 from coral_hpc.gateway.streaming import SSEFramer, StreamUsage, error_event
 from coral_hpc.gateway.table import RoutingTableError, read_routing_table
@@ -262,6 +263,7 @@ class Gateway:
                                  windows_kept=settings.demand_windows)
         self.metrics = GatewayMetrics(self._ready_counts)
         self.disagg = Disaggregation(self)  # prefill → decode for disaggregated models
+        self.limiter = RateLimiter()          # per-key rpm/tpm (keys file fields)
         self._configured = set(settings.models)
         self._known = set(settings.models)
         self._keys = keys
@@ -545,7 +547,12 @@ class Gateway:
         if refused is not None:
             return refused
         return _json({"object": "list",
-                      "data": [self._model_object(m) for m in sorted(self._known)]})
+                      "data": [self._model_object(m) for m in sorted(self._known)
+                               if self._may_use(request, m)]})
+
+    def _may_use(self, request: Request, model: str) -> bool:
+        """Whether the request's key may use ``model`` (every model without a keys file)."""
+        return self._keys is None or request.key is None or self._keys.allows(request.key, model)
 
     async def handle_model(self, request: Request) -> Response:
         """``GET /v1/models/{id}``: one model, or 404 in OpenAI's error shape."""
@@ -560,6 +567,9 @@ class Gateway:
                                          "lists them", "type": "invalid_request_error",
                               "param": "model", "code": "model_not_found"}}
             return Response(status=404, body=json.dumps(body).encode())
+        if not self._may_use(request, model):
+            return _error(403, f"API key {request.key!r} may not use model {model!r}",
+                          "permission_error")
         return _json(self._model_object(model))
 
     async def handle_metrics(self, request: Request) -> Response:
@@ -625,6 +635,9 @@ class Gateway:
             self.metrics.client_errors.labels("404").inc()
             return _error(404, f"model {model!r} is not served here; GET /v1/models lists them",
                           "not_found_error")
+        refused = self._refused_by_key_policy(key, model)
+        if refused is not None:
+            return refused
         children = self.metrics.children(model, key)
         children.requests.inc()
         if not self.router.replicas(model):
@@ -767,8 +780,34 @@ class Gateway:
         self._add_tokens(model, key, counts[0], counts[1], estimated, role)
         return counts[0], counts[1], estimated
 
+    def _refused_by_key_policy(self, key: str, model: str) -> Response | None:
+        """403 when the key may not use ``model``; 429 (with Retry-After) when it is over its
+        requests or tokens per minute (:mod:`coral_hpc.gateway.ratelimit`)."""
+        if self._keys is None:
+            return None
+        entry = self._keys.entry(key)
+        if entry is None:
+            return None
+        if not self._keys.allows(key, model):
+            self.metrics.client_errors.labels("403").inc()
+            return _error(403, f"API key {key!r} may not use model {model!r}; it may use "
+                               f"{', '.join(entry.models)}", "permission_error")
+        if entry.rpm is None and entry.tpm is None:
+            return None
+        held = self.limiter.admit(key, entry.rpm, entry.tpm)
+        if held is None:
+            return None
+        limit, wait_s = held
+        self.metrics.client_errors.labels("429").inc()
+        what = (f"{entry.rpm} requests" if limit == "rpm" else f"{entry.tpm} tokens")
+        retry = max(1, math.ceil(wait_s))
+        return _error(429, f"API key {key!r} is over its limit of {what} per minute; retry in "
+                           f"{retry} s", "rate_limit_error", headers={"Retry-After": str(retry)})
+
     def _add_tokens(self, model: str, key: str, prompt: int, generated: int,
                     estimated: bool, role: str = "both") -> None:
+        if self._keys is not None:
+            self.limiter.spent(key, prompt + generated)
         if role == "decode":
             self.disagg.count_decoded(model, generated)
         children = self.metrics.children(model, key)

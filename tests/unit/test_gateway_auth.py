@@ -66,3 +66,52 @@ def test_bad_lines_name_file_and_line(tmp_path):
 ])
 def test_loopback(host, loopback):
     assert is_loopback(host) is loopback
+
+
+# --- keys that carry policy: models, requests and tokens per minute, expiry -------------------
+
+
+def test_policy_fields_round_trip_and_an_old_file_still_reads(tmp_path):
+    path = tmp_path / "keys"
+    path.write_text(f"old sha256:{'a' * 64} created=2026-01-01T00:00:00+00:00 lab=astro\n")
+    add_key(path, "scoped", "bio", models=("llama-8b", "qwen3-8b"), rpm=30, tpm=20000,
+            expires="2027-01-31")
+    entries = {e.name: e for e in read_keys_file(path)}
+    assert (entries["old"].lab, entries["old"].models, entries["old"].rpm) == ("astro", (), None)
+    scoped = entries["scoped"]
+    assert (scoped.lab, scoped.models, scoped.rpm, scoped.tpm, scoped.expires) == (
+        "bio", ("llama-8b", "qwen3-8b"), 30, 20000, "2027-01-31")
+    checker = KeyChecker(list(entries.values()))
+    assert checker.allows("scoped", "llama-8b") and not checker.allows("scoped", "phi-4")
+    assert checker.allows("old", "phi-4")            # no models= : every model
+    assert not checker.allows("nobody", "phi-4")
+
+
+def test_an_expired_key_is_no_key(tmp_path):
+    path = tmp_path / "keys"
+    key = add_key(path, "term", expires="2027-01-31T18:00:00Z")
+    now = [1_800_000_000.0]                          # 2027-01-15
+    checker = KeyChecker(read_keys_file(path), clock=lambda: now[0])
+    assert checker.name_for(f"Bearer {key}") == "term"
+    now[0] = 1_801_677_600.0                         # 2027-01-31T18:00:00Z exactly
+    assert checker.name_for(f"Bearer {key}") is None
+
+
+@pytest.mark.parametrize("field, message", [
+    ("rpm=0", "rpm='0' must be a whole number"), ("tpm=ten", "tpm='ten' must be a whole"),
+    ("expires=soon", "expires='soon' is not an ISO date"), ("color=red", "unknown field 'color'"),
+    ("lab=a lab=b", "lab given twice"), ("lab=x/y", "lab='x/y' is not a name"),
+])
+def test_a_bad_policy_field_names_its_line(tmp_path, field, message):
+    path = tmp_path / "keys"
+    path.write_text(f"# keys\nalice sha256:{'a' * 64} {field}\n")
+    with pytest.raises(KeysFileError, match=f"keys:2: {message}"):
+        read_keys_file(path)
+
+
+def test_add_key_refuses_bad_policy(tmp_path):
+    for kwargs, message in (({"rpm": 0}, "rpm 0"), ({"expires": "tomorrow"}, "not an ISO"),
+                            ({"models": ("a b",)}, "not a model")):
+        with pytest.raises(KeysFileError, match=message):
+            add_key(tmp_path / "keys", "alice", **kwargs)
+    assert not (tmp_path / "keys").exists()          # nothing written
