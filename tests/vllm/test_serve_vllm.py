@@ -64,7 +64,7 @@ from coral_hpc.profile import openloop
 from coral_hpc.slurm import make_client
 from coral_hpc.store import open_store
 from tests.conftest import wait_until
-from tests.support.serve_cli import cli, live_jobs, start_serve, wait_every_model_ready
+from tests.support.serve_harness import cli, live_jobs, start_serve, wait_every_model_ready
 from tests.vllm.example import example_copy
 
 pytestmark = [pytest.mark.slurm, pytest.mark.vllm]
