@@ -18,6 +18,12 @@ from dataclasses import dataclass
 #: Seconds between Slurm's SIGUSR2 warning and the end of the walltime (``--signal=USR2@N``):
 #: time for the engine to drain its requests; the reconcile loop counts it off a replica's life.
 SIGNAL_LEAD_S = 90
+#: Seconds Slurm may send that warning *earlier* than asked: "Due to the resolution of event
+#: handling by Slurm, the signal may be sent up to 60 seconds earlier than specified" (sbatch(1),
+#: ``--signal``; seen on the local cluster: a 5-minute job warned 106 s before its limit). A
+#: replica's usable life is planned to end at the earliest warning, so its successor is READY
+#: by then.
+SIGNAL_RESOLUTION_S = 60
 
 _DURATION_RE = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from coral_hpc.config import PolicyConfig
-from coral_hpc.types import SIGNAL_LEAD_S
+from coral_hpc.types import SIGNAL_LEAD_S, SIGNAL_RESOLUTION_S
 
 #: ``policy:`` as a models.yaml without one gets it: the defaults of the policy-sourced knobs
 _POLICY = PolicyConfig()
@@ -58,9 +58,10 @@ class ReconcileSettings:
     #: at least this long ahead too, since a lead shorter than the engine's start-up leaves
     #: the model a gap (seen on the real engine).
     startup_s: float = 0.0
-    #: Slurm warns a replica this long before its time limit (``--signal=USR2@N``) and the
-    #: replica then drains: its usable life ends here, not at the limit itself.
-    walltime_signal_s: float = float(SIGNAL_LEAD_S)
+    #: Slurm warns a replica up to this long before its time limit (``--signal=USR2@N``, and
+    #: up to a minute earlier still: SIGNAL_RESOLUTION_S) and the replica then drains: its
+    #: usable life ends here, not at the limit itself.
+    walltime_signal_s: float = float(SIGNAL_LEAD_S + SIGNAL_RESOLUTION_S)
     #: Crashes of one template within ``crash_cooldown_s`` that put it on cool-down.
     crash_limit: int = _POLICY.crash_limit
     #: How long a crashing template stays out of plans.

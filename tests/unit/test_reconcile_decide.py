@@ -378,10 +378,11 @@ def test_rotation_before_walltime_never_leaves_a_gap_in_ready_replicas():
 
 
 def test_a_start_up_longer_than_the_lead_still_serves_between_rotations():
-    # the lead is capped at half the usable time (155 s of 310 s): each replica's successor
-    # falls due before it is READY itself. Cancelling a replica still starting at that point
-    # (the old rule) meant no replica of the model was ever READY.
-    world = World(time_limit_s=400.0, startup_s=170.0)
+    # the lead is capped at half the usable time (155 s of 310 s: a 460 s limit less Slurm's
+    # 150 s earliest warning): each replica's successor falls due before it is READY itself.
+    # Cancelling a replica still starting at that point (the old rule) meant no replica of the
+    # model was ever READY.
+    world = World(time_limit_s=460.0, startup_s=170.0)
     desired = plan(slot("t1", 1))
     readiness, live = [], []
     for _ in range(600):  # 1200 s of fake time

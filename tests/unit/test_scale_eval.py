@@ -15,7 +15,7 @@ from bench.scale_eval import run as R
 from bench.scale_eval import site as S
 from coral_hpc.demand import deployment_demand
 from coral_hpc.plan.planner import Planner, PlanRequest
-from coral_hpc.types import SIGNAL_LEAD_S
+from coral_hpc.types import SIGNAL_LEAD_S, SIGNAL_RESOLUTION_S
 from coral_solver import catalog
 from coral_solver.types import ModelSpec, Plan, PlanRow, Stage, Template
 
@@ -90,9 +90,10 @@ def test_the_planner_reads_the_site_as_1000_nodes_in_overlapping_partitions():
 def test_rotation_overhead_is_a_successors_overlap_per_usable_life():
     models = S.draw_models(1, 1.0)
     deployment = S.deployment(models, {models[0].name: (1024, 128)}, {"replan_interval_s": 900})
-    # 4 h limit less Slurm's signal lead and the 900 s walltime lead, plus the successor's
-    # 180 s start-up; the overlap is that start-up plus the 12 s drain grace (2 polls of 6 s)
-    life = 4 * 3600 - SIGNAL_LEAD_S - 900 + 180
+    # 4 h limit less Slurm's signal lead (and the minute it may come early) and the 900 s
+    # walltime lead, plus the successor's 180 s start-up; the overlap is that start-up plus the
+    # 12 s drain grace (2 polls of 6 s)
+    life = 4 * 3600 - SIGNAL_LEAD_S - SIGNAL_RESOLUTION_S - 900 + 180
     assert R.rotation_overhead(deployment) == pytest.approx((180 + 12) / life)
 
 
