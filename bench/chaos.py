@@ -286,14 +286,15 @@ class Soak:
         return [j for j in self.client.snapshot(self.deployment.deployment).jobs
                 if j.end_kind is None]
 
-    def wait(self, predicate: Callable[[], object], timeout_s: float) -> object:
-        """``predicate()`` once truthy, polling every second; None after ``timeout_s``."""
+    def wait(self, predicate: Callable[[], object], timeout_s: float,
+             poll_s: float = 1.0) -> object:
+        """``predicate()`` once truthy, polling every ``poll_s``; None after ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and not self.stop_event.is_set():
             value = predicate()
             if value:
                 return value
-            time.sleep(1.0)
+            time.sleep(poll_s)
         return None
 
     # ------------------------------------------------------------------ the faults
@@ -319,8 +320,21 @@ class Soak:
             return
         os.kill(record["pid"], signal.SIGKILL)
         fault.target = f"pid {record['pid']}"
-        back = self.wait(lambda: recorded_gateway(self.deployment), 120)
+        # down from the kill until a new gateway accepts connections on the port (its record
+        # is written when it starts, a moment before it listens); the killed one's socket may
+        # accept for a few milliseconds more, so first until that has gone
+        self.wait(lambda: not self.listening(), 10, poll_s=0.05)
+        back = self.wait(lambda: recorded_gateway(self.deployment) and self.listening(), 120,
+                         poll_s=0.2)
         self.run.gateway_down.append((fault.began, time.time() if back else fault.began + 120))
+
+    def listening(self) -> bool:
+        """Whether something accepts TCP connections on the gateway's port."""
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1.0):
+                return True
+        except OSError:
+            return False
 
     def _a_ready_replica(self):
         ready = [r for r in self.ready() if r.job_id]
