@@ -81,9 +81,9 @@ def plan(models_yaml: str, snapshot_file: str | None, as_json: bool, export_file
         fail([f"checker: {p}" for p in outcome.problems], status=EXIT_REJECTED)
 
 
-def _load_deployment(models_yaml: str):
+def _load_deployment(models_yaml: str, nothing_was: str = "planned"):
     """The deployment in ``models_yaml`` with what its models derive; exit 2 on a problem in
-    the file or a measured profile it names that is missing."""
+    the file or a measured profile it names that is missing (``nothing was <nothing_was>``)."""
     from coral_hpc.config import load_deployment, measured_profiles_problems
     from coral_hpc.errors import ConfigError
     from coral_hpc.model_archs import derived_deployment
@@ -94,7 +94,7 @@ def _load_deployment(models_yaml: str):
         fail(exc.problems + [f"{models_yaml}: {len(exc.problems)} problem(s)"])
     missing = measured_profiles_problems(deployment)
     if missing:
-        fail(missing + [f"{models_yaml}: {len(missing)} problem(s); nothing was planned"])
+        fail(missing + [f"{models_yaml}: {len(missing)} problem(s); nothing was {nothing_was}"])
     return deployment
 
 
