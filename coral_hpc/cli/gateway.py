@@ -52,39 +52,15 @@ def gateway(file: str, table: str | None, replica_key_file: str | None,
     from coral_hpc.gateway.accesslog import ACCESS_DIR_NAME
     from coral_hpc.gateway.proxy import GatewaySettings
     from coral_hpc.gateway.server import run_gateway
-    from coral_hpc.gateway.table import (
-        default_internal_key_path,
-        default_replica_key_path,
-        default_table_path,
-    )
+    from coral_hpc.gateway.table import default_table_path
 
     try:
         deployment = load_deployment(file)
     except ConfigError as exc:
         fail(exc.problems + [f"{file}: {len(exc.problems)} problem(s); gateway not started"])
     config = deployment.gateway
-    host, port = config.host, config.port
-    if listen is not None:
-        # port 0 (any free port, reported in --ready-file) is fine here, unlike in models.yaml
-        host, _, port_text = listen.rpartition(":")
-        host = host.strip("[]")
-        if not host or not port_text.isdigit() or int(port_text) > 65535:
-            fail(f"--listen {listen!r}: expected host:port such as 127.0.0.1:8000")
-        port = int(port_text)
-    if replica_key_file is None:
-        default_key = default_replica_key_path(deployment)
-        key_path = default_key if default_key.exists() else None
-    else:
-        key_path = Path(replica_key_file)
-        if not key_path.exists():
-            fail(f"--replica-key-file {replica_key_file}: no such file")
-    if internal_key_file is None:
-        # read when it appears too: the daemon creates it before it starts this gateway
-        internal_key = default_internal_key_path(deployment)
-    else:
-        internal_key = Path(internal_key_file)
-        if not internal_key.exists():
-            fail(f"--internal-key-file {internal_key_file}: no such file")
+    host, port = _listen_address(listen, config.host, config.port)
+    key_path, internal_key = _key_files(deployment, replica_key_file, internal_key_file)
     settings = GatewaySettings(
         models=tuple(m.name for m in deployment.models),
         table_path=Path(table) if table else default_table_path(deployment),
@@ -114,6 +90,41 @@ def gateway(file: str, table: str | None, replica_key_file: str | None,
         fail(f"{file}: {exc}")
     except OSError as exc:
         fail(f"gateway cannot listen on {host}:{port}: {exc.strerror or exc}", status=3)
+
+
+def _listen_address(listen: str | None, host: str, port: int) -> tuple[str, int]:
+    """``--listen host:port`` when given, else gateway.listen's; exit 2 on a malformed one."""
+    if listen is not None:
+        # port 0 (any free port, reported in --ready-file) is fine here, unlike in models.yaml
+        host, _, port_text = listen.rpartition(":")
+        host = host.strip("[]")
+        if not host or not port_text.isdigit() or int(port_text) > 65535:
+            fail(f"--listen {listen!r}: expected host:port such as 127.0.0.1:8000")
+        port = int(port_text)
+    return host, port
+
+
+def _key_files(deployment: Any, replica_key_file: str | None,
+               internal_key_file: str | None) -> tuple[Path | None, Path]:
+    """(the replica key file, None when there is none; the internal key file): the options'
+    files, which must exist, or the state folder's."""
+    from coral_hpc.gateway.table import default_internal_key_path, default_replica_key_path
+
+    if replica_key_file is None:
+        default_key = default_replica_key_path(deployment)
+        key_path = default_key if default_key.exists() else None
+    else:
+        key_path = Path(replica_key_file)
+        if not key_path.exists():
+            fail(f"--replica-key-file {replica_key_file}: no such file")
+    if internal_key_file is None:
+        # read when it appears too: the daemon creates it before it starts this gateway
+        internal_key = default_internal_key_path(deployment)
+    else:
+        internal_key = Path(internal_key_file)
+        if not internal_key.exists():
+            fail(f"--internal-key-file {internal_key_file}: no such file")
+    return key_path, internal_key
 
 
 @click.group()

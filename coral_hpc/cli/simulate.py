@@ -93,57 +93,23 @@ def simulate(models_yaml: str, traces: tuple[str, ...], snapshot_file: str | Non
     """Replay a trace for MODELS_YAML in virtual time: the daemon's planner and re-plan rule,
     simulated replicas; report cost, SLO attainment per model, GPU-hours per partition and
     replicas over time (progress on stderr; nothing is submitted)."""
-    from coral_hpc.cli.cluster import load_snapshot_file, observe
-    from coral_hpc.cli.plan import _known_architectures, _unknown_architectures
-    from coral_hpc.config import load_deployment, measured_profiles_problems
-    from coral_hpc.errors import ConfigError, PermanentError
-    from coral_hpc.model_archs import derived_deployment
-    from coral_hpc.plan.planner import Planner, SolverUnavailable
+    from coral_hpc.cli.plan import _known_architectures, _load_deployment, _unknown_architectures
+    from coral_hpc.errors import PermanentError
     from coral_hpc.simulate.run import model_workloads
-    from coral_hpc.simulate.run import simulate as run_simulation
-    from coral_hpc.simulate.traces import TraceError, TraceRows, load_rows
 
-    try:
-        deployment = derived_deployment(load_deployment(models_yaml))
-    except ConfigError as exc:
-        fail(exc.problems + [f"{models_yaml}: {len(exc.problems)} problem(s)"])
-    missing = measured_profiles_problems(deployment)
-    if missing:
-        fail(missing + [f"{models_yaml}: {len(missing)} problem(s); nothing was simulated"])
+    deployment = _load_deployment(models_yaml, nothing_was="simulated")
     unknown = _unknown_architectures(deployment)
     if unknown:
         fail(f"{models_yaml}: architecture(s) {unknown} not in profiles/models.yaml; known: "
              f"{', '.join(sorted(_known_architectures()))}")
     names = [m.name for m in deployment.models]
-    default, own = parse_traces(traces, names)
-    rows_of: dict[str, TraceRows] = {}
-    for model, path in ([("", default)] if default else []) + list(own.items()):
-        if path not in rows_of:
-            try:
-                rows_of[path] = load_rows(path)
-            except TraceError as exc:
-                fail(f"--trace {model + '=' if model else ''}{path}: {exc}")
-    per_model = {m: rows_of[own[m] if m in own else str(default)] for m in names}
+    per_model = _trace_rows(traces, names)
     span_s = hours * 3600.0 if hours else max(r.span_s for r in per_model.values())
-    if snapshot_file:
-        snapshot = load_snapshot_file(snapshot_file)
-    else:
-        _log("no --snapshot: reading the live cluster from Slurm (save one with "
-             "`coral-hpc cluster --json > snapshot.json` and pass --snapshot to simulate "
-             "without Slurm)")
-        snapshot = observe(models_yaml, None)
+    snapshot = _snapshot(models_yaml, snapshot_file)
     loads = model_workloads(deployment, per_model, span_s, seed)
     _log(f"simulating {span_s / 3600:.2f} h of {sum(len(w.at) for w in loads.values()):,} "
          f"requests for {len(names)} model(s)")
-    from coral_hpc.cli._output import stage1_progress
-
-    with stage1_progress() as progress:
-        planner = Planner(cache_dir=Path(cache_dir) if cache_dir else None,
-                          progress=_FirstPass(progress), probe=False)
-        try:
-            result = run_simulation(deployment, snapshot, loads, span_s, planner, log=_log)
-        except SolverUnavailable as exc:
-            fail([f"{models_yaml}: {exc}", f"{models_yaml}: 1 problem(s); nothing was simulated"])
+    result = _run(models_yaml, deployment, snapshot, loads, span_s, cache_dir)
     if plot:
         from coral_hpc.simulate.plot import write_simulation_plot
 
@@ -158,6 +124,50 @@ def simulate(models_yaml: str, traces: tuple[str, ...], snapshot_file: str | Non
         _print_tables(data, wide)
         if plot:
             console.print(f"plots written to {plot}", highlight=False)
+
+
+def _trace_rows(traces: tuple[str, ...], names: list[str]) -> dict:
+    """{model: the trace rows it replays} from ``--trace`` values, each file read once; exits 2
+    naming a trace that cannot be read."""
+    from coral_hpc.simulate.traces import TraceError, TraceRows, load_rows
+
+    default, own = parse_traces(traces, names)
+    rows_of: dict[str, TraceRows] = {}
+    for model, path in ([("", default)] if default else []) + list(own.items()):
+        if path not in rows_of:
+            try:
+                rows_of[path] = load_rows(path)
+            except TraceError as exc:
+                fail(f"--trace {model + '=' if model else ''}{path}: {exc}")
+    return {m: rows_of[own[m] if m in own else str(default)] for m in names}
+
+
+def _snapshot(models_yaml: str, snapshot_file: str | None):
+    """The saved snapshot, or (saying so, since it needs Slurm) the live cluster's."""
+    from coral_hpc.cli.cluster import load_snapshot_file, observe
+
+    if snapshot_file:
+        return load_snapshot_file(snapshot_file)
+    _log("no --snapshot: reading the live cluster from Slurm (save one with "
+         "`coral-hpc cluster --json > snapshot.json` and pass --snapshot to simulate "
+         "without Slurm)")
+    return observe(models_yaml, None)
+
+
+def _run(models_yaml: str, deployment, snapshot, loads, span_s: float, cache_dir: str | None):
+    """Replay ``loads`` through the daemon's planner, Stage 1's progress shown for the first
+    plan; exit 2 when policy.solver names a solver this host lacks."""
+    from coral_hpc.cli._output import stage1_progress
+    from coral_hpc.plan.planner import Planner, SolverUnavailable
+    from coral_hpc.simulate.run import simulate as run_simulation
+
+    with stage1_progress() as progress:
+        planner = Planner(cache_dir=Path(cache_dir) if cache_dir else None,
+                          progress=_FirstPass(progress), probe=False)
+        try:
+            return run_simulation(deployment, snapshot, loads, span_s, planner, log=_log)
+        except SolverUnavailable as exc:
+            fail([f"{models_yaml}: {exc}", f"{models_yaml}: 1 problem(s); nothing was simulated"])
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:

@@ -151,7 +151,34 @@ def _retry_note(until: float, now: float) -> str:
 
 
 def _print_tables(data: dict, wide: bool = False, now: float | None = None) -> None:
+    """``status`` for people: the header, then one table each for models, replicas, the plan,
+    exclusions and recent events."""
     now = time.time() if now is None else now
+    _print_header(data, now)
+    _print_models(data, wide)
+    print_table(
+        [Column("replica", "id"), Column("model", "id"), Column("role", "id"),
+         Column("job", "id"), Column("state", "id"), Column("partition"),
+         Column("TP×PP", "id"), Column("age", "num"), Column("time left", "num"),
+         Column("endpoint", "id")],
+        [(r["id"], r["model"], r["role"] or "?", r["job_id"] or "", _state(r),
+          r["partition"].replace(",", ", "), f"{r['tp']}×{r['pp']}", duration(r["age_s"]),
+          duration(r["time_left_s"]), r["endpoint"] or _pending_note(r, now) or _end_note(r))
+         for r in data["replicas"]],
+        wide=wide,
+    )
+    _print_plan(data, wide, now)
+    print_table(
+        [Column("time", "id"), Column("kind", "id"), Column("replica", "id"),
+         Column("message")],
+        [(local_time(e["time"], now), e["kind"], e["replica"] or "", e["message"])
+         for e in data["events"][:10]],
+        title="recent events", wide=wide,
+    )
+
+
+def _print_header(data: dict, now: float) -> None:
+    """The deployment's daemon line, and where the replica states come from."""
     daemon = data["daemon"]
     console.print(f"[bold]{data['deployment']}[/]: " + _daemon_line(daemon, data, now))
     source = data.get("source")
@@ -165,6 +192,10 @@ def _print_tables(data: dict, wide: bool = False, now: float | None = None) -> N
     if "published_by" in data:  # read from the state folder, not from a database here
         console.print(f"as published in the state folder at "
                       f"{local_time(data.get('generated_at') or now, now)}")
+
+
+def _print_models(data: dict, wide: bool) -> None:
+    """Per model: demand, what it is served at, replicas ready and planned; what was sized for."""
     print_table(
         [Column("model", "id"), Column("mean req/s", "num"), Column("sized for", "num"),
          Column("demand req/s", "num"), Column("served req/s", "num"), Column("ready", "num"),
@@ -180,17 +211,10 @@ def _print_tables(data: dict, wide: bool = False, now: float | None = None) -> N
                                       {m["name"]: m.get("planned_for") or ""
                                        for m in data["models"]}):
             console.print(line, highlight=False)
-    print_table(
-        [Column("replica", "id"), Column("model", "id"), Column("role", "id"),
-         Column("job", "id"), Column("state", "id"), Column("partition"),
-         Column("TP×PP", "id"), Column("age", "num"), Column("time left", "num"),
-         Column("endpoint", "id")],
-        [(r["id"], r["model"], r["role"] or "?", r["job_id"] or "", _state(r),
-          r["partition"].replace(",", ", "), f"{r['tp']}×{r['pp']}", duration(r["age_s"]),
-          duration(r["time_left_s"]), r["endpoint"] or _pending_note(r, now) or _end_note(r))
-         for r in data["replicas"]],
-        wide=wide,
-    )
+
+
+def _print_plan(data: dict, wide: bool, now: float) -> None:
+    """The last plan's rows, and the templates and shapes kept out of plans."""
     plan = data["plan"]
     if plan:
         # the deployment's price unit per hour, as `plan` says it
@@ -215,13 +239,6 @@ def _print_tables(data: dict, wide: bool = False, now: float | None = None) -> N
               e["reason"]) for e in excluded],
             title="kept out of plans", wide=wide,
         )
-    print_table(
-        [Column("time", "id"), Column("kind", "id"), Column("replica", "id"),
-         Column("message")],
-        [(local_time(e["time"], now), e["kind"], e["replica"] or "", e["message"])
-         for e in data["events"][:10]],
-        title="recent events", wide=wide,
-    )
 
 
 def _rate(value: float | None) -> str:

@@ -1,4 +1,5 @@
-"""``coral-hpc serve``: the daemon process — wiring only.
+"""``coral-hpc serve``: the daemon process and what it publishes (routing table, status, metrics);
+this module is wiring only.
 
 :func:`serve` builds the collaborators (store, Slurm client, planner, gateway process, metrics
 server), runs the loops of :class:`~coral_hpc.daemon.core.Daemon` until SIGTERM/SIGINT, and on

@@ -16,7 +16,14 @@ from pathlib import Path
 from coral_hpc.atomic import write_atomic
 from coral_hpc.daemon.observed import LiveFacts, as_observed, record_from_row
 from coral_hpc.demand import plan_for_words
-from coral_hpc.reconcile import ReconcileSettings, ReplicaFacts, ReplicaState, replica_status
+from coral_hpc.reconcile import (
+    ReconcileSettings,
+    ReplicaFacts,
+    ReplicaState,
+    ReplicaStatus,
+    replica_status,
+)
+from coral_hpc.records import PlanRecord, ReplicaRecord
 from coral_hpc.types import ShapeExclusion
 
 STATUS_FILE_NAME = "status.json"
@@ -73,35 +80,78 @@ def status_data(deployment, store, now: float, live: LiveFacts | None = None) ->
                if source == "slurm" and live is not None else stored)
     statuses = {r.id: replica_status(ReplicaFacts(r), now, settings) for r in records}
     plan = store.latest_plan()
+    return {
+        "deployment": deployment.deployment,
+        "generated_at": now,
+        "daemon": info,
+        "last_daemon": None if info is not None else last_daemon(deployment),
+        "source": source,
+        "observed_at": live.observed_at if source == "slurm" and live is not None else None,
+        "slurm_error": None if live is None else live.error,
+        "plan_for": plan_for_words(deployment.policy),
+        "models": _model_rows(deployment, records, statuses, plan),
+        "replicas": [_replica_row(r, statuses[r.id], now, source, live) for r in records],
+        "plan": None if plan is None else {
+            "time": plan.time, "cost_per_hour": plan.cost_per_hour, "status": plan.status,
+            # cost_per_hour's unit: "billing" (Slurm billing units) or "gpu_hour" (the
+            # partitions' prices per GPU-hour)
+            "cost_unit": deployment.cluster.price_unit,
+            "solve_s": plan.solve_s, "rows": _plan_rows(plan, records, statuses),
+        },
+        # templates and shapes kept out of plans now, why, and when they are tried again
+        "excluded": [
+            {"template": e.target.template_id,
+             "partitions": (list(e.target.partitions) if isinstance(e.target, ShapeExclusion)
+                            else None),
+             "kind": e.kind.value, "since": e.since, "until": e.until, "reason": e.reason}
+            for e in store.exclusions(now)
+        ],
+        "events": [
+            {"time": e.time, "kind": e.kind, "model": e.model, "replica": e.replica_id,
+             "message": e.message}
+            for e in store.events(limit=20)
+        ],
+    }
+
+
+def _replica_row(
+    r: ReplicaRecord, s: ReplicaStatus, now: float, source: str, live: LiveFacts | None
+) -> dict:
+    """One replica's row of ``status``: record ``r`` with its derived status ``s``, and where
+    its state comes from (``source``, ``observed_at``)."""
+    return {
+        "id": r.id,
+        "model": r.model,
+        "job_id": r.job_id,
+        "state": s.state.value,
+        "partition": ",".join(r.partitions),
+        "endpoint": r.endpoint if s.state is ReplicaState.READY else None,
+        "tp": r.layout.tp if r.layout else None,
+        "pp": r.layout.pp if r.layout else None,
+        "role": r.layout.role if r.layout else None,
+        "template": r.template_id,
+        "nodes": r.nodes,
+        "age_s": round(now - r.created_at, 1),
+        "time_left_s": None if s.time_left_s is None else round(s.time_left_s, 1),
+        "throughput": r.throughput,
+        # why Slurm holds it, and when Slurm expects to start it (squeue --start)
+        "slurm_reason": r.slurm_reason if s.state is ReplicaState.PENDING else None,
+        "expected_start": r.expected_start if s.state is ReplicaState.PENDING else None,
+        "slurm_state": r.slurm_state,
+        # whether the endpoint answered /health just now (source slurm); None: not probed
+        "health": None if live is None else live.health.get(r.id),
+        "source": source if r.job_id is not None else "last-known",
+        "observed_at": (live.observed_at if source == "slurm" and live is not None
+                        and r.job_id is not None else r.last_seen_at),
+    }
+
+
+def _model_rows(
+    deployment, records: list[ReplicaRecord], statuses: dict[str, ReplicaStatus],
+    plan: PlanRecord | None,
+) -> list[dict]:
+    """Per model: demand planned for, READY capacity, and replicas ready and planned."""
     planned_demand = plan.demand if plan else {}
-    replicas = []
-    for r in records:
-        s = statuses[r.id]
-        replicas.append({
-            "id": r.id,
-            "model": r.model,
-            "job_id": r.job_id,
-            "state": s.state.value,
-            "partition": ",".join(r.partitions),
-            "endpoint": r.endpoint if s.state is ReplicaState.READY else None,
-            "tp": r.layout.tp if r.layout else None,
-            "pp": r.layout.pp if r.layout else None,
-            "role": r.layout.role if r.layout else None,
-            "template": r.template_id,
-            "nodes": r.nodes,
-            "age_s": round(now - r.created_at, 1),
-            "time_left_s": None if s.time_left_s is None else round(s.time_left_s, 1),
-            "throughput": r.throughput,
-            # why Slurm holds it, and when Slurm expects to start it (squeue --start)
-            "slurm_reason": r.slurm_reason if s.state is ReplicaState.PENDING else None,
-            "expected_start": r.expected_start if s.state is ReplicaState.PENDING else None,
-            "slurm_state": r.slurm_state,
-            # whether the endpoint answered /health just now (source slurm); None: not probed
-            "health": None if live is None else live.health.get(r.id),
-            "source": source if r.job_id is not None else "last-known",
-            "observed_at": (live.observed_at if source == "slurm" and live is not None
-                            and r.job_id is not None else r.last_seen_at),
-        })
     models = []
     for m in deployment.models:
         ready = [r for r in records if r.model == m.name
@@ -126,8 +176,15 @@ def status_data(deployment, store, now: float, live: LiveFacts | None = None) ->
             "planned_replicas": sum(row["count"] for row in (plan.rows if plan else [])
                                     if row.get("model") == m.name),
         })
+    return models
+
+
+def _plan_rows(
+    plan: PlanRecord, records: list[ReplicaRecord], statuses: dict[str, ReplicaStatus]
+) -> list[dict]:
+    """The last plan's rows, each with how many of its replicas are live and READY now."""
     rows = []
-    for row in plan.rows if plan else []:
+    for row in plan.rows:
         actual = [r for r in records if r.template_id == row["template_id"]
                   and list(r.partitions) == list(row["partitions"])]
         rows.append({
@@ -138,38 +195,7 @@ def status_data(deployment, store, now: float, live: LiveFacts | None = None) ->
             "queued": bool(row.get("queued", False)),
             "expected_wait_s": row.get("expected_wait_s"),
         })
-    return {
-        "deployment": deployment.deployment,
-        "generated_at": now,
-        "daemon": info,
-        "last_daemon": None if info is not None else last_daemon(deployment),
-        "source": source,
-        "observed_at": live.observed_at if source == "slurm" and live is not None else None,
-        "slurm_error": None if live is None else live.error,
-        "plan_for": plan_for_words(deployment.policy),
-        "models": models,
-        "replicas": replicas,
-        "plan": None if plan is None else {
-            "time": plan.time, "cost_per_hour": plan.cost_per_hour, "status": plan.status,
-            # cost_per_hour's unit: "billing" (Slurm billing units) or "gpu_hour" (the
-            # partitions' prices per GPU-hour)
-            "cost_unit": deployment.cluster.price_unit,
-            "solve_s": plan.solve_s, "rows": rows,
-        },
-        # templates and shapes kept out of plans now, why, and when they are tried again
-        "excluded": [
-            {"template": e.target.template_id,
-             "partitions": (list(e.target.partitions) if isinstance(e.target, ShapeExclusion)
-                            else None),
-             "kind": e.kind.value, "since": e.since, "until": e.until, "reason": e.reason}
-            for e in store.exclusions(now)
-        ],
-        "events": [
-            {"time": e.time, "kind": e.kind, "model": e.model, "replica": e.replica_id,
-             "message": e.message}
-            for e in store.events(limit=20)
-        ],
-    }
+    return rows
 
 
 def restate_published(deployment, data: dict, live: LiveFacts | None, now: float) -> dict:

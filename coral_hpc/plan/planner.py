@@ -50,7 +50,7 @@ from coral_hpc.plan.desired import DesiredPlan, Slot
 from coral_hpc.plan.figures import use_measured_profiles
 from coral_hpc.plan.layout import layout_of
 from coral_hpc.slurm.job_shape import ReplicaShape
-from coral_hpc.slurm.snapshot import ClusterSnapshot
+from coral_hpc.slurm.snapshot import ClusterSnapshot, JobShape
 from coral_solver.allocate import SolverUnavailable as NoSuchSolver
 from coral_solver.allocate import allocate
 from coral_solver.check import check_plan
@@ -183,6 +183,69 @@ def refused_plan(models: list[ModelSpec], reasons: list[str], solve_s: float) ->
                 solve_seconds=solve_s, binding=tuple(reasons))
 
 
+def _refused_outcome(solved: Solved) -> PlanOutcome:
+    """The outcome of a deployment whose ``min_replicas`` the whole cluster could never hold:
+    ``solved.plan`` is the refused plan; Stage 2 was not asked."""
+    plan = solved.plan
+    return PlanOutcome(
+        desired=desired_plan(plan, solved.models, time.time()), cost_per_hour=0.0,
+        solve_s=solved.stage1_s, status=plan.status, served=dict(plan.served), solved=solved)
+
+
+def _snapshot_warnings(deployment: Deployment, snapshot: ClusterSnapshot) -> list[str]:
+    """What the snapshot makes the plan adjust: configuration the cluster contradicts,
+    reservations the account cannot use, partitions that may preempt."""
+    return (availability.config_warnings(deployment, snapshot)
+            + reservations.usable_reservations(deployment, snapshot)[1]
+            + availability.preemption_warnings(deployment, snapshot))
+
+
+@dataclass(frozen=True)
+class _Stage2:
+    """Stage 2 on one set of Slurm start estimates: the cluster with those waits, the library
+    placeable on it, the plan. Called again when a first plan without fresh estimates fails."""
+
+    models: list[ModelSpec]
+    policy: Policy
+    base: Cluster
+    full_library: dict[str, list[Template]]
+    snapshot: ClusterSnapshot
+    shapes: list[JobShape]
+    excluded_shapes: frozenset[inputs.ReplicaKey]
+    solver: str
+
+    def __call__(self, estimates: tuple) -> tuple[Cluster, dict, Plan]:
+        cluster = availability.with_estimates(self.base, estimates, self.policy.max_queue_wait_s,
+                                              availability.own_queue_options(self.snapshot))
+        # shapes without an estimate still queue, of unknown start (after known ones)
+        cluster = availability.with_unknown_starts(cluster, self.shapes, estimates)
+        # a queued replica waits for its nodes: every template may be queued, not only
+        # those that fit in the GPUs available now
+        library = inputs.placeable(self.full_library, cluster)
+        cluster = replace(cluster, excluded_stages=inputs.excluded_stages(
+            self.full_library, self.excluded_shapes))
+        try:
+            plan = allocate(self.models, library, cluster, self.policy, backend=self.solver,
+                            queue_library=self.full_library)
+        except NoSuchSolver as exc:  # the site's to fix: named, not a traceback
+            raise SolverUnavailable(str(exc)) from None
+        return cluster, library, plan
+
+
+def _desired(plan: Plan, models: list[ModelSpec], deployment: Deployment,
+             snapshot: ClusterSnapshot) -> DesiredPlan:
+    """:func:`desired_plan` with each slot's job time limit and CPUs and memory per GPU as this
+    cluster's partitions set them."""
+
+    def time_limit(parts: tuple[str, ...]) -> int:
+        return availability.time_limit_for(deployment, snapshot, parts)
+
+    def shape(parts: tuple[str, ...]) -> ReplicaShape:
+        return inputs.job_shape(deployment, snapshot)
+
+    return desired_plan(plan, models, time.time(), time_limit, shape)
+
+
 class Planner:
     """Coral's two stages. Holds the throughput model (its tables are built once) and where
     Stage 1 caches; the constructor solves nothing."""
@@ -292,39 +355,16 @@ class Planner:
         shortfalls = tuple(capacity.never_held(deployment, snapshot, library))
         if shortfalls:
             stage1 = time.perf_counter() - began
-            plan = refused_plan(models, [s.reason(deployment) for s in shortfalls], stage1)
-            return PlanOutcome(
-                desired=desired_plan(plan, models, time.time()), cost_per_hour=0.0,
-                solve_s=stage1, status=plan.status, served=dict(plan.served),
-                solved=Solved(models, cluster, policy, library, plan, stage1, 0.0,
-                              deployment.cluster.price_unit, tuple(warnings),
-                              shortfalls=shortfalls))
+            return _refused_outcome(Solved(
+                models, cluster, policy, library, refused_plan(
+                    models, [s.reason(deployment) for s in shortfalls], stage1),
+                stage1, 0.0, deployment.cluster.price_unit, tuple(warnings),
+                shortfalls=shortfalls))
         library = inputs.without_templates(library, request.excluded_templates)
-        warnings += availability.config_warnings(deployment, snapshot)
-        warnings += reservations.usable_reservations(deployment, snapshot)[1]
-        warnings += availability.preemption_warnings(deployment, snapshot)
-        base, full_library = cluster, library
-        excluded_shapes = request.excluded_shapes
-        shapes = availability.probe_shapes(deployment, snapshot, full_library)
-        solver = self.backend or deployment.policy.solver
-
-        def stage2(estimates: tuple) -> tuple[Cluster, dict, Plan]:
-            cluster = availability.with_estimates(base, estimates, policy.max_queue_wait_s,
-                                                  availability.own_queue_options(snapshot))
-            # shapes without an estimate still queue, of unknown start (after known ones)
-            cluster = availability.with_unknown_starts(cluster, shapes, estimates)
-            # a queued replica waits for its nodes: every template may be queued, not only
-            # those that fit in the GPUs available now
-            library = inputs.placeable(full_library, cluster)
-            cluster = replace(cluster, excluded_stages=inputs.excluded_stages(
-                full_library, excluded_shapes))
-            try:
-                plan = allocate(models, library, cluster, policy, backend=solver,
-                                queue_library=full_library)
-            except NoSuchSolver as exc:  # the site's to fix: named, not a traceback
-                raise SolverUnavailable(str(exc)) from None
-            return cluster, library, plan
-
+        warnings += _snapshot_warnings(deployment, snapshot)
+        shapes = availability.probe_shapes(deployment, snapshot, library)
+        stage2 = _Stage2(models, policy, cluster, library, snapshot, shapes,
+                         request.excluded_shapes, self.backend or deployment.policy.solver)
         stage1 = time.perf_counter() - began
         prober = self._prober(deployment)
         # Slurm's estimates are asked for only when what is free now does not serve the plan:
@@ -336,14 +376,8 @@ class Planner:
             cluster, library, plan = stage2(estimates)
         stage2_s = time.perf_counter() - began - stage1
         problems = tuple(check_plan(plan, models, cluster, library, throughput))
-        def time_limit(parts: tuple[str, ...]) -> int:
-            return availability.time_limit_for(deployment, snapshot, parts)
-
-        def shape(parts: tuple[str, ...]) -> ReplicaShape:
-            return inputs.job_shape(deployment, snapshot)
-
         return PlanOutcome(
-            desired=desired_plan(plan, models, time.time(), time_limit, shape),
+            desired=_desired(plan, models, deployment, snapshot),
             cost_per_hour=plan.cost_per_hour,
             solve_s=time.perf_counter() - began,
             status=plan.status,
@@ -351,7 +385,7 @@ class Planner:
             problems=problems,
             solved=Solved(models, cluster, policy, library, plan, stage1, stage2_s,
                           request.deployment.cluster.price_unit, tuple(warnings), tuple(estimates),
-                          solver=solver),
+                          solver=stage2.solver),
         )
 
     def __call__(self, request: PlanRequest) -> PlanOutcome:

@@ -30,6 +30,33 @@ def plan_json(outcome: PlanOutcome,
     solved = _solved(outcome)
     basis = demand_basis((demand or {}).values())
     plan = solved.plan
+    return {
+        "mode": plan.status,
+        # the replicas that start within the horizon; the queued ones add queued_cost_per_hour
+        # once Slurm starts them
+        "cost_per_hour": plan.cost_per_hour,
+        "queued_cost_per_hour": sum(r.count * r.cost_per_hour for r in plan.queued),
+        "cost_unit": solved.unit,
+        "solve_seconds": {"stage1": solved.stage1_s, "stage2": solved.stage2_s},
+        # policy.solver: "highs", or "pyomo:<name>" (Stage 2 built through Pyomo)
+        "solver": solved.solver,
+        "gap": plan.gap if plan.gap != float("inf") else None,
+        "models": [{"name": m.name, "demand": m.demand_rps, "served": plan.served[m.name],
+                    "capacity": plan.capacity[m.name],
+                    **({"mean_rps": basis[m.name]["mean_rps"],
+                        "sized_rps": basis[m.name]["sized_rps"],
+                        "planned_for": basis[m.name]["basis"]} if m.name in basis else {})}
+                   for m in solved.models],
+        "replicas": _replica_rows(solved),
+        "binding": list(plan.binding),
+        "checker_problems": list(outcome.problems),
+        "warnings": list(solved.warnings),
+    }
+
+
+def _replica_rows(solved: Solved) -> list[dict[str, Any]]:
+    """``plan --json``'s replica rows: those that start within the horizon, then the queued."""
+    plan = solved.plan
     arch = {m.name: m.arch for m in solved.models}
     replicas = []
     for row, queued in [(r, False) for r in plan.rows] + [(r, True) for r in plan.queued]:
@@ -61,28 +88,7 @@ def plan_json(outcome: PlanOutcome,
             "start_known": row.start_known,
             "queued": queued,
         })
-    return {
-        "mode": plan.status,
-        # the replicas that start within the horizon; the queued ones add queued_cost_per_hour
-        # once Slurm starts them
-        "cost_per_hour": plan.cost_per_hour,
-        "queued_cost_per_hour": sum(r.count * r.cost_per_hour for r in plan.queued),
-        "cost_unit": solved.unit,
-        "solve_seconds": {"stage1": solved.stage1_s, "stage2": solved.stage2_s},
-        # policy.solver: "highs", or "pyomo:<name>" (Stage 2 built through Pyomo)
-        "solver": solved.solver,
-        "gap": plan.gap if plan.gap != float("inf") else None,
-        "models": [{"name": m.name, "demand": m.demand_rps, "served": plan.served[m.name],
-                    "capacity": plan.capacity[m.name],
-                    **({"mean_rps": basis[m.name]["mean_rps"],
-                        "sized_rps": basis[m.name]["sized_rps"],
-                        "planned_for": basis[m.name]["basis"]} if m.name in basis else {})}
-                   for m in solved.models],
-        "replicas": replicas,
-        "binding": list(plan.binding),
-        "checker_problems": list(outcome.problems),
-        "warnings": list(solved.warnings),
-    }
+    return replicas
 
 
 def templates_json(outcome: PlanOutcome) -> dict[str, Any]:

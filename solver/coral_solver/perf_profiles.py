@@ -150,41 +150,41 @@ def _mapping(path: Path) -> dict[str, Any]:
     return data
 
 
-@functools.lru_cache(maxsize=8)
-def load_calibration(profiles: Path | None = None) -> Calibration:
-    """Parse ``calibration.yaml`` from ``profiles`` (default: the shipped profiles folder)."""
-    path = (profiles or profiles_dir()) / "calibration.yaml"
-    if not path.is_file():
-        raise CatalogError(f"{path}: file not found")
-    data = _mapping(path)
+def _factors(path: Path, where: str, entry: Any, base: Factors | None) -> Factors:
+    """The factors at ``where`` in calibration.yaml, those it leaves out taken from ``base``."""
+    if not isinstance(entry, dict):
+        raise CatalogError(f"{path}: {where}: expected a mapping of factors")
+    merged = dict(base.__dict__) if base else {}
+    merged.update({k: v for k, v in entry.items() if k in Factors.__dataclass_fields__})
+    missing = [f for f in ("prefill_mfu", "decode_mbu", "kv_mbu", "attn_mfu") if f not in merged]
+    if missing:
+        raise CatalogError(f"{path}: {where}: missing factor(s) {missing}")
+    merged.setdefault("layer_floor_us", 0.0)
+    for name in merged:
+        _num(path, where, merged, name, float, 0.0)
+    return Factors(**{k: float(v) for k, v in merged.items()})
 
-    def factors(where: str, entry: Any, base: Factors | None) -> Factors:
-        if not isinstance(entry, dict):
-            raise CatalogError(f"{path}: {where}: expected a mapping of factors")
-        merged = dict(base.__dict__) if base else {}
-        merged.update({k: v for k, v in entry.items() if k in Factors.__dataclass_fields__})
-        missing = [f for f in ("prefill_mfu", "decode_mbu", "kv_mbu", "attn_mfu") if f not in merged]
-        if missing:
-            raise CatalogError(f"{path}: {where}: missing factor(s) {missing}")
-        merged.setdefault("layer_floor_us", 0.0)
-        for name in merged:
-            _num(path, where, merged, name, float, 0.0)
-        return Factors(**{k: float(v) for k, v in merged.items()})
 
-    classes = {str(k): factors(f"classes.{k}", v, None) for k, v in (data.get("classes") or {}).items()}
-    if "hbm" not in classes:
-        raise CatalogError(f"{path}: classes: the default class 'hbm' is missing")
+def _gpu_factors(path: Path, entries: dict[Any, Any], classes: dict[str, Factors],
+                 profiles: Path | None) -> dict[str, Factors]:
+    """calibration.yaml's ``gpus``: per GPU type (canonical name) its factors, those it leaves
+    out taken from its memory class's."""
     from coral_solver.catalog import gpu_spec
 
     gpus: dict[str, Factors] = {}
-    for name, entry in (data.get("gpus") or {}).items():
+    for name, entry in entries.items():
         canonical = canonical_gpu_name(str(name), profiles)
         if canonical is None:
             raise CatalogError(f"{path}: gpus.{name}: not a GPU type in gpus.yaml")
         base = classes.get(gpu_spec(canonical, profiles).gpu_class, classes["hbm"])
-        gpus[canonical] = factors(f"gpus.{name}", entry, base)
-    engine = data.get("engine") or {}
-    tp_comm = data.get("tp_comm") or {}
+        gpus[canonical] = _factors(path, f"gpus.{name}", entry, base)
+    return gpus
+
+
+def _tp_comm(path: Path, tp_comm: dict[Any, Any],
+             profiles: Path | None) -> dict[str, dict[str, Any]]:
+    """calibration.yaml's ``tp_comm``: per link kind (``nvlink``, ``pcie``, both required) or
+    GPU type its all-reduce figures."""
     for kind in ("nvlink", "pcie"):
         if kind not in tp_comm:
             raise CatalogError(f"{path}: tp_comm: missing '{kind}'")
@@ -196,6 +196,23 @@ def load_calibration(profiles: Path | None = None) -> Calibration:
         if not isinstance(entry, dict):
             raise CatalogError(f"{path}: tp_comm.{key}: expected {{alpha_us: .., bus_bw_gbs: ..}}")
         comm[name] = entry
+    return comm
+
+
+@functools.lru_cache(maxsize=8)
+def load_calibration(profiles: Path | None = None) -> Calibration:
+    """Parse ``calibration.yaml`` from ``profiles`` (default: the shipped profiles folder)."""
+    path = (profiles or profiles_dir()) / "calibration.yaml"
+    if not path.is_file():
+        raise CatalogError(f"{path}: file not found")
+    data = _mapping(path)
+    classes = {str(k): _factors(path, f"classes.{k}", v, None)
+               for k, v in (data.get("classes") or {}).items()}
+    if "hbm" not in classes:
+        raise CatalogError(f"{path}: classes: the default class 'hbm' is missing")
+    gpus = _gpu_factors(path, data.get("gpus") or {}, classes, profiles)
+    engine = data.get("engine") or {}
+    comm = _tp_comm(path, data.get("tp_comm") or {}, profiles)
     pipeline = data.get("pipeline") or {}
     return Calibration(
         source=str(data.get("source", "")),
@@ -235,8 +252,23 @@ def parse_measured(path: Path, profiles: Path | None = None) -> MeasuredProfile:
     layers = _num(path, "top level", {"layers": data.get("layers", arch.layers)}, "layers", int, 1)
     if layers > arch.layers:
         raise CatalogError(f"{path}: field 'layers' = {layers} exceeds the model's {arch.layers}")
+    throughput = _throughput_points(path, data.get("throughput") or [])
+    steps = _step_points(path, data.get("step_latency") or [])
+    pp, split, stage_gpus = _pipeline(path, data, arch.layers, profiles)
+    kv_tokens = None
+    if data.get("kv_capacity_tokens") is not None:
+        kv_tokens = _num(path, "top level", data, "kv_capacity_tokens", int, 1)
+    return MeasuredProfile(
+        path=str(path), arch=arch.name, gpu=gpu, tp=tp, layers=layers,
+        source=str(data.get("source", "")), throughput=tuple(throughput), step_latency=tuple(steps),
+        pp=pp, layer_partition=split, stage_gpus=tuple(stage_gpus), kv_capacity_tokens=kv_tokens,
+    )
+
+
+def _throughput_points(path: Path, entries: list[Any]) -> list[ThroughputPoint]:
+    """A measured profile's ``throughput`` points."""
     throughput = []
-    for i, entry in enumerate(data.get("throughput") or []):
+    for i, entry in enumerate(entries):
         where = f"throughput[{i}]"
         if not isinstance(entry, dict):
             raise CatalogError(f"{path}: {where}: expected a mapping")
@@ -247,8 +279,13 @@ def parse_measured(path: Path, profiles: Path | None = None) -> MeasuredProfile:
             tpot_s=_num(path, where, entry, "tpot_s", float, 0),
             requests_per_s=_num(path, where, entry, "requests_per_s", float, 0),
         ))
+    return throughput
+
+
+def _step_points(path: Path, entries: list[Any]) -> list[StepPoint]:
+    """A measured profile's ``step_latency`` points."""
     steps = []
-    for i, entry in enumerate(data.get("step_latency") or []):
+    for i, entry in enumerate(entries):
         where = f"step_latency[{i}]"
         if not isinstance(entry, dict):
             raise CatalogError(f"{path}: {where}: expected a mapping")
@@ -258,6 +295,13 @@ def parse_measured(path: Path, profiles: Path | None = None) -> MeasuredProfile:
             context_tokens=_num(path, where, entry, "context_tokens", int, 0),
             seconds=_num(path, where, entry, "seconds", float, 1e-9),
         ))
+    return steps
+
+
+def _pipeline(path: Path, data: dict[str, Any], model_layers: int,
+              profiles: Path | None) -> tuple[int, tuple[int, ...], list[str]]:
+    """A measured profile's pipeline: (stages ``pp``, layers per stage when ``pp`` > 1, each
+    stage's GPU type when given), checked against the model's ``model_layers``."""
     pp = _num(path, "top level", {"pp": data.get("pp", 1)}, "pp", int, 1)
     split: tuple[int, ...] = ()
     if pp > 1:
@@ -265,10 +309,10 @@ def parse_measured(path: Path, profiles: Path | None = None) -> MeasuredProfile:
             split = tuple(int(x) for x in str(data.get("layer_partition", "")).split(","))
         except ValueError:
             split = ()
-        if len(split) != pp or min(split) < 1 or sum(split) != arch.layers:
+        if len(split) != pp or min(split) < 1 or sum(split) != model_layers:
             raise CatalogError(
                 f"{path}: field 'layer_partition' = {data.get('layer_partition')!r}: expected {pp} "
-                f"positive layer counts separated by commas, summing to {arch.layers}")
+                f"positive layer counts separated by commas, summing to {model_layers}")
     stage_gpus: list[str] = []
     for i, name in enumerate(data.get("stage_gpus") or []):
         canonical = canonical_gpu_name(str(name), profiles)
@@ -278,14 +322,7 @@ def parse_measured(path: Path, profiles: Path | None = None) -> MeasuredProfile:
     if stage_gpus and len(stage_gpus) != pp:
         raise CatalogError(f"{path}: field 'stage_gpus': {len(stage_gpus)} GPU types for {pp} "
                            "stages; expected one per stage")
-    kv_tokens = None
-    if data.get("kv_capacity_tokens") is not None:
-        kv_tokens = _num(path, "top level", data, "kv_capacity_tokens", int, 1)
-    return MeasuredProfile(
-        path=str(path), arch=arch.name, gpu=gpu, tp=tp, layers=layers,
-        source=str(data.get("source", "")), throughput=tuple(throughput), step_latency=tuple(steps),
-        pp=pp, layer_partition=split, stage_gpus=tuple(stage_gpus), kv_capacity_tokens=kv_tokens,
-    )
+    return pp, split, stage_gpus
 
 
 @functools.lru_cache(maxsize=8)

@@ -6,7 +6,6 @@ import math
 
 import pytest
 
-from coral_hpc.config import parse_deployment
 from coral_hpc.demand import (
     Mix,
     ModelDemand,
@@ -16,34 +15,17 @@ from coral_hpc.demand import (
     measure,
 )
 from coral_hpc.store import DemandInterval
+from tests.support.demand_deployment import demand_deployment
 
-CONFIG = """
-deployment: t
-state_dir: /tmp/s
-db_path: /tmp/d.db
-cluster:
-  partitions: [{name: a100}]
-engine: {kind: sim}
-policy: {replan_interval_s: 60, demand_headroom: 0.25, demand_change_threshold: 0.2}
-models:
-  - name: declared
-    source: x
-    architecture: qwen3-8b
-    mix: {input_tokens: 512, output_tokens: 128}
-    demand: {output_tokens_per_s: 256}
-    slo: {ttft_s: 2, tpot_s: 0.1}
-  - name: auto
-    source: y
-    architecture: qwen3-8b
-    mix: {input_tokens: 100, output_tokens: 50}
-    demand: auto
-    slo: {ttft_s: 2, tpot_s: 0.1}
-"""
+#: the policy the demand tests plan under; the declared model's 256 output tokens/s of its
+#: 128-token outputs is 2 requests/s
+POLICY = "replan_interval_s: 60, demand_headroom: 0.25, demand_change_threshold: 0.2"
+DECLARED = "{output_tokens_per_s: 256}"
 
 
 @pytest.fixture
 def deployment():
-    return parse_deployment(CONFIG)
+    return demand_deployment(POLICY, DECLARED)
 
 
 def _iv(start, end, model="auto", requests=0, prompt=0, generated=0, rejected=0, key=""):
@@ -180,7 +162,7 @@ def test_a_mean_wobbling_across_a_bucket_boundary_is_not_a_change():
 
 def test_the_measured_mix_before_bucketing_is_kept():
     rows = [DemandInterval(0.0, 60.0, "auto", 60, 60 * 1200, 60 * 28, 0)]
-    demand = deployment_demand(parse_deployment(CONFIG), rows)["auto"]
+    demand = deployment_demand(demand_deployment(POLICY, DECLARED), rows)["auto"]
     assert demand.mix == Mix(1024, 32) and demand.measured_mix == Mix(1200, 28)
 
 

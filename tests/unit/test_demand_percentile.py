@@ -8,7 +8,6 @@ import re
 import numpy as np
 import pytest
 
-from coral_hpc.config import parse_deployment
 from coral_hpc.config.policy import MAX_DEMAND_WINDOWS, MIN_DEMAND_WINDOWS
 from coral_hpc.demand import (
     ArrivalWindows,
@@ -20,33 +19,7 @@ from coral_hpc.demand import (
 )
 from coral_hpc.errors import ConfigError
 from coral_hpc.store import DemandInterval
-
-BASE = """\
-deployment: t
-state_dir: /tmp/s
-db_path: /tmp/d.db
-cluster:
-  partitions: [{name: a100}]
-engine: {kind: sim}
-models:
-  - name: declared
-    source: x
-    architecture: qwen3-8b
-    mix: {input_tokens: 512, output_tokens: 128}
-    demand: {requests_per_s: 2}
-    slo: {ttft_s: 2, tpot_s: 0.1}
-  - name: auto
-    source: y
-    architecture: qwen3-8b
-    mix: {input_tokens: 100, output_tokens: 50}
-    demand: auto
-    slo: {ttft_s: 2, tpot_s: 0.1}
-"""
-
-
-def _deployment(policy: str = ""):
-    return parse_deployment(BASE + (f"policy: {{{policy}}}\n" if policy else ""), "m.yaml")
-
+from tests.support.demand_deployment import demand_deployment
 
 #: 20 windows of 10 s at 1 req/s, then a burst: 19 × 10 arrivals and one window of 210
 BURST = (10,) * 19 + (210,)
@@ -109,7 +82,7 @@ def _measured_auto(rps: float) -> list[DemandInterval]:
 
 
 def test_the_mean_policy_sizes_for_the_mean_whatever_the_windows_say():
-    deployment = _deployment()
+    deployment = demand_deployment()
     assert deployment.policy.plan_for == "mean" and deployment.policy.plan_percentile is None
     demand = deployment_demand(deployment, _measured_auto(2.0), windows={
         "auto": ArrivalWindows(10.0, BURST), "declared": ArrivalWindows(10.0, BURST)})
@@ -120,7 +93,7 @@ def test_the_mean_policy_sizes_for_the_mean_whatever_the_windows_say():
 
 
 def test_p95_sizes_a_measured_model_for_its_95th_percentile_window_rate():
-    deployment = _deployment("plan_for: p95, demand_headroom: 0.25")
+    deployment = demand_deployment("plan_for: p95, demand_headroom: 0.25")
     bursty = deployment_demand(deployment, _measured_auto(0.5),
                                windows={"auto": ArrivalWindows(10.0, BURST)})["auto"]
     assert bursty.requests_per_s == pytest.approx(0.5)  # the mean is still shown
@@ -130,7 +103,7 @@ def test_p95_sizes_a_measured_model_for_its_95th_percentile_window_rate():
 
 
 def test_p95_never_sizes_below_the_mean():
-    deployment = _deployment("plan_for: p95")
+    deployment = demand_deployment("plan_for: p95")
     item = deployment_demand(deployment, _measured_auto(3.0),
                              windows={"auto": ArrivalWindows(10.0, EVEN)})["auto"]
     assert item.sized == pytest.approx(3.0)
@@ -138,7 +111,7 @@ def test_p95_never_sizes_below_the_mean():
 
 
 def test_a_declared_model_gets_its_rate_times_the_measured_burstiness():
-    deployment = _deployment("plan_for: p95")
+    deployment = demand_deployment("plan_for: p95")
     bursty = deployment_demand(deployment, [],
                                windows={"declared": ArrivalWindows(10.0, BURST)})["declared"]
     # p95 / mean of the windows = 2.0 / 2.0 ... on a 2 req/s declared rate
@@ -157,7 +130,7 @@ def test_a_declared_model_gets_its_rate_times_the_measured_burstiness():
 
 
 def test_without_windows_the_plan_is_sized_for_the_mean_and_says_why():
-    deployment = _deployment("plan_for: p99, demand_window_s: 5")
+    deployment = demand_deployment("plan_for: p99, demand_window_s: 5")
     demand = deployment_demand(deployment, _measured_auto(1.0),
                                windows={"declared": ArrivalWindows(5.0, (0,) * 20)})
     assert demand["auto"].sized == pytest.approx(1.0)
@@ -170,7 +143,7 @@ def test_without_windows_the_plan_is_sized_for_the_mean_and_says_why():
 
 
 def test_only_the_newest_policy_windows_count():
-    deployment = _deployment("plan_for: p100, replan_interval_s: 60")
+    deployment = demand_deployment("plan_for: p100, replan_interval_s: 60")
     assert deployment.policy.demand_windows == MIN_DEMAND_WINDOWS
     old_burst = (500,) + (10,) * MIN_DEMAND_WINDOWS
     item = deployment_demand(deployment, _measured_auto(1.0),
@@ -179,7 +152,7 @@ def test_only_the_newest_policy_windows_count():
 
 
 def test_the_stored_basis_and_the_lines_people_read():
-    deployment = _deployment("plan_for: p95")
+    deployment = demand_deployment("plan_for: p95")
     demand = deployment_demand(deployment, _measured_auto(0.5),
                                windows={"auto": ArrivalWindows(10.0, BURST)})
     basis = demand_basis(demand.values())
@@ -198,7 +171,7 @@ def test_the_stored_basis_and_the_lines_people_read():
 
 @pytest.mark.parametrize("value", ["mean", "p95", "p50", "p99.5", "p100"])
 def test_plan_for_takes_mean_or_a_percentile(value):
-    policy = _deployment(f"plan_for: '{value}'").policy
+    policy = demand_deployment(f"plan_for: '{value}'").policy
     assert policy.plan_for == value
     assert policy.plan_percentile == (None if value == "mean" else float(value[1:]))
 
@@ -214,14 +187,14 @@ def test_plan_for_takes_mean_or_a_percentile(value):
 ])
 def test_a_bad_plan_for_or_window_names_file_line_and_field(policy, field, phrase):
     with pytest.raises(ConfigError) as info:
-        _deployment(policy)
+        demand_deployment(policy)
     problem = next(p for p in info.value.problems if f": {field}: " in p)
     assert re.match(r"m\.yaml:\d+: ", problem), problem
     assert phrase in problem, problem
 
 
 def test_a_percentile_covers_the_re_plan_interval_within_bounds():
-    assert _deployment().policy.demand_windows == MIN_DEMAND_WINDOWS  # 60 s: 6 windows → 20
-    assert _deployment("replan_interval_s: 600").policy.demand_windows == 60
-    assert _deployment("replan_interval_s: 605").policy.demand_windows == 61
-    assert _deployment("replan_interval_s: 86400").policy.demand_windows == MAX_DEMAND_WINDOWS
+    assert demand_deployment().policy.demand_windows == MIN_DEMAND_WINDOWS  # 60 s: 6 windows → 20
+    assert demand_deployment("replan_interval_s: 600").policy.demand_windows == 60
+    assert demand_deployment("replan_interval_s: 605").policy.demand_windows == 61
+    assert demand_deployment("replan_interval_s: 86400").policy.demand_windows == MAX_DEMAND_WINDOWS

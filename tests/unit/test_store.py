@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from coral_hpc import store as store_module
 from coral_hpc.errors import PermanentError
 from coral_hpc.store import (
     DemandInterval,
@@ -20,6 +19,7 @@ from coral_hpc.store import (
     migrate,
     open_store,
 )
+from coral_hpc.store import migrations as migrations_module
 from coral_hpc.types import (
     ExclusionKind,
     ReplicaLayout,
@@ -53,7 +53,7 @@ def store(tmp_path: Path):
 
 def test_fresh_database_is_migrated_to_the_latest_version_in_wal_mode(tmp_path):
     s = open_store(tmp_path / "a.db")
-    assert s.schema_version() == store_module.SCHEMA_VERSION
+    assert s.schema_version() == migrations_module.SCHEMA_VERSION
     mode = sqlite3.connect(tmp_path / "a.db").execute("PRAGMA journal_mode").fetchone()[0]
     assert mode == "wal"
     s.close()
@@ -64,16 +64,16 @@ def test_reopening_applies_nothing_twice(tmp_path):
     connection = sqlite3.connect(tmp_path / "a.db")
     assert migrate(connection) == []
     versions = [v for (v,) in connection.execute("SELECT version FROM schema_migrations")]
-    assert versions == [v for v, _ in store_module.MIGRATIONS]
+    assert versions == [v for v, _ in migrations_module.MIGRATIONS]
 
 
 def test_a_later_migration_upgrades_an_older_database_and_keeps_its_rows(tmp_path, monkeypatch):
     s = open_store(tmp_path / "a.db")
     s.add_replica(_replica())
     s.close()
-    extra = (store_module.SCHEMA_VERSION + 1, "ALTER TABLE replicas ADD COLUMN note TEXT;")
-    monkeypatch.setattr(store_module, "MIGRATIONS", store_module.MIGRATIONS + (extra,))
-    monkeypatch.setattr(store_module, "SCHEMA_VERSION", extra[0])
+    extra = (migrations_module.SCHEMA_VERSION + 1, "ALTER TABLE replicas ADD COLUMN note TEXT;")
+    monkeypatch.setattr(migrations_module, "MIGRATIONS", migrations_module.MIGRATIONS + (extra,))
+    monkeypatch.setattr(migrations_module, "SCHEMA_VERSION", extra[0])
     s = open_store(tmp_path / "a.db")
     assert s.schema_version() == extra[0]
     assert s.replica("r1") == _replica()
@@ -83,11 +83,11 @@ def test_a_later_migration_upgrades_an_older_database_and_keeps_its_rows(tmp_pat
 def test_a_failing_migration_leaves_the_previous_version_intact(tmp_path, monkeypatch):
     open_store(tmp_path / "a.db").close()
     bad = (
-        store_module.SCHEMA_VERSION + 1,
+        migrations_module.SCHEMA_VERSION + 1,
         "CREATE TABLE half_done (x INTEGER);\nINSERT INTO no_such_table VALUES (1);",
     )
-    monkeypatch.setattr(store_module, "MIGRATIONS", store_module.MIGRATIONS + (bad,))
-    monkeypatch.setattr(store_module, "SCHEMA_VERSION", bad[0])
+    monkeypatch.setattr(migrations_module, "MIGRATIONS", migrations_module.MIGRATIONS + (bad,))
+    monkeypatch.setattr(migrations_module, "SCHEMA_VERSION", bad[0])
     with pytest.raises(sqlite3.OperationalError):
         open_store(tmp_path / "a.db")
     connection = sqlite3.connect(tmp_path / "a.db")

@@ -1,37 +1,22 @@
-"""The daemon's SQLite database: replicas, plans, events, metered demand, start-up history.
+"""Typed reads and writes of the daemon's tables: :class:`Store`, one short transaction a call.
 
-One file on the daemon host's local disk (``db_path`` in ``models.yaml``), never on a network
-filesystem: SQLite's locking is not safe there. WAL mode, so ``coral-hpc status`` can read while
-the daemon writes.
-
-Design rules (../shared/ARCHITECTURE.md, "State"):
-
-- An explicit schema, changed only by numbered migrations recorded in ``schema_migrations``;
-  a database newer than this code is refused rather than misread.
-- No pickles. Columns hold plain values; the few JSON text columns hold small plain data
-  (a replica's layout, a plan's rows) that is written and read through :mod:`json` only. A
-  replica's layout is a :class:`~coral_hpc.types.ReplicaLayout` in and out
-  (``layout_json`` holds its ``to_dict()``, ``{}`` when unknown).
-- A replica row stores *facts* (times something happened, the last Slurm state seen); its
-  status is derived from them by ``coral_hpc.reconcile.replica_status``, never stored.
-- Constructing a :class:`Store` opens nothing: :func:`open_store` opens the file and migrates.
-  Every timestamp is passed in by the caller (seconds since the epoch), so tests use a fake clock.
+No pickles. Columns hold plain values; the few JSON text columns hold small plain data (a
+replica's layout, a plan's rows) that is written and read through :mod:`json` only. A
+replica's layout is a :class:`~coral_hpc.types.ReplicaLayout` in and out (``layout_json`` holds
+its ``to_dict()``, ``{}`` when unknown). A replica row stores *facts*; its status is derived from
+them by ``coral_hpc.reconcile.replica_status``, never stored. Every timestamp is passed in by
+the caller (seconds since the epoch), so tests use a fake clock.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, fields
-from pathlib import Path
-from time import time as _wall_clock
 from typing import Any
 
-from coral_hpc.atomic import PRIVATE_FILE_MODE, private_dir
-from coral_hpc.errors import PermanentError
 from coral_hpc.records import (
     DemandInterval,
     Event,
@@ -40,145 +25,8 @@ from coral_hpc.records import (
     ReplicaRecord,
     StartupObservation,
 )
+from coral_hpc.store.migrations import applied_version
 from coral_hpc.types import ExclusionKind, ReplicaLayout, excluded_from_key
-
-__all__ = [
-    "DemandInterval", "Event", "Exclusion", "PlanRecord", "ReplicaRecord", "StartupObservation",
-    "Store", "migrate", "open_store",
-]  # fmt: skip
-
-# --------------------------------------------------------------------------- schema
-
-#: Numbered migrations, applied in order, each once, each in its own transaction. Append only:
-#: never edit a migration that has shipped — add the next number instead.
-MIGRATIONS: tuple[tuple[int, str], ...] = (
-    (
-        1,
-        """
-        CREATE TABLE replicas (
-            id                  TEXT PRIMARY KEY,
-            model               TEXT NOT NULL,
-            template_id         TEXT NOT NULL,
-            layout_json         TEXT NOT NULL,      -- small plain dict: stages, tp, pp, gpus
-            partitions          TEXT NOT NULL,      -- comma-separated, one per stage
-            throughput          REAL NOT NULL,      -- planned requests/s: the routing weight
-            cost_per_hour       REAL NOT NULL,
-            replaces            TEXT,               -- id of the replica this one takes over from
-            reason              TEXT NOT NULL DEFAULT '',
-            job_id              TEXT,
-            time_limit_s        REAL,
-            submitted_at        REAL,
-            started_at          REAL,
-            ready_at            REAL,
-            endpoint            TEXT,
-            slurm_state         TEXT,
-            slurm_reason        TEXT,
-            nodes               TEXT,
-            last_seen_at        REAL,               -- last time Slurm reported the job
-            health_ok_at        REAL,
-            health_failures     INTEGER NOT NULL DEFAULT 0,
-            drain_requested_at  REAL,
-            cancelled_at        REAL,
-            ended_at            REAL,
-            end_state           TEXT,
-            created_at          REAL NOT NULL
-        );
-        CREATE INDEX replicas_live ON replicas (ended_at);
-        CREATE UNIQUE INDEX replicas_job ON replicas (job_id) WHERE job_id IS NOT NULL;
-
-        CREATE TABLE plans (
-            id              INTEGER PRIMARY KEY AUTOINCREMENT,
-            time            REAL NOT NULL,
-            cost_per_hour   REAL NOT NULL,
-            solve_s         REAL NOT NULL,
-            status          TEXT NOT NULL,
-            rows_json       TEXT NOT NULL,     -- list of plain plan rows
-            demand_json     TEXT NOT NULL      -- {model: requests/s planned for}
-        );
-
-        CREATE TABLE events (
-            id          INTEGER PRIMARY KEY AUTOINCREMENT,
-            time        REAL NOT NULL,
-            kind        TEXT NOT NULL,
-            model       TEXT,
-            replica_id  TEXT,
-            message     TEXT NOT NULL
-        );
-        CREATE INDEX events_time ON events (time);
-
-        CREATE TABLE demand_intervals (
-            id                  INTEGER PRIMARY KEY AUTOINCREMENT,
-            start               REAL NOT NULL,
-            end                 REAL NOT NULL,
-            model               TEXT NOT NULL,
-            api_key             TEXT NOT NULL DEFAULT '',   -- key id/hash prefix, never the key
-            requests            INTEGER NOT NULL,
-            prompt_tokens       INTEGER NOT NULL,
-            generated_tokens    INTEGER NOT NULL,
-            rejected            INTEGER NOT NULL,
-            CHECK (end > start),
-            CHECK (requests >= 0 AND prompt_tokens >= 0 AND generated_tokens >= 0
-                   AND rejected >= 0)
-        );
-        CREATE INDEX demand_model_end ON demand_intervals (model, end);
-
-        CREATE TABLE startup_observations (
-            id          INTEGER PRIMARY KEY AUTOINCREMENT,
-            time        REAL NOT NULL,
-            replica_id  TEXT NOT NULL,
-            template_id TEXT NOT NULL,
-            gpu_type    TEXT NOT NULL,
-            seconds     REAL NOT NULL CHECK (seconds >= 0)
-        );
-
-        CREATE TABLE exclusions (
-            key         TEXT PRIMARY KEY,      -- 'template:<id>' or 'shape:<partition>/<gpu>:<n>'
-            kind        TEXT NOT NULL,         -- 'crash_cooldown' | 'pending_timeout'
-            since       REAL NOT NULL,
-            until       REAL NOT NULL,
-            reason      TEXT NOT NULL
-        );
-        """,
-    ),
-    (
-        2,
-        # Retention (coral_hpc.daemon.retention) deletes by time, and the daemon reads recent
-        # demand of every model each cycle (``demand_since`` without a model): both need an
-        # index on time, or each cycle and each pruning scans the whole table.
-        """
-        CREATE INDEX demand_end ON demand_intervals (end);
-        CREATE INDEX plans_time ON plans (time);
-        CREATE INDEX startup_time ON startup_observations (time);
-        CREATE INDEX exclusions_until ON exclusions (until);
-        """,
-    ),
-    (
-        3,
-        """
-        -- when Slurm expects a pending replica's job to start (squeue --start), for status and
-        -- for moving a queued replica whose start recedes past the horizon
-        ALTER TABLE replicas ADD COLUMN expected_start REAL;
-        """,
-    ),
-    (
-        4,
-        """
-        -- why a replica's job failed unasked (the last error line of its logs), for status and
-        -- the cool-down of a layout that crashes at start
-        ALTER TABLE replicas ADD COLUMN failure TEXT;
-        """,
-    ),
-    (
-        5,
-        """
-        -- per model: the mean rate, the rate the plan was sized for (policy.plan_for) and why
-        ALTER TABLE plans ADD COLUMN demand_basis_json TEXT;
-        """,
-    ),
-)
-
-SCHEMA_VERSION = MIGRATIONS[-1][0]
-
 
 #: Fields :meth:`Store.update_replica` may change; identity and what was asked for stay fixed.
 _MUTABLE_REPLICA_FIELDS = frozenset(
@@ -195,7 +43,6 @@ _REPLICA_COLUMNS = tuple(
 
 
 # --------------------------------------------------------------------------- store
-
 
 class Store:
     """Typed access to the daemon's database. Build with :func:`open_store`.
@@ -226,7 +73,7 @@ class Store:
 
     def schema_version(self) -> int:
         """The highest migration applied to this database."""
-        return _applied_version(self._db)
+        return applied_version(self._db)
 
     # ----------------------------------------------------------------- replicas
 
@@ -444,8 +291,6 @@ class Store:
         return [Exclusion(excluded_from_key(r["key"]), ExclusionKind(r["kind"]), r["since"],
                           r["until"], r["reason"]) for r in rows]
 
-    # ----------------------------------------------------------------- misc
-
     # ----------------------------------------------------------------- retention
 
     def prune(self, *, events_before: float, history_before: float) -> dict[str, int]:
@@ -504,6 +349,8 @@ class Store:
                 )
         return removed
 
+    # ----------------------------------------------------------------- misc
+
     def query_plan(self, sql: str, params: Sequence[Any] = ()) -> list[str]:
         """SQLite's ``EXPLAIN QUERY PLAN`` of ``sql`` (the index a query uses), for tests and
         for an operator wondering why a query is slow."""
@@ -517,126 +364,6 @@ class Store:
                       "startup_observations", "exclusions"):
             out[table] = self._read(f"SELECT COUNT(*) AS n FROM {table}")[0]["n"]
         return out
-
-
-# --------------------------------------------------------------------------- opening, migrating
-
-
-def open_store(path: str | Path, readonly: bool = False) -> Store:
-    """Open (creating when absent) the database at ``path``, migrate it, and return a Store.
-
-    ``readonly`` opens an existing database without migrating or writing (``coral-hpc status``
-    must not change a database a running daemon owns). Raises :class:`PermanentError` when the
-    database was written by a newer coral-hpc or is not a coral-hpc database.
-    """
-    file = Path(path).expanduser()
-    if readonly:
-        if not file.exists():
-            raise PermanentError(f"{file}: no coral-hpc database here (has `coral-hpc serve` run?)")
-        connection = sqlite3.connect(
-            f"file:{file}?mode=ro", uri=True, check_same_thread=False, timeout=10
-        )
-    else:
-        private_dir(file.parent)
-        if not file.exists():
-            _create(file)
-        # the WAL and shared-memory files SQLite makes take the database's mode
-        os.chmod(file, PRIVATE_FILE_MODE)
-        connection = sqlite3.connect(str(file), check_same_thread=False, timeout=10)
-    connection.row_factory = sqlite3.Row
-    try:
-        connection.execute("PRAGMA foreign_keys = ON")
-        if not readonly:
-            # WAL: readers (status) never block the writer (daemon); NORMAL sync is durable
-            # across application crashes, which is what a kill -9 of the daemon is.
-            mode = connection.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-            if str(mode).lower() != "wal":
-                raise PermanentError(f"{file}: SQLite refused WAL mode (got {mode!r})")
-            connection.execute("PRAGMA synchronous = NORMAL")
-            migrate(connection, str(file))
-        else:
-            version = _applied_version(connection)
-            if version > SCHEMA_VERSION:
-                raise PermanentError(_too_new(str(file), version))
-    except Exception:
-        connection.close()
-        raise
-    return Store(connection, str(file))
-
-
-def _create(file: Path) -> None:
-    """Make a new database beside ``file`` and move it into place once migrated, so a reader
-    (``coral-hpc status`` while the daemon starts) never opens one without its tables."""
-    tmp = file.with_name(f".{file.name}.{os.getpid()}.new")
-    connection = sqlite3.connect(str(tmp))
-    try:
-        migrate(connection, str(file))
-    finally:
-        connection.close()
-    os.replace(tmp, file)
-
-
-def migrate(connection: sqlite3.Connection, name: str = "<db>") -> list[int]:
-    """Apply every migration not yet applied, in order; returns the versions applied."""
-    with connection:
-        connection.execute(
-            "CREATE TABLE IF NOT EXISTS schema_migrations ("
-            "version INTEGER PRIMARY KEY, applied_at REAL NOT NULL)"
-        )
-    current = _applied_version(connection)
-    if current > SCHEMA_VERSION:
-        raise PermanentError(_too_new(name, current))
-    applied = []
-    for version, sql in MIGRATIONS:
-        if version <= current:
-            continue
-        # executescript commits first; run the statements inside one explicit transaction so a
-        # failing migration leaves the database at the previous version.
-        try:
-            connection.execute("BEGIN IMMEDIATE")
-            for statement in _statements(sql):
-                connection.execute(statement)
-            connection.execute(
-                "INSERT INTO schema_migrations (version, applied_at) VALUES (?, ?)",
-                (version, _wall_clock()),
-            )
-            connection.execute("COMMIT")
-        except Exception:
-            connection.execute("ROLLBACK")
-            raise
-        applied.append(version)
-    return applied
-
-
-def _statements(script: str) -> Iterator[str]:
-    """Split a migration script into complete statements (sqlite3.complete_statement)."""
-    buffer = ""
-    for line in script.splitlines(keepends=True):
-        buffer += line
-        if sqlite3.complete_statement(buffer):
-            statement = buffer.strip()
-            if statement.rstrip(";").strip():
-                yield statement
-            buffer = ""
-    if buffer.strip():
-        raise ValueError(f"incomplete SQL statement in migration: {buffer.strip()[:80]}")
-
-
-def _applied_version(connection: sqlite3.Connection) -> int:
-    exists = connection.execute(
-        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'"
-    ).fetchone()
-    if not exists:
-        return 0
-    row = connection.execute("SELECT MAX(version) FROM schema_migrations").fetchone()
-    return int(row[0] or 0)
-
-
-def _too_new(name: str, version: int) -> str:
-    return (
-        f"{name}: database schema version {version} is newer than this coral-hpc understands "
-        f"(≤ {SCHEMA_VERSION}); upgrade coral-hpc or point db_path at another file"
-    )
 
 
 def _row_id(cursor: sqlite3.Cursor) -> int:
