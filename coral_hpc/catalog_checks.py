@@ -18,7 +18,7 @@ MAX_TP = 8
 
 
 def _gpu_problems(deployment: Deployment, known: Mapping[str, object]) -> list[str]:
-    from coral_solver.catalog import canonical_gpu_name
+    from coral_solver.catalog import canonical_gpu_name, catalogue_files
 
     names = ", ".join(sorted(known))
     problems = []
@@ -27,7 +27,7 @@ def _gpu_problems(deployment: Deployment, known: Mapping[str, object]) -> list[s
         if canonical_gpu_name(gpu) is None:
             problems.append(deployment.problem(
                 loc, f"GPU type {gpu!r} is not in the performance model's catalogue "
-                     f"(profiles/gpus.yaml); known: {names}"))
+                     f"({catalogue_files()}); known: {names}"))
 
     for index, part in enumerate(deployment.cluster.partitions):
         for gpu in part.gpu_types:
@@ -98,7 +98,7 @@ def catalog_problems(deployment: Deployment) -> list[str]:
             problems.append(deployment.problem(
                 ("models", index, "architecture"),
                 f"{model.arch_key!r} is not in the performance model's catalogue "
-                f"(profiles/models.yaml); known: {known_archs}"))
+                f"({catalog.catalogue_files()}); known: {known_archs}"))
             continue
         gpus = candidate_gpus(deployment, index)
         if not gpus:

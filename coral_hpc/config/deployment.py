@@ -28,6 +28,11 @@ class Deployment(_Frozen):
         description="where `coral-hpc profile` writes measured profiles and plan/serve read "
         "them; default <state_dir>/<deployment>/profiles",
     )
+    catalog: str | None = Field(
+        default=None,
+        description="a site catalogue: a YAML file of GPU types and model entries that add to "
+        "or override the shipped ones (see docs/catalog.md); relative to this file",
+    )
     cluster: ClusterConfig
     engine: EngineConfig = EngineConfig()
     gateway: GatewayConfig = GatewayConfig()
@@ -36,7 +41,7 @@ class Deployment(_Frozen):
     models: tuple[ModelConfig, ...] = Field(min_length=1)
 
     # relative paths mean "beside this models.yaml", not "below wherever serve was started"
-    _resolve = field_validator("state_dir", "db_path", "profiles_dir")(_against_file)
+    _resolve = field_validator("state_dir", "db_path", "profiles_dir", "catalog")(_against_file)
 
     @field_validator("deployment")
     @classmethod
