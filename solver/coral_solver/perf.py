@@ -1,7 +1,7 @@
 """Performance model: what one pipeline stage of a vLLM replica sustains under an SLO.
 
-The model is the standard roofline with calibrated efficiencies (../shared/data/
-GPU-AND-MODEL-FACTS.md §7): prefill is compute-bound, decode reads the weights and the KV cache,
+The model is the standard roofline with calibrated efficiencies (docs/catalog-sources.md):
+prefill is compute-bound, decode reads the weights and the KV cache,
 KV capacity bounds the batch, tensor parallelism adds two all-reduces per layer priced by the
 node's interconnect, and pipeline stages on different nodes add a hand-off per step. Efficiency
 factors come from ``profiles/calibration.yaml`` (fitted by ``bench/calibrate.py``); measured
