@@ -190,3 +190,29 @@ def test_a_deployment_without_catalogue_puts_the_shipped_one_back(tmp_path):
     assert derive_models(load_deployment(plain)) == []
     assert catalog.canonical_gpu_name("h100-nvl") is None
     assert catalog.gpu_spec("a100-80g").interconnect == "nvlink"
+
+
+# --- the sim engine in a replica job reads the same catalogue ---------------------------------
+
+def test_a_sim_replica_is_handed_the_catalogue_and_reads_it(tmp_path):
+    from coral_hpc.engine.args import parse_args
+    from coral_hpc.engine.sim import StartupError, prepare
+    from coral_hpc.launch.render import render_engine_script
+    from tests.unit.launch_cases import case_spec
+    from tests.unit.test_launch_render import _engine_argv
+
+    spec = case_spec("single", "sim", sim_catalog=str(EXAMPLE))
+    argv = _engine_argv(render_engine_script(spec, rank=0, port=24001), tmp_path)
+    assert argv[argv.index("--sim-catalog") + 1] == str(EXAMPLE)
+    plain = _engine_argv(render_engine_script(case_spec("single", "sim"), rank=0, port=24001),
+                         tmp_path)
+    assert "--sim-catalog" not in plain  # no catalogue: the argv of before
+
+    line = ["llama", "--sim-arch", "llama-3.1-8b", "--sim-gpu-types", "h100-nvl"]
+    with pytest.raises(StartupError, match="unknown GPU type 'h100-nvl'"):
+        prepare(parse_args(line))
+    prepared = prepare(parse_args([*line, "--sim-catalog", str(EXAMPLE)]))
+    assert prepared.kv_capacity_tokens > 0
+    bad = _write(tmp_path, "gpus:\n  h100-nvl:\n    memory_gb: lots\n")
+    with pytest.raises(StartupError, match=r"--sim-catalog: .*site\.yaml:3: entry 'h100-nvl'"):
+        prepare(parse_args([*line, "--sim-catalog", str(bad)]))
