@@ -176,6 +176,8 @@ def model_facts(deployment: Deployment) -> list[dict]:
         else:
             origin = f"catalogue entry {arch.name} (no config.json found)"
         runs, excluded = gpu_exclusions(deployment, index)
+        context = model.mix.input_tokens + model.mix.output_tokens
+        sliding = derived.sliding_layers if derived is not None else 0
         facts.append({
             "name": model.name,
             "source": model.source,
@@ -191,6 +193,13 @@ def model_facts(deployment: Deployment) -> list[dict]:
             "attention": ("MLA" if derived is not None and derived.mla
                           else "MHA" if arch.kv_heads == arch.q_heads else "GQA"),
             "sliding_window": derived.sliding_window if derived is not None else None,
+            "sliding_layers": sliding,
+            # what the KV capacity charges per token of this model's mix (sliding layers hold
+            # at most their window: coral_solver.perf.kv_tokens_at)
+            "kv_bytes_per_token_at_mix": (round(derived.kv_bytes_per_token_at(context))
+                                          if derived is not None and sliding
+                                          else arch.kv_bytes_per_token),
+            "mix_tokens": context,
             "dtype": derived.dtype if derived is not None else arch.quantization,
             "quantization": arch.quantization,
             "max_context": arch.max_context,

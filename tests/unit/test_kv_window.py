@@ -88,3 +88,38 @@ def test_mla_caches_one_latent_per_layer_on_every_tp_rank():
     assert kv_bytes_per_token_per_gpu(arch, 8, arch.layers) == arch.kv_bytes_per_token
     gqa = _derived("llama-3.1-8b")
     assert kv_bytes_per_token_per_gpu(gqa, 8, gqa.layers) == gqa.kv_bytes_per_token / 8
+
+
+def test_validate_shows_the_window_and_the_kv_bytes_at_the_mix(tmp_path):
+    """What validate derived: a Gemma 2 of 26 layers, 13 sliding over 4096 tokens, at a
+    6000 + 2000 token mix holds (13 x 8000 + 13 x 4096) / 8000 layers' worth per token."""
+    import json
+    import shutil
+
+    from click.testing import CliRunner
+
+    from coral_hpc.cli import cli
+
+    folder = tmp_path / "models" / "gemma"
+    folder.mkdir(parents=True)
+    shutil.copy(CONFIGS / "gemma-2-2b-it.json", folder / "config.json")
+    text = (REPO / "examples" / "university.yaml").read_text()
+    text = text.replace("/scratch/shared/coral-hpc", str(tmp_path / "shared"))
+    text = text.replace("~/.local/state/coral-hpc/lab-llm.db", str(tmp_path / "lab.db"))
+    text = text[:text.index("\nmodels:")] + (
+        f"\nmodels:\n  - name: gemma\n    source: {folder}\n"
+        "    mix: {input_tokens: 6000, output_tokens: 2000}\n"
+        "    demand: {requests_per_s: 0.1}\n    slo: {ttft_s: 60.0, tpot_s: 0.5}\n")
+    path = tmp_path / "models.yaml"
+    path.write_text(text)
+    snapshot = REPO / "tests" / "data" / "plan" / "university-busy-snapshot.json"
+    run = CliRunner().invoke(cli, ["validate", str(path), "--snapshot", str(snapshot), "--json"])
+    fact = json.loads(run.stdout)["model_facts"][0]
+    per_layer = 2 * 4 * 256 * 2
+    assert (fact["sliding_layers"], fact["sliding_window"], fact["mix_tokens"]) == (13, 4096, 8000)
+    assert fact["kv_bytes_per_token"] == 26 * per_layer
+    assert fact["kv_bytes_per_token_at_mix"] == round(per_layer * (13 * 8000 + 13 * 4096) / 8000)
+    shown = " ".join(CliRunner().invoke(cli, ["validate", str(path), "--snapshot",
+                                              str(snapshot)]).output.split())
+    assert ("gemma: 13 of 26 layers attend to a 4,096-token window: 80,511 KV bytes per token "
+            "at this mix's 8,000 tokens") in shown
