@@ -87,18 +87,18 @@ def apply_site_catalog(deployment: Deployment) -> list[str]:
     """Put ``deployment``'s site catalogue (``catalog:``) in force for this process, or none
     when it names none; one problem line (models.yaml's ``catalog`` field, then the catalogue's
     own file, line and field) when it cannot be read."""
-    from coral_solver.site_catalog import read_site_catalog
-
     if deployment.catalog is None:
         catalog.use_site_catalog(None)
         return []
     try:
-        site = read_site_catalog(deployment.catalog)
+        site = catalog.read_site_catalog(deployment.catalog)
     except catalog.CatalogError as exc:
         catalog.use_site_catalog(None)
         return [deployment.problem(("catalog",), str(exc))]
     catalog.use_site_catalog(site)
-    return []
+    from coral_hpc.site_prices import unpriced_catalog_types
+
+    return unpriced_catalog_types(deployment)
 
 
 def derive_models(deployment: Deployment) -> list[str]:

@@ -56,7 +56,20 @@ class Deployment(_Frozen):
     def _cross_checks(self) -> Deployment:
         self._check_names()
         self._check_engine_needs()
+        self._check_catalog_prices()
         return self
+
+    def _check_catalog_prices(self) -> None:
+        """``price: catalog`` takes each GPU type's price from the site catalogue: there must be
+        one (whether it prices every type is checked when it is read: coral_hpc.model_archs)."""
+        for index, part in enumerate(self.cluster.partitions):
+            if part.price == "catalog" and self.catalog is None:
+                raise _FieldError(
+                    ("cluster", "partitions", index, "price"),
+                    "'catalog' takes each GPU type's price_per_gpu_hour from the site catalogue, "
+                    "and this file names none: add catalog: FILE (docs/catalog.md) or give "
+                    "prices here",
+                )
 
     def _check_names(self) -> None:
         """Model names are unique; the partitions models and compatible_with name exist."""

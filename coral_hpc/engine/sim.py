@@ -69,11 +69,10 @@ def prepare(args: SimArgs) -> Prepared:
     from coral_hpc.config.weights import WeightsError
     from coral_hpc.model_archs import ensure_arch
     from coral_solver import catalog, perf  # the catalog reads profiles/ once, here
-    from coral_solver.site_catalog import read_site_catalog
 
     if args.catalog:
         try:
-            catalog.use_site_catalog(read_site_catalog(args.catalog))
+            catalog.use_site_catalog(catalog.read_site_catalog(args.catalog))
         except catalog.CatalogError as exc:
             raise StartupError(f"--sim-catalog: {exc}") from None
     try:

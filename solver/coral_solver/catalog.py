@@ -29,6 +29,9 @@ from coral_solver.resources import profiles_dir
 BYTES_PER_PARAM = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": (4 + 20 / 128) / 8,
                    "mxfp4": 4.25 / 8}
 INTERCONNECTS = ("nvlink", "pcie")
+#: highest price per GPU-hour a catalogue may give: models.yaml's own bound for partition prices
+#: (coral_hpc.config.cluster.MAX_PRICE, which says why)
+MAX_PRICE_PER_GPU_HOUR = 10_000.0
 
 
 class CatalogError(ValueError):
@@ -50,6 +53,9 @@ class GpuSpec:
     compute_capability: float
     calibrated: bool
     gpu_class: str = "hbm"  # efficiency class used when the GPU has no fitted factors
+    #: the site's price per GPU-hour of this type (a site catalogue's; partitions with
+    #: ``price: catalog`` use it); None: not priced here
+    price_per_gpu_hour: float | None = None
 
 
 @dataclass(frozen=True)
@@ -192,7 +198,14 @@ def gpu_from_entry(path: Path, key: str, entry: Any, calibrated: frozenset[str],
         compute_capability=_field(path, key, entry, "compute_capability", float, lines=lines),
         calibrated=key in calibrated,
         gpu_class=_field(path, key, entry, "class", str, "hbm", lines=lines),
+        price_per_gpu_hour=(_field(path, key, entry, "price_per_gpu_hour", float, lines=lines)
+                            if "price_per_gpu_hour" in entry else None),
     )
+    price = spec.price_per_gpu_hour
+    if price is not None and not 0 <= price <= MAX_PRICE_PER_GPU_HOUR:
+        raise CatalogError(f"{_at(path, lines, key, 'price_per_gpu_hour')}: entry '{key}': field "
+                           f"'price_per_gpu_hour' must be within 0..{MAX_PRICE_PER_GPU_HOUR:g}, "
+                           f"got {price:g}")
     for field in ("memory_gb", "mem_bw_gbs", "fp16_tflops", "link_bw_gbs", "compute_capability"):
         if not getattr(spec, field) > 0:
             raise CatalogError(f"{_at(path, lines, key, field)}: entry '{key}': field '{field}' "
@@ -305,6 +318,15 @@ def use_site_catalog(site: SiteCatalog | None) -> None:
     _SITE = site
 
 
+def read_site_catalog(path: str | Path) -> SiteCatalog:
+    """A site catalogue file read over the shipped catalogue
+    (:func:`coral_solver.site_catalog.read_site_catalog`): the hook the config layer and the
+    sim engine call, here because the import contract lets ``coral_hpc`` read the catalogue."""
+    from coral_solver import site_catalog  # site_catalog imports this module
+
+    return site_catalog.read_site_catalog(path)
+
+
 def site_catalog() -> SiteCatalog | None:
     """The site catalogue in force, or None."""
     return _SITE
@@ -340,6 +362,11 @@ def load_models(profiles: Path | None = None) -> dict[str, ModelArch]:
     archs = dict(_model_tables(profiles)[0])
     archs.update({key: model.arch for key, model in _DERIVED.items()})
     return archs
+
+
+def gpu_aliases(profiles: Path | None = None) -> dict[str, str]:
+    """Every GPU alias -> its canonical type (a fresh dict)."""
+    return dict(_gpu_tables(profiles)[1])
 
 
 def canonical_gpu_name(name: str, profiles: Path | None = None) -> str | None:

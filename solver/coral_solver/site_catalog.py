@@ -1,6 +1,7 @@
 """A site's own catalogue: GPU types and model entries that add to or override the shipped ones.
 
-``catalog:`` in models.yaml names a YAML file of this shape (``examples/site-catalog.yaml``)::
+``catalog:`` in models.yaml names a YAML file of this shape
+(``examples/catalogs/site-catalog.yaml``)::
 
     gpus:
       h100-nvl:                 # a new GPU type: every field of profiles/gpus.yaml
@@ -34,7 +35,8 @@ __all__ = ["GPU_FIELDS", "MODEL_FIELDS", "SiteCatalog", "read_site_catalog"]
 #: fields a GPU entry may carry (those of profiles/gpus.yaml; ``source``: where the figures are
 #: from, e.g. the datasheet's name or URL — kept for people, not read)
 GPU_FIELDS = ("description", "source", "aliases", "memory_gb", "mem_bw_gbs", "fp16_tflops",
-              "bf16", "fp8", "interconnect", "link_bw_gbs", "compute_capability", "class")
+              "bf16", "fp8", "interconnect", "link_bw_gbs", "compute_capability", "class",
+              "price_per_gpu_hour")
 #: fields a model entry may carry (those of profiles/models.yaml)
 MODEL_FIELDS = ("description", "source", "aliases", "layers", "hidden", "q_heads", "kv_heads",
                 "head_dim", "ffn", "experts", "active_experts", "params_b", "active_params_b",
@@ -76,7 +78,7 @@ def _problem(path: Path, line: int | None, message: str) -> CatalogError:
     return CatalogError(f"{path}:{line}: {message}" if line else f"{path}: {message}")
 
 
-def _compose(path: Path) -> tuple[dict[str, Any], dict[str, tuple[int, Lines]]]:
+def _compose(path: Path) -> tuple[dict[str, Any], dict[str, tuple[int | None, Lines]]]:
     """(the parsed file, per section its line numbers: (entry, field) -> line, 1-based)."""
     if not path.is_file():
         raise CatalogError(f"{path}: file not found (models.yaml catalog:)")
@@ -90,7 +92,7 @@ def _compose(path: Path) -> tuple[dict[str, Any], dict[str, tuple[int, Lines]]]:
         return {}, {}
     if not isinstance(data, dict) or not isinstance(node, yaml.MappingNode):
         raise CatalogError(f"{path}:1: expected a mapping with 'gpus:' and/or 'models:'")
-    lines: dict[str, tuple[int, Lines]] = {}
+    lines: dict[str, tuple[int | None, Lines]] = {}
     for key_node, section in node.value:
         own: Lines = {}
         if isinstance(section, yaml.MappingNode):
@@ -119,7 +121,8 @@ def read_site_catalog(path: str | Path, profiles: Path | None = None) -> SiteCat
     overridden: list[str] = []
     gpus_raw = catalog._raw(profiles / "gpus.yaml")
     shipped_gpus, shipped_gpu_aliases = catalog._gpus(profiles)
-    gpu_lines = lines.get("gpus", (None, {}))
+    no_lines: tuple[int | None, Lines] = (None, {})
+    gpu_lines = lines.get("gpus", no_lines)
     for raw_key, entry in _section(path, data, "gpus", gpu_lines[0]).items():
         key = catalog._normalise(str(raw_key))
         entry_lines = {(key, f): n for (k, f), n in gpu_lines[1].items() if k == str(raw_key)}
@@ -136,7 +139,7 @@ def read_site_catalog(path: str | Path, profiles: Path | None = None) -> SiteCat
             site.gpu_aliases[catalog._normalise(str(alias))] = key
     models_raw = catalog._raw(profiles / "models.yaml")
     _, shipped_model_aliases = catalog._models(profiles)
-    model_lines = lines.get("models", (None, {}))
+    model_lines = lines.get("models", no_lines)
     for raw_key, entry in _section(path, data, "models", model_lines[0]).items():
         key = str(raw_key).strip().lower()
         entry_lines = {(key, f): n for (k, f), n in model_lines[1].items() if k == str(raw_key)}

@@ -22,9 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
 USER_DOCS = (README, REPO / "INSTALL.md")
 REFERENCE = REPO / "docs" / "config-reference.md"
-#: example models.yaml files (a site catalogue, *-catalog.yaml, is read by test_site_catalog.py)
-EXAMPLES = sorted(p for p in (REPO / "examples").glob("*.yaml")
-                  if not p.name.endswith("-catalog.yaml"))
+EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 MAX_LINE = 300
 
 #: words of the lab notebook, not of the product: work sessions, commits, CI runs, hosts

@@ -5,6 +5,7 @@ line and field (exit 2)."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from coral_solver.catalog import CatalogError
 from coral_solver.site_catalog import read_site_catalog
 from tests.conftest import REPO
 
-EXAMPLE = REPO / "examples" / "site-catalog.yaml"
+EXAMPLE = REPO / "examples" / "catalogs" / "site-catalog.yaml"
 SNAPSHOT = REPO / "tests" / "data" / "plan" / "university-busy-snapshot.json"
 
 
@@ -134,7 +135,7 @@ def _models_yaml(tmp_path: Path, catalog_line: str | None, gpu: str = "h100-nvl"
     if catalog_line is not None:
         text = text.replace("\ncluster:\n", f"\n{catalog_line}\ncluster:\n", 1)
     folder = tmp_path / "site"
-    folder.mkdir(exist_ok=True)
+    folder.mkdir(parents=True, exist_ok=True)
     path = folder / "models.yaml"
     path.write_text(text)
     return path
@@ -216,3 +217,75 @@ def test_a_sim_replica_is_handed_the_catalogue_and_reads_it(tmp_path):
     bad = _write(tmp_path, "gpus:\n  h100-nvl:\n    memory_gb: lots\n")
     with pytest.raises(StartupError, match=r"--sim-catalog: .*site\.yaml:3: entry 'h100-nvl'"):
         prepare(parse_args([*line, "--sim-catalog", str(bad)]))
+
+
+# --- prices: `price: catalog` takes each GPU type's price from the site catalogue ------------
+
+PRICES = ("gpus:\n  v100-32g:\n    price_per_gpu_hour: 1.0\n"
+          "  a100-80g:\n    price_per_gpu_hour: 3.0\n")
+
+
+def _priced_yaml(tmp_path: Path, price: str, catalogue: str | None = PRICES) -> Path:
+    """examples/university.yaml with ``price`` for both partitions (and the catalogue)."""
+    path = _models_yaml(tmp_path, "catalog: site-catalog.yaml" if catalogue else None,
+                        gpu="a100-80g")
+    text = path.read_text()
+    for gpu in ("v100-32g", "a100-80g"):
+        text = text.replace(f"gpu_types: [{gpu}]\n      price: billing",
+                            f"gpu_types: [{gpu}]\n      price: {price.format(gpu=gpu)}")
+    path.write_text(text)
+    if catalogue:
+        (path.parent / "site-catalog.yaml").write_text(catalogue)
+    return path
+
+
+def _plan(path: Path) -> dict:
+    result = CliRunner().invoke(cli, ["plan", str(path), "--snapshot", str(SNAPSHOT), "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_a_plan_priced_from_the_catalogue_costs_what_the_same_prices_in_models_yaml_cost(
+        tmp_path):
+    from_catalogue = _plan(_priced_yaml(tmp_path / "a", "catalog"))
+    text_path = _priced_yaml(tmp_path / "b", "{{{gpu}: X}}", catalogue=None)
+    text = text_path.read_text().replace("{v100-32g: X}", "{v100-32g: 1.0}")
+    text_path.write_text(text.replace("{a100-80g: X}", "{a100-80g: 3.0}"))
+    explicit = _plan(text_path)
+    assert from_catalogue["cost_unit"] == explicit["cost_unit"] == "gpu_hour"
+    assert from_catalogue["cost_per_hour"] == explicit["cost_per_hour"] > 0
+    assert from_catalogue["replicas"] == explicit["replicas"]
+
+
+def test_cost_prices_a_gpu_hour_from_the_catalogue(tmp_path):
+    from coral_hpc.accounting.cost import Pricing
+
+    pricing = Pricing.from_deployment(load_deployment(_priced_yaml(tmp_path, "catalog")))
+    assert pricing.unit == "gpu_hour"
+    assert pricing.gpu_hour_prices[("gpu-a100", "a100-80g")] == 3.0
+    assert pricing.gpu_hour_prices[("gpu-v100", "v100-32g")] == 1.0
+
+
+def test_price_catalog_without_a_catalogue_or_its_price_is_refused(tmp_path):
+    result = _validate(_priced_yaml(tmp_path / "a", "catalog", catalogue=None))
+    assert result.exit_code == 2, result.output
+    flat = " ".join(result.output.split())
+    assert "cluster.partitions[0].price: 'catalog' takes each GPU type's price_per_gpu_hour" in flat
+    result = _validate(_priced_yaml(tmp_path / "b", "catalog",
+                                    catalogue="gpus:\n  a100-80g:\n    price_per_gpu_hour: 3\n"))
+    assert result.exit_code == 2, result.output
+    flat = " ".join(result.output.split())
+    assert ("cluster.partitions[0].price: 'catalog', but the site catalogue" in flat
+            and "gives no price_per_gpu_hour for GPU type(s) ['v100-32g']" in flat)
+
+
+@pytest.mark.parametrize("price, message", [
+    ("-1", "must be within 0..10000, got -1"),
+    ("1.0e+9", "must be within 0..10000, got 1e+09"),
+    ("cheap", "= 'cheap' is not a float"),
+])
+def test_a_bad_catalogue_price_is_named_with_its_line(tmp_path, price, message):
+    path = _write(tmp_path, f"gpus:\n  a100:\n    memory_gb: 40\n    price_per_gpu_hour: {price}\n")
+    with pytest.raises(CatalogError, match=rf"site\.yaml:4: entry 'a100': field "
+                                           rf"'price_per_gpu_hour' {re.escape(message)}"):
+        read_site_catalog(path)
