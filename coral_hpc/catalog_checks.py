@@ -172,7 +172,10 @@ def model_facts(deployment: Deployment) -> list[dict]:
         if found is not None and found.config_path is not None:
             origin = str(found.config_path)
         elif model.architecture is not None:
-            origin = f"architecture: {arch.name}"
+            site = catalog.site_catalog()
+            origin = f"architecture: {arch.name}" + (
+                f" (site catalogue {site.path})" if site is not None and arch.name in site.models
+                else "")
         else:
             origin = f"catalogue entry {arch.name} (no config.json found)"
         runs, excluded = gpu_exclusions(deployment, index)

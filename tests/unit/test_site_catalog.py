@@ -168,6 +168,8 @@ def test_a_model_entry_of_the_site_catalogue_is_an_architecture(tmp_path):
     assert result.exit_code == 0, result.output
     facts = {f["name"]: f for f in json.loads(result.stdout)["model_facts"]}
     assert (facts["llama-8b"]["layers"], facts["llama-8b"]["weight_gb"]) == (40, 26.03)
+    assert facts["llama-8b"]["derived_from"] == (
+        f"architecture: llama-2-13b (site catalogue {path.parent / 'site-catalog.yaml'})")
 
 
 def test_a_bad_catalogue_stops_validate_with_exit_2_naming_its_line(tmp_path):
