@@ -18,7 +18,7 @@ MAX_TP = 8
 
 
 def _gpu_problems(deployment: Deployment, known: Mapping[str, object]) -> list[str]:
-    from coral_solver.catalog import canonical_gpu_name
+    from coral_solver.catalog import canonical_gpu_name, catalogue_files
 
     names = ", ".join(sorted(known))
     problems = []
@@ -27,7 +27,7 @@ def _gpu_problems(deployment: Deployment, known: Mapping[str, object]) -> list[s
         if canonical_gpu_name(gpu) is None:
             problems.append(deployment.problem(
                 loc, f"GPU type {gpu!r} is not in the performance model's catalogue "
-                     f"(profiles/gpus.yaml); known: {names}"))
+                     f"({catalogue_files()}); known: {names}"))
 
     for index, part in enumerate(deployment.cluster.partitions):
         for gpu in part.gpu_types:
@@ -98,7 +98,7 @@ def catalog_problems(deployment: Deployment) -> list[str]:
             problems.append(deployment.problem(
                 ("models", index, "architecture"),
                 f"{model.arch_key!r} is not in the performance model's catalogue "
-                f"(profiles/models.yaml); known: {known_archs}"))
+                f"({catalog.catalogue_files()}); known: {known_archs}"))
             continue
         gpus = candidate_gpus(deployment, index)
         if not gpus:
@@ -172,10 +172,15 @@ def model_facts(deployment: Deployment) -> list[dict]:
         if found is not None and found.config_path is not None:
             origin = str(found.config_path)
         elif model.architecture is not None:
-            origin = f"architecture: {arch.name}"
+            site = catalog.site_catalog()
+            origin = f"architecture: {arch.name}" + (
+                f" (site catalogue {site.path})" if site is not None and arch.name in site.models
+                else "")
         else:
             origin = f"catalogue entry {arch.name} (no config.json found)"
         runs, excluded = gpu_exclusions(deployment, index)
+        context = model.mix.input_tokens + model.mix.output_tokens
+        sliding = derived.sliding_layers if derived is not None else 0
         facts.append({
             "name": model.name,
             "source": model.source,
@@ -191,6 +196,13 @@ def model_facts(deployment: Deployment) -> list[dict]:
             "attention": ("MLA" if derived is not None and derived.mla
                           else "MHA" if arch.kv_heads == arch.q_heads else "GQA"),
             "sliding_window": derived.sliding_window if derived is not None else None,
+            "sliding_layers": sliding,
+            # what the KV capacity charges per token of this model's mix (sliding layers hold
+            # at most their window: coral_solver.perf.kv_tokens_at)
+            "kv_bytes_per_token_at_mix": (round(derived.kv_bytes_per_token_at(context))
+                                          if derived is not None and sliding
+                                          else arch.kv_bytes_per_token),
+            "mix_tokens": context,
             "dtype": derived.dtype if derived is not None else arch.quantization,
             "quantization": arch.quantization,
             "max_context": arch.max_context,

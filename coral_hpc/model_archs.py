@@ -83,10 +83,31 @@ def derive(source: str, *, hubs: list[Path], state_path: Path | None,
     )
 
 
+def apply_site_catalog(deployment: Deployment) -> list[str]:
+    """Put ``deployment``'s site catalogue (``catalog:``) in force for this process, or none
+    when it names none; one problem line (models.yaml's ``catalog`` field, then the catalogue's
+    own file, line and field) when it cannot be read."""
+    if deployment.catalog is None:
+        catalog.use_site_catalog(None)
+        return []
+    try:
+        site = catalog.read_site_catalog(deployment.catalog)
+    except catalog.CatalogError as exc:
+        catalog.use_site_catalog(None)
+        return [deployment.problem(("catalog",), str(exc))]
+    catalog.use_site_catalog(site)
+    from coral_hpc.site_prices import unpriced_catalog_types
+
+    return unpriced_catalog_types(deployment)
+
+
 def derive_models(deployment: Deployment) -> list[str]:
-    """Derive and register the architecture of every model of ``deployment`` without
-    ``architecture:``; one problem line (file, line, field) per model that cannot be derived."""
-    problems: list[str] = []
+    """Put the deployment's site catalogue in force (:func:`apply_site_catalog`), then derive
+    and register the architecture of every model of ``deployment`` without ``architecture:``;
+    one problem line (file, line, field) per model that cannot be derived."""
+    problems = apply_site_catalog(deployment)
+    if problems:
+        return problems  # the catalogue may hold the very entries the models name
     hubs = hub_caches(hf_home_of(deployment))
     # relative folders mean "beside this models.yaml", as every other path in it
     base_dir = (Path(os.path.abspath(deployment._source)).parent

@@ -23,6 +23,7 @@ from typing import Literal
 
 from coral_hpc.accounting.usage import Usage
 from coral_hpc.config import Deployment
+from coral_hpc.site_prices import partition_prices
 
 PriceUnit = Literal["gpu_hour", "billing"]
 
@@ -40,9 +41,8 @@ class Pricing:
         """Read the prices from a validated ``models.yaml``."""
         prices: dict[tuple[str, str], float] = {}
         for part in deployment.cluster.partitions:
-            if isinstance(part.price, dict):
-                for gpu_type, price in part.price.items():
-                    prices[(part.name, gpu_type)] = float(price)
+            for gpu_type, price in (partition_prices(deployment, part) or {}).items():
+                prices[(part.name, gpu_type)] = float(price)
         return cls(unit=deployment.cluster.price_unit, gpu_hour_prices=prices)
 
     def cost(self, piece: Usage) -> float | None:

@@ -52,6 +52,11 @@ def print_model_facts(facts: list[dict[str, Any]], wide: bool = False) -> None:
             console.print(f"{name}: model_type {fact['model_type'] or '(none)'!s} has no "
                           "family rules: weights and FLOPs are a generic dense estimate from "
                           "its config.json's standard fields", highlight=False)
+        if fact.get("sliding_layers"):
+            console.print(f"{name}: {fact['sliding_layers']} of {fact['layers']} layers attend "
+                          f"to a {fact['sliding_window']:,}-token window: "
+                          f"{fact['kv_bytes_per_token_at_mix']:,} KV bytes per token at this "
+                          f"mix's {fact['mix_tokens']:,} tokens", highlight=False)
         console.print(f"{name}: runs on {_runs(fact['gpu_dtypes'])}", highlight=False)
         for gpu, why in fact["excluded_gpus"].items():
             console.print(f"{name}: {gpu} excluded: {why}", highlight=False)

@@ -133,9 +133,10 @@ class PartitionConfig(_Frozen):
     gpu_types: tuple[str, ...] = Field(
         default=(), description="GPU types to use here; empty = every type Slurm reports"
     )
-    price: dict[str, float] | Literal["billing"] = Field(
+    price: dict[str, float] | Literal["billing", "catalog"] = Field(
         default="billing",
-        description="price per GPU-hour per GPU type, or 'billing' for Slurm's billing formula",
+        description="price per GPU-hour per GPU type, 'billing' for Slurm's billing formula, "
+        "or 'catalog' for each type's price_per_gpu_hour in the site catalogue (catalog:)",
     )
     environment: EngineEnvironment | None = Field(
         default=None, description="how to run vLLM on this partition (engine: vllm needs it)"

@@ -28,6 +28,11 @@ class Deployment(_Frozen):
         description="where `coral-hpc profile` writes measured profiles and plan/serve read "
         "them; default <state_dir>/<deployment>/profiles",
     )
+    catalog: str | None = Field(
+        default=None,
+        description="a site catalogue: a YAML file of GPU types and model entries that add to "
+        "or override the shipped ones (see docs/catalog.md); relative to this file",
+    )
     cluster: ClusterConfig
     engine: EngineConfig = EngineConfig()
     gateway: GatewayConfig = GatewayConfig()
@@ -36,7 +41,7 @@ class Deployment(_Frozen):
     models: tuple[ModelConfig, ...] = Field(min_length=1)
 
     # relative paths mean "beside this models.yaml", not "below wherever serve was started"
-    _resolve = field_validator("state_dir", "db_path", "profiles_dir")(_against_file)
+    _resolve = field_validator("state_dir", "db_path", "profiles_dir", "catalog")(_against_file)
 
     @field_validator("deployment")
     @classmethod
@@ -51,7 +56,20 @@ class Deployment(_Frozen):
     def _cross_checks(self) -> Deployment:
         self._check_names()
         self._check_engine_needs()
+        self._check_catalog_prices()
         return self
+
+    def _check_catalog_prices(self) -> None:
+        """``price: catalog`` takes each GPU type's price from the site catalogue: there must be
+        one (whether it prices every type is checked when it is read: coral_hpc.model_archs)."""
+        for index, part in enumerate(self.cluster.partitions):
+            if part.price == "catalog" and self.catalog is None:
+                raise _FieldError(
+                    ("cluster", "partitions", index, "price"),
+                    "'catalog' takes each GPU type's price_per_gpu_hour from the site catalogue, "
+                    "and this file names none: add catalog: FILE (docs/catalog.md) or give "
+                    "prices here",
+                )
 
     def _check_names(self) -> None:
         """Model names are unique; the partitions models and compatible_with name exist."""

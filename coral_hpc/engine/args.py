@@ -9,6 +9,8 @@ Sim-only flags:
   --sim-arch KEY            architecture in profiles/models.yaml (default: the model name, when it
                             is a known architecture or Hugging Face id)
   --sim-gpu-types a100,a100 GPU type per pipeline stage (one value = every stage)
+  --sim-catalog FILE        a site catalogue (models.yaml catalog:): GPU types and architectures
+                            beyond the shipped ones
   --sim-layers 40,40        layers per stage; also read from VLLM_PP_LAYER_PARTITION like vLLM;
                             default vLLM's even split
   --sim-speed 1.0           time runs this many times faster than the modelled GPU
@@ -73,6 +75,8 @@ class SimArgs:
     default_max_tokens: int
     #: vLLM's --kv-transfer-config (kv_connector, kv_role, ...); None = no disaggregation
     kv_transfer: dict | None = None
+    #: the site catalogue file (models.yaml ``catalog:``) the GPU types may come from
+    catalog: str | None = None
 
 
 class UsageError(ValueError):
@@ -164,6 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
     sim = p.add_argument_group("sim-only")
     sim.add_argument("--sim-arch", help="architecture key in profiles/models.yaml")
     sim.add_argument("--sim-gpu-types", help="GPU type per pipeline stage, e.g. a100,v100")
+    sim.add_argument("--sim-catalog", help="a site catalogue (models.yaml catalog:) adding GPU "
+                   "types and architectures to the shipped ones")
     sim.add_argument("--sim-layers", help="layers per stage, e.g. 40,40")
     sim.add_argument("--sim-speed", type=_positive_float, default=1.0)
     sim.add_argument("--sim-drain-timeout", type=_positive_float, default=30.0)
@@ -235,6 +241,7 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> SimArg
         drain_timeout=ns.sim_drain_timeout,
         default_max_tokens=ns.sim_default_max_tokens,
         kv_transfer=kv_transfer,
+        catalog=ns.sim_catalog,
     )
 
 

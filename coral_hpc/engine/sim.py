@@ -70,6 +70,11 @@ def prepare(args: SimArgs) -> Prepared:
     from coral_hpc.model_archs import ensure_arch
     from coral_solver import catalog, perf  # the catalog reads profiles/ once, here
 
+    if args.catalog:
+        try:
+            catalog.use_site_catalog(catalog.read_site_catalog(args.catalog))
+        except catalog.CatalogError as exc:
+            raise StartupError(f"--sim-catalog: {exc}") from None
     try:
         ensure_arch(args.arch)  # a model named by its weights: read its config.json (HF_HOME)
     except WeightsError as exc:

@@ -83,6 +83,7 @@ def _spec_context(spec: ReplicaSpec) -> dict[str, Any]:
         "env_vars": tuple(environment.env) if environment is not None else (),
         "python": spec.python,
         "sim_arch": spec.sim_arch or spec.model,
+        "sim_catalog": spec.sim_catalog,
         "gpu_types": list(spec.layout.gpu_types),
         "layer_partition": spec.layer_partition,
         # the sim finishes its drain before the entrypoint's own deadline kills it

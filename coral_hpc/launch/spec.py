@@ -106,6 +106,7 @@ class ReplicaSpec:
     hf_home: str | None = None  # the site's shared Hugging Face cache: HF_HOME of the engine
     python: str = field(default_factory=lambda: sys.executable)  # runs the entrypoint (and sim)
     sim_arch: str | None = None  # architecture name for the sim engine's performance model
+    sim_catalog: str | None = None  # the site catalogue (models.yaml catalog:) the sim reads
     health_timeout_s: float = 1800.0  # loading a large model from a network FS takes minutes
     drain_timeout_s: float = 60.0  # after SIGTERM, how long the engine may finish requests
     instance: str = ""  # coral_hpc.instance: the state folder's id, written into the job's tag
@@ -357,6 +358,7 @@ def replica_spec(
         hf_home=hf_home_of(deployment),
         python=python or sys.executable,
         sim_arch=config.arch_key,
+        sim_catalog=deployment.catalog,
         instance=instance,
     )
 

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from coral_hpc.config import Deployment
+from coral_hpc.site_prices import partition_prices
 from coral_hpc.slurm.job_shape import ReplicaShape, replica_shape
 from coral_hpc.slurm.snapshot import ClusterSnapshot, JobInfo
 from coral_hpc.types import placement_name
@@ -173,7 +174,7 @@ def cluster_from_snapshot(deployment: Deployment, snapshot: ClusterSnapshot,
             name=name,
             node_groups=tuple(members.get(name, ())),
             usable=info.state == "up",
-            prices=dict(part.price) if isinstance(part.price, dict) else None,
+            prices=partition_prices(deployment, part),
             billing=_billing(info.billing_weights, shape) if part.price == "billing" else None,
         ))
     quotas = [Quota(f"gpu_quotas[{gpu}]", limit, gpu_types=(gpu,))

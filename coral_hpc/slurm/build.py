@@ -108,7 +108,7 @@ def resolve_gpu_types(
         warnings.append(
             f"GPU type {name!r} on node(s) {shown} matches no catalogue GPU type: its GPUs are "
             f"not planned; map it in cluster.gpu_type_map (e.g. {name}: a100-80g) or add it to "
-            f"profiles/gpus.yaml")
+            f"a site catalogue (models.yaml catalog:, docs/catalog.md)")
     return out, warnings, site_names
 
 

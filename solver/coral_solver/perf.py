@@ -1,7 +1,7 @@
 """Performance model: what one pipeline stage of a vLLM replica sustains under an SLO.
 
-The model is the standard roofline with calibrated efficiencies (../shared/data/
-GPU-AND-MODEL-FACTS.md §7): prefill is compute-bound, decode reads the weights and the KV cache,
+The model is the standard roofline with calibrated efficiencies (docs/catalog-sources.md):
+prefill is compute-bound, decode reads the weights and the KV cache,
 KV capacity bounds the batch, tensor parallelism adds two all-reduces per layer priced by the
 node's interconnect, and pipeline stages on different nodes add a hand-off per step. Efficiency
 factors come from ``profiles/calibration.yaml`` (fitted by ``bench/calibrate.py``); measured
@@ -43,6 +43,7 @@ __all__ = [
     "has_measured_throughput",
     "is_calibrated",
     "kv_capacity_tokens",
+    "kv_tokens_at",
     "kv_space",
     "measured_dirs",
     "measured_pipeline_throughput",
@@ -245,6 +246,24 @@ def kv_capacity_tokens(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int,
     if layers <= 0 or tp <= 0:
         return 0
     return _kv_capacity(arch, gpu, tp, layers, gpu_memory_utilization)
+
+
+def kv_tokens_at(arch: ModelArch, cap: int, context: int) -> int:
+    """KV capacity ``cap`` (tokens of ``arch.kv_bytes_per_token`` bytes each, as
+    :func:`kv_capacity_tokens` counts) recounted for sequences of ``context`` tokens: the same
+    bytes hold more of them when some layers attend only to a sliding window (Gemma 2/3,
+    gpt-oss, Mistral-7B v0.1 read from their config.json). vLLM's hybrid KV cache manager frees
+    the blocks a sliding layer no longer needs (SlidingWindowManager,
+    vllm/v1/core/single_type_kv_cache_manager.py), so a sequence holds per-layer bytes x (full
+    layers x context + sliding layers x min(context, window))
+    (:meth:`coral_solver.hf_config.HfModel.kv_bytes_at`; docs/catalog-sources.md). Every stage
+    is taken to hold full and sliding layers in the model's proportion. ``cap`` unchanged for
+    models without sliding layers and for catalogue entries (which keep the full figure)."""
+    derived = catalog.derived_model(arch.name)
+    if derived is None or derived.arch != arch or not derived.sliding_layers or context <= 0:
+        return cap
+    per_token = derived.kv_bytes_per_token_at(context)
+    return int(cap * arch.kv_bytes_per_token / per_token) if per_token > 0 else cap
 
 
 def kv_transfer_s(arch: ModelArch, layers: int, prompt_tokens: int) -> float:
@@ -485,6 +504,8 @@ def _model_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_sta
                       slo: Slo, mix: Mix) -> float:
     cal = _calibration()
     cap = kv_capacity_tokens(arch, gpu, tp, layers, cal.gpu_memory_utilization)
+    # sliding-window layers keep at most the window: more sequences of this mix fit
+    cap = kv_tokens_at(arch, cap, mix.input_tokens + mix.output_tokens)
     return throughput_from_coeffs(_stage_coeffs(arch, gpu, tp, layers), cap, n_stages, slo, mix)
 
 

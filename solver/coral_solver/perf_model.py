@@ -3,7 +3,7 @@
 Shared by :mod:`coral_solver.perf` (which feeds it the shipped calibration) and
 ``bench/calibrate.py``
 (which feeds it trial factors while fitting), so fitted numbers mean exactly what the model uses.
-Roofline with calibrated efficiencies, ../shared/data/GPU-AND-MODEL-FACTS.md §7.
+Roofline with calibrated efficiencies; sources in docs/catalog-sources.md.
 """
 
 from __future__ import annotations

@@ -69,6 +69,7 @@ def _prefill(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_stages: int,
     cal = perf._calibration()
     cap = perf.kv_capacity_tokens(arch, gpu, tp, layers, cal.gpu_memory_utilization)
     n_in = mix.input_tokens
+    cap = perf.kv_tokens_at(arch, cap, n_in)  # sliding-window layers keep at most the window
     if cap <= 0 or n_in > cap or n_in > cal.max_num_batched_tokens:
         return 0.0
     c = perf._stage_coeffs(arch, gpu, tp, layers)
@@ -86,6 +87,7 @@ def _decode(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_stages: int,
     cal = perf._calibration()
     cap = perf.kv_capacity_tokens(arch, gpu, tp, layers, cal.gpu_memory_utilization)
     n_in, n_out = mix.input_tokens, mix.output_tokens
+    cap = perf.kv_tokens_at(arch, cap, n_in + n_out)  # sliding layers keep at most the window
     if cap <= 0 or n_in + n_out > cap:
         return 0.0
     slots = perf._concurrent_slots(cap, n_in, n_out, cal.max_num_seqs)

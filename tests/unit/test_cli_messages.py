@@ -70,7 +70,8 @@ def test_a_union_field_gives_one_error_per_problem():
     assert problems == [
         "m.yaml:8: cluster.partitions[0].price.v100: Input should be a valid number, unable to "
         "parse string as a number",
-        "m.yaml:9: cluster.partitions[1].price: Input should be a valid dictionary or 'billing'",
+        "m.yaml:9: cluster.partitions[1].price: Input should be a valid dictionary or 'billing' "
+        "or 'catalog'",
         "m.yaml:12: models[0].demand.requests_per_s: Input should be greater than or equal to 0",
         "m.yaml:14: models[1].demand.bogus: unknown key 'bogus'; valid keys here: "
         "output_tokens_per_s, requests_per_s",
