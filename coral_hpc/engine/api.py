@@ -505,7 +505,7 @@ def _filler_vector(text: str, dims: int) -> list[float]:
     import hashlib
     import math
 
-    raw = []
+    raw: list[float] = []
     counter = 0
     while len(raw) < dims:
         digest = hashlib.sha256(f"{counter}:{text}".encode()).digest()
