@@ -340,3 +340,12 @@ def test_a_config_may_not_set_the_runner_itself():
     with pytest.raises(ConfigError) as info:
         parse_deployment(text, "bad.yaml")
     assert any("models[0].vllm_args[0]" in p and "task" in p for p in info.value.problems)
+
+
+def test_simulate_refuses_an_embedding_model_naming_it(tmp_path):
+    path = _folder_yaml(tmp_path, "bge-small-en-v1.5", "slo: {latency_ms: 50}",
+                        "mix: {input_tokens: 256}")
+    result = CliRunner().invoke(cli, ["simulate", str(path), "--trace", str(tmp_path / "t.csv"),
+                                      "--snapshot", str(SNAPSHOT)])
+    assert result.exit_code == 2, result.output
+    assert "models[0].slo: model 'emb' is an embedding model" in result.output
