@@ -83,6 +83,21 @@ def slo_feasible(arch, gpus: list[str], slo, mix, n_max: int) -> bool:
     return False
 
 
+def pooling_feasible(arch, gpus: list[str], latency_s: float, input_tokens: int) -> bool:
+    """Whether one node of some allowed GPU type and TP degree answers an embedding request
+    of ``input_tokens`` within ``latency_s`` (:mod:`coral_solver.perf_pooling`; embedding
+    replicas are one stage)."""
+    from coral_solver import catalog, perf
+    from coral_solver.perf_pooling import pooling_throughput
+
+    for gpu_name in gpus:
+        gpu = catalog.gpu_spec(gpu_name)
+        for tp in perf.valid_tp_degrees(arch, MAX_TP):
+            if pooling_throughput(arch, gpu, tp, arch.layers, 1, latency_s, input_tokens) > 0:
+                return True
+    return False
+
+
 def catalog_problems(deployment: Deployment) -> list[str]:
     """Every catalogue problem of ``deployment``, one line each (file, line, field, what's valid):
     unknown GPU types, unknown architectures, and SLOs no layout on the allowed GPUs can meet."""
@@ -111,12 +126,23 @@ def catalog_problems(deployment: Deployment) -> list[str]:
                 + "; ".join(f"{gpu}: {why}" for gpu, why in sorted(excluded.items()))
                 + "; allow other GPU types or partitions, or serve another checkpoint"))
             continue
-        slo = perf.Slo(ttft_s=model.slo.ttft_s, tpot_s=model.slo.tpot_s)
+        if model.embedding:
+            if not pooling_feasible(arch, gpus, model.slo.first_answer_s,
+                                    model.mix.input_tokens):
+                problems.append(deployment.problem(
+                    ("models", index, "slo"),
+                    f"no layout answers a {model.mix.input_tokens}-token embedding request of "
+                    f"{arch.name} within {model.slo.first_answer_s * 1000:g} ms on "
+                    f"{', '.join(gpus)} (performance model: one node, TP ≤ {MAX_TP}); loosen "
+                    "the SLO or allow other GPUs"))
+            continue
+        slo = perf.Slo(ttft_s=model.slo.first_answer_s, tpot_s=model.slo.per_token_s)
         mix = perf.Mix(input_tokens=model.mix.input_tokens, output_tokens=model.mix.output_tokens)
         if not slo_feasible(arch, gpus, slo, mix, deployment.policy.n_max):
             problems.append(deployment.problem(
                 ("models", index, "slo"),
-                f"no layout meets TTFT {model.slo.ttft_s:g} s and TPOT {model.slo.tpot_s:g} s "
+                f"no layout meets TTFT {model.slo.first_answer_s:g} s and TPOT "
+                f"{model.slo.per_token_s:g} s "
                 f"for {arch.name} at {model.mix.input_tokens}/{model.mix.output_tokens} tokens "
                 f"in/out on {', '.join(gpus)} (performance model: TP ≤ {MAX_TP}, ≤ "
                 f"{deployment.policy.n_max} pipeline stages); loosen the SLO or allow other GPUs"))

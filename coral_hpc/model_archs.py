@@ -116,12 +116,47 @@ def derive_models(deployment: Deployment) -> list[str]:
         if model.architecture is not None:
             continue
         try:
-            deployment._derived[model.name] = derive(
-                model.source, hubs=hubs, state_path=deployment.state_path,
-                base_dir=base_dir)
+            found = derive(model.source, hubs=hubs, state_path=deployment.state_path,
+                           base_dir=base_dir)
         except WeightsError as exc:
             problems.append(deployment.problem(("models", index, "source"), str(exc)))
+            continue
+        deployment._derived[model.name] = found
+        if found.model is not None:
+            problems += _kind_problems(deployment, index, found)
     return problems
+
+
+def _kind_problems(deployment: Deployment, index: int, found: Derivation) -> list[str]:
+    """A model whose config.json says it embeds (vLLM's suffix rule, coral_solver.hf_encoder)
+    but whose models.yaml entry plans it as generating, or the other way round."""
+    model = deployment.models[index]
+    assert found.model is not None
+    pools = found.model.arch.pooling
+    where = f"{found.config_path} names architecture {_first_arch(found.config_path)}"
+    if model.task is None and pools and not model.slo.embedding:
+        return [deployment.problem(("models", index, "slo"),
+                f"{where}, an embedding model (vLLM's pooling runner, /v1/embeddings): its SLO "
+                "is one latency per request, slo: {latency_ms: N}, and its mix has no "
+                "output_tokens")]
+    if model.task is None and not pools and model.slo.embedding:
+        return [deployment.problem(("models", index, "slo", "latency_ms"),
+                f"{where}, which generates text; give slo: {{ttft_s: N, tpot_s: N}}, or "
+                "task: embed to serve it as an embedding model (e.g. Qwen3-Embedding)")]
+    if model.task == "generate" and pools:
+        return [deployment.problem(("models", index, "task"),
+                f"{where}, an embedding model: vLLM cannot generate text with it "
+                "(\"Embedding models do not support --runner generate\"); use task: embed")]
+    return []
+
+
+def _first_arch(path: Path | None) -> str:
+    """The first of ``architectures`` in the config.json at ``path`` (for messages)."""
+    try:
+        archs = read_config_json(path).get("architectures") if path is not None else None
+    except WeightsError:
+        archs = None
+    return repr(archs[0]) if isinstance(archs, list) and archs else "(none)"
 
 
 def derived_deployment(deployment: Deployment) -> Deployment:

@@ -102,6 +102,15 @@ def simulate(models_yaml: str, traces: tuple[str, ...], snapshot_file: str | Non
     if unknown:
         fail(f"{models_yaml}: architecture(s) {unknown} not in profiles/models.yaml; known: "
              f"{', '.join(sorted(_known_architectures()))}")
+    embedding = [(i, m) for i, m in enumerate(deployment.models) if m.embedding]
+    if embedding:
+        # the traces are of generation (prompt and output lengths); the virtual-time replicas
+        # would decode for an embedding model: refused rather than reported wrongly
+        fail([deployment.problem(("models", i, "slo"), f"model {m.name!r} is an embedding "
+                                 "model: `coral-hpc simulate` replays generation traces only; "
+                                 "leave it out of the models.yaml you simulate")
+              for i, m in embedding]
+             + [f"{models_yaml}: {len(embedding)} problem(s); nothing was simulated"])
     names = [m.name for m in deployment.models]
     per_model = _trace_rows(traces, names)
     span_s = hours * 3600.0 if hours else max(r.span_s for r in per_model.values())

@@ -67,8 +67,10 @@ def deployment_summary(deployment: Deployment) -> dict:
                 "name": m.name,
                 "architecture": m.arch_key,
                 "demand_rps": m.demand_rps if m.demand != "auto" else "auto",
+                "task": "embed" if m.embedding else "generate",
                 "ttft_s": m.slo.ttft_s,
                 "tpot_s": m.slo.tpot_s,
+                "latency_ms": m.slo.latency_ms,
                 "priority": m.priority,
             }
             for m in deployment.models
@@ -169,8 +171,10 @@ def validate(file: str, as_json: bool, snapshot_file: str | None, cache_dir: str
             model["name"],
             model["architecture"],
             model["demand_rps"] if model["demand_rps"] == "auto" else f"{model['demand_rps']:.3g}",
-            f"{model['ttft_s']:g} s",
-            f"{model['tpot_s'] * 1000:g} ms",
+            # an embedding model has one latency per request and no tokens after it
+            f"{model['ttft_s']:g} s" if model["ttft_s"] is not None
+            else f"{model['latency_ms']:g} ms (embed)",
+            f"{model['tpot_s'] * 1000:g} ms" if model["tpot_s"] is not None else "—",
             f"{model['priority']:g}",
         )
         for model in summary["models"]

@@ -16,8 +16,10 @@ class RequestMix(_Frozen):
     """Mean request shape of a model's traffic."""
 
     input_tokens: int = Field(gt=0, le=1_048_576, description="mean prompt tokens per request")
-    output_tokens: int = Field(gt=0, le=1_048_576,
-                               description="mean generated tokens per request")
+    output_tokens: int = Field(default=0, ge=0, le=1_048_576,
+                               description="mean generated tokens per request; required for a "
+                                           "model that generates, left out for an embedding "
+                                           "model (it generates none)")
 
 
 class Demand(_Frozen):
@@ -44,10 +46,53 @@ class Demand(_Frozen):
 
 
 class SLO(_Frozen):
-    """Latency targets a template's throughput is measured under."""
+    """Latency targets a template's throughput is measured under: time to first token and time
+    per output token for a model that generates, one latency per request for an embedding
+    model."""
 
-    ttft_s: float = Field(gt=0, le=600, description="time to first token, seconds")
-    tpot_s: float = Field(gt=0, le=10, description="time per output token, seconds")
+    ttft_s: float | None = Field(default=None, gt=0, le=600,
+                                 description="time to first token, seconds (a model that "
+                                             "generates)")
+    tpot_s: float | None = Field(default=None, gt=0, le=10,
+                                 description="time per output token, seconds (a model that "
+                                             "generates)")
+    latency_ms: float | None = Field(
+        default=None, gt=0, le=600_000,
+        description="an embedding model's latency per request, milliseconds, from arrival to "
+                    "its answer (it generates no tokens, so it has no TTFT or TPOT)")
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> SLO:
+        generating = self.ttft_s is not None or self.tpot_s is not None
+        if generating and self.latency_ms is not None:
+            raise ValueError("give ttft_s and tpot_s (a model that generates) or latency_ms (an "
+                             "embedding model), not both")
+        if self.latency_ms is None and (self.ttft_s is None or self.tpot_s is None):
+            missing = "tpot_s" if self.ttft_s is not None else (
+                "ttft_s" if self.tpot_s is not None else "ttft_s and tpot_s")
+            raise ValueError(f"missing {missing}: a model that generates needs both ttft_s and "
+                             "tpot_s; an embedding model gives latency_ms instead")
+        return self
+
+    @property
+    def embedding(self) -> bool:
+        """True for an embedding model's SLO (one latency per request)."""
+        return self.latency_ms is not None
+
+    @property
+    def first_answer_s(self) -> float:
+        """Seconds to the first answer: TTFT, or an embedding model's whole latency (its only
+        answer)."""
+        value = self.latency_ms / 1000.0 if self.latency_ms is not None else self.ttft_s
+        assert value is not None  # _one_kind
+        return value
+
+    @property
+    def per_token_s(self) -> float:
+        """TPOT; an embedding model's latency (no token follows its answer, never binding)."""
+        value = self.tpot_s if self.tpot_s is not None else self.first_answer_s
+        assert value is not None  # _one_kind
+        return value
 
 
 class ModelConfig(_Frozen):
@@ -63,6 +108,13 @@ class ModelConfig(_Frozen):
         default=None,
         description="optional override: an entry of the built-in catalogue "
                     "(profiles/models.yaml) instead of the model's own config.json")
+    task: Literal["generate", "embed"] | None = Field(
+        default=None,
+        description="what the model serves: `generate` (chat and completions) or `embed` "
+                    "(/v1/embeddings, vLLM's pooling runner); unset = what its config.json "
+                    "says (an `...Model` architecture such as BertModel or XLMRobertaModel "
+                    "embeds, as vLLM decides). Set `embed` for a decoder checkpoint served as "
+                    "an embedding model (Qwen3-Embedding ships Qwen3ForCausalLM)")
     mix: RequestMix
     demand: Demand | Literal["auto"] = Field(
         description="{requests_per_s: N} or {output_tokens_per_s: N}, or `auto`: measured at the "
@@ -141,6 +193,35 @@ class ModelConfig(_Frozen):
                 f"max_replicas ({self.max_replicas}) is below min_replicas ({self.min_replicas})"
             )
         return self
+
+    @model_validator(mode="after")
+    def _task_and_slo(self) -> ModelConfig:
+        embedding = self.slo.embedding
+        if self.task == "embed" and not embedding:
+            raise _FieldError(("slo",), f"model {self.name!r} is an embedding model (task: "
+                              "embed): its SLO is one latency per request, slo: {latency_ms: N}")
+        if self.task == "generate" and embedding:
+            raise _FieldError(("slo", "latency_ms"), f"model {self.name!r} generates (task: "
+                              "generate): its SLO is {ttft_s: N, tpot_s: N}")
+        if embedding and self.mix.output_tokens:
+            raise _FieldError(("mix", "output_tokens"), f"model {self.name!r} is an embedding "
+                              "model (slo: latency_ms): it generates no tokens; drop "
+                              "mix.output_tokens")
+        if not embedding and not self.mix.output_tokens:
+            raise _FieldError(("mix", "output_tokens"), f"model {self.name!r} generates: give "
+                              "mix.output_tokens, its mean generated tokens per request")
+        if (embedding and self.demand != "auto"
+                and self.demand.output_tokens_per_s is not None):
+            raise _FieldError(("demand", "output_tokens_per_s"), f"model {self.name!r} is an "
+                              "embedding model: it generates no tokens; give requests_per_s")
+        return self
+
+    @property
+    def embedding(self) -> bool:
+        """True for an embedding model (served by vLLM's pooling runner at /v1/embeddings):
+        ``task: embed``, or an SLO of one latency per request. Once the model's config.json is
+        read (:mod:`coral_hpc.model_archs`) the two agree or the configuration is refused."""
+        return self.task == "embed" or self.slo.embedding
 
     @property
     def arch_key(self) -> str:

@@ -1,7 +1,8 @@
 """vLLM's OpenAI-compatible HTTP API over the sim engine (aiohttp).
 
 Routes: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions`` (streaming and not),
-``/health``, ``/metrics``, ``/version``. Response bodies, the SSE framing (``data: {json}\\n\\n``
+``/health``, ``/metrics``, ``/version``; an embedding model (``--runner pooling``) answers
+``/v1/embeddings`` in place of the two completion routes, as vLLM does. Response bodies, the SSE framing (``data: {json}\\n\\n``
 per chunk, a usage chunk with empty ``choices`` when ``stream_options.include_usage``, then
 ``data: [DONE]\\n\\n``) and error bodies follow vLLM 0.11's OpenAI server.
 
@@ -96,8 +97,14 @@ class SimAPI:
         metrics: EngineMetrics,
         served: ServedModel,
         api_key: str | None,
+        pooling: bool = False,
+        dims: int = 8,
     ):
         self.engine = engine
+        #: dimensions of the filler vectors /v1/embeddings answers (the model's hidden size)
+        self.dims = dims
+        #: an embedding model (vLLM's pooling runner): /v1/embeddings instead of completions
+        self.pooling = pooling
         self.metrics = metrics
         self.served = served
         self._api_key = api_key
@@ -117,8 +124,12 @@ class SimAPI:
         app.router.add_get("/metrics", self.metrics_text)
         app.router.add_get("/version", self.version)
         app.router.add_get("/v1/models", self.models)
-        app.router.add_post("/v1/completions", self.completions)
-        app.router.add_post("/v1/chat/completions", self.chat_completions)
+        # vLLM registers only the routes its runner serves: the others answer 404
+        if self.pooling:
+            app.router.add_post("/v1/embeddings", self.embeddings)
+        else:
+            app.router.add_post("/v1/completions", self.completions)
+            app.router.add_post("/v1/chat/completions", self.chat_completions)
         return app
 
     async def wait_quiet(self, timeout: float) -> bool:
@@ -186,6 +197,49 @@ class SimAPI:
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         body = await _json_body(request)
         return await self._generate(request, self._parse(body, chat=True))
+
+    async def embeddings(self, request: web.Request) -> web.Response:
+        """``POST /v1/embeddings``: each input is one prompt scheduled whole with the others
+        in flight; answered when its forward pass ends (a one-step request of the scheduler,
+        so its latency is the performance model's). The vectors are deterministic filler of
+        ``hidden`` dimensions, never a real embedding."""
+        body = await _json_body(request)
+        model = body.get("model") or self.served.names[0]
+        if model not in self.served.names:
+            raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+        inputs = _embedding_inputs(body.get("input"))
+        for _, tokens in inputs:
+            if tokens > self.served.max_model_len:
+                raise ApiError(400, f"This model's maximum context length is "
+                               f"{self.served.max_model_len} tokens. However, you requested "
+                               f"{tokens} tokens in the input for embedding generation. Please "
+                               "reduce the length of the input.", param="input")
+        handles = []
+        try:
+            for _, tokens in inputs:
+                try:
+                    # one step: the prompt's forward pass; the token it "produces" is the answer
+                    handles.append(self.engine.submit(tokens, 1, 0, 0.0))
+                except ValueError as exc:
+                    raise ApiError(400, str(exc)) from None
+            for handle in handles:
+                while True:
+                    event = await handle.events.get()
+                    if event is None:
+                        raise ApiError(503, "request aborted", "ServiceUnavailableError")
+                    if event.finished:
+                        break
+        finally:
+            for handle in handles:
+                self.engine.abort(handle)
+        data = [{"index": i, "object": "embedding", "embedding": _filler_vector(text, self.dims)}
+                for i, (text, _) in enumerate(inputs)]
+        prompt = sum(tokens for _, tokens in inputs)
+        return web.json_response({
+            "id": "embd-" + uuid.uuid4().hex, "object": "list", "created": int(time.time()),
+            "model": model, "data": data,
+            "usage": {"prompt_tokens": prompt, "total_tokens": prompt, "completion_tokens": 0},
+        })
 
     def _parse(self, body: dict[str, Any], chat: bool) -> _Job:
         model = body.get("model") or self.served.names[0]
@@ -426,6 +480,40 @@ def _completion_prompt(prompt: Any) -> tuple[str, int]:
         "(the sim engine serves one prompt per request)",
         param="prompt",
     )
+
+
+def _embedding_inputs(value: Any) -> list[tuple[str, int]]:
+    """(seed text, tokens) per input of ``/v1/embeddings``: a string, a list of strings, a
+    list of token ids, or a list of such lists (OpenAI's ``input`` forms)."""
+    def one(item: Any) -> tuple[str, int]:
+        if isinstance(item, str) and item:
+            return item, count_text_tokens(item)
+        if (isinstance(item, list) and item
+                and all(isinstance(t, int) and not isinstance(t, bool) for t in item)):
+            return ",".join(map(str, item)), len(item)
+        raise ApiError(400, "'input' must be a non-empty string, a list of token ids, or a "
+                            "list of either", param="input")
+
+    if isinstance(value, list) and value and all(isinstance(v, (str, list)) for v in value):
+        return [one(v) for v in value]
+    return [one(value)]
+
+
+def _filler_vector(text: str, dims: int) -> list[float]:
+    """A deterministic unit vector of ``dims`` numbers derived from ``text`` (filler, as the
+    sim's completion text is)."""
+    import hashlib
+    import math
+
+    raw: list[float] = []
+    counter = 0
+    while len(raw) < dims:
+        digest = hashlib.sha256(f"{counter}:{text}".encode()).digest()
+        raw += [b / 127.5 - 1.0 for b in digest]
+        counter += 1
+    raw = raw[:dims]
+    norm = math.sqrt(sum(x * x for x in raw)) or 1.0
+    return [x / norm for x in raw]
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:

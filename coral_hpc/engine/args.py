@@ -17,6 +17,10 @@ Sim-only flags:
   --sim-drain-timeout 30    seconds SIGTERM waits for in-flight requests before exiting
   --sim-default-max-tokens  max_tokens of a request that gives none (vLLM would fill the context)
 
+``--runner pooling`` (with ``--convert embed`` for a decoder checkpoint) is vLLM's too: the
+server then answers ``/v1/embeddings`` (one forward pass per request, the latency the planner's
+pooling model gives) and not completions, as vLLM registers only the routes its runner serves.
+
 ``--kv-transfer-config JSON`` is vLLM's: with it the server takes part in disaggregated serving
 (a request with ``kv_transfer_params.do_remote_decode`` is prefilled here and answered with the
 ``kv_transfer_params`` a decode replica needs; one with ``do_remote_prefill`` continues from KV a
@@ -77,6 +81,8 @@ class SimArgs:
     kv_transfer: dict | None = None
     #: the site catalogue file (models.yaml ``catalog:``) the GPU types may come from
     catalog: str | None = None
+    #: vLLM's --runner: 'pooling' serves /v1/embeddings only; 'auto' decides by architecture
+    runner: str = "auto"
 
 
 class UsageError(ValueError):
@@ -159,6 +165,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.9,
         help="fraction of GPU memory for weights + KV cache (sizes the KV cache)",
     )
+    # vLLM 0.32's runner flags: `--runner pooling` (and `--convert embed` for a decoder
+    # checkpoint) serves an embedding model at /v1/embeddings instead of completions
+    p.add_argument("--runner", choices=("auto", "generate", "pooling"), default="auto")
+    p.add_argument("--convert", choices=("auto", "none", "embed", "classify"), default="auto")
     p.add_argument("--kv-transfer-config", default=None,
                    help="vLLM's KV connector config (JSON): serve disaggregated requests")
     for flag in _IGNORED_WITH_VALUE:
@@ -242,6 +252,7 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> SimArg
         default_max_tokens=ns.sim_default_max_tokens,
         kv_transfer=kv_transfer,
         catalog=ns.sim_catalog,
+        runner="pooling" if ns.convert in ("embed", "classify") else ns.runner,
     )
 
 

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from coral_hpc.engine.batching import Batch
-from coral_solver import catalog, perf
+from coral_solver import catalog, perf, perf_pooling
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,14 @@ class StepModel:
         self._util = gpu_memory_utilization
         self._arch = catalog.model_arch(layout.arch)
         self._gpus = tuple(catalog.gpu_spec(g) for g in layout.gpu_types)
+        # a BERT-style encoder's tokens attend to the whole prompt, not half of it, as the
+        # planner's pooling capacity charges them (coral_solver.perf_pooling)
+        self._self_share = 1.0 if perf_pooling.bidirectional(self._arch) else 0.5
+
+    @property
+    def hidden(self) -> int:
+        """The architecture's hidden size (an embedding's dimensions)."""
+        return int(self._arch.hidden)
 
     @property
     def num_layers(self) -> int:
@@ -106,7 +114,8 @@ class StepModel:
         step instead of 48.6 ms). KV read: decodes read their context and the new token, chunks
         the KV of their earlier chunks."""
         prefill = batch.prefill_tokens
-        pairs = sum(chunk * (seq.computed + chunk / 2.0) for seq, chunk in batch.prefill)
+        pairs = sum(chunk * (seq.computed + chunk * self._self_share)
+                    for seq, chunk in batch.prefill)
         context = sum(s.computed + 1 for s in batch.decode) + sum(
             s.computed for s, _ in batch.prefill)
         return self.stage_times(batch.decode_seqs, prefill, context,

@@ -50,6 +50,7 @@ class Prepared:
     step_model: StepModel
     kv_capacity_tokens: int
     max_model_len: int
+    pooling: bool = False  # an embedding model: /v1/embeddings, no completions
 
     @property
     def fingerprint(self) -> str:
@@ -123,6 +124,11 @@ def prepare(args: SimArgs) -> Prepared:
                 f"the layer split {','.join(map(str, layers))} sums to {sum(layers)} but "
                 f"{arch.name} has {arch.layers} layers"
             )
+    if args.runner == "generate" and arch.pooling:
+        # vLLM's own refusal (vllm/config/model.py, ModelConfig._get_runner_type checks)
+        raise StartupError("Embedding models do not support `--runner generate`. Use "
+                           "`--runner pooling` or `--runner auto` for embedding models.")
+    pooling = args.runner == "pooling" or (args.runner == "auto" and arch.pooling)
     layout = Layout(arch=arch.name, tp=args.tp, gpu_types=tuple(g.name for g in gpus),
                     layers=tuple(layers))  # fmt: skip
     step_model = StepModel(layout, args.gpu_memory_utilization)
@@ -151,7 +157,7 @@ def prepare(args: SimArgs) -> Prepared:
         # vLLM would take the model's full context and fail when it exceeds the cache; the sim
         # takes what fits, so a bare command line always starts.
         max_model_len = min(arch.max_context, usable)
-    return Prepared(args, layout, step_model, capacity, max_model_len)
+    return Prepared(args, layout, step_model, capacity, max_model_len, pooling)
 
 
 def _log(message: str) -> None:
@@ -184,7 +190,8 @@ async def serve(prep: Prepared, api_key: str | None) -> int:
         default_max_tokens=args.default_max_tokens,
         fingerprint=prep.fingerprint,
     )
-    api = SimAPI(engine, metrics, served, api_key)
+    api = SimAPI(engine, metrics, served, api_key, pooling=prep.pooling,
+                 dims=prep.step_model.hidden)
     runner = web.AppRunner(
         api.app(), access_log=None, handler_cancellation=True, shutdown_timeout=1.0
     )
@@ -212,7 +219,8 @@ async def serve(prep: Prepared, api_key: str | None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
     _log(
-        f"SIMULATED engine (no inference) serving {', '.join(served.names)} on "
+        f"SIMULATED engine (no inference) serving {', '.join(served.names)}"
+        f"{' (embeddings)' if prep.pooling else ''} on "
         f"http://{host}:{port} — {prep.fingerprint}, KV cache {scheduler.total_blocks} blocks x "
         f"{args.block_size} tokens, max_model_len {served.max_model_len}, speed x{args.speed}"
         + (f", KV connector {args.kv_transfer['kv_connector']} "

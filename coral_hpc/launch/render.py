@@ -75,6 +75,7 @@ def _spec_context(spec: ReplicaSpec) -> dict[str, Any]:
                          if spec.kv_transfer_config else None),
         "max_model_len": spec.max_model_len,
         "engine_args": spec.engine_args,
+        "runner_args": spec.runner_args,
         "env_kind": spec.env_kind,
         "env": environment,
         # bound into Apptainer images at the same path, so HF_HOME means the same inside

@@ -110,6 +110,9 @@ class ReplicaSpec:
     health_timeout_s: float = 1800.0  # loading a large model from a network FS takes minutes
     drain_timeout_s: float = 60.0  # after SIGTERM, how long the engine may finish requests
     instance: str = ""  # coral_hpc.instance: the state folder's id, written into the job's tag
+    #: vLLM's runner flags of an embedding model (``--runner pooling``, ``--convert embed`` for
+    #: a decoder checkpoint); empty for a model that generates (:func:`runner_args`)
+    runner_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.stages:
@@ -253,6 +256,7 @@ class ReplicaSpec:
             for stage in data["stages"]
         )
         data["engine_args"] = tuple(data.get("engine_args", ()))
+        data["runner_args"] = tuple(data.get("runner_args", ()))
         return cls(**data)
 
     def write(self) -> Path:
@@ -360,7 +364,24 @@ def replica_spec(
         sim_arch=config.arch_key,
         sim_catalog=deployment.catalog,
         instance=instance,
+        runner_args=runner_args(config.embedding, config.arch_key),
     )
+
+
+def runner_args(embedding: bool, arch_key: str) -> tuple[str, ...]:
+    """vLLM flags that serve an embedding model at ``/v1/embeddings`` (vLLM 0.32:
+    ``--runner pooling``; ``--convert embed`` turns a ``...ForCausalLM`` checkpoint such as
+    Qwen3-Embedding into one, while a native embedding architecture, e.g. BertModel, needs
+    none). Empty for a model that generates: vLLM's ``--runner auto`` picks generate for it."""
+    if not embedding:
+        return ()
+    from coral_solver import catalog
+
+    try:
+        native = catalog.model_arch(arch_key).pooling
+    except KeyError:
+        native = False
+    return ("--runner", "pooling") if native else ("--runner", "pooling", "--convert", "embed")
 
 
 #: subfolder of ``<state_dir>/<deployment>`` where ExampleConnector keeps prompts' KV by default

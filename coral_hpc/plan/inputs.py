@@ -50,10 +50,13 @@ def model_specs(deployment: Deployment, demand_rps: Mapping[str, float] | None =
         inp, outp = (mix or {}).get(m.name, (m.mix.input_tokens, m.mix.output_tokens))
         out.append(ModelSpec(
             name=m.name, arch=m.arch_key, input_tokens=inp, output_tokens=outp,
-            ttft_s=m.slo.ttft_s, tpot_s=m.slo.tpot_s, demand_rps=float(rps or 0.0),
+            # an embedding model's latency per request is its time to first (and only) answer
+            ttft_s=m.slo.first_answer_s, tpot_s=m.slo.per_token_s, demand_rps=float(rps or 0.0),
             priority=m.priority, min_replicas=m.min_replicas, max_replicas=m.max_replicas,
             gpu_types=tuple(m.gpu_types), partitions=tuple(m.partitions),
-            disaggregation=deployment.policy.disaggregation, max_model_len=m.max_model_len,
+            # one forward pass per request: no phases to split
+            disaggregation="off" if m.embedding else deployment.policy.disaggregation,
+            max_model_len=m.max_model_len, pooling=m.embedding,
         ))
     return out
 

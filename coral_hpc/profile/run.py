@@ -115,8 +115,13 @@ def profile_tasks(deployment: Deployment, partitions: Sequence[str] = (),
         if name not in known_models:
             raise ProfileError(f"--model {name!r}: not in models of models.yaml "
                                f"(valid: {sorted(known_models)})")
+        if known_models[name].embedding:
+            raise ProfileError(f"--model {name!r} is an embedding model: `coral-hpc profile` "
+                               "measures generation (TTFT, TPOT); its capacity is modelled")
     tasks = []
-    for model in (known_models[m] for m in (models or list(known_models))):
+    # embedding models are not profiled (the profile measures generation): skipped when all
+    for model in (known_models[m] for m in (models or [m.name for m in deployment.models
+                                                        if not m.embedding])):
         for part in (known_parts[p] for p in (partitions or list(known_parts))):
             if model.partitions and part.name not in model.partitions:
                 continue
@@ -210,8 +215,8 @@ def run_profiles(deployment: Deployment, tasks: Sequence[ProfileTask], client: P
             model = deployment.model(task.model)
             measured = measure_engine(
                 endpoint.url, task.model, api_key=api_key,
-                slos=[(model.mix.input_tokens, model.mix.output_tokens, model.slo.ttft_s,
-                       model.slo.tpot_s)],
+                slos=[(model.mix.input_tokens, model.mix.output_tokens,
+                       model.slo.first_answer_s, model.slo.per_token_s)],
                 progress=lambda m: progress(f"  {m}"),
             )
             version = _engine_version(endpoint.url, api_key)

@@ -79,6 +79,9 @@ class ModelArch:
     kv_bytes_per_token: int  # all layers, K and V, 16-bit
     quantization: str  # 'bf16' | 'mxfp4' | 'fp8' ...
     tied_embeddings: bool = False
+    #: an embedding (pooling) model: one forward pass over the prompt, no decode, no lm_head
+    #: (vLLM's pooling runner; coral_solver.hf_encoder, coral_solver.perf_pooling)
+    pooling: bool = False
 
     @property
     def embedding_bytes(self) -> float:

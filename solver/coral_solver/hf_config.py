@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from coral_solver import hf_encoder
 from coral_solver.catalog import ModelArch
 
 __all__ = ["FAMILIES", "HfConfigError", "HfModel", "Support", "arch_from_config_json",
@@ -327,6 +328,8 @@ def model_from_config(config: dict[str, Any], name: str | None = None) -> HfMode
         raise HfConfigError("config.json: expected a JSON object at the top level")
     cfg = _text_config(config)
     model_type = str(cfg.get("model_type") or "").lower()
+    if model_type in hf_encoder.ENCODER_TYPES:  # BERT-style embedding encoders: their own count
+        return _encoder_model(config, cfg, model_type, name)
     generic = model_type not in FAMILIES
 
     layers = _int(cfg, "num_hidden_layers", "n_layer", "num_layers")
@@ -386,11 +389,27 @@ def model_from_config(config: dict[str, Any], name: str | None = None) -> HfMode
         params_b=total / 1e9, active_params_b=active / 1e9, vocab=vocab, max_context=max_context,
         weight_bytes=weight_bytes, kv_bytes_per_token=int(kv_per_layer * layers),
         quantization=label, tied_embeddings=tied,
+        pooling=hf_encoder.architecture_pools(config),  # e.g. Qwen2Model: vLLM embeds with it
     )
     return HfModel(arch=arch, model_type=model_type, generic=generic, dtype=dtype,
                    quant_method=quant, weight_bits=bits, mla=mla, sliding_window=window,
                    sliding_layers=sliding, shared_experts=ffn.shared,
                    dense_layers=ffn.dense_layers if ffn.experts else 0)
+
+
+def _encoder_model(config: dict[str, Any], cfg: dict[str, Any], model_type: str,
+                   name: str | None) -> HfModel:
+    """A BERT-style encoder (:mod:`coral_solver.hf_encoder`): an embedding model, unquantised."""
+    dtype = _DTYPES.get(str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32").lower(),
+                        "fp32")
+    key = (name or str(config.get("_name_or_path") or model_type)).lower()
+    try:
+        arch = hf_encoder.encoder_arch(cfg, key, dtype)
+    except ValueError as exc:
+        raise HfConfigError(str(exc)) from None
+    return HfModel(arch=arch, model_type=model_type, generic=False, dtype=dtype,
+                   quant_method=None, weight_bits=16.0, mla=False, sliding_window=None,
+                   sliding_layers=0, shared_experts=0, dense_layers=0)
 
 
 def _weight_bytes(quant: str | None, bits: float, total: float, embed: float,

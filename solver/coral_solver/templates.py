@@ -118,6 +118,12 @@ class PerfThroughput:
     def throughput(self, model: ModelSpec, gpu_type: str, tp: int, layers: int, stages: int) -> float:
         if not self.kv_fits(model, gpu_type, tp, layers):
             return 0.0
+        if model.pooling:  # an embedding model: prompts/s within its latency per request
+            from coral_solver import perf_pooling
+
+            return float(perf_pooling.pooling_throughput(
+                self._arch(model), self._gpu(gpu_type), tp, layers, stages, model.ttft_s,
+                model.input_tokens))
         slo = self._perf.Slo(ttft_s=model.ttft_s, tpot_s=model.tpot_s)
         mix = self._perf.Mix(input_tokens=model.input_tokens, output_tokens=model.output_tokens)
         return float(
@@ -142,6 +148,8 @@ class PerfThroughput:
     def measured(self, model: ModelSpec, gpu_type: str, tp: int) -> bool:
         """Whether a measured single-stage point of (model, GPU type, TP) applies to the model's
         mix and SLO (so a one-stage template's figure is the measurement)."""
+        if model.pooling:
+            return False  # `coral-hpc profile` measures generation; embeddings are modelled
         slo = self._perf.Slo(ttft_s=model.ttft_s, tpot_s=model.tpot_s)
         mix = self._perf.Mix(input_tokens=model.input_tokens, output_tokens=model.output_tokens)
         return self._perf.has_measured_throughput(self._arch(model), self._gpu(gpu_type), tp,
@@ -151,6 +159,8 @@ class PerfThroughput:
                            ) -> list[tuple[tuple[str, ...], tuple[int, ...], float]]:
         """(GPU type per stage, layers per stage, replica requests/s) of every measured pipeline
         of ``model`` at TP ``tp`` that served the model's mix within its SLO or a stricter one."""
+        if model.pooling:
+            return []
         arch = self._arch(model)
         slo = self._perf.Slo(ttft_s=model.ttft_s, tpot_s=model.tpot_s)
         mix = self._perf.Mix(input_tokens=model.input_tokens, output_tokens=model.output_tokens)
@@ -189,11 +199,12 @@ class PerfThroughput:
         return perf_roles.kv_bytes_per_request(self._arch(model), mix)
 
     def fingerprint(self) -> str:
-        from coral_solver import perf_roles
+        from coral_solver import perf_pooling, perf_roles
         from coral_solver.resources import profiles_dir
 
         digest = hashlib.sha256()
         digest.update(Path(perf_roles.__file__).read_bytes())
+        digest.update(Path(perf_pooling.__file__).read_bytes())
         for path in sorted(profiles_dir().rglob("*")):
             if path.is_file():
                 digest.update(str(path.relative_to(profiles_dir())).encode())
@@ -482,7 +493,7 @@ def _cache_key(
         "version": CACHE_VERSION,
         "model": named + [model.arch, model.input_tokens, model.output_tokens,
                           model.ttft_s, model.tpot_s, sorted(model.gpu_types),
-                          model.max_model_len],
+                          model.max_model_len] + (["pooling"] if model.pooling else []),
         "roles": list(roles_for(model)),
         "gpus": sorted([g, list(v)] for g, v in gpu_types.items()),
         "policy": [policy.n_max, policy.rho, policy.heterogeneous, policy.max_tp,

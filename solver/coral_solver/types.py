@@ -49,6 +49,10 @@ class ModelSpec:
     #: tokens one request may hold (vLLM ``--max-model-len``); every stage's KV cache must hold
     #: them, or vLLM refuses to start. None: the model's own context, not checked
     max_model_len: int | None = None
+    #: an embedding model served by vLLM's pooling runner: one forward pass per request, no
+    #: decode. Its latency per request is ``ttft_s`` (the time to its only answer); ``tpot_s``
+    #: and ``output_tokens`` are not read (coral_solver.perf_pooling)
+    pooling: bool = False
 
     def allows_gpu(self, gpu_type: str) -> bool:
         return not self.gpu_types or gpu_type in self.gpu_types
