@@ -596,6 +596,8 @@ def summarise(run: Run, left: dict, args: argparse.Namespace, seconds: float) ->
                      "mean_gap_s": args.mean_gap_s, "time_limit": args.time_limit,
                      "drain_s": args.drain_s, "outage_s": args.outage_s,
                      "taken_s": args.taken_s},
+        "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
+                                 capture_output=True, text=True, check=False).stdout.strip(),
         "wall_s": round(seconds, 1),
         "requests": {"sent": len(run.answers), "failed": len(failed),
                      "failed_while_gateway_killed": len(failed) - len(counted),
@@ -642,9 +644,10 @@ def markdown(r: dict) -> str:
               f"faults at exponential gaps, mean {settings['mean_gap_s']:g} s")
     return f"""# Chaos soak (`bench/chaos.py`)
 
-{r['when']}: `coral-hpc serve` of two sim-engine models (min_replicas 2 each) on the local
-cluster's a100 and v100 partitions for {r['wall_s'] / 60:.0f} min ({faults}), time limit
-{settings['time_limit']} (every replica rotated for its walltime), two clients each sending a
+{r['when']} (code {r['commit']}): `coral-hpc serve` of two sim-engine models
+(min_replicas 2 each) on the local cluster's a100 and v100 partitions for
+{r['wall_s'] / 60:.0f} min ({faults}), time limit {settings['time_limit']} (every
+replica rotated for its walltime), two clients each sending a
 request every {PAUSE_S:g} s through the gateway; {r['host']['cpus']} CPUs, load average
 {r['host']['load_avg_1m_at_end']} at the end.
 
