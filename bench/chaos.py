@@ -703,6 +703,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # SIGTERM (a CI timeout, a kill) ends the run through the finally below: nothing left up
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     env = dict(os.environ)
     env.setdefault("SLURM_CONF", DEV_SLURM_CONF)
     os.environ["SLURM_CONF"] = env["SLURM_CONF"]
