@@ -67,6 +67,7 @@ from coral_hpc.gateway.routing import ReplicaState, Router
 from coral_hpc.gateway.streaming import SSEFramer, StreamUsage, error_event
 from coral_hpc.gateway.table import RoutingTableError, read_routing_table
 from coral_hpc.gateway.upstream import UpstreamError, UpstreamPool
+from coral_hpc.gateway.wake import WakeMetrics, WakePolicy, Waker, WakeSignal
 
 log = logging.getLogger("coral_hpc.gateway")
 
@@ -126,6 +127,9 @@ class GatewaySettings:
     access_log_days: float = 90.0                # retention.access_log_days
     demand_window_s: float = 10.0                # policy.demand_window_s: arrivals per window
     demand_windows: int = 20                     # policy.demand_windows: windows kept
+    #: models scaled to zero: a request while none is READY wakes them (coral_hpc.gateway.wake)
+    wake: dict[str, WakePolicy] = field(default_factory=dict)
+    wake_dir: Path | None = None                 # where wakes are asked for (the state folder)
 
 
 class _Outcome:
@@ -264,6 +268,8 @@ class Gateway:
         self.metrics = GatewayMetrics(self._ready_counts)
         self.disagg = Disaggregation(self)  # prefill → decode for disaggregated models
         self.limiter = RateLimiter()          # per-key rpm/tpm (keys file fields)
+        self.waker = Waker(dict(settings.wake), WakeSignal(settings.wake_dir),
+                           WakeMetrics(self.metrics.registry), settings.retry_after_s)
         self._configured = set(settings.models)
         self._known = set(settings.models)
         self._keys = keys
@@ -432,6 +438,7 @@ class Gateway:
                         path, table.version, self.router.version)
             return
         diff, dropped = self.router.apply(table)
+        self.waker.info = dict(table.wake)
         self._known = self._configured | set(table.models)
         for state in dropped:
             if state.outstanding == 0:
@@ -649,13 +656,25 @@ class Gateway:
             children.latency.observe(time.perf_counter() - started)
             return response
         replica = self.router.choose(model)
-        if replica is None:
+        if replica is None and self.waker.scaled(model):
+            # scaled to zero: wake it, and hold the request or answer 503 with Retry-After
+            self.meter.record_arrival(model, key)
+            replica, refused = await self.waker.replica_for(
+                model, request.headers, lambda: self.router.choose(model), self._catch_up_table)
+            if replica is None:
+                assert refused is not None
+                children.rejected.inc()
+                why, message, retry = refused
+                return _error(503, message, "service_unavailable",
+                              headers={"Retry-After": str(retry)} if retry else None)
+        elif replica is None:
             self.meter.record_arrival(model, key, rejected=True)
             children.rejected.inc()
             return _error(503, f"model {model!r} has no READY replica now; retry later",
                           "service_unavailable",
                           headers={"Retry-After": str(self.settings.retry_after_s)})
-        self.meter.record_arrival(model, key)
+        else:
+            self.meter.record_arrival(model, key)
         started = time.perf_counter()
         tried: list[ReplicaState] = []
         while True:

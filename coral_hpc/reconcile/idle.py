@@ -97,6 +97,17 @@ class IdleTracker:
         self.seeded = True
 
     @property
+    def rules(self) -> Mapping[str, IdleRule]:
+        """Each tracked model's rule."""
+        return dict(self._rules)
+
+    def force_cold(self, model: str, now: float) -> None:
+        """Make ``model`` cold now (a wake that can never succeed), its threshold back to T."""
+        if model in self._rules:
+            state = self._states.setdefault(model, _State())
+            state.cold_since, state.waking_since, state.doublings = now, None, 0
+
+    @property
     def tracked(self) -> frozenset[str]:
         """The models with ``idle_after``."""
         return frozenset(self._rules)

@@ -75,7 +75,6 @@ def test_a_request_wakes_a_cold_model_once_and_others_share_the_wake():
 
 
 def test_a_long_wake_is_not_dropped_while_a_request_is_held():
-    clock = VirtualClock(now=0.0)
     tracker = IdleTracker({"m": IdleRule(idle_after_s=60.0, wake_timeout_s=600.0)})
     tracker.seed({}, (), 0.0)
     tracker.step(0.0, {})
