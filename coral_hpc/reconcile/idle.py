@@ -65,6 +65,8 @@ class _State:
     cold_since: float | None = None
     waking_since: float | None = None
     doublings: int = 0
+    #: cold because it idled (not because nothing was on record): a quick wake is a flap
+    idled: bool = False
 
 
 class IdleTracker:
@@ -106,6 +108,7 @@ class IdleTracker:
         if model in self._rules:
             state = self._states.setdefault(model, _State())
             state.cold_since, state.waking_since, state.doublings = now, None, 0
+            state.idled = False
 
     @property
     def tracked(self) -> frozenset[str]:
@@ -163,13 +166,14 @@ class IdleTracker:
         if state.cold_since is None:
             return None
         cold_for = at - state.cold_since
-        if cold_for < self._rules[model].idle_after_s:
+        if state.idled and cold_for < self._rules[model].idle_after_s:
             state.doublings = min(MAX_DOUBLINGS, state.doublings + 1)
         else:
             state.doublings = 0
         state.cold_since = None
         state.waking_since = at
-        reason = f"a request after {cold_for:.0f}s cold"
+        reason = (f"a request after {cold_for:.0f}s cold" if state.idled
+                  else "a request (no earlier one on record)")
         if state.doublings:
             reason += (f"; woken soon after going cold, so it now stays warm "
                        f"{self.threshold_s(model):.0f}s without requests")
@@ -195,6 +199,7 @@ class IdleTracker:
             if idle is None or idle >= limit:
                 state.cold_since = now
                 state.waking_since = None
+                state.idled = idle is not None
                 why = ("no request on record" if idle is None
                        else f"no request for {idle:.0f}s (idle_after {limit:.0f}s)")
                 out.append(Transition(model, Temperature.COLD, now, why))
