@@ -656,15 +656,30 @@ class Gateway:
             children.latency.observe(time.perf_counter() - started)
             return response
         replica = self.router.choose(model)
+        early: StreamResponse | None = None  # a held stream's answer, begun before the hold
         if replica is None and self.waker.scaled(model):
             # scaled to zero: wake it, and hold the request or answer 503 with Retry-After
             self.meter.record_arrival(model, key)
-            replica, refused = await self.waker.replica_for(
-                model, request.headers, lambda: self.router.choose(model), self._catch_up_table)
+            tick = None
+            if stream and self.waker.holds(model, request.headers):
+                early = StreamResponse(status=200, headers={
+                    "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                    "X-Accel-Buffering": "no"})
+                tick = _keepalive(request, early, model)
+            try:
+                replica, why_not = await self.waker.replica_for(
+                    model, request.headers, lambda: self.router.choose(model),
+                    self._catch_up_table, tick)
+            except ConnectionResetError:  # the client left a held stream
+                self.metrics.errors.labels(model, "client_gone").inc()
+                assert early is not None
+                return early
             if replica is None:
-                assert refused is not None
+                assert why_not is not None
                 children.rejected.inc()
-                why, message, retry = refused
+                _, message, retry = why_not
+                if early is not None:  # the 200 head is out: the stream says why and ends
+                    return await _end_early(early, message, 503)
                 return _error(503, message, "service_unavailable",
                               headers={"Retry-After": str(retry)} if retry else None)
         elif replica is None:
@@ -683,7 +698,7 @@ class Gateway:
             try:
                 if stream:
                     response = await self._forward_stream(request, current, body, payload, key,
-                                                          children, started)
+                                                          children, started, early)
                 else:
                     response = await self._forward(request, current, body, payload, key)
                 break
@@ -703,12 +718,17 @@ class Gateway:
                            if len(tried) <= self.settings.max_retries else None)
                 if replica is None:
                     self.metrics.errors.labels(model, "upstream_failed").inc()
-                    return _error(502, f"{len(tried)} replica(s) of {model!r} failed: {exc}",
-                                  "upstream_error")
+                    message = f"{len(tried)} replica(s) of {model!r} failed: {exc}"
+                    if early is not None:
+                        return await _end_early(early, message, 502)
+                    return _error(502, message, "upstream_error")
                 self.metrics.retries.labels(model).inc()
             finally:
                 self._done_with(current)
         children.latency.observe(time.perf_counter() - started)
+        if early is not None and response is not early:
+            # every replica answered an error after the held stream's head went out
+            return await _end_early(early, _error_text(response), response.status)
         return response
 
     def _done_with(self, state: ReplicaState) -> None:
@@ -835,7 +855,8 @@ class Gateway:
         self.meter.record_tokens(model, key, prompt, generated, estimated)
 
     async def _forward_stream(self, request: Request, replica: ReplicaState, body: bytes,
-                              payload: dict, key: str, children, started: float
+                              payload: dict, key: str, children, started: float,
+                              early: StreamResponse | None = None
                               ) -> Response | StreamResponse:
         pool, conn = await self._post(replica, request.path, body)
         _noted(request, replica, None)   # answering: named even if the client leaves mid-way
@@ -864,7 +885,7 @@ class Gateway:
             if not first:
                 raise _UpstreamFailed("the replica closed the stream before its first chunk")
             children.ttft.observe(time.perf_counter() - started)
-            out = StreamResponse(status=200, headers={
+            out = early or StreamResponse(status=200, headers={
                 "Content-Type": content_type, "Cache-Control": "no-cache",
                 "X-Accel-Buffering": "no"})
             options = payload.get("stream_options")
@@ -882,7 +903,8 @@ class Gateway:
                         conn.pause()       # the client is not reading: neither do we
 
             try:
-                await out.prepare(request)
+                if out is not early:  # a held stream's head went out before the hold
+                    await out.prepare(request)
                 out.on_resume = conn.resume
                 forward(first)
                 try:
@@ -915,6 +937,34 @@ class Gateway:
             # back to the pool when the answer was read whole, else closed: the replica sees the
             # request cancelled
             pool.release(conn)
+
+
+def _keepalive(request: Request, early: StreamResponse, model: str):
+    """A held stream's tick: the 200 head at first, then an SSE comment line (clients skip
+    comments) saying the model is waking."""
+    async def tick() -> None:
+        if early._conn is None:
+            await early.prepare(request)
+        await early.write(f": waking {model}\n\n".encode())
+    return tick
+
+
+async def _end_early(early: StreamResponse, message: str, status: int) -> StreamResponse:
+    """End a held stream whose head went out with an SSE error event saying why."""
+    try:
+        await early.write(error_event(message, status))
+        await early.write_eof()
+    except ConnectionResetError:
+        pass  # the client left while held
+    return early
+
+
+def _error_text(response: Response | StreamResponse) -> str:
+    """The message of an error answer (OpenAI's shape), or its status."""
+    try:
+        return str(json.loads(getattr(response, "body", b""))["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return f"the replica answered {response.status}"
 
 
 def _noted(request: Request, replica: ReplicaState, counts: tuple[int, int, bool] | None) -> None:

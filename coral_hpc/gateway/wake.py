@@ -21,7 +21,7 @@ import asyncio
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,10 @@ WAKE_DIR_NAME = "wake"
 RESIGNAL_S = 5.0
 #: how often a held request looks for a READY replica (the gateway's table poll is 0.5 s)
 HOLD_POLL_S = 0.25
+#: A held stream gets an SSE comment line this often (and one at once, with the 200 head):
+#: well inside the 60 s a reverse proxy waits for a byte by default (nginx
+#: ``proxy_read_timeout``), so no proxy between client and gateway closes a held stream.
+COMMENT_S = 15.0
 #: the client header choosing hold or reject for one request
 WAKE_HEADER = "coral-wake"
 #: Retry-After bounds: at least a second, at most an hour (no client waits longer)
@@ -103,17 +107,26 @@ def chosen_mode(policy: WakePolicy, headers: Any) -> str:
 
 
 async def hold(find: Callable[[], Any], timeout_s: float,
-               gone: Callable[[], bool] = lambda: False) -> Any:
+               gone: Callable[[], bool] = lambda: False,
+               tick: Callable[[], Awaitable[None]] | None = None,
+               tick_s: float = COMMENT_S) -> Any:
     """Call ``find`` every :data:`HOLD_POLL_S` until it returns something (a READY replica) or
-    ``timeout_s`` passes or ``gone`` says the wake can never succeed; what it found, or None."""
-    deadline = time.monotonic() + timeout_s
+    ``timeout_s`` passes or ``gone`` says the wake can never succeed; what it found, or None.
+    ``tick`` (a held stream's comment line) is awaited at once and every ``tick_s``."""
+    began = time.monotonic()
+    deadline = began + timeout_s
+    next_tick = began
     while True:
         found = find()
         if found is not None or gone():
             return found
-        left = deadline - time.monotonic()
+        now = time.monotonic()
+        left = deadline - now
         if left <= 0:
             return None
+        if tick is not None and now >= next_tick:
+            await tick()
+            next_tick = now + tick_s
         await asyncio.sleep(min(HOLD_POLL_S, left))
 
 
@@ -177,17 +190,28 @@ class Waker:
         """True when ``model`` is scaled to zero (its requests wake it)."""
         return model in self.policies
 
+    def holds(self, model: str, headers: Any) -> bool:
+        """True when a request for ``model`` with ``headers`` would be held (not refused at
+        once): what tells a stream to send its head before the hold."""
+        info = self.info.get(model)
+        return (not (info is not None and info.impossible)
+                and chosen_mode(self.policies[model], headers) == "hold")
+
     async def replica_for(self, model: str, headers: Any, choose: Callable[[], Any],
-                          catch_up: Callable[[], None]) -> tuple[Any, tuple[str, str, int] | None]:
+                          catch_up: Callable[[], None],
+                          tick: Callable[[], Awaitable[None]] | None = None,
+                          ) -> tuple[Any, tuple[str, str, int] | None]:
         """A READY replica of ``model`` after a wake, or why not: (None, (why, message,
-        retry_after_s)). ``choose`` picks a READY replica, ``catch_up`` re-reads the table."""
+        retry_after_s)). ``choose`` picks a READY replica, ``catch_up`` re-reads the table,
+        ``tick`` keeps a held stream alive."""
         policy = self.policies[model]
-        if self.signal.ask(model):
-            self.metrics.signals.labels(model).inc()
         info = self.info.get(model)
         if info is not None and info.impossible:
+            # no wake asked: it would fail again (a reload of models.yaml tries afresh)
             self.metrics.refused.labels(model, "impossible").inc()
             return None, ("impossible", f"model {model!r} cannot be woken: {info.impossible}", 0)
+        if self.signal.ask(model):
+            self.metrics.signals.labels(model).inc()
         if chosen_mode(policy, headers) == "reject":
             self.metrics.refused.labels(model, "reject").inc()
             retry = retry_after_s(info, self.default_retry_s)
@@ -205,7 +229,7 @@ class Waker:
             found = self.info.get(model)
             return found is not None and bool(found.impossible)
 
-        replica = await hold(find, policy.timeout_s, gone)
+        replica = await hold(find, policy.timeout_s, gone, tick)
         self.metrics.wait.labels(model).observe(time.monotonic() - began)
         if replica is not None:
             return replica, None
