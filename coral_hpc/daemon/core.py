@@ -202,6 +202,7 @@ class Daemon:
         self.nudge = threading.Event()
         #: models no partition can ever run, and why (a wake of them fails at once)
         self.unservable: dict[str, str] = {}
+        self.typical_startup_s = 0.0  # learnt each cycle (_learn_startup)
 
     # ------------------------------------------------------------------ configuration
 
@@ -278,8 +279,10 @@ class Daemon:
     def _learn_startup(self) -> None:
         """Rotate replicas at least one start-up time ahead of their walltime: the slowest
         recent one (``reconcile.startup.lead_startup_s``)."""
-        startup = lead_startup_s(self.store.startups(limit=50),
-                                 self.deployment.policy.startup_time_s)
+        observed = self.store.startups(limit=50)
+        # a wake's Retry-After uses the typical start-up, walltime leads the slowest
+        self.typical_startup_s = learned_startup_s(observed, self.deployment.policy.startup_time_s)
+        startup = lead_startup_s(observed, self.deployment.policy.startup_time_s)
         if startup != self.settings.startup_s:
             self.settings = replace(self.settings, startup_s=startup)
             self.observer.settings = self.actor.settings = self.settings
@@ -332,7 +335,8 @@ class Daemon:
         for change in changes:
             self.metrics.scale_to_zero.labels(change.model, change.to.value).inc()
             self.store.add_event(now, f"scale_{change.to.value}",
-                                 f"{change.model} {change.to.value}: {change.reason}")
+                                 f"{change.model} {change.to.value}: {change.reason}",
+                                 model=change.model)
             if change.to is Temperature.COLD:
                 triggers.append(Trigger(TriggerKind.IDLE, f"{change.model} went cold "
                                                           f"({change.reason})"))
@@ -439,7 +443,8 @@ class Daemon:
             self.unservable[name] = why
             self.idle.force_cold(name, now)
             self.metrics.scale_to_zero.labels(name, "impossible").inc()
-            self.store.add_event(now, "scale_impossible", f"{name} cannot be woken: {why}")
+            self.store.add_event(now, "scale_impossible", f"{name} cannot be woken: {why}",
+                                 model=name)
         return bool(names)
 
     def _plan_failed(self, now: float, exc: Exception) -> None:
@@ -466,7 +471,7 @@ class Daemon:
         models = [m.name for m in self.deployment.models]
         self.metrics.set_replicas(models, [(f.record.model, statuses[f.record.id].state)
                                            for f in current])
-        startup = self.settings.startup_s or self.deployment.policy.startup_time_s
+        startup = self.typical_startup_s or self.deployment.policy.startup_time_s
         return self.publisher.publish(
             ready_routes(models, current, statuses),
             wake_infos(self.idle, current, statuses, startup, now, self.unservable))

@@ -15,8 +15,10 @@ from pathlib import Path
 
 from coral_hpc.atomic import write_atomic
 from coral_hpc.daemon.observed import LiveFacts, as_observed, record_from_row
+from coral_hpc.daemon.temperature import latest_scale_events, model_temperatures
 from coral_hpc.demand import plan_for_words
 from coral_hpc.reconcile import ReconcileSettings, ReplicaFacts, ReplicaState, replica_status
+from coral_hpc.reconcile.startup import learned_startup_s
 from coral_hpc.types import ShapeExclusion
 
 STATUS_FILE_NAME = "status.json"
@@ -102,6 +104,10 @@ def status_data(deployment, store, now: float, live: LiveFacts | None = None) ->
             "observed_at": (live.observed_at if source == "slurm" and live is not None
                             and r.job_id is not None else r.last_seen_at),
         })
+    # scale to zero: cold / waking (with Slurm's estimate) / warm, per model scaled to zero
+    startup = learned_startup_s(store.startups(limit=50), deployment.policy.startup_time_s)
+    scale = model_temperatures(deployment, records, statuses, latest_scale_events(store),
+                               startup)
     models = []
     for m in deployment.models:
         ready = [r for r in records if r.model == m.name
@@ -125,6 +131,7 @@ def status_data(deployment, store, now: float, live: LiveFacts | None = None) ->
             "ready_replicas": len(ready),
             "planned_replicas": sum(row["count"] for row in (plan.rows if plan else [])
                                     if row.get("model") == m.name),
+            "scale": scale.get(m.name),
         })
     rows = []
     for row in plan.rows if plan else []:

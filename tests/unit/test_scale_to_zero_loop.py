@@ -190,3 +190,40 @@ def test_a_restart_during_a_wake_goes_on_with_it(tmp_path):
     assert not again.slurm.cancelled
     assert again.table().wake[MODEL].state == "waking"
     again.close()
+
+
+def _scale(loop):
+    from coral_hpc.daemon.status_file import status_data
+    data = status_data(loop.deployment, loop.store, loop.clock.now)
+    return {m["name"]: m["scale"] for m in data["models"]}
+
+
+def test_status_shows_cold_waking_with_slurms_estimate_then_warm_and_cold_again(tmp_path):
+    from coral_hpc.cli.status import scale_words
+
+    loop = ScaledLoop(tmp_path, _planner())
+    loop.cycle()
+    assert _scale(loop)[MODEL]["state"] == "cold"
+    WakeSignal(loop.wakes).ask(MODEL)
+    loop.cycle(1)
+    (record,) = loop.live()
+    start = loop.clock.now + 600  # a busy cluster: Slurm expects to start it in 10 minutes
+    loop.store.update_replica(record.id, expected_start=start)
+    scale = _scale(loop)[MODEL]
+    assert scale["state"] == "waking" and scale["expected_start"] == start
+    assert scale["ready_by"] == start + loop.deployment.policy.startup_time_s
+    words = scale_words(scale, loop.clock.now)
+    assert words.startswith("waking (Slurm starts it") and "READY ~" in words
+    assert _scale(loop)["phi-4"]["state"] == "cold"
+    loop.serve(record.id)
+    loop.cycle(2)
+    assert _scale(loop)[MODEL]["state"] == "warm"
+    loop.cycle(IDLE + 10)
+    loop.cycle(loop.settings.drain_grace_s + 1)
+    assert _scale(loop)[MODEL]["state"] == "cold"
+    counted = {(s.labels["model"], s.labels["to"]): s.value
+               for metric in loop.daemon.metrics.registry.collect()
+               if metric.name == "coral_scale_to_zero_transitions"
+               for s in metric.samples if s.name.endswith("_total")}
+    assert counted[(MODEL, "waking")] == 1 and counted[(MODEL, "warm")] == 1
+    assert counted[(MODEL, "cold")] == 2  # at the start, and after idling
