@@ -17,7 +17,7 @@ from coral_hpc.reconcile.observe import Observer
 from coral_hpc.reconcile.settings import ReconcileSettings
 from coral_hpc.store import DemandInterval, open_store
 from tests.fakes.slurm import FakeSlurm, recorded_snapshot
-from tests.unit.test_reconcile_loop import EXAMPLE, ScriptedPlanner, Loop, slot, ticking_clock
+from tests.unit.test_reconcile_loop import EXAMPLE, Loop, ScriptedPlanner, slot, ticking_clock
 
 IDLE = 1200.0
 MODEL = "qwen3-8b"
