@@ -227,3 +227,38 @@ def test_status_shows_cold_waking_with_slurms_estimate_then_warm_and_cold_again(
                for s in metric.samples if s.name.endswith("_total")}
     assert counted[(MODEL, "waking")] == 1 and counted[(MODEL, "warm")] == 1
     assert counted[(MODEL, "cold")] == 2  # at the start, and after idling
+
+
+def test_a_wake_racing_the_drain_of_its_last_replica_gets_a_new_one(tmp_path):
+    """The model went cold and its replica is draining when a request comes: the drain goes
+    on (requests in flight finish on it), and the wake submits a successor at once."""
+    loop = ScaledLoop(tmp_path, _planner())
+    loop.cycle()
+    WakeSignal(loop.wakes).ask(MODEL)
+    loop.cycle(1)
+    (first,) = loop.live()
+    loop.serve(first.id)
+    loop.cycle(2)
+    loop.cycle(IDLE + 10)
+    assert loop.store.replica(first.id).drain_requested_at is not None
+    WakeSignal(loop.wakes).ask(MODEL)
+    loop.cycle(1)
+    live = {r.id: r for r in loop.live()}
+    assert first.id in live and len(live) == 2  # the draining one and its successor
+    loop.cycle(loop.settings.drain_grace_s + 1)
+    assert first.job_id in [c[0] for c in loop.slurm.cancelled]
+    (second,) = [r for r in loop.live() if r.id != first.id]
+    assert second.drain_requested_at is None
+    assert loop.table().wake[MODEL].state == "waking"
+
+
+def test_a_wake_between_two_plans_does_not_wait_for_the_interval_and_reload_keeps_state(tmp_path):
+    loop = ScaledLoop(tmp_path, _planner())
+    loop.cycle()
+    loop.cycle(loop.settings.replan_interval_s - 5)  # a plan is due in 5 s
+    WakeSignal(loop.wakes).ask(MODEL)
+    loop.cycle(1)
+    assert [r.model for r in loop.live()] == [MODEL]
+    loop.daemon.reload(loop.deployment)  # SIGHUP with the same file: the wake goes on
+    loop.cycle(1)
+    assert [r.model for r in loop.live()] == [MODEL] and MODEL not in loop.daemon.idle.cold()
