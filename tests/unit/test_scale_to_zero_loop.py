@@ -262,3 +262,33 @@ def test_a_wake_between_two_plans_does_not_wait_for_the_interval_and_reload_keep
     loop.daemon.reload(loop.deployment)  # SIGHUP with the same file: the wake goes on
     loop.cycle(1)
     assert [r.model for r in loop.live()] == [MODEL] and MODEL not in loop.daemon.idle.cold()
+
+
+def test_a_nudge_cuts_the_reconcile_wait_short_but_not_the_slurm_budget():
+    import threading
+    import time as real_time
+
+    from coral_hpc.daemon.core import Loop as DaemonLoop
+
+    stop, nudge = threading.Event(), threading.Event()
+    ran: list[float] = []
+
+    def step():
+        ran.append(real_time.monotonic())
+        if len(ran) >= 2:
+            stop.set()
+
+    loop = DaemonLoop("reconcile", 60.0, step, stop, nudge=nudge)
+    thread = loop.start()
+    real_time.sleep(0.3)
+    nudge.set()  # a wake: the next cycle runs now, not in a minute
+    thread.join(timeout=5)
+    assert not thread.is_alive() and len(ran) == 2 and ran[1] - ran[0] < 5
+    # the call budget's pace still holds: a nudge never makes a cycle come sooner than it
+    stop.clear()
+    ran.clear()
+    paced = DaemonLoop("reconcile", 60.0, step, stop, pace=lambda elapsed: 1.0, nudge=nudge)
+    nudge.set()
+    thread = paced.start()
+    thread.join(timeout=10)
+    assert len(ran) == 2 and ran[1] - ran[0] >= 0.95
