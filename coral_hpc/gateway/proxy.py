@@ -668,12 +668,22 @@ class Gateway:
                 tick = _keepalive(request, early, model)
             try:
                 replica, why_not = await self.waker.replica_for(
-                    model, request.headers, lambda: self.router.choose(model),
+                    model, request.headers, lambda: self._woken(model),
                     self._catch_up_table, tick)
             except ConnectionResetError:  # the client left a held stream
                 self.metrics.errors.labels(model, "client_gone").inc()
                 assert early is not None
                 return early
+            if replica is _DISAGGREGATED:  # woken on prefill and decode replicas
+                if early is not None:
+                    # the two-hop path writes its own stream head: this one is out already
+                    return await _end_early(early, f"model {model!r} is awake (prefill and "
+                                            "decode replicas): send the request again", 503)
+                started = time.perf_counter()
+                response = await self.disagg.serve(request, model, payload, key, children,
+                                                   started)
+                children.latency.observe(time.perf_counter() - started)
+                return response
             if replica is None:
                 assert why_not is not None
                 children.rejected.inc()
@@ -730,6 +740,13 @@ class Gateway:
             # every replica answered an error after the held stream's head went out
             return await _end_early(early, _error_text(response), response.status)
         return response
+
+    def _woken(self, model: str) -> ReplicaState | object | None:
+        """While a model wakes: a READY aggregated replica, :data:`_DISAGGREGATED` when its
+        prefill and decode replicas can take the request, else None."""
+        if self.disagg.wants(model) or self.disagg.only_prefill_left(model):
+            return _DISAGGREGATED
+        return self.router.choose(model)
 
     def _done_with(self, state: ReplicaState) -> None:
         state.outstanding -= 1
@@ -937,6 +954,10 @@ class Gateway:
             # back to the pool when the answer was read whole, else closed: the replica sees the
             # request cancelled
             pool.release(conn)
+
+
+#: what a wake found when the model woke on prefill and decode replicas (the two-hop path)
+_DISAGGREGATED = object()
 
 
 def _keepalive(request: Request, early: StreamResponse, model: str):

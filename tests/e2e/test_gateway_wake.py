@@ -161,3 +161,21 @@ def test_a_model_not_scaled_to_zero_keeps_its_plain_503(stack):
     answer = _post(stack["gw"], "plain", timeout=5)
     assert answer.status_code == 503 and answer.headers["Retry-After"] == "10"
     assert "plain" not in pending_wakes(stack["wakes"])
+
+
+def test_a_model_woken_on_prefill_and_decode_replicas_answers_held_requests(stack):
+    kv = '{"kv_connector":"ExampleConnector","kv_role":"kv_both"}'
+    engines = {name: start_sim_engine(stack["tmp"], name, "hold", "--sim-arch", "qwen3-8b",
+                                      "--kv-transfer-config", kv, api_key=REPLICA_KEY)
+               for name in ("p1", "d1")}
+    stack["procs"].extend(engines.values())
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        held = pool.submit(_post, stack["gw"], "hold")
+        time.sleep(1.0)
+        assert not held.done()
+        _table(stack["table"], 2, routes={"hold": [
+            ReplicaRoute("p1", engines["p1"].url, 1.0, "prefill"),
+            ReplicaRoute("d1", engines["d1"].url, 1.0, "decode")]})
+        answer = held.result()
+    assert answer.status_code == 200, answer.text[:300]
+    assert answer.json()["usage"]["completion_tokens"] == 4
