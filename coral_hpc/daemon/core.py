@@ -203,6 +203,8 @@ class Daemon:
         #: models no partition can ever run, and why (a wake of them fails at once)
         self.unservable: dict[str, str] = {}
         self.typical_startup_s = 0.0  # learnt each cycle (_learn_startup)
+        #: wakes the demand scrape found (requests whose wake signal was missed)
+        self._scale_triggers: list[Trigger] = []
 
     # ------------------------------------------------------------------ configuration
 
@@ -328,7 +330,8 @@ class Daemon:
                 if change is not None:
                     changes.append(change)
         changes += self.idle.step(now, ready_counts(observed.facts, statuses))
-        return self._record_transitions(changes, now)
+        earlier, self._scale_triggers = self._scale_triggers, []
+        return earlier + self._record_transitions(changes, now)
 
     def _record_transitions(self, changes: list[Transition], now: float) -> list[Trigger]:
         triggers = []
@@ -489,7 +492,9 @@ class Daemon:
         with self._lock:  # requests a wake signal missed wake the model here
             changes = [c for r in rows if r.requests > 0
                        and (c := self.idle.requests_seen(r.model, r.end)) is not None]
-            if self._record_transitions(changes, self.clock()):
+            triggers = self._record_transitions(changes, self.clock())
+            if triggers:
+                self._scale_triggers.extend(triggers)  # the next cycle re-plans for them
                 self.nudge.set()
         return len(rows)
 

@@ -292,3 +292,21 @@ def test_a_nudge_cuts_the_reconcile_wait_short_but_not_the_slurm_budget():
     thread = paced.start()
     thread.join(timeout=10)
     assert len(ran) == 2 and ran[1] - ran[0] >= 0.95
+
+
+def test_requests_the_scrape_finds_for_a_cold_model_wake_it_without_a_signal(tmp_path):
+    """A wake file lost (or a gateway from before wakes) does not leave the model cold: the
+    demand scrape sees its requests and the next cycle plans for it."""
+    loop = ScaledLoop(tmp_path, _planner())
+    loop.cycle()
+    plans = len(loop.planner.requests)
+    snapshot = {"models": {MODEL: {"requests_total": 0}}}
+    loop.daemon.demand_source = lambda: snapshot
+    loop.daemon.scrape_once()  # the baseline
+    snapshot = {"models": {MODEL: {"requests_total": 3}}}
+    loop.clock.advance(2)
+    loop.daemon.scrape_once()
+    assert loop.daemon.nudge.is_set()
+    loop.cycle(1)
+    assert len(loop.planner.requests) == plans + 1
+    assert [r.model for r in loop.live()] == [MODEL]
