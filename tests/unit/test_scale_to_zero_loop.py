@@ -303,8 +303,10 @@ def test_requests_the_scrape_finds_for_a_cold_model_wake_it_without_a_signal(tmp
     snapshot = {"models": {MODEL: {"requests_total": 0}}}
     loop.daemon.demand_source = lambda: snapshot
     loop.daemon.scrape_once()  # the baseline
-    snapshot = {"models": {MODEL: {"requests_total": 3}}}
-    loop.clock.advance(2)
+    # one request in 25 s: 0.04 req/s, below the demand trigger's floor (0.05 req/s), within
+    # the example's 30 s re-plan interval: only the wake can re-plan now
+    snapshot = {"models": {MODEL: {"requests_total": 1}}}
+    loop.clock.advance(25)
     loop.daemon.scrape_once()
     assert loop.daemon.nudge.is_set()
     loop.cycle(1)
