@@ -297,7 +297,7 @@ def cost(
     if as_json and as_csv:
         fail("--json and --csv are exclusive: choose one")
     inputs = read_inputs(file, since, until)
-    report, _ = build(inputs)
+    report, replicas = build(inputs)
     if plot:
         from coral_hpc.accounting.report import write_cost_plot
 
@@ -306,6 +306,11 @@ def cost(
         except (OSError, PermanentError) as exc:
             fail(f"--plot {plot}: {exc}")
     data = report.to_dict()
+    from coral_hpc.accounting.idle_savings import scale_to_zero_savings
+
+    # models scaled to zero: GPU-hours saved against keeping their smallest replica up
+    data["scale_to_zero"] = scale_to_zero_savings(inputs.deployment, replicas, report.since,
+                                                  report.until, report.now)
     if as_json:
         print_json(data)
     elif as_csv:
@@ -370,6 +375,15 @@ def _print_table(data: dict, wide: bool = False) -> None:
             f"{_money(comparison['booked_cost'])}: difference {_money(comparison['difference'])} = "
             f"pending {_money(parts['pending'])} + start-up {_money(parts['startup'])} + "
             f"overlap {_money(parts['overlap'])} + other {_money(parts['other'])}"
+        )
+    if data.get("scale_to_zero"):
+        print_table(
+            [Column("scaled to zero", "id"), Column("cold hours", "num"),
+             Column("smallest replica GPUs", "num"), Column("GPU-hours saved", "num")],
+            [(m["model"], f"{m['cold_hours']:.2f}", m["smallest_replica_gpus"] or "—",
+              "—" if m["gpu_hours_saved"] is None else f"{m['gpu_hours_saved']:.2f}")
+             for m in data["scale_to_zero"]],
+            wide=wide,
         )
     for warning in data["warnings"]:
         console.print(f"[yellow]warning:[/] {warning}")

@@ -53,6 +53,7 @@ def gateway(file: str, table: str | None, replica_key_file: str | None,
     from coral_hpc.gateway.proxy import GatewaySettings
     from coral_hpc.gateway.server import run_gateway
     from coral_hpc.gateway.table import default_table_path
+    from coral_hpc.gateway.wake import wake_dir, wake_policies
 
     try:
         deployment = load_deployment(file)
@@ -81,6 +82,8 @@ def gateway(file: str, table: str | None, replica_key_file: str | None,
         access_log_days=deployment.retention.access_log_days,
         demand_window_s=deployment.policy.demand_window_s,
         demand_windows=deployment.policy.demand_windows,
+        wake=wake_policies(deployment),
+        wake_dir=wake_dir(deployment.state_path),
     )
     os.umask(0o077)  # its ready file and logs are the service account's alone
     configure_logging(log_level, log_file, deployment.retention)

@@ -155,7 +155,7 @@ def _print_tables(data: dict, wide: bool = False, now: float | None = None) -> N
     exclusions and recent events."""
     now = time.time() if now is None else now
     _print_header(data, now)
-    _print_models(data, wide)
+    _print_models(data, wide, now)
     print_table(
         [Column("replica", "id"), Column("model", "id"), Column("role", "id"),
          Column("job", "id"), Column("state", "id"), Column("partition"),
@@ -194,14 +194,17 @@ def _print_header(data: dict, now: float) -> None:
                       f"{local_time(data.get('generated_at') or now, now)}")
 
 
-def _print_models(data: dict, wide: bool) -> None:
-    """Per model: demand, what it is served at, replicas ready and planned; what was sized for."""
+def _print_models(data: dict, wide: bool, now: float) -> None:
+    """Per model: demand, what it is served at, replicas ready and planned, scale to zero where
+    a model scales to zero; what was sized for."""
+    scaled = any(m.get("scale") for m in data["models"])
     print_table(
         [Column("model", "id"), Column("mean req/s", "num"), Column("sized for", "num"),
          Column("demand req/s", "num"), Column("served req/s", "num"), Column("ready", "num"),
-         Column("planned", "num")],
+         Column("planned", "num"), *([Column("scale to zero", "id")] if scaled else [])],
         [(m["name"], _rate(m.get("mean_rps")), _rate(m.get("sized_rps")), f"{m['demand']:.3g}",
-          f"{m['served']:.3g}", m["ready_replicas"], m["planned_replicas"])
+          f"{m['served']:.3g}", m["ready_replicas"], m["planned_replicas"],
+          *([scale_words(m.get("scale"), now)] if scaled else []))
          for m in data["models"]],
         wide=wide,
     )
@@ -244,3 +247,20 @@ def _print_plan(data: dict, wide: bool, now: float) -> None:
 def _rate(value: float | None) -> str:
     return "-" if value is None else f"{value:.3g}"
 
+
+def scale_words(scale: dict | None, now: float) -> str:
+    """A model's scale-to-zero state for the models table: warm, cold (why a wake cannot
+    succeed, if so), or waking with Slurm's expected start and the expected READY time."""
+    if not scale:
+        return "always on"
+    state = scale.get("state") or "?"
+    if state == "waking":
+        parts = []
+        if scale.get("expected_start"):
+            parts.append(f"Slurm starts it {local_time(scale['expected_start'], now)}")
+        if scale.get("ready_by"):
+            parts.append(f"READY ~{local_time(scale['ready_by'], now)}")
+        return state + (f" ({'; '.join(parts)})" if parts else "")
+    if state == "cold" and scale.get("impossible"):
+        return "cold: cannot wake"
+    return state

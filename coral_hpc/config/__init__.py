@@ -65,6 +65,7 @@ from coral_hpc.config.load import load_deployment, parse_deployment
 from coral_hpc.config.locate import field_line
 from coral_hpc.config.models import SLO, Demand, ModelConfig, RequestMix
 from coral_hpc.config.policy import SOLVER_FORM, PolicyConfig, RetentionConfig
+from coral_hpc.config.scale import ScaleToZero, parse_duration, scale_to_zero
 from coral_hpc.config.secret_files import check_private_file, stat_private_file
 from coral_hpc.errors import ConfigError
 
@@ -95,6 +96,7 @@ __all__ = [
     "PolicyConfig",
     "RequestMix",
     "RetentionConfig",
+    "ScaleToZero",
     "SlurmSettings",
     "VenvEnvironment",
     "check_private_file",
@@ -107,8 +109,10 @@ __all__ = [
     "load_deployment",
     "measured_profiles_problems",
     "parse_deployment",
+    "parse_duration",
     "parse_slurm_time",
     "private_state_problems",
+    "scale_to_zero",
     "slurm_calls_per_min",
     "stat_private_file",
 ]

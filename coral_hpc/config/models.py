@@ -9,6 +9,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from coral_hpc.config.base import _SAFE_NAME_RE, _against_file, _FieldError, _Frozen
 from coral_hpc.config.engine_flags import engine_args_problems
+from coral_hpc.config.scale import WakeMode, idle_after_value, wake_timeout_value
 from coral_hpc.config.weights import is_local_path
 
 
@@ -144,6 +145,21 @@ class ModelConfig(_Frozen):
         description="context length in tokens (vLLM --max-model-len); only layouts whose KV "
                     "cache holds one such request are planned; unset = the model's own",
     )
+    # scale to zero (coral_hpc.config.scale): unset = the policy's default
+    idle_after: float | None = Field(
+        default=None,
+        description="with no request for this long (e.g. 20m) the model's replicas drain and "
+                    "give their GPUs back; its next request wakes it. never = keep them; unset "
+                    "= policy.idle_after (for models with min_replicas 0)")
+    wake_timeout: float | None = Field(
+        default=None,
+        description="how long a request for a cold model is held while it wakes (e.g. 5m); "
+                    "unset = policy.wake_timeout")
+    wake: WakeMode | None = Field(
+        default=None,
+        description="hold: a request for a cold model waits while it wakes; reject: it is "
+                    "answered 503 with Retry-After at once (the wake starts either way); unset "
+                    "= policy.wake")
     vllm_args: tuple[str, ...] = Field(
         default=(), description="extra vLLM arguments for this model, after engine.args; flags "
                                 "the planner owns (TP, PP, host, port, served name, ...) and "
@@ -158,6 +174,16 @@ class ModelConfig(_Frozen):
                 "{requests_per_s: N} or {output_tokens_per_s: N}"
             )
         return value
+
+    @field_validator("idle_after", mode="before")
+    @classmethod
+    def _idle_after(cls, value: Any) -> float | None:
+        return idle_after_value(value)
+
+    @field_validator("wake_timeout", mode="before")
+    @classmethod
+    def _wake_timeout(cls, value: Any) -> float | None:
+        return wake_timeout_value(value)
 
     @field_validator("source")
     @classmethod
@@ -192,6 +218,11 @@ class ModelConfig(_Frozen):
             raise ValueError(
                 f"max_replicas ({self.max_replicas}) is below min_replicas ({self.min_replicas})"
             )
+        if self.idle_after and self.min_replicas > 0:
+            raise _FieldError(("idle_after",),
+                              f"model {self.name!r} keeps min_replicas {self.min_replicas} "
+                              "whatever the demand, so it can never go idle to zero: set "
+                              "min_replicas 0 (the default) or remove idle_after")
         return self
 
     @model_validator(mode="after")

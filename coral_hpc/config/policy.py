@@ -10,6 +10,12 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from coral_hpc.config.base import _Frozen
+from coral_hpc.config.scale import (
+    DEFAULT_WAKE_TIMEOUT_S,
+    WakeMode,
+    idle_after_value,
+    wake_timeout_value,
+)
 
 #: policy.solver besides ``highs``: ``pyomo:`` and a name Pyomo's SolverFactory may know
 SOLVER_FORM = re.compile(r"pyomo:[A-Za-z][A-Za-z0-9_.-]{0,63}")
@@ -134,6 +140,31 @@ class PolicyConfig(_Frozen):
         description="Stage 1: plan only layouts whose throughput was measured (coral-hpc "
                     "profile); others are no candidates",
     )
+
+    # Scale to zero (docs/scale-to-zero.md): off unless the site sets a default or a model its own.
+    idle_after: float | None = Field(
+        default=None,
+        description="default for models with min_replicas 0: with no request for this long "
+                    "(e.g. 20m) a model's replicas drain and its next request wakes it; unset "
+                    "or never = models keep their replicas")
+    wake_timeout: float = Field(
+        default=DEFAULT_WAKE_TIMEOUT_S,
+        description="default: how long a request for a cold model is held while it wakes "
+                    "(1s .. 1h); held streams get SSE comment lines meanwhile")
+    wake: WakeMode = Field(
+        default="hold",
+        description="default: hold (a request for a cold model waits for its wake) or reject "
+                    "(503 with Retry-After from Slurm's expected start plus the start-up time)")
+
+    @field_validator("idle_after", mode="before")
+    @classmethod
+    def _idle_after(cls, value: Any) -> float | None:
+        return idle_after_value(value) or None
+
+    @field_validator("wake_timeout", mode="before")
+    @classmethod
+    def _wake_timeout(cls, value: Any) -> float | None:
+        return wake_timeout_value(value)
 
     @field_validator("solver")
     @classmethod

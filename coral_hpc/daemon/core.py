@@ -24,9 +24,17 @@ from coral_hpc.config import Deployment
 from coral_hpc.daemon.metrics import DaemonMetrics
 from coral_hpc.daemon.routing import TablePublisher, ready_routes
 from coral_hpc.daemon.scrape import DemandScraper
+from coral_hpc.daemon.wake import (
+    idle_rules,
+    last_requests,
+    planning_inputs,
+    ready_counts,
+    wake_infos,
+)
 from coral_hpc.demand import ModelDemand, changed_models, demand_basis, deployment_demand
 from coral_hpc.engine.vllm_metrics import fetch_engine_load
 from coral_hpc.errors import ConfigError
+from coral_hpc.gateway.wake import clear_wake, pending_wakes
 from coral_hpc.plan.desired import DesiredPlan, plan_from_rows, slot_rows
 from coral_hpc.plan.planner import InfeasiblePlan, PlanOutcome, PlanRequest, SolverUnavailable
 from coral_hpc.plan.report import infeasible_problems
@@ -46,8 +54,10 @@ from coral_hpc.reconcile import (
 from coral_hpc.reconcile.act import Actor
 from coral_hpc.reconcile.backoff import Backoff
 from coral_hpc.reconcile.hysteresis import PlanHistory
+from coral_hpc.reconcile.idle import IdleTracker, Temperature, Transition
 from coral_hpc.reconcile.observe import Observed, Observer
 from coral_hpc.reconcile.startup import lead_startup_s, learned_startup_s
+from coral_hpc.reconcile.triggers import Trigger, TriggerKind
 from coral_hpc.slurm.budget import CallBudget
 from coral_hpc.store import Store
 from coral_hpc.types import ShapeExclusion, TemplateExclusion
@@ -70,7 +80,8 @@ class Loop:
     def __init__(self, name: str, interval_s: float, step: Callable[[], Any],
                  stop: threading.Event, on_error: Callable[[str], None] | None = None,
                  pace: Callable[[float], float] | None = None,
-                 monotonic: Callable[[], float] = time.monotonic):
+                 monotonic: Callable[[], float] = time.monotonic,
+                 nudge: threading.Event | None = None):
         self.name = name
         self.monotonic = monotonic
         self.interval_s = interval_s
@@ -78,6 +89,8 @@ class Loop:
         self.stop = stop
         self.on_error = on_error
         self.pace = pace or (lambda elapsed_s: 0.0)
+        #: set by another thread to cut the interval short (a wake): the pace still holds
+        self.nudge = nudge
         self.thread: threading.Thread | None = None
 
     def run(self) -> None:
@@ -92,7 +105,25 @@ class Loop:
                     self.on_error(self.name)
             elapsed = self.monotonic() - began
             wait = 0.0 if again else self.interval_s - elapsed
-            self.stop.wait(max(0.0, wait, self.pace(elapsed)))
+            paced = self.pace(elapsed)
+            if self.nudge is None:
+                self.stop.wait(max(0.0, wait, paced))
+            else:
+                self._wait_or_nudge(max(0.0, wait), paced)
+
+    def _wait_or_nudge(self, wait_s: float, paced_s: float) -> None:
+        """Wait ``wait_s``, or less once :attr:`nudge` is set — but never less than
+        ``paced_s`` (the Slurm call budget)."""
+        assert self.nudge is not None
+        if paced_s > 0:
+            self.stop.wait(paced_s)
+        end = self.monotonic() + max(0.0, wait_s - paced_s)
+        while not self.stop.is_set() and not self.nudge.is_set():
+            left = end - self.monotonic()
+            if left <= 0:
+                break
+            self.stop.wait(min(0.1, left))
+        self.nudge.clear()
 
     def start(self) -> threading.Thread:
         self.thread = threading.Thread(target=self.run, name=f"coral-{self.name}", daemon=True)
@@ -125,6 +156,7 @@ class Daemon:
         on_cycle: Callable[[float], None] | None = None,
         config_path: Path | None = None,
         budget: CallBudget | None = None,
+        wake_folder: Path | None = None,
     ):
         self.deployment = deployment
         # the one Slurm call budget (coral_hpc.slurm.budget) the client charges: the reconcile
@@ -163,6 +195,16 @@ class Daemon:
         self.last_observed: Observed | None = None
         self._lock = threading.RLock()
         self._engine_pool: ThreadPoolExecutor | None = None
+        # scale to zero: which models are cold (coral_hpc.reconcile.idle); the folder the
+        # gateway asks for wakes in (coral_hpc.gateway.wake); set to cut the reconcile wait
+        self.idle = IdleTracker(idle_rules(deployment))
+        self.wake_folder = wake_folder
+        self.nudge = threading.Event()
+        #: models no partition can ever run, and why (a wake of them fails at once)
+        self.unservable: dict[str, str] = {}
+        self.typical_startup_s = 0.0  # learnt each cycle (_learn_startup)
+        #: wakes the demand scrape found (requests whose wake signal was missed)
+        self._scale_triggers: list[Trigger] = []
 
     # ------------------------------------------------------------------ configuration
 
@@ -175,6 +217,8 @@ class Daemon:
             self.observer.settings = self.settings
             self.actor.deployment = deployment
             self.actor.settings = self.settings
+            self.idle.configure(idle_rules(deployment))
+            self.unservable = {}  # a new file may make them servable
             self.plan_time = None  # re-plan now
             self.store.add_event(self.clock(), "reload", "models.yaml reloaded")
 
@@ -194,9 +238,10 @@ class Daemon:
             now = self.clock()
             # route what is READY now: planning (a solve) and acting (sbatch) take seconds, and
             # `status` already calls these replicas READY
+            scaled = self._follow_idle(observed, now)
             self.publish(now)
             self._learn_startup()
-            self._maybe_plan(observed, now)
+            self._maybe_plan(observed, now, scaled)
             if self.fatal is not None:
                 return False  # nothing decided or acted on: serve stops with the error
             decision = decide(self.plan, observed.facts, now, self.settings,
@@ -205,7 +250,9 @@ class Daemon:
                               exclusions=self.store.exclusions(
                                   now - self.settings.crash_cooldown_s),
                               observation=observed.observation,
-                              configured=frozenset(m.name for m in self.deployment.models),
+                              # a cold model may lose its last READY replica: it drains
+                              configured=frozenset(m.name for m in self.deployment.models)
+                              - self.idle.cold(),
                               history=self.plan_history)
             self.last_decision = decision
             if decision.held_back and any(isinstance(a, (Submit, Drain, Cancel))
@@ -234,8 +281,10 @@ class Daemon:
     def _learn_startup(self) -> None:
         """Rotate replicas at least one start-up time ahead of their walltime: the slowest
         recent one (``reconcile.startup.lead_startup_s``)."""
-        startup = lead_startup_s(self.store.startups(limit=50),
-                                 self.deployment.policy.startup_time_s)
+        observed = self.store.startups(limit=50)
+        # a wake's Retry-After uses the typical start-up, walltime leads the slowest
+        self.typical_startup_s = learned_startup_s(observed, self.deployment.policy.startup_time_s)
+        startup = lead_startup_s(observed, self.deployment.policy.startup_time_s)
         if startup != self.settings.startup_s:
             self.settings = replace(self.settings, startup_s=startup)
             self.observer.settings = self.actor.settings = self.settings
@@ -257,7 +306,50 @@ class Daemon:
         log.warning("%s", message)
         self.store.add_event(self.clock(), "warning", message)
 
-    def _maybe_plan(self, observed: Observed, now: float) -> None:
+    def _look_for_wakes(self) -> None:
+        """Nudge the reconcile loop when the gateway asked for a wake."""
+        if self.wake_folder is not None and pending_wakes(self.wake_folder):
+            self.nudge.set()
+
+    def _follow_idle(self, observed: Observed, now: float) -> list[Trigger]:
+        """Scale to zero: take the gateway's wake requests, apply the idle rule, record what
+        changed; a re-plan trigger for each model that went cold or began to wake."""
+        if not self.idle.tracked:
+            return []
+        statuses = {f.record.id: replica_status(f, now, self.settings) for f in observed.facts}
+        if not self.idle.seeded:
+            rules = self.idle.rules
+            lookback = max(max(4 * r.idle_after_s, r.wake_timeout_s) for r in rules.values())
+            live = {f.record.model for f in observed.facts if statuses[f.record.id].state.live}
+            self.idle.seed(last_requests(self.store, rules, now - lookback), live, now)
+        changes: list[Transition] = []
+        if self.wake_folder is not None:
+            for model, at in sorted(pending_wakes(self.wake_folder).items()):
+                change = self.idle.wake(model, min(at, now))
+                clear_wake(self.wake_folder, model)
+                if change is not None:
+                    changes.append(change)
+        changes += self.idle.step(now, ready_counts(observed.facts, statuses))
+        earlier, self._scale_triggers = self._scale_triggers, []
+        return earlier + self._record_transitions(changes, now)
+
+    def _record_transitions(self, changes: list[Transition], now: float) -> list[Trigger]:
+        triggers = []
+        for change in changes:
+            self.metrics.scale_to_zero.labels(change.model, change.to.value).inc()
+            self.store.add_event(now, f"scale_{change.to.value}",
+                                 f"{change.model} {change.to.value}: {change.reason}",
+                                 model=change.model)
+            if change.to is Temperature.COLD:
+                triggers.append(Trigger(TriggerKind.IDLE, f"{change.model} went cold "
+                                                          f"({change.reason})"))
+            elif change.to is Temperature.WAKING:
+                triggers.append(Trigger(TriggerKind.WAKE, f"{change.model} woken by "
+                                                          f"{change.reason}"))
+        return triggers
+
+    def _maybe_plan(self, observed: Observed, now: float,
+                    scaled: list[Trigger] | None = None) -> None:
         policy = self.deployment.policy
         tau = policy.replan_interval_s
         # the newest window ends up to a window and a scrape before now; deployment_demand keeps
@@ -271,20 +363,22 @@ class Daemon:
         changed = (changed_models(self.planned_demand, demand,
                                   self.settings.demand_change_threshold)
                    if self.planned_demand else [])
-        triggers = replan_triggers(
+        triggers = [*(scaled or []), *replan_triggers(
             self.plan_time, now, self.settings, observed.facts, changed, observed.unavailable,
             self.unavailable_at_plan, self.store.exclusions(now),
-        )
+        )]
         if not triggers or observed.snapshot is None or not self.plan_backoff.ready(now):
             return
         exclusions = self.store.exclusions(now)
         statuses = {f.record.id: replica_status(f, now, self.settings) for f in observed.facts}
         running = tuple((f.record.template_id, f.record.partitions) for f in observed.facts
                         if goes_on_serving(statuses[f.record.id]))
+        # scale to zero: cold models at zero demand, warm ones at least one replica
+        planned_for, planned_demand = planning_inputs(self.deployment, demand, self.idle)
         request = PlanRequest(
-            deployment=self.deployment,
+            deployment=planned_for,
             snapshot=observed.snapshot,
-            demand=demand,
+            demand=planned_demand,
             running=running,
             excluded_templates=frozenset(e.target.template_id for e in exclusions
                                          if isinstance(e.target, TemplateExclusion)),
@@ -297,6 +391,11 @@ class Daemon:
         try:
             outcome = self.planner(request)
         except InfeasiblePlan as exc:
+            if self._unservable(exc, planned_for, now):
+                # a wake (or a warm model's floor) no partition can ever hold: that model goes
+                # cold and says why; plan the others at once
+                self._maybe_plan(observed, now, [Trigger(TriggerKind.WAKE, "unservable model")])
+                return
             if self.plan_history.plans == 0:
                 # the first plan: the file asks for what this cluster can never give
                 # (min_replicas beyond any capacity); stop before submitting anything, as
@@ -335,6 +434,22 @@ class Daemon:
         self.store.add_event(now, "plan", f"{outcome.status}, {outcome.cost_per_hour:.3g}/h: "
                              f"{summary} (because: {'; '.join(t.reason for t in triggers)})")
 
+    def _unservable(self, exc: InfeasiblePlan, planned_for: Deployment, now: float) -> bool:
+        """Models scaled to zero whose one-replica floor made the plan infeasible: marked
+        unservable (the gateway refuses their requests at once, saying why) and cold. True
+        when there were any."""
+        floored = self.idle.tracked - self.idle.cold()
+        names = {planned_for.models[i].name for s in exc.shortfalls for i in s.models
+                 if i < len(planned_for.models)} & floored
+        for name in sorted(names):
+            why = f"no partition can ever run it ({exc})"
+            self.unservable[name] = why
+            self.idle.force_cold(name, now)
+            self.metrics.scale_to_zero.labels(name, "impossible").inc()
+            self.store.add_event(now, "scale_impossible", f"{name} cannot be woken: {why}",
+                                 model=name)
+        return bool(names)
+
     def _plan_failed(self, now: float, exc: Exception) -> None:
         delay = self.plan_backoff.failed(now)
         self.metrics.loop_errors.labels("plan").inc()
@@ -359,7 +474,10 @@ class Daemon:
         models = [m.name for m in self.deployment.models]
         self.metrics.set_replicas(models, [(f.record.model, statuses[f.record.id].state)
                                            for f in current])
-        return self.publisher.publish(ready_routes(models, current, statuses))
+        startup = self.typical_startup_s or self.deployment.policy.startup_time_s
+        return self.publisher.publish(
+            ready_routes(models, current, statuses),
+            wake_infos(self.idle, current, statuses, startup, now, self.unservable))
 
     # ------------------------------------------------------------------ demand
 
@@ -371,6 +489,13 @@ class Daemon:
         rows = self.scraper.intervals(snapshot, self.clock(),
                                       [m.name for m in self.deployment.models])
         self.store.add_demand(rows)
+        with self._lock:  # requests a wake signal missed wake the model here
+            changes = [c for r in rows if r.requests > 0
+                       and (c := self.idle.requests_seen(r.model, r.end)) is not None]
+            triggers = self._record_transitions(changes, self.clock())
+            if triggers:
+                self._scale_triggers.extend(triggers)  # the next cycle re-plans for them
+                self.nudge.set()
         return len(rows)
 
     def scrape_engines_once(self) -> int:
@@ -422,7 +547,12 @@ class Daemon:
         self._stop = stop
         pace = self.budget.observe_pace if self.budget is not None else None
         loops = [Loop("reconcile", self.settings.poll_interval_s, self.reconcile_once, stop,
-                      on_error, pace=pace, monotonic=monotonic)]
+                      on_error, pace=pace, monotonic=monotonic,
+                      nudge=self.nudge if self.idle.tracked else None)]
+        if self.wake_folder is not None and self.idle.tracked:
+            # the gateway's wake requests: looked for twice a second, a plan at once
+            loops.append(Loop("wakes", 0.5, self._look_for_wakes, stop, on_error,
+                              monotonic=monotonic))
         if self.demand_source is not None:
             loops.append(Loop("scrape", self.settings.poll_interval_s,
                               lambda: self.scrape_once() and None, stop, on_error,

@@ -37,6 +37,10 @@ class DaemonMetrics:
                                registry=self.registry)
         self.loop_errors = Counter("coral_loop_errors_total", "Errors caught at a loop boundary",
                                    ["loop"], registry=self.registry)
+        # scale to zero (coral_hpc.reconcile.idle): models going cold, wakes begun and ended
+        self.scale_to_zero = Counter("coral_scale_to_zero_transitions_total",
+                                     "Models scaled to zero that went cold, began to wake or "
+                                     "became warm", ["model", "to"], registry=self.registry)
         self.demand = Gauge("coral_demand_rps", "Demand planned for (requests/s, with headroom)",
                             ["model"], registry=self.registry)
 

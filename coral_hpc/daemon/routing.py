@@ -10,6 +10,7 @@ from coral_hpc.gateway.table import (
     ReplicaRoute,
     RoutingTable,
     RoutingTableError,
+    WakeInfo,
     read_routing_table,
     write_routing_table,
 )
@@ -43,22 +44,26 @@ class TablePublisher:
     def __init__(self, path: Path):
         self.path = path
         self._version: int | None = None
-        self._last: dict[str, tuple[ReplicaRoute, ...]] | None = None
+        self._last: tuple[dict[str, tuple[ReplicaRoute, ...]], dict[str, WakeInfo]] | None = None
 
-    def publish(self, routes: dict[str, tuple[ReplicaRoute, ...]]) -> bool:
-        """Write the table when ``routes`` differ from what was last written; True if written."""
+    def publish(self, routes: dict[str, tuple[ReplicaRoute, ...]],
+                wake: dict[str, WakeInfo] | None = None) -> bool:
+        """Write the table when ``routes`` (or the cold models' ``wake`` states) differ from what
+        was last written; True if written."""
+        wake = dict(wake or {})
         if self._version is None:
             try:
                 existing = read_routing_table(self.path)
                 self._version = existing.version
-                self._last = dict(existing.models)
+                self._last = (dict(existing.models), dict(existing.wake))
             except (FileNotFoundError, RoutingTableError):
                 self._version = 0
-        if routes == self._last:
+        if (routes, wake) == self._last:
             return False
         self._version += 1
-        write_routing_table(self.path, RoutingTable(version=self._version, models=routes))
-        self._last = dict(routes)
+        write_routing_table(self.path, RoutingTable(version=self._version, models=routes,
+                                                    wake=wake))
+        self._last = (dict(routes), wake)
         return True
 
     @property

@@ -34,6 +34,7 @@ from coral_hpc.gateway.table import (
     default_replica_key_path,
     default_table_path,
 )
+from coral_hpc.gateway.wake import wake_dir
 from coral_hpc.instance import ensure_instance
 from coral_hpc.model_archs import derived_deployment
 from coral_hpc.slurm.client import call_budget, client_for_deployment
@@ -148,6 +149,7 @@ def start(
         on_cycle=lambda now: write_status(status_file(deployment.state_path),
                                           status_data(deployment, store, now)),
         config_path=serving.config_path,
+        wake_folder=wake_dir(deployment.state_path),
     )
     daemon.resume_plan()
     serving.info = {

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from coral_hpc.atomic import write_atomic
 from coral_hpc.daemon.observed import LiveFacts, as_observed, record_from_row
+from coral_hpc.daemon.temperature import latest_scale_events, model_temperatures
 from coral_hpc.demand import plan_for_words
 from coral_hpc.reconcile import (
     ReconcileSettings,
@@ -23,6 +24,7 @@ from coral_hpc.reconcile import (
     ReplicaStatus,
     replica_status,
 )
+from coral_hpc.reconcile.startup import learned_startup_s
 from coral_hpc.records import PlanRecord, ReplicaRecord
 from coral_hpc.types import ShapeExclusion
 
@@ -89,7 +91,8 @@ def status_data(deployment, store, now: float, live: LiveFacts | None = None) ->
         "observed_at": live.observed_at if source == "slurm" and live is not None else None,
         "slurm_error": None if live is None else live.error,
         "plan_for": plan_for_words(deployment.policy),
-        "models": _model_rows(deployment, records, statuses, plan),
+        "models": _model_rows(deployment, records, statuses, plan,
+                              _temperatures(deployment, store, records, statuses)),
         "replicas": [_replica_row(r, statuses[r.id], now, source, live) for r in records],
         "plan": None if plan is None else {
             "time": plan.time, "cost_per_hour": plan.cost_per_hour, "status": plan.status,
@@ -112,6 +115,13 @@ def status_data(deployment, store, now: float, live: LiveFacts | None = None) ->
             for e in store.events(limit=20)
         ],
     }
+
+
+def _temperatures(deployment, store, records: list[ReplicaRecord],
+                  statuses: dict[str, ReplicaStatus]) -> dict[str, dict]:
+    """Scale to zero: cold / waking (with Slurm's estimate) / warm, per model scaled to zero."""
+    startup = learned_startup_s(store.startups(limit=50), deployment.policy.startup_time_s)
+    return model_temperatures(deployment, records, statuses, latest_scale_events(store), startup)
 
 
 def _replica_row(
@@ -148,9 +158,10 @@ def _replica_row(
 
 def _model_rows(
     deployment, records: list[ReplicaRecord], statuses: dict[str, ReplicaStatus],
-    plan: PlanRecord | None,
+    plan: PlanRecord | None, scale: dict[str, dict],
 ) -> list[dict]:
-    """Per model: demand planned for, READY capacity, and replicas ready and planned."""
+    """Per model: demand planned for, READY capacity, replicas ready and planned, and (models
+    scaled to zero) cold / waking / warm."""
     planned_demand = plan.demand if plan else {}
     models = []
     for m in deployment.models:
@@ -175,6 +186,7 @@ def _model_rows(
             "ready_replicas": len(ready),
             "planned_replicas": sum(row["count"] for row in (plan.rows if plan else [])
                                     if row.get("model") == m.name),
+            "scale": scale.get(m.name),
         })
     return models
 

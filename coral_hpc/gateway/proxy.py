@@ -67,6 +67,7 @@ from coral_hpc.gateway.routing import ReplicaState, Router
 from coral_hpc.gateway.streaming import SSEFramer, StreamUsage, error_event
 from coral_hpc.gateway.table import RoutingTableError, read_routing_table
 from coral_hpc.gateway.upstream import UpstreamError, UpstreamPool
+from coral_hpc.gateway.wake import WakeMetrics, WakePolicy, Waker, WakeSignal
 
 log = logging.getLogger("coral_hpc.gateway")
 
@@ -126,6 +127,9 @@ class GatewaySettings:
     access_log_days: float = 90.0                # retention.access_log_days
     demand_window_s: float = 10.0                # policy.demand_window_s: arrivals per window
     demand_windows: int = 20                     # policy.demand_windows: windows kept
+    #: models scaled to zero: a request while none is READY wakes them (coral_hpc.gateway.wake)
+    wake: dict[str, WakePolicy] = field(default_factory=dict)
+    wake_dir: Path | None = None                 # where wakes are asked for (the state folder)
 
 
 class _Outcome:
@@ -264,6 +268,8 @@ class Gateway:
         self.metrics = GatewayMetrics(self._ready_counts)
         self.disagg = Disaggregation(self)  # prefill → decode for disaggregated models
         self.limiter = RateLimiter()          # per-key rpm/tpm (keys file fields)
+        self.waker = Waker(dict(settings.wake), WakeSignal(settings.wake_dir),
+                           WakeMetrics(self.metrics.registry), settings.retry_after_s)
         self._configured = set(settings.models)
         self._known = set(settings.models)
         self._keys = keys
@@ -432,6 +438,7 @@ class Gateway:
                         path, table.version, self.router.version)
             return
         diff, dropped = self.router.apply(table)
+        self.waker.info = dict(table.wake)
         self._known = self._configured | set(table.models)
         for state in dropped:
             if state.outstanding == 0:
@@ -649,13 +656,50 @@ class Gateway:
             children.latency.observe(time.perf_counter() - started)
             return response
         replica = self.router.choose(model)
-        if replica is None:
+        early: StreamResponse | None = None  # a held stream's answer, begun before the hold
+        if replica is None and self.waker.scaled(model):
+            # scaled to zero: wake it, and hold the request or answer 503 with Retry-After
+            self.meter.record_arrival(model, key)
+            tick = None
+            if stream and self.waker.holds(model, request.headers):
+                early = StreamResponse(status=200, headers={
+                    "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                    "X-Accel-Buffering": "no"})
+                tick = _keepalive(request, early, model)
+            try:
+                replica, why_not = await self.waker.replica_for(
+                    model, request.headers, lambda: self._woken(model),
+                    self._catch_up_table, tick)
+            except ConnectionResetError:  # the client left a held stream
+                self.metrics.errors.labels(model, "client_gone").inc()
+                assert early is not None
+                return early
+            if replica is _DISAGGREGATED:  # woken on prefill and decode replicas
+                if early is not None:
+                    # the two-hop path writes its own stream head: this one is out already
+                    return await _end_early(early, f"model {model!r} is awake (prefill and "
+                                            "decode replicas): send the request again", 503)
+                started = time.perf_counter()
+                response = await self.disagg.serve(request, model, payload, key, children,
+                                                   started)
+                children.latency.observe(time.perf_counter() - started)
+                return response
+            if replica is None:
+                assert why_not is not None
+                children.rejected.inc()
+                _, message, retry = why_not
+                if early is not None:  # the 200 head is out: the stream says why and ends
+                    return await _end_early(early, message, 503)
+                return _error(503, message, "service_unavailable",
+                              headers={"Retry-After": str(retry)} if retry else None)
+        elif replica is None:
             self.meter.record_arrival(model, key, rejected=True)
             children.rejected.inc()
             return _error(503, f"model {model!r} has no READY replica now; retry later",
                           "service_unavailable",
                           headers={"Retry-After": str(self.settings.retry_after_s)})
-        self.meter.record_arrival(model, key)
+        else:
+            self.meter.record_arrival(model, key)
         started = time.perf_counter()
         tried: list[ReplicaState] = []
         while True:
@@ -664,7 +708,7 @@ class Gateway:
             try:
                 if stream:
                     response = await self._forward_stream(request, current, body, payload, key,
-                                                          children, started)
+                                                          children, started, early)
                 else:
                     response = await self._forward(request, current, body, payload, key)
                 break
@@ -684,13 +728,25 @@ class Gateway:
                            if len(tried) <= self.settings.max_retries else None)
                 if replica is None:
                     self.metrics.errors.labels(model, "upstream_failed").inc()
-                    return _error(502, f"{len(tried)} replica(s) of {model!r} failed: {exc}",
-                                  "upstream_error")
+                    message = f"{len(tried)} replica(s) of {model!r} failed: {exc}"
+                    if early is not None:
+                        return await _end_early(early, message, 502)
+                    return _error(502, message, "upstream_error")
                 self.metrics.retries.labels(model).inc()
             finally:
                 self._done_with(current)
         children.latency.observe(time.perf_counter() - started)
+        if early is not None and response is not early:
+            # every replica answered an error after the held stream's head went out
+            return await _end_early(early, _error_text(response), response.status)
         return response
+
+    def _woken(self, model: str) -> ReplicaState | object | None:
+        """While a model wakes: a READY aggregated replica, :data:`_DISAGGREGATED` when its
+        prefill and decode replicas can take the request, else None."""
+        if self.disagg.wants(model) or self.disagg.only_prefill_left(model):
+            return _DISAGGREGATED
+        return self.router.choose(model)
 
     def _done_with(self, state: ReplicaState) -> None:
         state.outstanding -= 1
@@ -816,7 +872,8 @@ class Gateway:
         self.meter.record_tokens(model, key, prompt, generated, estimated)
 
     async def _forward_stream(self, request: Request, replica: ReplicaState, body: bytes,
-                              payload: dict, key: str, children, started: float
+                              payload: dict, key: str, children, started: float,
+                              early: StreamResponse | None = None
                               ) -> Response | StreamResponse:
         pool, conn = await self._post(replica, request.path, body)
         _noted(request, replica, None)   # answering: named even if the client leaves mid-way
@@ -845,7 +902,7 @@ class Gateway:
             if not first:
                 raise _UpstreamFailed("the replica closed the stream before its first chunk")
             children.ttft.observe(time.perf_counter() - started)
-            out = StreamResponse(status=200, headers={
+            out = early or StreamResponse(status=200, headers={
                 "Content-Type": content_type, "Cache-Control": "no-cache",
                 "X-Accel-Buffering": "no"})
             options = payload.get("stream_options")
@@ -863,7 +920,8 @@ class Gateway:
                         conn.pause()       # the client is not reading: neither do we
 
             try:
-                await out.prepare(request)
+                if out is not early:  # a held stream's head went out before the hold
+                    await out.prepare(request)
                 out.on_resume = conn.resume
                 forward(first)
                 try:
@@ -896,6 +954,38 @@ class Gateway:
             # back to the pool when the answer was read whole, else closed: the replica sees the
             # request cancelled
             pool.release(conn)
+
+
+#: what a wake found when the model woke on prefill and decode replicas (the two-hop path)
+_DISAGGREGATED = object()
+
+
+def _keepalive(request: Request, early: StreamResponse, model: str):
+    """A held stream's tick: the 200 head at first, then an SSE comment line (clients skip
+    comments) saying the model is waking."""
+    async def tick() -> None:
+        if early._conn is None:
+            await early.prepare(request)
+        await early.write(f": waking {model}\n\n".encode())
+    return tick
+
+
+async def _end_early(early: StreamResponse, message: str, status: int) -> StreamResponse:
+    """End a held stream whose head went out with an SSE error event saying why."""
+    try:
+        await early.write(error_event(message, status))
+        await early.write_eof()
+    except ConnectionResetError:
+        pass  # the client left while held
+    return early
+
+
+def _error_text(response: Response | StreamResponse) -> str:
+    """The message of an error answer (OpenAI's shape), or its status."""
+    try:
+        return str(json.loads(getattr(response, "body", b""))["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return f"the replica answered {response.status}"
 
 
 def _noted(request: Request, replica: ReplicaState, counts: tuple[int, int, bool] | None) -> None:

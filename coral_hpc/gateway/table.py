@@ -12,6 +12,9 @@ planned throughput (requests/s of the model's mix), so routing shares follow the
 disaggregated model also has ``"role": "prefill"`` or ``"decode"`` (absent = ``"both"``); its weight
 is then its phase's throughput in the same requests/s (:mod:`coral_hpc.gateway.disagg`).
 ``job_id`` (optional) is the replica's Slurm job, which the gateway's access log names.
+A model scaled to zero that has no READY replica also has ``"wake"`` (:class:`WakeInfo`):
+``{"state": "cold" | "waking", "startup_s": 95, "ready_by": 1767000000.0, "impossible": "..."}``
+— what the gateway tells a request for it (held, or 503 with Retry-After).
 """
 
 from __future__ import annotations
@@ -50,6 +53,45 @@ class ReplicaRoute:
     job_id: str | None = None  #: its Slurm job, for the access log (absent in older tables)
 
 
+@dataclass(frozen=True)
+class WakeInfo:
+    """A model scaled to zero without a READY replica: ``state`` cold or waking; ``startup_s``
+    the measured start-up (submit to READY); ``ready_by`` (epoch seconds) when its first replica
+    is expected READY, from Slurm's expected start plus the start-up, if known; ``impossible``
+    why no wake can succeed (no partition can ever run it), if so."""
+
+    state: str
+    startup_s: float
+    ready_by: float | None = None
+    impossible: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form (unset fields left out)."""
+        out: dict[str, Any] = {"state": self.state, "startup_s": round(self.startup_s, 1)}
+        if self.ready_by is not None:
+            out["ready_by"] = round(self.ready_by, 1)
+        if self.impossible is not None:
+            out["impossible"] = self.impossible
+        return out
+
+
+def _wake_info(data: Any, where: str) -> WakeInfo:
+    if not isinstance(data, dict) or data.get("state") not in ("cold", "waking"):
+        raise ValueError(f"{where}.wake: expected {{state: cold|waking, startup_s: N}}")
+    startup, ready_by, impossible = data.get("startup_s"), data.get("ready_by"), data.get(
+        "impossible")
+    if not isinstance(startup, (int, float)) or isinstance(startup, bool) or not (
+            math.isfinite(startup) and startup >= 0):
+        raise ValueError(f"{where}.wake.startup_s: expected seconds >= 0, got {startup!r}")
+    if ready_by is not None and (not isinstance(ready_by, (int, float))
+                                 or isinstance(ready_by, bool) or not math.isfinite(ready_by)):
+        raise ValueError(f"{where}.wake.ready_by: expected epoch seconds, got {ready_by!r}")
+    if impossible is not None and not isinstance(impossible, str):
+        raise ValueError(f"{where}.wake.impossible: expected a sentence")
+    return WakeInfo(data["state"], float(startup),
+                    None if ready_by is None else float(ready_by), impossible)
+
+
 #: what a replica may serve (the planner's roles)
 ROUTE_ROLES = ("both", "prefill", "decode")
 
@@ -72,6 +114,8 @@ class RoutingTable:
     generated_at: str = field(
         default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds")
     )
+    #: models scaled to zero without a READY replica (absent: warm, or never scaled to zero)
+    wake: Mapping[str, WakeInfo] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-ready form written to disk."""
@@ -79,7 +123,8 @@ class RoutingTable:
             "version": self.version,
             "generated_at": self.generated_at,
             "models": {
-                name: {"replicas": [_route_dict(r) for r in reps]}
+                name: {"replicas": [_route_dict(r) for r in reps],
+                       **({"wake": self.wake[name].to_dict()} if name in self.wake else {})}
                 for name, reps in self.models.items()
             },
         }
@@ -140,6 +185,7 @@ def routing_table_from_dict(data: Any, source: str = "<routing table>") -> Routi
         if not isinstance(raw_models, dict):
             raise ValueError("models: expected an object mapping model name to {replicas: [...]}")
         models: dict[str, tuple[ReplicaRoute, ...]] = {}
+        wake: dict[str, WakeInfo] = {}
         for name, entry in raw_models.items():
             where = f"models.{name}"
             if not isinstance(entry, dict) or not isinstance(entry.get("replicas"), list):
@@ -174,9 +220,11 @@ def routing_table_from_dict(data: Any, source: str = "<routing table>") -> Routi
                 replicas.append(ReplicaRoute(rid, _check_url(rep.get("url"), at), float(weight),
                                              role, job_id))
             models[str(name)] = tuple(replicas)
+            if entry.get("wake") is not None:
+                wake[str(name)] = _wake_info(entry["wake"], where)
     except ValueError as exc:
         raise RoutingTableError(f"{source}: {exc}") from None
-    return RoutingTable(version=version, models=models, generated_at=generated_at)
+    return RoutingTable(version=version, models=models, generated_at=generated_at, wake=wake)
 
 
 def read_routing_table(path: str | os.PathLike[str]) -> RoutingTable:

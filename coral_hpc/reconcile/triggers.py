@@ -27,6 +27,8 @@ class TriggerKind(str, enum.Enum):
     WALLTIME = "walltime"  #: a replica nears its time limit
     UNHEALTHY = "unhealthy"  #: a READY replica stopped answering
     EXCLUSION = "exclusion"  #: a template or shape was excluded since the plan
+    IDLE = "idle"  #: a model scaled to zero went cold (coral_hpc.reconcile.idle)
+    WAKE = "wake"  #: a request for a cold model: plan for it now, not at the next interval
 
 
 @dataclass(frozen=True)
