@@ -59,6 +59,7 @@ from coral_hpc.reconcile.observe import Observed, Observer
 from coral_hpc.reconcile.startup import lead_startup_s, learned_startup_s
 from coral_hpc.reconcile.triggers import Trigger, TriggerKind
 from coral_hpc.slurm.budget import CallBudget
+from coral_hpc.slurm.snapshot import ClusterSnapshot
 from coral_hpc.store import Store
 from coral_hpc.types import ShapeExclusion, TemplateExclusion
 
@@ -350,6 +351,26 @@ class Daemon:
 
     def _maybe_plan(self, observed: Observed, now: float,
                     scaled: list[Trigger] | None = None) -> None:
+        """Re-plan when a trigger (scale to zero, time, demand, failures, exclusions) says the
+        plan is out of date, Slurm was seen and the plan back-off allows another attempt."""
+        demand = self._demand_now(now)
+        triggers = [*(scaled or []), *self._replan_triggers(observed, now, demand)]
+        if not triggers or observed.snapshot is None or not self.plan_backoff.ready(now):
+            return
+        planned_for, request = self._plan_request(observed, observed.snapshot, now, demand)
+        try:
+            outcome = self.planner(request)
+        except InfeasiblePlan as exc:
+            self._plan_infeasible(exc, observed, planned_for, now)
+            return
+        except Exception as exc:
+            self._plan_failed(now, exc)
+            return
+        self._adopt_plan(outcome, observed, demand, triggers, now)
+
+    def _demand_now(self, now: float) -> dict[str, ModelDemand]:
+        """Each model's demand from the stored requests and the scraped windows; sets the
+        demand gauges."""
         policy = self.deployment.policy
         tau = policy.replan_interval_s
         # the newest window ends up to a window and a scrape before now; deployment_demand keeps
@@ -360,15 +381,25 @@ class Daemon:
                                    windows)
         for name, item in demand.items():
             self.metrics.demand.labels(name).set(item.planned_rps)
+        return demand
+
+    def _replan_triggers(self, observed: Observed, now: float,
+                         demand: dict[str, ModelDemand]) -> list[Trigger]:
+        """Why the current plan is out of date (``reconcile.replan_triggers``); empty when it
+        is not."""
         changed = (changed_models(self.planned_demand, demand,
                                   self.settings.demand_change_threshold)
                    if self.planned_demand else [])
-        triggers = [*(scaled or []), *replan_triggers(
+        return replan_triggers(
             self.plan_time, now, self.settings, observed.facts, changed, observed.unavailable,
             self.unavailable_at_plan, self.store.exclusions(now),
-        )]
-        if not triggers or observed.snapshot is None or not self.plan_backoff.ready(now):
-            return
+        )
+
+    def _plan_request(self, observed: Observed, snapshot: ClusterSnapshot, now: float,
+                      demand: dict[str, ModelDemand]) -> tuple[Deployment, PlanRequest]:
+        """The planner's input on ``snapshot``: the deployment as planned (scale to zero
+        applied), the replicas that go on serving, the exclusions in force and the learnt
+        start-up time."""
         exclusions = self.store.exclusions(now)
         statuses = {f.record.id: replica_status(f, now, self.settings) for f in observed.facts}
         running = tuple((f.record.template_id, f.record.partitions) for f in observed.facts
@@ -377,7 +408,7 @@ class Daemon:
         planned_for, planned_demand = planning_inputs(self.deployment, demand, self.idle)
         request = PlanRequest(
             deployment=planned_for,
-            snapshot=observed.snapshot,
+            snapshot=snapshot,
             demand=planned_demand,
             running=running,
             excluded_templates=frozenset(e.target.template_id for e in exclusions
@@ -388,31 +419,35 @@ class Daemon:
             startup_s=learned_startup_s(self.store.startups(limit=50),
                                         self.deployment.policy.startup_time_s),
         )
-        try:
-            outcome = self.planner(request)
-        except InfeasiblePlan as exc:
-            if self._unservable(exc, planned_for, now):
-                # a wake (or a warm model's floor) no partition can ever hold: that model goes
-                # cold and says why; plan the others at once
-                self._maybe_plan(observed, now, [Trigger(TriggerKind.WAKE, "unservable model")])
-                return
-            if self.plan_history.plans == 0:
-                # the first plan: the file asks for what this cluster can never give
-                # (min_replicas beyond any capacity); stop before submitting anything, as
-                # `coral-hpc plan` does. Later, a cluster that shrank keeps the current plan.
-                path = str(self.config_path or "models.yaml")
-                self.fatal = ConfigError(path, infeasible_problems(
-                    path, self.deployment, done="nothing was submitted; serve stops",
-                    shortfalls=exc.shortfalls))
-                self.store.add_event(now, "plan_error", f"no feasible plan: {exc}; stopping")
-                if self._stop is not None:
-                    self._stop.set()
-                return
-            self._plan_failed(now, exc)
+        return planned_for, request
+
+    def _plan_infeasible(self, exc: InfeasiblePlan, observed: Observed,
+                         planned_for: Deployment, now: float) -> None:
+        """No plan fits: an unservable woken model goes cold (the others planned at once); the
+        first plan stops serving (exit 2); a later one keeps the current plan and backs off."""
+        if self._unservable(exc, planned_for, now):
+            # a wake (or a warm model's floor) no partition can ever hold: that model goes
+            # cold and says why; plan the others at once
+            self._maybe_plan(observed, now, [Trigger(TriggerKind.WAKE, "unservable model")])
             return
-        except Exception as exc:
-            self._plan_failed(now, exc)
+        if self.plan_history.plans == 0:
+            # the first plan: the file asks for what this cluster can never give
+            # (min_replicas beyond any capacity); stop before submitting anything, as
+            # `coral-hpc plan` does. Later, a cluster that shrank keeps the current plan.
+            path = str(self.config_path or "models.yaml")
+            self.fatal = ConfigError(path, infeasible_problems(
+                path, self.deployment, done="nothing was submitted; serve stops",
+                shortfalls=exc.shortfalls))
+            self.store.add_event(now, "plan_error", f"no feasible plan: {exc}; stopping")
+            if self._stop is not None:
+                self._stop.set()
             return
+        self._plan_failed(now, exc)
+
+    def _adopt_plan(self, outcome: PlanOutcome, observed: Observed,
+                    demand: dict[str, ModelDemand], triggers: list[Trigger], now: float) -> None:
+        """Make ``outcome`` the plan decide works to; record it (store, metrics, an event
+        naming the triggers)."""
         self.plan_backoff.succeeded()
         self.plan = outcome.desired
         self.plan_history.observe(outcome.desired)
