@@ -186,19 +186,27 @@ class Daemon:
         #: ``serve`` raises it (exit 2) — nothing was submitted
         self.fatal: ConfigError | None = None
         self._stop: threading.Event | None = None
+        self._init_plan_state()
+        self.last_decision: Decision | None = None
+        self.last_observed: Observed | None = None
+        self._lock = threading.RLock()
+        self._engine_pool: ThreadPoolExecutor | None = None
+        self._init_scale_to_zero(wake_folder)
+
+    def _init_plan_state(self) -> None:
+        """No plan yet: the first cycle plans (``_maybe_plan``), with nothing to compare to."""
         self.plan: DesiredPlan | None = None
         self.plan_history = PlanHistory()  # the plans this daemon made: hysteresis (decide)
         self.plan_time: float | None = None
         self.planned_demand: dict[str, ModelDemand] = {}
         self.unavailable_at_plan: frozenset[str] | None = None
         self.plan_backoff = Backoff(base_s=self.settings.poll_interval_s, max_s=300.0)
-        self.last_decision: Decision | None = None
-        self.last_observed: Observed | None = None
-        self._lock = threading.RLock()
-        self._engine_pool: ThreadPoolExecutor | None = None
-        # scale to zero: which models are cold (coral_hpc.reconcile.idle); the folder the
-        # gateway asks for wakes in (coral_hpc.gateway.wake); set to cut the reconcile wait
-        self.idle = IdleTracker(idle_rules(deployment))
+
+    def _init_scale_to_zero(self, wake_folder: Path | None) -> None:
+        """Scale to zero: which models are cold (``coral_hpc.reconcile.idle``); the folder the
+        gateway asks for wakes in (``coral_hpc.gateway.wake``); the event that cuts the
+        reconcile wait short."""
+        self.idle = IdleTracker(idle_rules(self.deployment))
         self.wake_folder = wake_folder
         self.nudge = threading.Event()
         #: models no partition can ever run, and why (a wake of them fails at once)
