@@ -23,6 +23,7 @@ import signal
 import socket
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -33,6 +34,9 @@ from coral_hpc.engine.disagg import KvTransfer
 from coral_hpc.engine.metrics import EngineMetrics
 from coral_hpc.engine.pipeline import Layout, StepModel, default_layer_split
 from coral_hpc.engine.runner import SimEngine
+
+if TYPE_CHECKING:  # the catalog is imported when the server prepares, not on --help
+    from coral_solver.catalog import GpuSpec, ModelArch
 
 PROG = "coral-sim"
 
@@ -67,9 +71,36 @@ def prepare(args: SimArgs) -> Prepared:
 
     Raises :class:`StartupError` with vLLM's reason when the layout could not start.
     """
+    arch, gpus = _resolve(args)
+    _check_tp(arch, args.tp)
+    _check_gpus(arch, gpus, args.dtype)
+    layers = _layer_split(arch, args)
+    if args.runner == "generate" and arch.pooling:
+        # vLLM's own refusal (vllm/config/model.py, ModelConfig._get_runner_type checks)
+        raise StartupError("Embedding models do not support `--runner generate`. Use "
+                           "`--runner pooling` or `--runner auto` for embedding models.")
+    pooling = args.runner == "pooling" or (args.runner == "auto" and arch.pooling)
+    layout = Layout(arch=arch.name, tp=args.tp, gpu_types=tuple(g.name for g in gpus),
+                    layers=tuple(layers))  # fmt: skip
+    step_model = StepModel(layout, args.gpu_memory_utilization)
+    capacity = step_model.kv_capacity_tokens()
+    usable = (capacity // args.block_size) * args.block_size
+    if usable < args.block_size:
+        raise StartupError(
+            f"No available memory for the cache blocks: {arch.name} with TP {args.tp} on "
+            f"{'+'.join(layout.gpu_types)} (layers {','.join(map(str, layers))}) leaves no room "
+            f"for the KV cache at --gpu-memory-utilization {args.gpu_memory_utilization}"
+        )
+    return Prepared(args, layout, step_model, capacity, _max_model_len(arch, args, usable),
+                    pooling)
+
+
+def _resolve(args: SimArgs) -> tuple[ModelArch, list[GpuSpec]]:
+    """The model's architecture and the replica's GPUs from the catalog (``--sim-catalog``
+    first, when given; a model named by its weights is read from its ``config.json``)."""
     from coral_hpc.config.weights import WeightsError
     from coral_hpc.model_archs import ensure_arch
-    from coral_solver import catalog, perf  # the catalog reads profiles/ once, here
+    from coral_solver import catalog  # the catalog reads profiles/ once, here
 
     if args.catalog:
         try:
@@ -88,76 +119,81 @@ def prepare(args: SimArgs) -> Prepared:
         gpus = [catalog.gpu_spec(g) for g in args.gpu_types]
     except KeyError as exc:
         raise StartupError(f"--sim-gpu-types: {exc.args[0]}") from None
-    if args.tp not in perf.valid_tp_degrees(arch, args.tp):
+    return arch, gpus
+
+
+def _check_tp(arch: ModelArch, tp: int) -> None:
+    """vLLM's check: the attention and KV heads split evenly over the tensor-parallel ranks."""
+    from coral_solver import perf
+
+    if tp not in perf.valid_tp_degrees(arch, tp):
         raise StartupError(
             f"Total number of attention heads ({arch.q_heads}) and KV heads ({arch.kv_heads}) "
-            f"must be divisible by (or divide) tensor parallel size ({args.tp}); valid for "
+            f"must be divisible by (or divide) tensor parallel size ({tp}); valid for "
             f"{arch.name}: {perf.valid_tp_degrees(arch, 64)}"
         )
+
+
+def _check_gpus(arch: ModelArch, gpus: list[GpuSpec], dtype: str) -> None:
+    """Each GPU has kernels for the model's weights and, when asked for, bfloat16."""
+    from coral_solver import catalog, perf
+
     for gpu in gpus:
-        dtype = perf.engine_dtype(arch, gpu)
+        engine_dtype = perf.engine_dtype(arch, gpu)
         derived = catalog.derived_model(arch.name)
-        if dtype is None and derived is not None:  # read from its config.json: its own reason
+        if engine_dtype is None and derived is not None:  # from its config.json: its own reason
             raise StartupError(f"{arch.name} cannot run on {gpu.name}: "
                                f"{derived.support(gpu.compute_capability).reason}")
-        if dtype is None:
+        if engine_dtype is None:
             raise StartupError(
                 f"{arch.name} ({arch.quantization}) cannot run on {gpu.name} "
                 f"(compute capability {gpu.compute_capability}): vLLM has no kernels for it"
             )
-        if args.dtype == "bfloat16" and not gpu.bf16:
+        if dtype == "bfloat16" and not gpu.bf16:
             raise StartupError(
                 f"Bfloat16 is only supported on GPUs with compute capability of at least 8.0. "
                 f"Your {gpu.name} GPU has compute capability {gpu.compute_capability}. You can "
                 "use float16 instead by explicitly setting the `dtype` flag in CLI, for example: "
                 "--dtype=half."
             )
+
+
+def _layer_split(arch: ModelArch, args: SimArgs) -> tuple[int, ...]:
+    """The layers of each pipeline stage: ``--sim-layers`` (which must add up to the model's),
+    else vLLM's default split over ``--pipeline-parallel-size``."""
     if args.layers is None:
         try:
-            layers = default_layer_split(arch.layers, args.pp)
+            return default_layer_split(arch.layers, args.pp)
         except ValueError as exc:
             raise StartupError(str(exc)) from None
-    else:
-        layers = args.layers
-        if sum(layers) != arch.layers:
-            raise StartupError(
-                f"the layer split {','.join(map(str, layers))} sums to {sum(layers)} but "
-                f"{arch.name} has {arch.layers} layers"
-            )
-    if args.runner == "generate" and arch.pooling:
-        # vLLM's own refusal (vllm/config/model.py, ModelConfig._get_runner_type checks)
-        raise StartupError("Embedding models do not support `--runner generate`. Use "
-                           "`--runner pooling` or `--runner auto` for embedding models.")
-    pooling = args.runner == "pooling" or (args.runner == "auto" and arch.pooling)
-    layout = Layout(arch=arch.name, tp=args.tp, gpu_types=tuple(g.name for g in gpus),
-                    layers=tuple(layers))  # fmt: skip
-    step_model = StepModel(layout, args.gpu_memory_utilization)
-    capacity = step_model.kv_capacity_tokens()
-    usable = (capacity // args.block_size) * args.block_size
-    if usable < args.block_size:
+    layers = args.layers
+    if sum(layers) != arch.layers:
         raise StartupError(
-            f"No available memory for the cache blocks: {arch.name} with TP {args.tp} on "
-            f"{'+'.join(layout.gpu_types)} (layers {','.join(map(str, layers))}) leaves no room "
-            f"for the KV cache at --gpu-memory-utilization {args.gpu_memory_utilization}"
+            f"the layer split {','.join(map(str, layers))} sums to {sum(layers)} but "
+            f"{arch.name} has {arch.layers} layers"
         )
-    if args.max_model_len is not None:
-        if args.max_model_len > arch.max_context:
-            raise StartupError(
-                f"User-specified max_model_len ({args.max_model_len}) is greater than the "
-                f"derived max_model_len ({arch.max_context} in the model's config)"
-            )
-        if args.max_model_len > usable:
-            raise StartupError(
-                f"The model's max seq len ({args.max_model_len}) is larger than the maximum "
-                f"number of tokens that can be stored in KV cache ({usable}). Try increasing "
-                "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine."
-            )
-        max_model_len = args.max_model_len
-    else:
+    return layers
+
+
+def _max_model_len(arch: ModelArch, args: SimArgs, usable: int) -> int:
+    """``--max-model-len`` checked as vLLM checks it (the model's context, the KV cache's
+    ``usable`` tokens), or what fits when not given."""
+    if args.max_model_len is None:
         # vLLM would take the model's full context and fail when it exceeds the cache; the sim
         # takes what fits, so a bare command line always starts.
-        max_model_len = min(arch.max_context, usable)
-    return Prepared(args, layout, step_model, capacity, max_model_len, pooling)
+        return min(arch.max_context, usable)
+    if args.max_model_len > arch.max_context:
+        raise StartupError(
+            f"User-specified max_model_len ({args.max_model_len}) is greater than the "
+            f"derived max_model_len ({arch.max_context} in the model's config)"
+        )
+    if args.max_model_len > usable:
+        raise StartupError(
+            f"The model's max seq len ({args.max_model_len}) is larger than the maximum "
+            f"number of tokens that can be stored in KV cache ({usable}). Try increasing "
+            "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine."
+        )
+    return args.max_model_len
 
 
 def _log(message: str) -> None:
