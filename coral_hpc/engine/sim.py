@@ -203,6 +203,38 @@ def _log(message: str) -> None:
 async def serve(prep: Prepared, api_key: str | None) -> int:
     """Run the server until SIGTERM/SIGINT and the drain are over; return the exit code."""
     args = prep.args
+    scheduler, engine, api = _components(prep, api_key)
+    runner = web.AppRunner(
+        api.app(), access_log=None, handler_cancellation=True, shutdown_timeout=1.0
+    )
+    await runner.setup()
+    host = args.host or "0.0.0.0"
+    site = web.TCPSite(runner, host, args.port, reuse_port=False)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        _log(f"cannot bind {host}:{args.port}: {exc.strerror or exc}")
+        return EXIT_BIND if exc.errno == errno.EADDRINUSE else EXIT_STARTUP
+    port = runner.addresses[0][1]
+    if args.kv_transfer is not None:
+        api.kv = KvTransfer(args.kv_transfer, prep.layout.tp, args.block_size,
+                            prep.step_model.kv_transfer_s,
+                            host=args.host or socket.gethostname(), port=port)
+    engine.start()
+    stop, again = _stop_signals()
+    _log(_serving_line(prep, f"http://{host}:{port}", scheduler.total_blocks))
+    await stop.wait()
+    await _shut_down(scheduler, engine, api, args.drain_timeout, again)
+    await runner.cleanup()
+    _log("stopped")
+    return 0
+
+
+def _components(prep: Prepared, api_key: str | None) -> tuple[Scheduler, SimEngine, SimAPI]:
+    """The scheduler (KV cache and batches), the engine stepping it on the performance model,
+    and the OpenAI API over both, with its metrics."""
+    args = prep.args
     scheduler = Scheduler(
         kv_capacity_tokens=prep.kv_capacity_tokens,
         block_size=args.block_size,
@@ -228,24 +260,12 @@ async def serve(prep: Prepared, api_key: str | None) -> int:
     )
     api = SimAPI(engine, metrics, served, api_key, pooling=prep.pooling,
                  dims=prep.step_model.hidden)
-    runner = web.AppRunner(
-        api.app(), access_log=None, handler_cancellation=True, shutdown_timeout=1.0
-    )
-    await runner.setup()
-    host = args.host or "0.0.0.0"
-    site = web.TCPSite(runner, host, args.port, reuse_port=False)
-    try:
-        await site.start()
-    except OSError as exc:
-        await runner.cleanup()
-        _log(f"cannot bind {host}:{args.port}: {exc.strerror or exc}")
-        return EXIT_BIND if exc.errno == errno.EADDRINUSE else EXIT_STARTUP
-    port = runner.addresses[0][1]
-    if args.kv_transfer is not None:
-        api.kv = KvTransfer(args.kv_transfer, prep.layout.tp, args.block_size,
-                            prep.step_model.kv_transfer_s,
-                            host=args.host or socket.gethostname(), port=port)
-    engine.start()
+    return scheduler, engine, api
+
+
+def _stop_signals() -> tuple[asyncio.Event, asyncio.Event]:
+    """Events set by SIGTERM/SIGINT: the first signal stops (``stop``), a second one during the
+    drain skips the rest of its wait (``again``)."""
     stop, again = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
 
@@ -254,20 +274,31 @@ async def serve(prep: Prepared, api_key: str | None) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
-    _log(
-        f"SIMULATED engine (no inference) serving {', '.join(served.names)}"
+    return stop, again
+
+
+def _serving_line(prep: Prepared, url: str, total_blocks: int) -> str:
+    """The line that says the server is up: that it is simulated, what and where it serves."""
+    args = prep.args
+    return (
+        f"SIMULATED engine (no inference) serving {', '.join(args.served_model_names)}"
         f"{' (embeddings)' if prep.pooling else ''} on "
-        f"http://{host}:{port} — {prep.fingerprint}, KV cache {scheduler.total_blocks} blocks x "
-        f"{args.block_size} tokens, max_model_len {served.max_model_len}, speed x{args.speed}"
+        f"{url} — {prep.fingerprint}, KV cache {total_blocks} blocks x "
+        f"{args.block_size} tokens, max_model_len {prep.max_model_len}, speed x{args.speed}"
         + (f", KV connector {args.kv_transfer['kv_connector']} "
            f"({args.kv_transfer.get('kv_role', 'kv_both')})" if args.kv_transfer else "")
     )
-    await stop.wait()
+
+
+async def _shut_down(scheduler: Scheduler, engine: SimEngine, api: SimAPI, drain_timeout: float,
+                     again: asyncio.Event) -> None:
+    """Refuse new requests, let those in flight finish within ``drain_timeout`` (or until
+    ``again`` is set), abort the rest and stop the engine."""
     api.draining = True
     unfinished = scheduler.num_unfinished
-    _log(f"draining: {unfinished} request(s) in flight, up to {args.drain_timeout:g}s")
+    _log(f"draining: {unfinished} request(s) in flight, up to {drain_timeout:g}s")
     second = asyncio.create_task(again.wait())
-    drain = asyncio.create_task(_drain(engine, api, args.drain_timeout))
+    drain = asyncio.create_task(_drain(engine, api, drain_timeout))
     await asyncio.wait({drain, second}, return_when=asyncio.FIRST_COMPLETED)
     second.cancel()
     drained = drain.done() and drain.result()
@@ -276,9 +307,6 @@ async def serve(prep: Prepared, api_key: str | None) -> int:
         _log(f"drain incomplete: aborting {scheduler.num_unfinished} request(s)")
     await engine.stop()
     await api.wait_quiet(1.0)  # aborted handlers close their streams
-    await runner.cleanup()
-    _log("stopped")
-    return 0
 
 
 async def _drain(engine: SimEngine, api: SimAPI, timeout: float) -> bool:
