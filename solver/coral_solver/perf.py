@@ -52,6 +52,7 @@ __all__ = [
     "pipeline_stage_gpus",
     "stage_kv_capacity_tokens",
     "stage_throughput",
+    "step_function",
     "step_latency_s",
     "throughput_from_coeffs",
     "valid_tp_degrees",
@@ -302,6 +303,24 @@ def step_latency_s(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, decode_s
     ctx = prefill_tokens / 2.0 if prefill_ctx is None else prefill_ctx
     return step_time(c, decode_seqs, prefill_tokens, context_tokens, ctx,
                      cal.step_overhead_s, n_stages, cal.pp_alpha_s, cal.pp_bw)
+
+
+def step_function(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_stages: int = 1
+                  ) -> Callable[[float, float, float, float], float]:
+    """:func:`step_latency_s` of one stage with its inputs looked up once: a function of
+    (decode_seqs, prefill_tokens, context_tokens, prefill_ctx) giving exactly what
+    :func:`step_latency_s` gives (a replica simulation takes 10^5 steps; looking the
+    coefficients up each step was most of their cost)."""
+    cal = _calibration()
+    c = _stage_coeffs(arch, gpu, tp, layers)
+    overhead, alpha, bw = cal.step_overhead_s, cal.pp_alpha_s, cal.pp_bw
+
+    def step(decode_seqs: float, prefill_tokens: float, context_tokens: float,
+             prefill_ctx: float) -> float:
+        return step_time(c, decode_seqs, prefill_tokens, context_tokens, prefill_ctx, overhead,
+                         n_stages, alpha, bw)
+
+    return step
 
 
 # --- measured overrides ---------------------------------------------------------------------

@@ -80,6 +80,11 @@ class StepModel:
         self._util = gpu_memory_utilization
         self._arch = catalog.model_arch(layout.arch)
         self._gpus = tuple(catalog.gpu_spec(g) for g in layout.gpu_types)
+        # each stage's step function, its coefficients looked up once (a simulation takes
+        # 10^5 steps); the same arithmetic as perf.step_latency_s
+        self._steps = tuple(perf.step_function(self._arch, gpu, layout.tp, layers,
+                                               len(self._gpus))
+                            for gpu, layers in zip(self._gpus, layout.layers))
 
     @property
     def num_layers(self) -> int:
@@ -91,20 +96,9 @@ class StepModel:
     ) -> tuple[float, ...]:
         """Seconds each stage spends on one step of this batch; ``prefill_ctx`` as
         :func:`coral_solver.perf.step_latency_s` takes it (None: one chunk from its start)."""
-        return tuple(
-            perf.step_latency_s(
-                self._arch,
-                gpu,
-                self.layout.tp,
-                layers,
-                decode_seqs,
-                prefill_tokens,
-                context_tokens,
-                n_stages=len(self._gpus),
-                prefill_ctx=prefill_ctx,
-            )
-            for gpu, layers in zip(self._gpus, self.layout.layers)
-        )
+        ctx = prefill_tokens / 2.0 if prefill_ctx is None else prefill_ctx
+        return tuple(step(decode_seqs, prefill_tokens, context_tokens, ctx)
+                     for step in self._steps)
 
     def batch_times(self, batch: Batch) -> tuple[float, ...]:
         """Seconds each stage spends on ``batch``, called before the step runs (the batch's
