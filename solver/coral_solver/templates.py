@@ -214,15 +214,14 @@ class PerfThroughput:
         return perf_roles.kv_bytes_per_request(self._arch(model), mix)
 
     def fingerprint(self) -> str:
-        from coral_solver import perf_roles
+        from coral_solver import batching, perf_roles, replica_sim, simcap
         from coral_solver.resources import profiles_dir
-
-        from coral_solver import batching, replica_sim, simcap
 
         digest = hashlib.sha256()
         digest.update(Path(perf_roles.__file__).read_bytes())
         # the simulated capacity's simulator and search (Policy.capacity "simulated")
         for module in (batching, replica_sim, simcap):
+            assert module.__file__ is not None  # plain source modules of this package
             digest.update(Path(module.__file__).read_bytes())
         for path in sorted(profiles_dir().rglob("*")):
             if path.is_file():

@@ -35,7 +35,7 @@ class _MeanView:
     def __init__(self, tm: ThroughputModel) -> None:
         self._tm = tm
 
-    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+    def __getattr__(self, name: str):
         return getattr(self._tm, name)
 
     def throughput(self, model: ModelSpec, gpu_type: str, tp: int, layers: int,
