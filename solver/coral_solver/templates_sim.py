@@ -9,10 +9,12 @@ search of :func:`coral_solver.templates.searched_templates` and changes what it 
    TTFT/S (:func:`coral_solver.perf.mean_stage_throughput`: no tail, no KV queue). Those are
    optimistic, so a pipeline the tail model rates 0 (a TTFT split evenly over its stages is too
    little for any one of them) still gets a layout and a chance.
-2. **Only undominated candidates are simulated.** Of those templates, the ones another uses no
-   more of every configuration and beats on the mean figure are dropped before simulating: a
-   template worse on means than a smaller one is taken to be worse simulated too (a stated
-   approximation; ``bench/capacity.py`` reports how the two orders agree).
+2. **Only candidates that could still be undominated are simulated.** Candidates go cheapest
+   first (fewest GPUs, then the higher mean figure). One is skipped when a template already
+   simulated uses no more of every configuration and its *simulated* figure is at least the
+   candidate's *mean* figure: taking the mean figure as an upper bound of the simulated one,
+   the candidate would be dominated. That bound is an assumption, checked, not proven: on the
+   paper's core setup no template simulated above its mean figure (bench/results/capacity.md).
 3. **Each survivor simulated**, memoised by (architecture, TP, stage GPU types and layers, SLO,
    length distribution, goal), so models alike in those share the work; a one-stage template
    whose figure is a measurement (``coral-hpc profile``) keeps the measurement. Templates the
@@ -25,8 +27,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
-from coral_solver.templates import ThroughputModel, drop_dominated, searched_templates
-from coral_solver.types import ModelSpec, Policy, Template
+from coral_solver.templates import ThroughputModel, searched_templates
+from coral_solver.types import Config, ModelSpec, Policy, Template
 
 
 class _MeanView:
@@ -57,11 +59,16 @@ def simulated_templates(tm: ThroughputModel, model: ModelSpec,
     if not supports_simulation(tm):
         raise ValueError(f"model {model.name}: policy capacity 'simulated' needs a throughput "
                          "model that simulates replicas (coral_solver.templates.PerfThroughput)")
-    candidates = drop_dominated(searched_templates(_MeanView(tm), model, gpu_types, policy,
-                                                   tps))
+    candidates = searched_templates(_MeanView(tm), model, gpu_types, policy, tps)
+    candidates.sort(key=lambda t: (t.tp * t.pp, -t.throughput))
     measured = getattr(tm, "measured", None)
-    out = []
+    rated: list[tuple[dict[Config, int], Template]] = []
     for template in candidates:
+        usage = template.usage()
+        if any(done.throughput >= template.throughput
+               and all(n <= usage.get(config, 0) for config, n in used.items())
+               for used, done in rated):
+            continue  # dominated even if it served its mean figure
         stage = template.stages[0]
         if template.pp == 1 and measured is not None and measured(model, stage.gpu_type,
                                                                   template.tp):
@@ -70,5 +77,6 @@ def simulated_templates(tm: ThroughputModel, model: ModelSpec,
             rate = tm.simulated_throughput(  # type: ignore[attr-defined]
                 model, template, policy.slo_attainment)
         if rate > 0:
-            out.append(replace(template, throughput=float(rate)))
-    return out
+            rated.append((usage, replace(template, throughput=float(rate))))
+    return [t for _, t in rated]
+

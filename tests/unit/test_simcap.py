@@ -147,3 +147,48 @@ def test_prefill_and_decode_templates_stay_analytic_under_simulated_capacity():
         simulated = phase_templates(tm, model, gpus,
                                     Policy(max_tp=1, n_max=2, capacity="simulated"), role)
         assert simulated == analytic
+
+
+class _Simulating:
+    """A synthetic throughput model that 'simulates': a template serves a fixed, hashed share
+    (30-100 %) of its mean-only figure, so the mean figure bounds it as the search assumes and
+    a bigger template may beat a smaller one that beats it on means."""
+
+    def __init__(self, table):
+        self._table = table
+
+    def __getattr__(self, name):
+        return getattr(self._table, name)
+
+    def mean_throughput(self, model, gpu_type, tp, layers, stages):
+        return self._table.throughput(model, gpu_type, tp, layers, stages)
+
+    def simulated_throughput(self, model, template, goal):
+        import hashlib
+
+        share = int(hashlib.sha256(template.id.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+        mean = min(self.mean_throughput(model, s.gpu_type, template.tp, s.layers, template.pp)
+                   for s in template.stages)
+        return mean * (0.3 + 0.7 * share)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_skipping_candidates_loses_no_undominated_template_while_means_bound_simulation(seed):
+    """Simulating only candidates that could beat what is already simulated gives the same
+    library as simulating every candidate, whenever the mean figure bounds the simulated one."""
+    from dataclasses import replace
+
+    from coral_solver.joint import random_instance
+    from coral_solver.templates import drop_dominated, model_templates, searched_templates
+    from coral_solver.templates_sim import _MeanView
+
+    inst = random_instance(seed)
+    tm = _Simulating(inst.throughput)
+    policy = replace(inst.policy, capacity="simulated")
+    gpus = inst.cluster.gpu_types()
+    for model in inst.models:
+        every = [replace(t, throughput=tm.simulated_throughput(model, t, 0.95))
+                 for t in searched_templates(_MeanView(tm), model, gpus, policy)]
+        expected = drop_dominated([t for t in every if t.throughput > 0])
+        got = model_templates(tm, model, gpus, policy)
+        assert {(t.id, t.throughput) for t in got} == {(t.id, t.throughput) for t in expected}
