@@ -16,6 +16,11 @@ dominated by another (no more stages of every configuration, at least the throug
 The library is cached on disk by a hash of everything it depends on — the architecture, mix,
 SLO, allowed GPU types and roles, not the model's name — so models that share those share one
 entry (50 models of a site drawn from a few architectures need a few Stage-1 runs, not 50).
+
+With ``Policy.capacity`` ``simulated`` the same search picks layer splits on mean-only stage
+figures and each candidate is then rated by simulating its whole replica
+(:mod:`coral_solver.templates_sim`, :mod:`coral_solver.simcap`): one end-to-end definition of
+what a template serves instead of its bottleneck stage's share of an evenly split SLO.
 """
 
 from __future__ import annotations
