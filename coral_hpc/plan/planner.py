@@ -335,7 +335,8 @@ class Planner:
             estimates = prober.estimates(shapes)
             cluster, library, plan = stage2(estimates)
         stage2_s = time.perf_counter() - began - stage1
-        problems = tuple(check_plan(plan, models, cluster, library, throughput))
+        problems = tuple(check_plan(plan, models, cluster, library, throughput,
+                                    policy=policy))
         def time_limit(parts: tuple[str, ...]) -> int:
             return availability.time_limit_for(deployment, snapshot, parts)
 

@@ -192,3 +192,23 @@ def test_skipping_candidates_loses_no_undominated_template_while_means_bound_sim
         expected = drop_dominated([t for t in every if t.throughput > 0])
         got = model_templates(tm, model, gpus, policy)
         assert {(t.id, t.throughput) for t in got} == {(t.id, t.throughput) for t in expected}
+
+
+def test_the_checker_rechecks_a_simulated_template_by_simulation():
+    from dataclasses import replace
+
+    from coral_solver.check import _check_template
+    from coral_solver.joint import random_instance
+    from coral_solver.templates import model_templates
+
+    inst = random_instance(1)
+    tm = _Simulating(inst.throughput)
+    policy = replace(inst.policy, capacity="simulated")
+    model = inst.models[0]
+    library = model_templates(tm, model, inst.cluster.gpu_types(), policy)
+    assert library
+    for t in library:
+        assert _check_template(t, model, tm, 1e-6, policy) == []
+        inflated = replace(t, throughput=t.throughput * 1.1)
+        assert "the replica simulated serves" in _check_template(inflated, model, tm, 1e-6,
+                                                                 policy)[0]
