@@ -130,6 +130,16 @@ def test_the_configuration_reaches_the_solver_policy():
     with pytest.raises(ValueError):
         PolicyConfig(capacity="guess")
     assert PolicyConfig(capacity="simulated").capacity == "simulated"
+    from coral_hpc.config import load_deployment
+    from coral_hpc.plan.inputs import policy_of
+
+    repo = __import__("pathlib").Path(__file__).resolve().parents[2]
+    deployment = load_deployment(repo / "examples" / "models.yaml")
+    assert policy_of(deployment).capacity == "analytic"
+    chosen = deployment.model_copy(update={"policy": PolicyConfig(capacity="simulated",
+                                                                  slo_attainment=0.9)})
+    policy = policy_of(chosen)
+    assert (policy.capacity, policy.slo_attainment) == ("simulated", 0.9)
 
 
 def test_prefill_and_decode_templates_stay_analytic_under_simulated_capacity():
