@@ -14,7 +14,7 @@ search of :func:`coral_solver.templates.searched_templates` and changes what it 
    simulated uses no more of every configuration and its *simulated* figure is at least the
    candidate's *mean* figure: taking the mean figure as an upper bound of the simulated one,
    the candidate would be dominated. That bound is an assumption, checked, not proven: on the
-   paper's core setup no template simulated above its mean figure (bench/results/capacity.md).
+   paper's core setup no template simulated above its mean figure (bench/capacity.py).
 3. **Each survivor simulated**, memoised by (architecture, TP, stage GPU types and layers, SLO,
    length distribution, goal), so models alike in those share the work; a one-stage template
    whose figure is a measurement (``coral-hpc profile``) keeps the measurement. Templates the
