@@ -80,11 +80,10 @@ class StepModel:
         self._util = gpu_memory_utilization
         self._arch = catalog.model_arch(layout.arch)
         self._gpus = tuple(catalog.gpu_spec(g) for g in layout.gpu_types)
-        # each stage's step function, its coefficients looked up once (a simulation takes
-        # 10^5 steps); the same arithmetic as perf.step_latency_s
-        self._steps = tuple(perf.step_function(self._arch, gpu, layout.tp, layers,
-                                               len(self._gpus))
-                            for gpu, layers in zip(self._gpus, layout.layers))
+        # each stage's step function, its coefficients looked up once, at the first step (a
+        # simulation takes 10^5 steps; the sim engine's start-up must not wait for the
+        # calibration and measured profiles); the same arithmetic as perf.step_latency_s
+        self._steps: tuple[Callable[[float, float, float, float], float], ...] = ()
 
     @property
     def num_layers(self) -> int:
@@ -96,6 +95,10 @@ class StepModel:
     ) -> tuple[float, ...]:
         """Seconds each stage spends on one step of this batch; ``prefill_ctx`` as
         :func:`coral_solver.perf.step_latency_s` takes it (None: one chunk from its start)."""
+        if not self._steps:
+            self._steps = tuple(perf.step_function(self._arch, gpu, self.layout.tp, layers,
+                                                   len(self._gpus))
+                                for gpu, layers in zip(self._gpus, self.layout.layers))
         ctx = prefill_tokens / 2.0 if prefill_ctx is None else prefill_ctx
         return tuple(step(decode_seqs, prefill_tokens, context_tokens, ctx)
                      for step in self._steps)
