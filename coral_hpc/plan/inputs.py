@@ -301,4 +301,5 @@ def policy_of(deployment: Deployment, startup_s: float | None = None) -> Policy:
                   startup_penalty=startup / p.replan_interval_s,
                   time_limit_s=p.solver_time_limit_s, mip_gap=p.solver_mip_gap,
                   replan_interval_s=p.replan_interval_s, max_queue_wait_s=p.max_queue_wait_s,
-                  max_tp=p.max_tp, measured_only=p.measured_only)
+                  max_tp=p.max_tp, measured_only=p.measured_only, capacity=p.capacity,
+                  slo_attainment=p.slo_attainment)

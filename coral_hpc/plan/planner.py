@@ -375,7 +375,8 @@ class Planner:
             estimates = prober.estimates(shapes)
             cluster, library, plan = stage2(estimates)
         stage2_s = time.perf_counter() - began - stage1
-        problems = tuple(check_plan(plan, models, cluster, library, throughput))
+        problems = tuple(check_plan(plan, models, cluster, library, throughput,
+                                    policy=policy))
         return PlanOutcome(
             desired=_desired(plan, models, deployment, snapshot),
             cost_per_hour=plan.cost_per_hour,

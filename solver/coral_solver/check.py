@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from coral_solver.types import Cluster, ModelSpec, Plan, Template
+from coral_solver.types import Cluster, ModelSpec, Plan, Policy, Template
 
 
 def check_plan(
@@ -19,16 +19,19 @@ def check_plan(
     library: dict[str, list[Template]] | None = None,
     throughput=None,
     rel_tol: float = 1e-6,
+    policy: Policy | None = None,
 ) -> list[str]:
     """Problems with ``plan``: availability and packing per node, partitions, costs, demand,
-    quotas, replica bounds, and (given ``library``/``throughput``) the templates themselves."""
+    quotas, replica bounds, and (given ``library``/``throughput``) the templates themselves.
+    ``policy``: the one Stage 1 ran with (its ``capacity`` says how a template's throughput is
+    re-checked; None: analytic)."""
     by_name = {m.name: m for m in models}
     tally = _Tally(cluster, by_name)
     library_ids = {m: {t.id: t for t in ts} for m, ts in (library or {}).items()}
     problems: list[str] = []
     for r, row in enumerate(plan.rows):
         problems += _check_row(r, row, tally, library_ids if library is not None else None,
-                               throughput, rel_tol)
+                               throughput, rel_tol, policy)
     problems += _check_preemptible(plan, cluster)
     for r, row in enumerate(plan.queued):
         problems += _check_queued(r, row, by_name, tally.parts, cluster, tally.replicas)
@@ -73,7 +76,7 @@ class _Tally:
 
 
 def _check_row(r: int, row, tally: _Tally, library_ids: dict[str, dict[str, Template]] | None,
-               throughput, rel_tol: float) -> list[str]:
+               throughput, rel_tol: float, policy: Policy | None = None) -> list[str]:
     """One placed row: its shape, template, stages' partitions and prices, placements and
     role; adds what it uses and serves to ``tally``."""
     t = row.template
@@ -90,7 +93,7 @@ def _check_row(r: int, row, tally: _Tally, library_ids: dict[str, dict[str, Temp
         if known is None or abs(known.throughput - t.throughput) > rel_tol * known.throughput:
             problems.append(f"{where}: not in the Stage-1 library with this throughput")
     if throughput is not None:
-        problems += _check_template(t, model, throughput, rel_tol)
+        problems += _check_template(t, model, throughput, rel_tol, policy)
     cost = _check_stages(where, row, model, tally, problems)
     if abs(cost - row.cost_per_hour) > rel_tol * max(cost, 1.0):
         problems.append(f"{where}: cost_per_hour {row.cost_per_hour} but prices give {cost}")
@@ -245,8 +248,10 @@ def _check_fabric(plan: Plan, cluster: Cluster, role_capacity: dict[str, dict[st
     return []
 
 
-def _check_template(t: Template, model: ModelSpec, tm, rel_tol: float) -> list[str]:
-    """Layers add up, TP is valid, and every stage sustains the template's throughput."""
+def _check_template(t: Template, model: ModelSpec, tm, rel_tol: float,
+                    policy: Policy | None = None) -> list[str]:
+    """Layers add up, TP is valid, and every stage sustains the template's throughput (with
+    simulated capacity: the whole replica, simulated again, sustains it)."""
     out = []
     layers = tm.layers(model)
     if sum(s.layers for s in t.stages) != layers or min(s.layers for s in t.stages) < 1:
@@ -257,6 +262,16 @@ def _check_template(t: Template, model: ModelSpec, tm, rel_tol: float) -> list[s
         from coral_solver.roles import check_phase_template
 
         return out + check_phase_template(t, model, tm, rel_tol)
+    simulated = (policy is not None and policy.capacity == "simulated"
+                 and hasattr(tm, "simulated_throughput"))
+    measured = getattr(tm, "measured", None)
+    if simulated and not (t.pp == 1 and measured is not None
+                          and measured(model, t.stages[0].gpu_type, t.tp)):
+        speed = tm.simulated_throughput(model, t, policy.slo_attainment)  # type: ignore[union-attr]
+        if speed < t.throughput * (1 - rel_tol):
+            out.append(f"template {t.id}: the replica simulated serves {speed:.4g} < "
+                       f"{t.throughput:.4g} req/s within SLO")
+        return out
     for stage in t.stages:
         speed = tm.throughput(model, stage.gpu_type, t.tp, stage.layers, t.pp)
         if speed < t.throughput * (1 - rel_tol):

@@ -48,10 +48,12 @@ __all__ = [
     "measured_dirs",
     "measured_pipeline_throughput",
     "measured_pipelines",
+    "mean_stage_throughput",
     "measured_profiles",
     "pipeline_stage_gpus",
     "stage_kv_capacity_tokens",
     "stage_throughput",
+    "step_function",
     "step_latency_s",
     "throughput_from_coeffs",
     "valid_tp_degrees",
@@ -81,6 +83,11 @@ _measured_dirs: tuple[Path, ...] | None = None
 _kv_space: dict[str, int] = {}
 
 
+#: cache_clear of memo tables outside this module whose answers rest on it (the simulated
+#: capacities of :mod:`coral_solver.simcap`): :func:`configure` clears them too
+_CLEAR_ON_CONFIGURE: list[Callable[[], None]] = []
+
+
 def configure(profiles: Path | None = None, measured: list[Path] | tuple[Path, ...] | None = None,
               kv_space: Mapping[str, int] | None = None) -> None:
     """Point the model at another profiles folder and/or measured-profile folders.
@@ -95,8 +102,10 @@ def configure(profiles: Path | None = None, measured: list[Path] | tuple[Path, .
     _profiles = Path(profiles).resolve() if profiles is not None else None
     _measured_dirs = tuple(Path(p).resolve() for p in measured) if measured is not None else None
     _kv_space = dict(kv_space or {})
+    for clear in _CLEAR_ON_CONFIGURE:
+        clear()
     for cached in (_base_coeffs, _stage_coeffs, _stage_throughput, _kv_capacity, _step_correction,
-                   load_calibration, load_measured):
+                   mean_stage_throughput, load_calibration, load_measured):
         cached.cache_clear()
 
 
@@ -313,6 +322,24 @@ def step_latency_s(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, decode_s
     ctx = prefill_tokens / 2.0 if prefill_ctx is None else prefill_ctx
     return step_time(c, decode_seqs, prefill_tokens, context_tokens, ctx,
                      cal.step_overhead_s, n_stages, cal.pp_alpha_s, cal.pp_bw)
+
+
+def step_function(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_stages: int = 1
+                  ) -> Callable[[float, float, float, float], float]:
+    """:func:`step_latency_s` of one stage with its inputs looked up once: a function of
+    (decode_seqs, prefill_tokens, context_tokens, prefill_ctx) giving exactly what
+    :func:`step_latency_s` gives (a replica simulation takes 10^5 steps; looking the
+    coefficients up each step was most of their cost)."""
+    cal = _calibration()
+    c = _stage_coeffs(arch, gpu, tp, layers)
+    overhead, alpha, bw = cal.step_overhead_s, cal.pp_alpha_s, cal.pp_bw
+
+    def step(decode_seqs: float, prefill_tokens: float, context_tokens: float,
+             prefill_ctx: float) -> float:
+        return step_time(c, decode_seqs, prefill_tokens, context_tokens, prefill_ctx, overhead,
+                         n_stages, alpha, bw)
+
+    return step
 
 
 # --- measured overrides ---------------------------------------------------------------------
@@ -630,6 +657,24 @@ def _stage_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_sta
                 return m_rps if exact else max(model, m_rps)
             return max(model, m_rps) if layers < m_layers else min(model, m_rps)
     return model
+
+
+@functools.lru_cache(maxsize=262144)
+def mean_stage_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_stages: int,
+                          slo: Slo, mix: Mix) -> float:
+    """Requests/s one stage sustains when only the *mean* step must meet its TPOT share and the
+    mean prompt path its TTFT share (:func:`throughput_from_coeffs` with ``poisson_tail``
+    False): no tail, no KV queue. An optimistic figure: Stage 1's simulated capacity
+    (``Policy.capacity``) uses it to choose each node multiset's layer split and to rank
+    candidates before simulating them; 0.0 where even the means fail."""
+    if engine_dtype(arch, gpu) is None or tp < 1 or layers < 1 or layers > arch.layers:
+        return 0.0
+    if mix.input_tokens < 1 or mix.output_tokens < 1 or n_stages < 1:
+        return 0.0
+    cal = _calibration()
+    cap = kv_capacity_tokens(arch, gpu, tp, layers, cal.gpu_memory_utilization)
+    return throughput_from_coeffs(_stage_coeffs(arch, gpu, tp, layers), cap, n_stages, slo,
+                                  mix, poisson_tail=False)
 
 
 def stage_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_stages: int,

@@ -75,8 +75,11 @@ def phase_templates(tm: PhaseThroughputModel, model: ModelSpec,
     if role not in PHASES:
         raise ValueError(f"role {role!r}: expected one of {PHASES}")
     kv = float(tm.kv_bytes_per_request(model))
+    # a phase is rated by its analytic figures (coral_solver.perf_roles) whatever
+    # policy.capacity says: the simulated capacity rates aggregated replicas only
+    analytic = replace(policy, capacity="analytic")
     return [replace(t, role=role, kv_bytes_per_request=kv)
-            for t in model_templates(_PhaseView(tm, role), model, gpu_types, policy, tps)]
+            for t in model_templates(_PhaseView(tm, role), model, gpu_types, analytic, tps)]
 
 
 def check_phase_template(t: Template, model: ModelSpec, tm, rel_tol: float) -> list[str]:

@@ -127,7 +127,11 @@ class Spec:
         if unknown:
             raise SpecError(f"{source}: policy: unknown field(s) {sorted(unknown)}; "
                             f"valid: {sorted(policy_fields)}")
-        return cls(tuple(models), domains, Policy(**policy_raw),
+        try:
+            policy = Policy(**policy_raw)
+        except (TypeError, ValueError) as exc:
+            raise SpecError(f"{source}: policy: {exc}") from None
+        return cls(tuple(models), domains, policy,
                    str(data.get("throughput") or "coral_solver.templates:PerfThroughput"),
                    tuple(str(p) for p in data.get("measured_dirs") or ()))
 

@@ -16,6 +16,11 @@ dominated by another (no more stages of every configuration, at least the throug
 The library is cached on disk by a hash of everything it depends on — the architecture, mix,
 SLO, allowed GPU types and roles, not the model's name — so models that share those share one
 entry (50 models of a site drawn from a few architectures need a few Stage-1 runs, not 50).
+
+With ``Policy.capacity`` ``simulated`` the same search picks layer splits on mean-only stage
+figures and each candidate is then rated by simulating its whole replica
+(:mod:`coral_solver.templates_sim`, :mod:`coral_solver.simcap`): one end-to-end definition of
+what a template serves instead of its bottleneck stage's share of an evenly split SLO.
 """
 
 from __future__ import annotations
@@ -135,6 +140,31 @@ class PerfThroughput:
     def calibrated(self, model: ModelSpec, gpu_type: str) -> bool:
         return bool(self._perf.is_calibrated(self._arch(model), self._gpu(gpu_type)))
 
+    def mean_throughput(self, model: ModelSpec, gpu_type: str, tp: int, layers: int,
+                        stages: int) -> float:
+        """Requests/s one stage sustains on means alone (:func:`coral_solver.perf.
+        mean_stage_throughput`): the optimistic figure the simulated capacity's search
+        chooses layer splits and candidates by."""
+        if not self.kv_fits(model, gpu_type, tp, layers):
+            return 0.0
+        slo = self._perf.Slo(ttft_s=model.ttft_s, tpot_s=model.tpot_s)
+        mix = self._perf.Mix(input_tokens=model.input_tokens, output_tokens=model.output_tokens)
+        return float(self._perf.mean_stage_throughput(
+            self._arch(model), self._gpu(gpu_type), tp, layers, stages, slo, mix))
+
+    def simulated_throughput(self, model: ModelSpec, template: Template, goal: float) -> float:
+        """Requests/s one replica of ``template`` serves with ``goal`` of the model's requests
+        within TTFT and TPOT, the whole replica simulated (:mod:`coral_solver.simcap`) for the
+        model's declared means, lengths drawn exponential (the stated distribution)."""
+        from coral_solver import simcap
+
+        slo = self._perf.Slo(ttft_s=model.ttft_s, tpot_s=model.tpot_s)
+        lengths = simcap.Lengths.exponential(model.input_tokens, model.output_tokens,
+                                             max_model_len=model.max_model_len)
+        return float(simcap.template_capacity(
+            model.arch, template.tp, tuple(s.gpu_type for s in template.stages),
+            tuple(s.layers for s in template.stages), slo, lengths, goal))
+
     def kv_fits(self, model: ModelSpec, gpu_type: str, tp: int, layers: int) -> bool:
         """Whether one stage of ``layers`` layers holds one request of the model's
         ``max_model_len`` in its KV cache (vLLM refuses to start otherwise); True when the
@@ -199,12 +229,16 @@ class PerfThroughput:
         return perf_roles.kv_bytes_per_request(self._arch(model), mix)
 
     def fingerprint(self) -> str:
-        from coral_solver import perf_pooling, perf_roles
+        from coral_solver import batching, perf_pooling, perf_roles, replica_sim, simcap
         from coral_solver.resources import profiles_dir
 
         digest = hashlib.sha256()
         digest.update(Path(perf_roles.__file__).read_bytes())
         digest.update(Path(perf_pooling.__file__).read_bytes())
+        # the simulated capacity's simulator and search (Policy.capacity "simulated")
+        for module in (batching, replica_sim, simcap):
+            assert module.__file__ is not None  # plain source modules of this package
+            digest.update(Path(module.__file__).read_bytes())
         for path in sorted(profiles_dir().rglob("*")):
             if path.is_file():
                 digest.update(str(path.relative_to(profiles_dir())).encode())
@@ -345,7 +379,29 @@ def model_templates(
     ``gpu_types``: GPU type → (most GPUs on one node, GPU memory GB). ``tps``: only these TP
     degrees (a shard of the work, :mod:`coral_solver.stage1`; dominance never crosses TP degrees,
     since a template uses configurations of its own TP only, so shards concatenate exactly).
+    With ``policy.capacity`` ``simulated`` each template's throughput is its whole replica's,
+    simulated (:func:`coral_solver.templates_sim.simulated_templates`).
     """
+    if policy.capacity == "simulated":
+        from coral_solver.templates_sim import simulated_templates
+
+        out = simulated_templates(tm, model, gpu_types, policy, tps)
+    else:
+        out = searched_templates(tm, model, gpu_types, policy, tps)
+    if policy.measured_only:
+        out = _measured_only(tm, model, out)
+    return drop_dominated(_with_measured_pipelines(tm, model, gpu_types, policy, out))
+
+
+def searched_templates(
+    tm: ThroughputModel,
+    model: ModelSpec,
+    gpu_types: Mapping[str, tuple[int, float]],
+    policy: Policy,
+    tps: Iterable[int] | None = None,
+) -> list[Template]:
+    """The best layout of every node multiset (TP degree, stages, GPU types) that ``tm.
+    throughput`` rates above 0, each rated by its bottleneck stage; dominated ones included."""
     layers = tm.layers(model)
     usable = sorted(g for g in gpu_types if model.allows_gpu(g) and tm.runs_on(model, g))
     budget = memory_budget(tm, model, gpu_types, policy, usable)
@@ -378,9 +434,7 @@ def model_templates(
                         calibrated=all(tm.calibrated(model, s.gpu_type) for s in stage_list),
                     )
                 )
-    if policy.measured_only:
-        out = _measured_only(tm, model, out)
-    return drop_dominated(_with_measured_pipelines(tm, model, gpu_types, policy, out))
+    return out
 
 
 def _with_measured_pipelines(tm: ThroughputModel, model: ModelSpec,
@@ -497,7 +551,8 @@ def _cache_key(
         "roles": list(roles_for(model)),
         "gpus": sorted([g, list(v)] for g, v in gpu_types.items()),
         "policy": [policy.n_max, policy.rho, policy.heterogeneous, policy.max_tp,
-                   policy.measured_only],
+                   policy.measured_only]
+        + ([policy.capacity, policy.slo_attainment] if policy.capacity != "analytic" else []),
         "throughput": tm.fingerprint() if fingerprint is None else fingerprint,
     }
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:32]

@@ -235,6 +235,24 @@ class Policy:
     #: applies to the mix and SLO, or that exact pipeline measured): for an engine the analytic
     #: GPU model does not describe (vLLM's CPU build)
     measured_only: bool = False
+    #: Stage 1: how a template's throughput is found. ``analytic``: per-stage figures of
+    #: :mod:`coral_solver.perf` (TTFT and TPOT split evenly over the stages, Poisson tails),
+    #: the bottleneck stage's; ``simulated``: the whole replica simulated
+    #: (:mod:`coral_solver.simcap`): the highest Poisson rate at which ``slo_attainment`` of the
+    #: model's requests meet TTFT and TPOT end to end (aggregated templates; prefill-only and
+    #: decode-only ones stay analytic)
+    capacity: Literal["analytic", "simulated"] = "analytic"
+    #: the share of requests a template's rated throughput keeps within both objectives
+    #: (``simulated`` capacity)
+    slo_attainment: float = 0.95
+
+    def __post_init__(self) -> None:
+        if self.capacity not in ("analytic", "simulated"):
+            raise ValueError(f"policy capacity {self.capacity!r}: expected 'analytic' or "
+                             "'simulated'")
+        if not 0.0 < self.slo_attainment <= 1.0:
+            raise ValueError(f"policy slo_attainment {self.slo_attainment}: expected a share "
+                             "in (0, 1]")
 
 
 @dataclass(frozen=True)

@@ -131,4 +131,9 @@ def test_a_bad_spec_exits_2_naming_the_field(tmp_path, capsys):
     assert stage1.main(["run", "--spec", str(path), "--work", str(tmp_path)]) == 2
     assert "domains.east.a100: expected [gpus per node, GPU memory GB]" in \
         capsys.readouterr().err
+    bad = SPEC.to_json()
+    bad["policy"]["capacity"] = "guess"
+    path.write_text(json.dumps(bad))
+    assert stage1.main(["shards", "--spec", str(path)]) == 2
+    assert "policy: policy capacity 'guess'" in capsys.readouterr().err
     assert stage1.main(["merge", "--spec", str(tmp_path / "absent.json"), "--work", "x"]) == 2

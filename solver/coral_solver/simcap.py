@@ -1,0 +1,241 @@
+"""A template's capacity by simulating the whole replica: the highest Poisson arrival rate at
+which at least ``goal`` (``Policy.slo_attainment``, default 0.95) of the model's requests meet
+both their TTFT and their TPOT **end to end**.
+
+One definition, from the project's own replica simulator (:mod:`coral_solver.replica_sim`, the
+scheduler the sim engine runs): every stage and hand-off of the pipeline, continuous batching,
+chunked prefill, the KV-cache limit and preemption, for the model's request-length
+*distribution* (:class:`Lengths`: a trace's or meter's sample, or the declared means with a
+stated distribution) — not a per-stage figure with the TTFT split evenly over the stages.
+
+How a rate is judged (:func:`attainment`): ``WARMUP + COUNTED`` requests with unit-rate
+exponential gaps drawn once from a fixed seed, scaled to the rate (common random numbers: every
+rate sees the same arrivals and lengths, so the search is deterministic on any machine and
+attainment moves with the rate only). The first ``WARMUP`` fill the replica from empty and are
+not counted. A request meets its SLO when its first token comes within TTFT of its arrival and
+its mean time per output token after the first is within TPOT (a one-token answer has no TPOT);
+a request the KV cache could never hold misses. The run stops as soon as more of the counted
+requests have missed than the goal allows.
+
+How the rate is found (:func:`capacity`): from a saturation estimate, halve until a rate meets
+the goal (or none above ``MIN_RATE`` does: capacity 0), double while it does, then bisect
+geometrically to ``REL_TOL``; the highest rate that met the goal is returned.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from coral_solver import perf
+from coral_solver.replica_sim import EngineLimits, Layout, Request, StepModel, serve_watched
+
+#: Requests whose outcome is counted per judged rate. The binomial standard error of an
+#: attainment of 0.95 over 500 requests is sqrt(0.95 x 0.05 / 500) = 0.97 percentage points:
+#: fine enough to tell 95 % from 93 %, the resolution Stage 1 needs (a statistical choice, not
+#: a fitted one).
+COUNTED = 500
+#: Requests served first and not counted, so the counted ones find the replica in its loaded
+#: state rather than empty (the same warm-up idea as ``coral_hpc.simulate``'s window warm-up).
+WARMUP = 200
+#: Seed of the arrival gaps and sampled lengths: fixed, so capacities are reproducible.
+SEED = 20261203
+#: Rate resolution of the search: the bisection stops when the failing rate is within 2 % of
+#: the passing one (finer than what the ~1-point attainment error above moves the rate by).
+REL_TOL = 0.02
+#: Below this rate (requests/s) a template is rated 0: it serves less than one request a
+#: minute within SLO (no planner would use it; the halving must end somewhere).
+MIN_RATE = 1.0 / 60.0
+
+
+@dataclass(frozen=True)
+class Lengths:
+    """A request-length distribution as a fixed sample of (prompt, output) token pairs, and
+    where it came from (named in reports and cache keys)."""
+
+    prompt: tuple[int, ...]
+    output: tuple[int, ...]
+    source: str
+
+    def __post_init__(self) -> None:
+        if not self.prompt or len(self.prompt) != len(self.output):
+            raise ValueError("lengths: need as many output lengths as prompt lengths, and some")
+        if min(self.prompt) < 1 or min(self.output) < 1:
+            raise ValueError(f"lengths ({self.source}): every prompt and output must be >= 1 token")
+
+    @classmethod
+    def exponential(cls, input_tokens: int, output_tokens: int, n: int = WARMUP + COUNTED,
+                    max_model_len: int | None = None, seed: int = SEED) -> Lengths:
+        """The declared means with the stated distribution: prompt and output lengths each
+        geometric (the discrete exponential, support 1, 2, ...) with those means, independent
+        — what the analytic model assumes of a mix (``coral_solver.perf._concurrent_slots``).
+        With ``max_model_len`` a prompt is cut to leave one output token and an output to what
+        the prompt leaves (the engine refuses longer), which lowers the means a little."""
+        if input_tokens < 1 or output_tokens < 1:
+            raise ValueError("lengths: mean input and output tokens must be >= 1")
+        rng = np.random.default_rng(seed)
+        prompt = rng.geometric(1.0 / input_tokens, n)
+        output = rng.geometric(1.0 / output_tokens, n)
+        if max_model_len is not None:
+            prompt = np.minimum(prompt, max_model_len - 1)
+            output = np.minimum(output, max_model_len - prompt)
+        return cls(tuple(int(p) for p in prompt), tuple(int(o) for o in output),
+                   f"exponential(mean {input_tokens} in, {output_tokens} out"
+                   + (f", cut at {max_model_len})" if max_model_len else ")"))
+
+    @classmethod
+    def sample(cls, pairs: list[tuple[int, int]], source: str, n: int = WARMUP + COUNTED,
+               seed: int = SEED) -> Lengths:
+        """``n`` pairs drawn (with replacement, fixed seed) from observed (prompt, output)
+        pairs, e.g. a trace's or the gateway meter's, keeping each request's two lengths
+        together."""
+        if not pairs:
+            raise ValueError(f"lengths ({source}): no requests to sample from")
+        rng = np.random.default_rng(seed)
+        picks = rng.integers(0, len(pairs), n)
+        return cls(tuple(int(pairs[i][0]) for i in picks),
+                   tuple(int(pairs[i][1]) for i in picks), source)
+
+
+@dataclass(frozen=True)
+class Judged:
+    """One judged rate: requests counted, met both objectives, and whether the run stopped
+    early (then ``met`` counts only those seen before the stop, and the goal was missed)."""
+
+    rate: float
+    counted: int
+    met: int
+    stopped: bool
+
+    @property
+    def attainment(self) -> float:
+        return self.met / self.counted if self.counted else 0.0
+
+
+@functools.lru_cache(maxsize=8)
+def _unit_gaps(n: int, seed: int) -> tuple[float, ...]:
+    """Unit-rate exponential gaps, drawn once: every rate scales the same ones."""
+    return tuple(float(g) for g in np.random.default_rng(seed + 1).exponential(1.0, n))
+
+
+def limits() -> EngineLimits:
+    """The engine limits every replica starts with: the calibration's (what coral-hpc starts
+    vLLM with), as Stage 1's analytic model reads them."""
+    cal = perf._calibration()
+    return EngineLimits(max_num_seqs=cal.max_num_seqs,
+                        max_num_batched_tokens=cal.max_num_batched_tokens,
+                        gpu_memory_utilization=cal.gpu_memory_utilization)
+
+
+def attainment(layout: Layout, slo: perf.Slo, lengths: Lengths, rate: float, goal: float,
+               warmup: int = WARMUP) -> Judged:
+    """Serve ``lengths`` (in order) arriving as a Poisson process of ``rate`` requests/s on one
+    replica of ``layout``; count the requests after the first ``warmup`` that meet TTFT and
+    TPOT. Stops once the misses make ``goal`` unreachable."""
+    if rate <= 0:
+        raise ValueError(f"rate must be > 0, got {rate}")
+    n = len(lengths.prompt)
+    if n <= warmup:
+        raise ValueError(f"lengths: {n} requests, need more than the {warmup} warm-up ones")
+    gaps = _unit_gaps(n, SEED)
+    at = np.cumsum(np.asarray(gaps)) / rate
+    requests = [Request(float(at[i]), lengths.prompt[i], lengths.output[i]) for i in range(n)]
+    counted = n - warmup
+    allowed = math.floor((1.0 - goal) * counted + 1e-9)  # misses the goal allows
+    missed = 0
+    seen_first: dict[int, bool] = {}  # counted request -> its TTFT was met
+
+    def watch(i: int, first_s: float, last_s: float, tokens: int, finished: bool) -> bool:
+        nonlocal missed
+        if i < warmup:
+            return False
+        if tokens == 0:  # refused: it could never fit the KV cache
+            missed += 1
+            return missed > allowed
+        if tokens == 1 and i not in seen_first:
+            ok = first_s - requests[i].at <= slo.ttft_s
+            seen_first[i] = ok
+            if not ok:
+                missed += 1
+                return missed > allowed
+        if finished and seen_first.get(i, False) and tokens > 1:
+            if (last_s - first_s) / (tokens - 1) > slo.tpot_s:
+                missed += 1
+                return missed > allowed
+        return False
+
+    _first, _last, _produced, stopped = serve_watched(layout, requests, limits(), watch)
+    if stopped:
+        return Judged(rate, counted, counted - missed, True)
+    return Judged(rate, counted, counted - missed, False)
+
+
+def saturation_guess(layout: Layout, lengths: Lengths) -> float:
+    """Requests/s the replica would finish with its batch full of mean-length sequences
+    (``max_num_seqs`` or what the KV cache holds, split over the stages' micro-batches), every
+    step decode only: where the search starts (a guess, not a bound: the search moves from it)."""
+    lim = limits()
+    model = StepModel(layout, lim.gpu_memory_utilization)
+    n_in = float(np.mean(lengths.prompt))
+    n_out = float(np.mean(lengths.output))
+    held = max(1, int(model.kv_capacity_tokens() // (n_in + n_out / 2.0)))
+    seqs = max(1, min(lim.max_num_seqs, held))
+    per_engine = max(1, seqs // layout.stages)
+    times = model.stage_times(per_engine, 0, int(per_engine * (n_in + n_out / 2.0)))
+    # S micro-batches in flight; a round of every micro-batch through the slowest stage
+    round_s = max(sum(times), layout.stages * max(times))
+    return per_engine * layout.stages / (n_out * round_s)
+
+
+def capacity(layout: Layout, slo: perf.Slo, lengths: Lengths, goal: float = 0.95,
+             start: float | None = None,
+             judge: Callable[[float], Judged] | None = None) -> float:
+    """The highest rate (requests/s, within ``REL_TOL``) at which at least ``goal`` of the
+    requests meet TTFT and TPOT on one replica of ``layout``; 0.0 when even ``MIN_RATE`` does
+    not (or a request could never fit). ``start``: where the search starts (default
+    :func:`saturation_guess`); ``judge``: rate -> :class:`Judged` (default :func:`attainment`)."""
+    if not 0.0 < goal <= 1.0:
+        raise ValueError(f"goal (slo_attainment) must be in (0, 1], got {goal}")
+
+    def ok(rate: float) -> bool:
+        judged = judge(rate) if judge is not None else attainment(layout, slo, lengths, rate,
+                                                                   goal)
+        return not judged.stopped and judged.attainment >= goal
+
+    rate = start if start is not None and start > 0 else saturation_guess(layout, lengths)
+    if ok(rate):
+        lo = rate
+        hi = rate * 2.0
+        while ok(hi):
+            lo, hi = hi, hi * 2.0
+    else:
+        hi = rate
+        lo = rate / 2.0
+        while not ok(lo):
+            if lo < MIN_RATE:
+                return 0.0
+            hi, lo = lo, lo / 2.0
+    while hi / lo > 1.0 + REL_TOL:
+        mid = math.sqrt(lo * hi)
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+@functools.lru_cache(maxsize=65536)
+def template_capacity(arch: str, tp: int, gpu_types: tuple[str, ...], layers: tuple[int, ...],
+                      slo: perf.Slo, lengths: Lengths, goal: float) -> float:
+    """:func:`capacity` of the template (``arch`` key, TP degree, each stage's GPU type and
+    layers), memoised by exactly that: templates of models alike in architecture, SLO and
+    length distribution are simulated once per process."""
+    return capacity(Layout(arch, tp, gpu_types, layers), slo, lengths, goal)
+
+
+# a new profiles folder or measured profiles change step times: forget what was simulated
+perf._CLEAR_ON_CONFIGURE.append(template_capacity.cache_clear)
