@@ -29,6 +29,8 @@ Every ``step_s`` (a minute, or the re-plan interval when that is shorter) of vir
   ``warmup_s`` seconds before are served again on the new replicas, uncounted, so they do not
   start empty. New replicas count as READY at once. A model with no replica refuses its
   requests (counted as missed).
+* **Scale to zero** (``idle_after``): the daemon's idle rule; a woken model's requests wait a
+  start-up (:mod:`coral_hpc.simulate.zero`).
 
 Replica latencies come from the planner's own performance model, so SLO attainment shows that
 the plans keep their promises under the trace's burstiness and lengths (self-consistency), not
@@ -52,6 +54,7 @@ from coral_hpc.reconcile import ReconcileSettings, Trigger, replan_triggers
 from coral_hpc.records import DemandInterval
 from coral_hpc.simulate.serve import _SERVED, serve_window
 from coral_hpc.simulate.traces import ModelWorkload, TraceRows, scaled_workload
+from coral_hpc.simulate.zero import ScaleToZero
 from coral_hpc.slurm.snapshot import ClusterSnapshot
 from coral_solver import catalog
 from coral_solver.types import ModelSpec, Plan
@@ -111,6 +114,9 @@ class SimulationResult:
     gpu_hours_by_partition: dict[str, float] = field(default_factory=dict)
     timeline: list[PlanPoint] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
+    #: per model scaled to zero: wakes, wake waits, held / refused (coral_hpc.simulate.zero)
+    scale_to_zero: dict[str, dict] = field(default_factory=dict)
+    wake_waits: dict[str, list[float]] = field(default_factory=dict)  #: each held request's
 
     @property
     def cost(self) -> float:
@@ -167,6 +173,7 @@ class SimulationResult:
                 "refused": sum(not p.accepted for p in self.timeline),
             },
             "seconds": {k: round(v, 2) for k, v in self.seconds.items()},
+            **({"scale_to_zero": self.scale_to_zero} if self.scale_to_zero else {}),
         }
 
 
@@ -279,6 +286,7 @@ def simulate(deployment: Deployment, snapshot: ClusterSnapshot,
     result.plan_for = (policy.plan_for if policy.plan_percentile is None
                        else f"{policy.plan_for} of the {policy.demand_window_s:g} s rate")
     plan: Plan | None = None
+    zero = ScaleToZero(deployment, loads, policy.startup_time_s)  # the daemon's idle rule
     specs: dict[str, ModelSpec] = {}
     running: tuple = ()
     serving_since = 0.0
@@ -289,7 +297,7 @@ def simulate(deployment: Deployment, snapshot: ClusterSnapshot,
         if end <= start:
             return
         t0 = time.perf_counter()
-        for name, load in loads.items():
+        for name, load in zero.served.items():  # held requests reach a replica once READY
             figures = result.models[name]
             spec = specs.get(name)
             if plan is None or spec is None:
@@ -314,10 +322,12 @@ def simulate(deployment: Deployment, snapshot: ClusterSnapshot,
         now = k * step
         dt = min(step, span_s - now)
         demand, triggers = replanner.due(now)
+        triggers = zero.follow(now, dt, _per_model(plan)) + triggers  # went cold, woken
         if triggers:
             t0 = time.perf_counter()
-            request = PlanRequest(deployment, snapshot, demand, running, frozenset(), frozenset(),
-                                  policy.startup_time_s)
+            planned_for, planned_demand = zero.planning_inputs(deployment, demand)
+            request = PlanRequest(planned_for, snapshot, planned_demand, running, frozenset(),
+                                  frozenset(), policy.startup_time_s)
             try:
                 outcome = planner(request)
             except PlanningError as exc:  # the daemon keeps its plan and retries
@@ -355,6 +365,7 @@ def simulate(deployment: Deployment, snapshot: ClusterSnapshot,
                     + ", ".join(f"{m} {n}" for m, n in _per_model(new).items())
                     + f"  (solve {outcome.solve_s:.2f} s)")
             replanner.planned_at(now, demand)
+        zero.hold(now, dt, _per_model(plan), result.models)  # requests during a wake
         if plan is not None:
             hours = dt / 3600.0
             result.provisioning_cost += plan.cost_per_hour * hours
@@ -370,6 +381,9 @@ def simulate(deployment: Deployment, snapshot: ClusterSnapshot,
         replanner.meter(_intervals(loads, now, now + dt))
         replanner.count_windows(loads, now + dt)
     serve_segment(serving_since, span_s)
+    zero.finish(span_s, result.models)
+    result.scale_to_zero = zero.report()
+    result.wake_waits = {name: f.waits for name, f in zero.figures.items()}
     result.seconds = {"plan": plan_s, "serve": serve_s, "total": time.perf_counter() - began}
     return result
 
