@@ -129,3 +129,42 @@ def test_simulate_plans_with_the_daemons_own_idle_rule():
     # the one function, not a copy: simulate's planning inputs are reconcile.idle_plan's
     assert zero_module.planning_inputs is idle_plan.planning_inputs
     assert zero_module.idle_rules is idle_plan.idle_rules
+
+
+def test_the_command_reports_scale_to_zero_against_always_on(tmp_path):
+    from click.testing import CliRunner
+
+    from coral_hpc.cli.simulate import simulate as simulate_command
+
+    text = EXAMPLE.read_text()
+    models = text[:text.index("models:")] + """models:
+  - name: qwen3-8b
+    source: Qwen/Qwen3-8B
+    architecture: qwen3-8b
+    mix: {input_tokens: 512, output_tokens: 128}
+    demand: auto
+    idle_after: 2m
+    slo: {ttft_s: 2.0, tpot_s: 0.08}
+"""
+    (tmp_path / "models.yaml").write_text(models)
+    # a sparse trace: a few requests at the start, a few after 15 minutes of nothing
+    rows = ["TIMESTAMP,ContextTokens,GeneratedTokens"] + [
+        f"2023-11-16 00:{m:02d}:{s:02d}.0000000,512,128" for m, s in
+        [(0, 0), (0, 1), (0, 2), *((15, s) for s in range(0, 60, 2)), (19, 59)]]
+    (tmp_path / "trace.csv").write_text("\n".join(rows) + "\n")
+    snapshot = REPO / "tests" / "data" / "plan" / "devcluster-snapshot.json"
+    run = CliRunner().invoke(simulate_command, [
+        str(tmp_path / "models.yaml"), "--snapshot", str(snapshot), "--trace",
+        str(tmp_path / "trace.csv"), "--cache-dir", str(tmp_path / "cache")])
+    assert run.exit_code == 0, run.output
+    assert "Scale to zero" in run.stdout and "always-on" in run.stdout
+    run = CliRunner().invoke(simulate_command, [
+        str(tmp_path / "models.yaml"), "--snapshot", str(snapshot), "--trace",
+        str(tmp_path / "trace.csv"), "--cache-dir", str(tmp_path / "cache"), "--json"])
+    assert run.exit_code == 0, run.output
+    import json
+
+    zero = json.loads(run.stdout)["scale_to_zero"]
+    qwen = zero["models"]["qwen3-8b"]
+    assert qwen["wakes"] >= 1 and qwen["held"] >= 1
+    assert zero["total"]["gpu_hours"] < zero["total"]["always_on_gpu_hours"]
