@@ -30,8 +30,8 @@ The construction (every choice printed with the results):
   (:func:`coral_hpc.simulate.compare.always_on`).
 
 Usage (bench/scale_day.py is the 1,000-node site without scale to zero):
-``python bench/zero_day.py [--hours 8] [--models 20] [--zipf 1.5] [--total-rps 0.1]`` — 8 virtual
-hours, both runs, take ~4 minutes on a 2-core host.
+``python bench/zero_day.py [--hours 24] [--models 20] [--zipf 1.5] [--total-rps 0.1]`` — a day,
+both runs, takes a few minutes on a 2-core host.
 Writes bench/results/zero_day.json and bench/results/zero_day.md. The trace files are read where
 they lie (../shared/data/traces) and never copied; only derived figures are written.
 """
@@ -90,7 +90,7 @@ def traces_folder(given: str | None) -> Path:
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--hours", type=float, default=8.0, help="virtual hours replayed")
+    p.add_argument("--hours", type=float, default=24.0, help="virtual hours replayed")
     p.add_argument("--models", type=int, default=20)
     p.add_argument("--zipf", type=float, default=1.5, help="Zipf exponent of the popularity")
     p.add_argument("--total-rps", type=float, default=0.1,

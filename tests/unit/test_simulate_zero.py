@@ -129,6 +129,10 @@ def test_simulate_plans_with_the_daemons_own_idle_rule():
     # the one function, not a copy: simulate's planning inputs are reconcile.idle_plan's
     assert zero_module.planning_inputs is idle_plan.planning_inputs
     assert zero_module.idle_rules is idle_plan.idle_rules
+    from coral_hpc.daemon import wake
+
+    assert wake.planning_inputs is idle_plan.planning_inputs
+    assert wake.idle_rules is idle_plan.idle_rules
 
 
 def test_the_command_reports_scale_to_zero_against_always_on(tmp_path):
