@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from coral_hpc.config import Deployment
+from coral_hpc.daemon.loop import Loop
 from coral_hpc.daemon.metrics import DaemonMetrics
 from coral_hpc.daemon.routing import TablePublisher, ready_routes
 from coral_hpc.daemon.scrape import DemandScraper
@@ -59,6 +60,7 @@ from coral_hpc.reconcile.observe import Observed, Observer
 from coral_hpc.reconcile.startup import lead_startup_s, learned_startup_s
 from coral_hpc.reconcile.triggers import Trigger, TriggerKind
 from coral_hpc.slurm.budget import CallBudget
+from coral_hpc.slurm.snapshot import ClusterSnapshot
 from coral_hpc.store import Store
 from coral_hpc.types import ShapeExclusion, TemplateExclusion
 
@@ -66,69 +68,6 @@ log = logging.getLogger("coral_hpc.daemon")
 
 #: seconds between two reads of the READY replicas' engine /metrics (at least the poll interval)
 ENGINE_SCRAPE_S = 5.0
-
-
-# --------------------------------------------------------------------------- loops
-
-
-class Loop:
-    """Run ``step`` every ``interval_s`` until ``stop`` is set. A step returning True asks to run
-    again at once (e.g. right after new exclusions). ``pace`` (given the seconds since the step
-    began, the seconds the next one must still wait, e.g. for the Slurm call budget) can make
-    the wait longer, never shorter. Errors are logged here and only here."""
-
-    def __init__(self, name: str, interval_s: float, step: Callable[[], Any],
-                 stop: threading.Event, on_error: Callable[[str], None] | None = None,
-                 pace: Callable[[float], float] | None = None,
-                 monotonic: Callable[[], float] = time.monotonic,
-                 nudge: threading.Event | None = None):
-        self.name = name
-        self.monotonic = monotonic
-        self.interval_s = interval_s
-        self.step = step
-        self.stop = stop
-        self.on_error = on_error
-        self.pace = pace or (lambda elapsed_s: 0.0)
-        #: set by another thread to cut the interval short (a wake): the pace still holds
-        self.nudge = nudge
-        self.thread: threading.Thread | None = None
-
-    def run(self) -> None:
-        while not self.stop.is_set():
-            began = self.monotonic()
-            again = False
-            try:
-                again = bool(self.step())
-            except Exception:  # the loop boundary: log, count, go on
-                log.exception("%s loop step failed", self.name)
-                if self.on_error:
-                    self.on_error(self.name)
-            elapsed = self.monotonic() - began
-            wait = 0.0 if again else self.interval_s - elapsed
-            paced = self.pace(elapsed)
-            if self.nudge is None:
-                self.stop.wait(max(0.0, wait, paced))
-            else:
-                self._wait_or_nudge(max(0.0, wait), paced)
-
-    def _wait_or_nudge(self, wait_s: float, paced_s: float) -> None:
-        """Wait ``wait_s``, or less once :attr:`nudge` is set — but never less than
-        ``paced_s`` (the Slurm call budget)."""
-        assert self.nudge is not None
-        if paced_s > 0:
-            self.stop.wait(paced_s)
-        end = self.monotonic() + max(0.0, wait_s - paced_s)
-        while not self.stop.is_set() and not self.nudge.is_set():
-            left = end - self.monotonic()
-            if left <= 0:
-                break
-            self.stop.wait(min(0.1, left))
-        self.nudge.clear()
-
-    def start(self) -> threading.Thread:
-        self.thread = threading.Thread(target=self.run, name=f"coral-{self.name}", daemon=True)
-        self.thread.start()
-        return self.thread
 
 
 # --------------------------------------------------------------------------- the daemon
@@ -185,19 +124,27 @@ class Daemon:
         #: ``serve`` raises it (exit 2) — nothing was submitted
         self.fatal: ConfigError | None = None
         self._stop: threading.Event | None = None
+        self._init_plan_state()
+        self.last_decision: Decision | None = None
+        self.last_observed: Observed | None = None
+        self._lock = threading.RLock()
+        self._engine_pool: ThreadPoolExecutor | None = None
+        self._init_scale_to_zero(wake_folder)
+
+    def _init_plan_state(self) -> None:
+        """No plan yet: the first cycle plans (``_maybe_plan``), with nothing to compare to."""
         self.plan: DesiredPlan | None = None
         self.plan_history = PlanHistory()  # the plans this daemon made: hysteresis (decide)
         self.plan_time: float | None = None
         self.planned_demand: dict[str, ModelDemand] = {}
         self.unavailable_at_plan: frozenset[str] | None = None
         self.plan_backoff = Backoff(base_s=self.settings.poll_interval_s, max_s=300.0)
-        self.last_decision: Decision | None = None
-        self.last_observed: Observed | None = None
-        self._lock = threading.RLock()
-        self._engine_pool: ThreadPoolExecutor | None = None
-        # scale to zero: which models are cold (coral_hpc.reconcile.idle); the folder the
-        # gateway asks for wakes in (coral_hpc.gateway.wake); set to cut the reconcile wait
-        self.idle = IdleTracker(idle_rules(deployment))
+
+    def _init_scale_to_zero(self, wake_folder: Path | None) -> None:
+        """Scale to zero: which models are cold (``coral_hpc.reconcile.idle``); the folder the
+        gateway asks for wakes in (``coral_hpc.gateway.wake``); the event that cuts the
+        reconcile wait short."""
+        self.idle = IdleTracker(idle_rules(self.deployment))
         self.wake_folder = wake_folder
         self.nudge = threading.Event()
         #: models no partition can ever run, and why (a wake of them fails at once)
@@ -350,6 +297,26 @@ class Daemon:
 
     def _maybe_plan(self, observed: Observed, now: float,
                     scaled: list[Trigger] | None = None) -> None:
+        """Re-plan when a trigger (scale to zero, time, demand, failures, exclusions) says the
+        plan is out of date, Slurm was seen and the plan back-off allows another attempt."""
+        demand = self._demand_now(now)
+        triggers = [*(scaled or []), *self._replan_triggers(observed, now, demand)]
+        if not triggers or observed.snapshot is None or not self.plan_backoff.ready(now):
+            return
+        planned_for, request = self._plan_request(observed, observed.snapshot, now, demand)
+        try:
+            outcome = self.planner(request)
+        except InfeasiblePlan as exc:
+            self._plan_infeasible(exc, observed, planned_for, now)
+            return
+        except Exception as exc:
+            self._plan_failed(now, exc)
+            return
+        self._adopt_plan(outcome, observed, demand, triggers, now)
+
+    def _demand_now(self, now: float) -> dict[str, ModelDemand]:
+        """Each model's demand from the stored requests and the scraped windows; sets the
+        demand gauges."""
         policy = self.deployment.policy
         tau = policy.replan_interval_s
         # the newest window ends up to a window and a scrape before now; deployment_demand keeps
@@ -360,15 +327,25 @@ class Daemon:
                                    windows)
         for name, item in demand.items():
             self.metrics.demand.labels(name).set(item.planned_rps)
+        return demand
+
+    def _replan_triggers(self, observed: Observed, now: float,
+                         demand: dict[str, ModelDemand]) -> list[Trigger]:
+        """Why the current plan is out of date (``reconcile.replan_triggers``); empty when it
+        is not."""
         changed = (changed_models(self.planned_demand, demand,
                                   self.settings.demand_change_threshold)
                    if self.planned_demand else [])
-        triggers = [*(scaled or []), *replan_triggers(
+        return replan_triggers(
             self.plan_time, now, self.settings, observed.facts, changed, observed.unavailable,
             self.unavailable_at_plan, self.store.exclusions(now),
-        )]
-        if not triggers or observed.snapshot is None or not self.plan_backoff.ready(now):
-            return
+        )
+
+    def _plan_request(self, observed: Observed, snapshot: ClusterSnapshot, now: float,
+                      demand: dict[str, ModelDemand]) -> tuple[Deployment, PlanRequest]:
+        """The planner's input on ``snapshot``: the deployment as planned (scale to zero
+        applied), the replicas that go on serving, the exclusions in force and the learnt
+        start-up time."""
         exclusions = self.store.exclusions(now)
         statuses = {f.record.id: replica_status(f, now, self.settings) for f in observed.facts}
         running = tuple((f.record.template_id, f.record.partitions) for f in observed.facts
@@ -377,7 +354,7 @@ class Daemon:
         planned_for, planned_demand = planning_inputs(self.deployment, demand, self.idle)
         request = PlanRequest(
             deployment=planned_for,
-            snapshot=observed.snapshot,
+            snapshot=snapshot,
             demand=planned_demand,
             running=running,
             excluded_templates=frozenset(e.target.template_id for e in exclusions
@@ -388,31 +365,35 @@ class Daemon:
             startup_s=learned_startup_s(self.store.startups(limit=50),
                                         self.deployment.policy.startup_time_s),
         )
-        try:
-            outcome = self.planner(request)
-        except InfeasiblePlan as exc:
-            if self._unservable(exc, planned_for, now):
-                # a wake (or a warm model's floor) no partition can ever hold: that model goes
-                # cold and says why; plan the others at once
-                self._maybe_plan(observed, now, [Trigger(TriggerKind.WAKE, "unservable model")])
-                return
-            if self.plan_history.plans == 0:
-                # the first plan: the file asks for what this cluster can never give
-                # (min_replicas beyond any capacity); stop before submitting anything, as
-                # `coral-hpc plan` does. Later, a cluster that shrank keeps the current plan.
-                path = str(self.config_path or "models.yaml")
-                self.fatal = ConfigError(path, infeasible_problems(
-                    path, self.deployment, done="nothing was submitted; serve stops",
-                    shortfalls=exc.shortfalls))
-                self.store.add_event(now, "plan_error", f"no feasible plan: {exc}; stopping")
-                if self._stop is not None:
-                    self._stop.set()
-                return
-            self._plan_failed(now, exc)
+        return planned_for, request
+
+    def _plan_infeasible(self, exc: InfeasiblePlan, observed: Observed,
+                         planned_for: Deployment, now: float) -> None:
+        """No plan fits: an unservable woken model goes cold (the others planned at once); the
+        first plan stops serving (exit 2); a later one keeps the current plan and backs off."""
+        if self._unservable(exc, planned_for, now):
+            # a wake (or a warm model's floor) no partition can ever hold: that model goes
+            # cold and says why; plan the others at once
+            self._maybe_plan(observed, now, [Trigger(TriggerKind.WAKE, "unservable model")])
             return
-        except Exception as exc:
-            self._plan_failed(now, exc)
+        if self.plan_history.plans == 0:
+            # the first plan: the file asks for what this cluster can never give
+            # (min_replicas beyond any capacity); stop before submitting anything, as
+            # `coral-hpc plan` does. Later, a cluster that shrank keeps the current plan.
+            path = str(self.config_path or "models.yaml")
+            self.fatal = ConfigError(path, infeasible_problems(
+                path, self.deployment, done="nothing was submitted; serve stops",
+                shortfalls=exc.shortfalls))
+            self.store.add_event(now, "plan_error", f"no feasible plan: {exc}; stopping")
+            if self._stop is not None:
+                self._stop.set()
             return
+        self._plan_failed(now, exc)
+
+    def _adopt_plan(self, outcome: PlanOutcome, observed: Observed,
+                    demand: dict[str, ModelDemand], triggers: list[Trigger], now: float) -> None:
+        """Make ``outcome`` the plan decide works to; record it (store, metrics, an event
+        naming the triggers)."""
         self.plan_backoff.succeeded()
         self.plan = outcome.desired
         self.plan_history.observe(outcome.desired)

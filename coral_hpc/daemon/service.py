@@ -18,8 +18,9 @@ from typing import Any
 
 from coral_hpc.config import Deployment, load_deployment
 from coral_hpc.daemon import ensure_key_file, ensure_replica_key
-from coral_hpc.daemon.core import Daemon, Loop
+from coral_hpc.daemon.core import Daemon
 from coral_hpc.daemon.lease import Lease, read_lease
+from coral_hpc.daemon.loop import Loop
 from coral_hpc.daemon.metrics import DaemonMetrics
 from coral_hpc.daemon.metrics_server import start_metrics_server
 from coral_hpc.daemon.process import DaemonLock, GatewayProcess, info_path, lock_path, write_info

@@ -192,39 +192,10 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> SimArg
     raise :class:`UsageError`."""
     env = os.environ if environ is None else environ
     ns = build_parser().parse_args(argv)
-    if ns.model_tag and ns.model and ns.model_tag != ns.model:
-        raise UsageError(f"model given twice: {ns.model_tag!r} and --model {ns.model!r}")
-    model = ns.model_tag or ns.model
-    if not model:
-        raise UsageError("give the model name: `python -m coral_hpc.engine.sim MODEL` or --model")
+    model = _model_name(ns)
     pp = ns.pipeline_parallel_size
-    if not ns.sim_gpu_types:
-        raise UsageError(
-            "--sim-gpu-types is required: the GPU type of each pipeline stage, e.g. a100"
-        )
-    gpu_types = tuple(g.strip() for g in ns.sim_gpu_types.split(","))
-    if any(not g for g in gpu_types):
-        raise UsageError(f"--sim-gpu-types {ns.sim_gpu_types!r}: empty GPU type")
-    if len(gpu_types) == 1:
-        gpu_types = gpu_types * pp
-    if len(gpu_types) != pp:
-        raise UsageError(
-            f"--sim-gpu-types names {len(gpu_types)} stages but --pipeline-parallel-size is {pp}"
-        )
-    layers = _int_list(ns.sim_layers, "--sim-layers") if ns.sim_layers else None
-    env_split = env.get("VLLM_PP_LAYER_PARTITION")
-    if env_split:
-        env_layers = _int_list(env_split, "VLLM_PP_LAYER_PARTITION")
-        if layers is not None and layers != env_layers:
-            raise UsageError(
-                f"--sim-layers {ns.sim_layers} disagrees with VLLM_PP_LAYER_PARTITION={env_split}"
-            )
-        layers = env_layers
-    if layers is not None and len(layers) != pp:
-        raise UsageError(
-            f"the layer split {','.join(map(str, layers))} has {len(layers)} stages but "
-            f"--pipeline-parallel-size is {pp}"
-        )
+    gpu_types = _gpu_types(ns.sim_gpu_types, pp)
+    layers = _layer_split(ns.sim_layers, env.get("VLLM_PP_LAYER_PARTITION"), pp)
     if ns.max_num_batched_tokens < ns.max_num_seqs:
         raise UsageError(
             f"--max-num-batched-tokens ({ns.max_num_batched_tokens}) must be ≥ "
@@ -254,6 +225,53 @@ def parse_args(argv: list[str], environ: dict[str, str] | None = None) -> SimArg
         catalog=ns.sim_catalog,
         runner="pooling" if ns.convert in ("embed", "classify") else ns.runner,
     )
+
+
+def _model_name(ns: argparse.Namespace) -> str:
+    """The model, given as vLLM takes it: ``MODEL`` or ``--model`` (the same one when both)."""
+    if ns.model_tag and ns.model and ns.model_tag != ns.model:
+        raise UsageError(f"model given twice: {ns.model_tag!r} and --model {ns.model!r}")
+    model = ns.model_tag or ns.model
+    if not model:
+        raise UsageError("give the model name: `python -m coral_hpc.engine.sim MODEL` or --model")
+    return str(model)
+
+
+def _gpu_types(text: str | None, pp: int) -> tuple[str, ...]:
+    """``--sim-gpu-types``: one GPU type per pipeline stage (one name stands for every stage)."""
+    if not text:
+        raise UsageError(
+            "--sim-gpu-types is required: the GPU type of each pipeline stage, e.g. a100"
+        )
+    gpu_types = tuple(g.strip() for g in text.split(","))
+    if any(not g for g in gpu_types):
+        raise UsageError(f"--sim-gpu-types {text!r}: empty GPU type")
+    if len(gpu_types) == 1:
+        gpu_types = gpu_types * pp
+    if len(gpu_types) != pp:
+        raise UsageError(
+            f"--sim-gpu-types names {len(gpu_types)} stages but --pipeline-parallel-size is {pp}"
+        )
+    return gpu_types
+
+
+def _layer_split(flag: str | None, env_split: str | None, pp: int) -> tuple[int, ...] | None:
+    """The layers of each stage from ``--sim-layers`` and/or ``VLLM_PP_LAYER_PARTITION`` (vLLM
+    reads the variable; both given must agree); None leaves the default split to the engine."""
+    layers = _int_list(flag, "--sim-layers") if flag else None
+    if env_split:
+        env_layers = _int_list(env_split, "VLLM_PP_LAYER_PARTITION")
+        if layers is not None and layers != env_layers:
+            raise UsageError(
+                f"--sim-layers {flag} disagrees with VLLM_PP_LAYER_PARTITION={env_split}"
+            )
+        layers = env_layers
+    if layers is not None and len(layers) != pp:
+        raise UsageError(
+            f"the layer split {','.join(map(str, layers))} has {len(layers)} stages but "
+            f"--pipeline-parallel-size is {pp}"
+        )
+    return layers
 
 
 #: vLLM's kv_role values

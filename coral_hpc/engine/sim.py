@@ -23,6 +23,7 @@ import signal
 import socket
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -33,6 +34,9 @@ from coral_hpc.engine.disagg import KvTransfer
 from coral_hpc.engine.metrics import EngineMetrics
 from coral_hpc.engine.pipeline import Layout, StepModel, default_layer_split
 from coral_hpc.engine.runner import SimEngine
+
+if TYPE_CHECKING:  # the catalog is imported when the server prepares, not on --help
+    from coral_solver.catalog import GpuSpec, ModelArch
 
 PROG = "coral-sim"
 
@@ -67,9 +71,36 @@ def prepare(args: SimArgs) -> Prepared:
 
     Raises :class:`StartupError` with vLLM's reason when the layout could not start.
     """
+    arch, gpus = _resolve(args)
+    _check_tp(arch, args.tp)
+    _check_gpus(arch, gpus, args.dtype)
+    layers = _layer_split(arch, args)
+    if args.runner == "generate" and arch.pooling:
+        # vLLM's own refusal (vllm/config/model.py, ModelConfig._get_runner_type checks)
+        raise StartupError("Embedding models do not support `--runner generate`. Use "
+                           "`--runner pooling` or `--runner auto` for embedding models.")
+    pooling = args.runner == "pooling" or (args.runner == "auto" and arch.pooling)
+    layout = Layout(arch=arch.name, tp=args.tp, gpu_types=tuple(g.name for g in gpus),
+                    layers=tuple(layers))  # fmt: skip
+    step_model = StepModel(layout, args.gpu_memory_utilization)
+    capacity = step_model.kv_capacity_tokens()
+    usable = (capacity // args.block_size) * args.block_size
+    if usable < args.block_size:
+        raise StartupError(
+            f"No available memory for the cache blocks: {arch.name} with TP {args.tp} on "
+            f"{'+'.join(layout.gpu_types)} (layers {','.join(map(str, layers))}) leaves no room "
+            f"for the KV cache at --gpu-memory-utilization {args.gpu_memory_utilization}"
+        )
+    return Prepared(args, layout, step_model, capacity, _max_model_len(arch, args, usable),
+                    pooling)
+
+
+def _resolve(args: SimArgs) -> tuple[ModelArch, list[GpuSpec]]:
+    """The model's architecture and the replica's GPUs from the catalog (``--sim-catalog``
+    first, when given; a model named by its weights is read from its ``config.json``)."""
     from coral_hpc.config.weights import WeightsError
     from coral_hpc.model_archs import ensure_arch
-    from coral_solver import catalog, perf  # the catalog reads profiles/ once, here
+    from coral_solver import catalog  # the catalog reads profiles/ once, here
 
     if args.catalog:
         try:
@@ -88,76 +119,81 @@ def prepare(args: SimArgs) -> Prepared:
         gpus = [catalog.gpu_spec(g) for g in args.gpu_types]
     except KeyError as exc:
         raise StartupError(f"--sim-gpu-types: {exc.args[0]}") from None
-    if args.tp not in perf.valid_tp_degrees(arch, args.tp):
+    return arch, gpus
+
+
+def _check_tp(arch: ModelArch, tp: int) -> None:
+    """vLLM's check: the attention and KV heads split evenly over the tensor-parallel ranks."""
+    from coral_solver import perf
+
+    if tp not in perf.valid_tp_degrees(arch, tp):
         raise StartupError(
             f"Total number of attention heads ({arch.q_heads}) and KV heads ({arch.kv_heads}) "
-            f"must be divisible by (or divide) tensor parallel size ({args.tp}); valid for "
+            f"must be divisible by (or divide) tensor parallel size ({tp}); valid for "
             f"{arch.name}: {perf.valid_tp_degrees(arch, 64)}"
         )
+
+
+def _check_gpus(arch: ModelArch, gpus: list[GpuSpec], dtype: str) -> None:
+    """Each GPU has kernels for the model's weights and, when asked for, bfloat16."""
+    from coral_solver import catalog, perf
+
     for gpu in gpus:
-        dtype = perf.engine_dtype(arch, gpu)
+        engine_dtype = perf.engine_dtype(arch, gpu)
         derived = catalog.derived_model(arch.name)
-        if dtype is None and derived is not None:  # read from its config.json: its own reason
+        if engine_dtype is None and derived is not None:  # from its config.json: its own reason
             raise StartupError(f"{arch.name} cannot run on {gpu.name}: "
                                f"{derived.support(gpu.compute_capability).reason}")
-        if dtype is None:
+        if engine_dtype is None:
             raise StartupError(
                 f"{arch.name} ({arch.quantization}) cannot run on {gpu.name} "
                 f"(compute capability {gpu.compute_capability}): vLLM has no kernels for it"
             )
-        if args.dtype == "bfloat16" and not gpu.bf16:
+        if dtype == "bfloat16" and not gpu.bf16:
             raise StartupError(
                 f"Bfloat16 is only supported on GPUs with compute capability of at least 8.0. "
                 f"Your {gpu.name} GPU has compute capability {gpu.compute_capability}. You can "
                 "use float16 instead by explicitly setting the `dtype` flag in CLI, for example: "
                 "--dtype=half."
             )
+
+
+def _layer_split(arch: ModelArch, args: SimArgs) -> tuple[int, ...]:
+    """The layers of each pipeline stage: ``--sim-layers`` (which must add up to the model's),
+    else vLLM's default split over ``--pipeline-parallel-size``."""
     if args.layers is None:
         try:
-            layers = default_layer_split(arch.layers, args.pp)
+            return default_layer_split(arch.layers, args.pp)
         except ValueError as exc:
             raise StartupError(str(exc)) from None
-    else:
-        layers = args.layers
-        if sum(layers) != arch.layers:
-            raise StartupError(
-                f"the layer split {','.join(map(str, layers))} sums to {sum(layers)} but "
-                f"{arch.name} has {arch.layers} layers"
-            )
-    if args.runner == "generate" and arch.pooling:
-        # vLLM's own refusal (vllm/config/model.py, ModelConfig._get_runner_type checks)
-        raise StartupError("Embedding models do not support `--runner generate`. Use "
-                           "`--runner pooling` or `--runner auto` for embedding models.")
-    pooling = args.runner == "pooling" or (args.runner == "auto" and arch.pooling)
-    layout = Layout(arch=arch.name, tp=args.tp, gpu_types=tuple(g.name for g in gpus),
-                    layers=tuple(layers))  # fmt: skip
-    step_model = StepModel(layout, args.gpu_memory_utilization)
-    capacity = step_model.kv_capacity_tokens()
-    usable = (capacity // args.block_size) * args.block_size
-    if usable < args.block_size:
+    layers = args.layers
+    if sum(layers) != arch.layers:
         raise StartupError(
-            f"No available memory for the cache blocks: {arch.name} with TP {args.tp} on "
-            f"{'+'.join(layout.gpu_types)} (layers {','.join(map(str, layers))}) leaves no room "
-            f"for the KV cache at --gpu-memory-utilization {args.gpu_memory_utilization}"
+            f"the layer split {','.join(map(str, layers))} sums to {sum(layers)} but "
+            f"{arch.name} has {arch.layers} layers"
         )
-    if args.max_model_len is not None:
-        if args.max_model_len > arch.max_context:
-            raise StartupError(
-                f"User-specified max_model_len ({args.max_model_len}) is greater than the "
-                f"derived max_model_len ({arch.max_context} in the model's config)"
-            )
-        if args.max_model_len > usable:
-            raise StartupError(
-                f"The model's max seq len ({args.max_model_len}) is larger than the maximum "
-                f"number of tokens that can be stored in KV cache ({usable}). Try increasing "
-                "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine."
-            )
-        max_model_len = args.max_model_len
-    else:
+    return layers
+
+
+def _max_model_len(arch: ModelArch, args: SimArgs, usable: int) -> int:
+    """``--max-model-len`` checked as vLLM checks it (the model's context, the KV cache's
+    ``usable`` tokens), or what fits when not given."""
+    if args.max_model_len is None:
         # vLLM would take the model's full context and fail when it exceeds the cache; the sim
         # takes what fits, so a bare command line always starts.
-        max_model_len = min(arch.max_context, usable)
-    return Prepared(args, layout, step_model, capacity, max_model_len, pooling)
+        return min(arch.max_context, usable)
+    if args.max_model_len > arch.max_context:
+        raise StartupError(
+            f"User-specified max_model_len ({args.max_model_len}) is greater than the "
+            f"derived max_model_len ({arch.max_context} in the model's config)"
+        )
+    if args.max_model_len > usable:
+        raise StartupError(
+            f"The model's max seq len ({args.max_model_len}) is larger than the maximum "
+            f"number of tokens that can be stored in KV cache ({usable}). Try increasing "
+            "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine."
+        )
+    return args.max_model_len
 
 
 def _log(message: str) -> None:
@@ -166,6 +202,38 @@ def _log(message: str) -> None:
 
 async def serve(prep: Prepared, api_key: str | None) -> int:
     """Run the server until SIGTERM/SIGINT and the drain are over; return the exit code."""
+    args = prep.args
+    scheduler, engine, api = _components(prep, api_key)
+    runner = web.AppRunner(
+        api.app(), access_log=None, handler_cancellation=True, shutdown_timeout=1.0
+    )
+    await runner.setup()
+    host = args.host or "0.0.0.0"
+    site = web.TCPSite(runner, host, args.port, reuse_port=False)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        _log(f"cannot bind {host}:{args.port}: {exc.strerror or exc}")
+        return EXIT_BIND if exc.errno == errno.EADDRINUSE else EXIT_STARTUP
+    port = runner.addresses[0][1]
+    if args.kv_transfer is not None:
+        api.kv = KvTransfer(args.kv_transfer, prep.layout.tp, args.block_size,
+                            prep.step_model.kv_transfer_s,
+                            host=args.host or socket.gethostname(), port=port)
+    engine.start()
+    stop, again = _stop_signals()
+    _log(_serving_line(prep, f"http://{host}:{port}", scheduler.total_blocks))
+    await stop.wait()
+    await _shut_down(scheduler, engine, api, args.drain_timeout, again)
+    await runner.cleanup()
+    _log("stopped")
+    return 0
+
+
+def _components(prep: Prepared, api_key: str | None) -> tuple[Scheduler, SimEngine, SimAPI]:
+    """The scheduler (KV cache and batches), the engine stepping it on the performance model,
+    and the OpenAI API over both, with its metrics."""
     args = prep.args
     scheduler = Scheduler(
         kv_capacity_tokens=prep.kv_capacity_tokens,
@@ -192,24 +260,12 @@ async def serve(prep: Prepared, api_key: str | None) -> int:
     )
     api = SimAPI(engine, metrics, served, api_key, pooling=prep.pooling,
                  dims=prep.step_model.hidden)
-    runner = web.AppRunner(
-        api.app(), access_log=None, handler_cancellation=True, shutdown_timeout=1.0
-    )
-    await runner.setup()
-    host = args.host or "0.0.0.0"
-    site = web.TCPSite(runner, host, args.port, reuse_port=False)
-    try:
-        await site.start()
-    except OSError as exc:
-        await runner.cleanup()
-        _log(f"cannot bind {host}:{args.port}: {exc.strerror or exc}")
-        return EXIT_BIND if exc.errno == errno.EADDRINUSE else EXIT_STARTUP
-    port = runner.addresses[0][1]
-    if args.kv_transfer is not None:
-        api.kv = KvTransfer(args.kv_transfer, prep.layout.tp, args.block_size,
-                            prep.step_model.kv_transfer_s,
-                            host=args.host or socket.gethostname(), port=port)
-    engine.start()
+    return scheduler, engine, api
+
+
+def _stop_signals() -> tuple[asyncio.Event, asyncio.Event]:
+    """Events set by SIGTERM/SIGINT: the first signal stops (``stop``), a second one during the
+    drain skips the rest of its wait (``again``)."""
     stop, again = asyncio.Event(), asyncio.Event()
     loop = asyncio.get_running_loop()
 
@@ -218,20 +274,31 @@ async def serve(prep: Prepared, api_key: str | None) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
-    _log(
-        f"SIMULATED engine (no inference) serving {', '.join(served.names)}"
+    return stop, again
+
+
+def _serving_line(prep: Prepared, url: str, total_blocks: int) -> str:
+    """The line that says the server is up: that it is simulated, what and where it serves."""
+    args = prep.args
+    return (
+        f"SIMULATED engine (no inference) serving {', '.join(args.served_model_names)}"
         f"{' (embeddings)' if prep.pooling else ''} on "
-        f"http://{host}:{port} — {prep.fingerprint}, KV cache {scheduler.total_blocks} blocks x "
-        f"{args.block_size} tokens, max_model_len {served.max_model_len}, speed x{args.speed}"
+        f"{url} — {prep.fingerprint}, KV cache {total_blocks} blocks x "
+        f"{args.block_size} tokens, max_model_len {prep.max_model_len}, speed x{args.speed}"
         + (f", KV connector {args.kv_transfer['kv_connector']} "
            f"({args.kv_transfer.get('kv_role', 'kv_both')})" if args.kv_transfer else "")
     )
-    await stop.wait()
+
+
+async def _shut_down(scheduler: Scheduler, engine: SimEngine, api: SimAPI, drain_timeout: float,
+                     again: asyncio.Event) -> None:
+    """Refuse new requests, let those in flight finish within ``drain_timeout`` (or until
+    ``again`` is set), abort the rest and stop the engine."""
     api.draining = True
     unfinished = scheduler.num_unfinished
-    _log(f"draining: {unfinished} request(s) in flight, up to {args.drain_timeout:g}s")
+    _log(f"draining: {unfinished} request(s) in flight, up to {drain_timeout:g}s")
     second = asyncio.create_task(again.wait())
-    drain = asyncio.create_task(_drain(engine, api, args.drain_timeout))
+    drain = asyncio.create_task(_drain(engine, api, drain_timeout))
     await asyncio.wait({drain, second}, return_when=asyncio.FIRST_COMPLETED)
     second.cancel()
     drained = drain.done() and drain.result()
@@ -240,9 +307,6 @@ async def serve(prep: Prepared, api_key: str | None) -> int:
         _log(f"drain incomplete: aborting {scheduler.num_unfinished} request(s)")
     await engine.stop()
     await api.wait_quiet(1.0)  # aborted handlers close their streams
-    await runner.cleanup()
-    _log("stopped")
-    return 0
 
 
 async def _drain(engine: SimEngine, api: SimAPI, timeout: float) -> bool:

@@ -319,29 +319,13 @@ def replica_spec(
     if hf_token_file is None:
         hf_token_file = deployment.engine.hf_token_file
     config = deployment.model(model)
-    partitions = {p.name: p for p in deployment.cluster.partitions}
-    built = []
-    for index, stage in enumerate(layout.stages):
-        if stage.partition not in partitions:
-            raise SpecError(
-                f"replica {replica_id}: stage {index} names partition {stage.partition!r}, not "
-                f"in cluster.partitions (valid: {sorted(partitions)})"
-            )
-        env = (partitions[stage.partition].environment if deployment.engine.kind == "vllm"
-               else None)
-        built.append(StageSpec(stage.partition, stage.gpu_type, layout.tp, stage.layers, env,
-                               stage.reservation))
-    names = {s.partition for s in built}
-    if len(names) > 1 and any(names <= set(g) for g in deployment.environment_groups()):
-        # declared interchangeable (compatible_with): every stage runs the first stage's vLLM
-        built = [replace(s, environment=built[0].environment) for s in built]
     return ReplicaSpec(
         deployment=deployment.deployment,
         model=config.name,
         model_source=config.source,
         replica_id=replica_id,
         template_id=template_id,
-        stages=tuple(built),
+        stages=_stage_specs(deployment, replica_id, layout),
         tp=layout.tp,
         engine_kind=deployment.engine.kind,
         state_path=str(deployment.state_path.resolve()),
@@ -366,6 +350,29 @@ def replica_spec(
         instance=instance,
         runner_args=runner_args(config.embedding, config.arch_key),
     )
+
+
+def _stage_specs(deployment: Deployment, replica_id: str,
+                 layout: ReplicaLayout) -> tuple[StageSpec, ...]:
+    """Each stage of ``layout`` on its partition, with the partition's engine environment (vLLM
+    only); stages on partitions declared interchangeable all run the first stage's."""
+    partitions = {p.name: p for p in deployment.cluster.partitions}
+    built = []
+    for index, stage in enumerate(layout.stages):
+        if stage.partition not in partitions:
+            raise SpecError(
+                f"replica {replica_id}: stage {index} names partition {stage.partition!r}, not "
+                f"in cluster.partitions (valid: {sorted(partitions)})"
+            )
+        env = (partitions[stage.partition].environment if deployment.engine.kind == "vllm"
+               else None)
+        built.append(StageSpec(stage.partition, stage.gpu_type, layout.tp, stage.layers, env,
+                               stage.reservation))
+    names = {s.partition for s in built}
+    if len(names) > 1 and any(names <= set(g) for g in deployment.environment_groups()):
+        # declared interchangeable (compatible_with): every stage runs the first stage's vLLM
+        built = [replace(s, environment=built[0].environment) for s in built]
+    return tuple(built)
 
 
 def runner_args(embedding: bool, arch_key: str) -> tuple[str, ...]:

@@ -49,7 +49,7 @@ import numpy as np
 
 from coral_hpc.config import Deployment
 from coral_hpc.demand import ArrivalWindows, ModelDemand, changed_models, deployment_demand
-from coral_hpc.plan.planner import Planner, PlanningError, PlanRequest
+from coral_hpc.plan.planner import Planner, PlanningError, PlanOutcome, PlanRequest
 from coral_hpc.reconcile import ReconcileSettings, Trigger, replan_triggers
 from coral_hpc.records import DemandInterval
 from coral_hpc.simulate.serve import _SERVED, serve_window
@@ -277,29 +277,69 @@ def simulate(deployment: Deployment, snapshot: ClusterSnapshot,
              warmup_s: float = WARMUP_S) -> SimulationResult:
     """Replay ``loads`` for ``span_s`` seconds (see the module doc)."""
     began = time.perf_counter()
-    policy = deployment.policy
-    step = min(STEP_S, policy.replan_interval_s)
+    step = min(STEP_S, deployment.policy.replan_interval_s)
     replanner = Replanner(deployment, step)
+    run = _Replay(deployment, snapshot, loads, span_s, planner, log, warmup_s)
+    steps = math.ceil(span_s / step)
+    for k in range(steps):
+        now = k * step
+        dt = min(step, span_s - now)
+        demand, triggers = replanner.due(now)
+        triggers = run.zero.follow(now, dt, _per_model(run.plan)) + triggers  # cold, woken
+        if triggers:
+            run.replan(now, demand, triggers)
+            replanner.planned_at(now, demand)
+        run.zero.hold(now, dt, _per_model(run.plan), run.result.models)  # during a wake
+        run.book(dt)
+        replanner.meter(_intervals(loads, now, now + dt))
+        replanner.count_windows(loads, now + dt)
+    run.serve_segment(run.serving_since, span_s)
+    run.zero.finish(span_s, run.result.models)
+    run.result.scale_to_zero = run.zero.report()
+    run.result.wake_waits = {name: f.waits for name, f in run.zero.figures.items()}
+    run.result.seconds = {"plan": run.plan_s, "serve": run.serve_s,
+                          "total": time.perf_counter() - began}
+    return run.result
+
+
+def _empty_result(deployment: Deployment, loads: Mapping[str, ModelWorkload],
+                  span_s: float) -> SimulationResult:
+    """The figures before the first step: every model at zero, the trace's mean rates."""
+    policy = deployment.policy
     result = SimulationResult(span_s, "gpu_hour", {n: w.source for n, w in loads.items()})
     result.models = {m.name: ModelFigures() for m in deployment.models}
     result.demand_rps = {n: len(w.at) / span_s for n, w in loads.items()}
     result.plan_for = (policy.plan_for if policy.plan_percentile is None
                        else f"{policy.plan_for} of the {policy.demand_window_s:g} s rate")
-    plan: Plan | None = None
-    zero = ScaleToZero(deployment, loads, policy.startup_time_s)  # the daemon's idle rule
-    specs: dict[str, ModelSpec] = {}
-    running: tuple = ()
-    serving_since = 0.0
-    plan_s = serve_s = 0.0
+    return result
 
-    def serve_segment(start: float, end: float) -> None:
-        nonlocal serve_s
+
+class _Replay:
+    """One :func:`simulate` run's state: the plan in force and its replicas, since when they
+    serve, the figures so far and the seconds spent planning and serving."""
+
+    def __init__(self, deployment: Deployment, snapshot: ClusterSnapshot,
+                 loads: Mapping[str, ModelWorkload], span_s: float, planner: Planner,
+                 log: Callable[[str], None], warmup_s: float) -> None:
+        self.deployment, self.snapshot, self.loads = deployment, snapshot, loads
+        self.planner, self.log, self.warmup_s = planner, log, warmup_s
+        self.result = _empty_result(deployment, loads, span_s)
+        self.plan: Plan | None = None
+        self.specs: dict[str, ModelSpec] = {}
+        self.running: tuple = ()
+        self.serving_since = 0.0
+        self.plan_s = self.serve_s = 0.0
+        self.zero = ScaleToZero(deployment, loads, deployment.policy.startup_time_s)
+
+    def serve_segment(self, start: float, end: float) -> None:
+        """Serve every request of [start, end) on the plan in force (refused without one)."""
         if end <= start:
             return
         t0 = time.perf_counter()
-        for name, load in zero.served.items():  # held requests reach a replica once READY
-            figures = result.models[name]
-            spec = specs.get(name)
+        plan = self.plan
+        for name, load in self.zero.served.items():  # held requests reach a replica once READY
+            figures = self.result.models[name]
+            spec = self.specs.get(name)
             if plan is None or spec is None:
                 idx = load.window(start, end)
                 figures.requests += idx.stop - idx.start
@@ -307,85 +347,86 @@ def simulate(deployment: Deployment, snapshot: ClusterSnapshot,
                 figures.refused += idx.stop - idx.start
                 continue
             served = serve_window(plan, spec, load, start, end - start,
-                                  warmup_s=min(warmup_s, start), admission=False)
+                                  warmup_s=min(self.warmup_s, start), admission=False)
             figures.requests += served.requests
             figures.output_tokens += served.output_tokens
             figures.within_slo += served.good
             figures.good_output_tokens += served.good_output_tokens
             figures.refused += served.refused
         _SERVED.clear()  # every window is new: keep memory flat
-        serve_s += time.perf_counter() - t0
-        log(f"  served {start / 3600:.2f}-{end / 3600:.2f} h in {time.perf_counter() - t0:.1f} s")
+        self.serve_s += time.perf_counter() - t0
+        self.log(f"  served {start / 3600:.2f}-{end / 3600:.2f} h in "
+                 f"{time.perf_counter() - t0:.1f} s")
 
-    steps = math.ceil(span_s / step)
-    for k in range(steps):
-        now = k * step
-        dt = min(step, span_s - now)
-        demand, triggers = replanner.due(now)
-        triggers = zero.follow(now, dt, _per_model(plan)) + triggers  # went cold, woken
-        if triggers:
-            t0 = time.perf_counter()
-            planned_for, planned_demand = zero.planning_inputs(deployment, demand)
-            request = PlanRequest(planned_for, snapshot, planned_demand, running, frozenset(),
-                                  frozenset(), policy.startup_time_s)
-            try:
-                outcome = planner(request)
-            except PlanningError as exc:  # the daemon keeps its plan and retries
-                plan_s += time.perf_counter() - t0
-                result.timeline.append(PlanPoint(
-                    now, triggers[0].kind.value, False, "refused",
-                    plan.cost_per_hour if plan else 0.0, _per_model(plan), 0.0, str(exc)))
-                log(f"{now / 3600:6.2f} h {triggers[0].kind.value:9s} plan refused ({exc}); "
-                    "the plan in force stays")
-            else:
-                plan_s += time.perf_counter() - t0
-                solved = outcome.solved
-                assert solved is not None  # the planner returns a solved plan or raises
-                new = solved.plan
-                before, after = _replicas(plan), _replicas(new)
-                if before != after:
-                    serve_segment(serving_since, now)
-                    serving_since = now
-                    added = {key: n - before[key] for key, n in after.items() if n > before[key]}
-                    price = {(r.template.id, tuple(r.partitions), r.role): r.cost_per_hour
-                             for r in new.rows}
-                    result.startup_cost += sum(n * price[key] for key, n in added.items()) \
-                        * policy.startup_time_s / 3600.0
-                plan, specs, result.unit = new, {m.name: m for m in solved.models}, solved.unit
-                result.planned_rps = {n: d.planned_rps for n, d in demand.items()}
-                result.sized_rps = {n: d.sized for n, d in demand.items()}
-                result.basis = {n: d.basis for n, d in demand.items()}
-                running = tuple((tid, parts) for (tid, parts, _), n in sorted(after.items())
-                                for _ in range(n))
-                result.timeline.append(PlanPoint(now, triggers[0].kind.value, True,
-                                                 outcome.status, new.cost_per_hour,
-                                                 _per_model(new), outcome.solve_s))
-                log(f"{now / 3600:6.2f} h {triggers[0].kind.value:9s} {outcome.status:8s} "
-                    f"{new.cost_per_hour:9.2f}/h  replicas "
-                    + ", ".join(f"{m} {n}" for m, n in _per_model(new).items())
-                    + f"  (solve {outcome.solve_s:.2f} s)")
-            replanner.planned_at(now, demand)
-        zero.hold(now, dt, _per_model(plan), result.models)  # requests during a wake
-        if plan is not None:
-            hours = dt / 3600.0
-            result.provisioning_cost += plan.cost_per_hour * hours
-            for row in plan.rows:
-                figures = result.models.setdefault(row.model, ModelFigures())
-                figures.cost += row.count * row.cost_per_hour * hours
-                figures.replica_hours += row.count * hours
-                for partition in row.partitions:
-                    gpu_h = row.count * row.template.tp * hours
-                    figures.gpu_hours += gpu_h
-                    by_partition = result.gpu_hours_by_partition
-                    by_partition[partition] = by_partition.get(partition, 0.0) + gpu_h
-        replanner.meter(_intervals(loads, now, now + dt))
-        replanner.count_windows(loads, now + dt)
-    serve_segment(serving_since, span_s)
-    zero.finish(span_s, result.models)
-    result.scale_to_zero = zero.report()
-    result.wake_waits = {name: f.waits for name, f in zero.figures.items()}
-    result.seconds = {"plan": plan_s, "serve": serve_s, "total": time.perf_counter() - began}
-    return result
+    def replan(self, now: float, demand: Mapping[str, ModelDemand],
+               triggers: list[Trigger]) -> None:
+        """Ask the planner at ``now``; a refused plan leaves the one in force (as the daemon)."""
+        t0 = time.perf_counter()
+        # scale to zero: cold models at zero demand, warm ones at least one replica
+        planned_for, planned_demand = self.zero.planning_inputs(self.deployment, demand)
+        request = PlanRequest(planned_for, self.snapshot, planned_demand, self.running,
+                              frozenset(), frozenset(), self.deployment.policy.startup_time_s)
+        try:
+            outcome = self.planner(request)
+        except PlanningError as exc:  # the daemon keeps its plan and retries
+            self.plan_s += time.perf_counter() - t0
+            plan = self.plan
+            self.result.timeline.append(PlanPoint(
+                now, triggers[0].kind.value, False, "refused",
+                plan.cost_per_hour if plan else 0.0, _per_model(plan), 0.0, str(exc)))
+            self.log(f"{now / 3600:6.2f} h {triggers[0].kind.value:9s} plan refused ({exc}); "
+                     "the plan in force stays")
+            return
+        self.plan_s += time.perf_counter() - t0
+        self._adopt(now, demand, triggers, outcome)
+
+    def _adopt(self, now: float, demand: Mapping[str, ModelDemand], triggers: list[Trigger],
+               outcome: PlanOutcome) -> None:
+        """Put the planner's plan in force at ``now``: the replicas before it serve up to now;
+        the replicas it adds pay their start-up."""
+        result = self.result
+        solved = outcome.solved
+        assert solved is not None  # the planner returns a solved plan or raises
+        new = solved.plan
+        before, after = _replicas(self.plan), _replicas(new)
+        if before != after:
+            self.serve_segment(self.serving_since, now)
+            self.serving_since = now
+            added = {key: n - before[key] for key, n in after.items() if n > before[key]}
+            price = {(r.template.id, tuple(r.partitions), r.role): r.cost_per_hour
+                     for r in new.rows}
+            result.startup_cost += sum(n * price[key] for key, n in added.items()) \
+                * self.deployment.policy.startup_time_s / 3600.0
+        self.plan, self.specs, result.unit = new, {m.name: m for m in solved.models}, solved.unit
+        result.planned_rps = {n: d.planned_rps for n, d in demand.items()}
+        result.sized_rps = {n: d.sized for n, d in demand.items()}
+        result.basis = {n: d.basis for n, d in demand.items()}
+        self.running = tuple((tid, parts) for (tid, parts, _), n in sorted(after.items())
+                             for _ in range(n))
+        result.timeline.append(PlanPoint(now, triggers[0].kind.value, True,
+                                         outcome.status, new.cost_per_hour,
+                                         _per_model(new), outcome.solve_s))
+        self.log(f"{now / 3600:6.2f} h {triggers[0].kind.value:9s} {outcome.status:8s} "
+                 f"{new.cost_per_hour:9.2f}/h  replicas "
+                 + ", ".join(f"{m} {n}" for m, n in _per_model(new).items())
+                 + f"  (solve {outcome.solve_s:.2f} s)")
+
+    def book(self, dt: float) -> None:
+        """Charge ``dt`` seconds of the plan in force: cost, replica- and GPU-hours."""
+        if self.plan is None:
+            return
+        result = self.result
+        hours = dt / 3600.0
+        result.provisioning_cost += self.plan.cost_per_hour * hours
+        for row in self.plan.rows:
+            figures = result.models.setdefault(row.model, ModelFigures())
+            figures.cost += row.count * row.cost_per_hour * hours
+            figures.replica_hours += row.count * hours
+            for partition in row.partitions:
+                gpu_h = row.count * row.template.tp * hours
+                figures.gpu_hours += gpu_h
+                by_partition = result.gpu_hours_by_partition
+                by_partition[partition] = by_partition.get(partition, 0.0) + gpu_h
 
 
 def _per_model(plan: Plan | None) -> dict[str, int]:

@@ -316,6 +316,61 @@ def _ffn(cfg: dict[str, Any], model_type: str, layers: int) -> _Ffn:
                 shared_width, dense_layers, model_type == "gpt_oss")
 
 
+@dataclass(frozen=True)
+class _Attention:
+    params: int  # one layer's attention weights
+    head_dim: int
+    kv_heads: int  # the KV heads cached per token (MLA: one latent)
+    kv_per_layer: int  # KV-cache bytes per token and layer
+
+
+def _attention(cfg: dict[str, Any], model_type: str, mla: bool, hidden: int, q_heads: int,
+               kv_heads: int) -> _Attention:
+    """One layer's attention: its weights, head size and what it caches per token."""
+    if mla:
+        attn, head_dim, _v_dim = _mla_params(cfg, hidden, q_heads)
+        # vLLM caches the compressed latent c_KV plus the shared RoPE key, once per layer, for
+        # all heads (DeepSeek-V2 paper Table 1: (d_c + d_h^R)·l elements per token)
+        kv_per_layer = (_int(cfg, "kv_lora_rank") + _int(cfg, "qk_rope_head_dim")) * 2
+        return _Attention(attn, head_dim, 1, kv_per_layer)  # one latent, on every TP rank
+    head_dim = _int(cfg, "head_dim", default=hidden // q_heads)
+    attn = _attention_params(cfg, model_type, hidden, q_heads, kv_heads, head_dim)
+    kv_per_layer = 2 * kv_heads * head_dim * 2  # K and V, 16-bit (GPU-AND-MODEL-FACTS §2)
+    return _Attention(attn, head_dim, kv_heads, kv_per_layer)
+
+
+@dataclass(frozen=True)
+class _Params:
+    total: int  # every weight the engine loads
+    active: int  # what one token touches
+    embed: int  # the embedding matrix (and lm_head unless tied)
+    routed: int  # every routed expert's weights, all MoE layers together
+
+
+def _param_counts(ffn: _Ffn, model_type: str, layers: int, hidden: int, attn: int, vocab: int,
+                  tied: bool) -> _Params:
+    """Weights of the whole model and of one token's path, from one layer's parts."""
+    dense_mlp = 3 * hidden * ffn.dense_width  # gate, up, down (SwiGLU / GeGLU in all families)
+    expert = 3 * hidden * ffn.expert_width
+    if ffn.expert_bias:
+        expert += 2 * ffn.expert_width + hidden  # gate_up and down biases (gpt-oss)
+    router = hidden * ffn.experts + (ffn.experts if ffn.expert_bias else 0)
+    shared = 3 * hidden * ffn.shared_width
+    if model_type == "qwen2_moe" and ffn.shared_width:
+        shared += hidden  # the shared expert's sigmoid gate
+    norms_per_layer = (4 if model_type.startswith("gemma") else 2) * hidden
+
+    moe_layers = layers - ffn.dense_layers if ffn.experts else 0
+    body_total = layers * (attn + norms_per_layer) + (layers - moe_layers) * dense_mlp
+    body_total += moe_layers * (ffn.experts * expert + router + shared)
+    body_active = layers * (attn + norms_per_layer) + (layers - moe_layers) * dense_mlp
+    body_active += moe_layers * (ffn.active * expert + router + shared)
+    embed = vocab * hidden * (1 if tied else 2)
+    return _Params(total=body_total + embed + hidden,  # + final norm
+                   active=body_active + embed + hidden, embed=embed,
+                   routed=moe_layers * ffn.experts * expert)
+
+
 # --- the derivation -------------------------------------------------------------------------
 
 def model_from_config(config: dict[str, Any], name: str | None = None) -> HfModel:
@@ -344,50 +399,24 @@ def model_from_config(config: dict[str, Any], name: str | None = None) -> HfMode
                                                               "gemma3_text")))
     mla = "kv_lora_rank" in cfg and cfg.get("kv_lora_rank") is not None
 
-    if mla:
-        attn, head_dim, v_dim = _mla_params(cfg, hidden, q_heads)
-        # vLLM caches the compressed latent c_KV plus the shared RoPE key, once per layer, for
-        # all heads (DeepSeek-V2 paper Table 1: (d_c + d_h^R)·l elements per token)
-        kv_per_layer = (_int(cfg, "kv_lora_rank") + _int(cfg, "qk_rope_head_dim")) * 2
-        kv_heads = 1  # one latent, replicated on every TP rank
-    else:
-        head_dim = _int(cfg, "head_dim", default=hidden // q_heads)
-        attn = _attention_params(cfg, model_type, hidden, q_heads, kv_heads, head_dim)
-        kv_per_layer = 2 * kv_heads * head_dim * 2  # K and V, 16-bit (GPU-AND-MODEL-FACTS §2)
-
+    att = _attention(cfg, model_type, mla, hidden, q_heads, kv_heads)
     ffn = _ffn(cfg, model_type, layers)
-    dense_mlp = 3 * hidden * ffn.dense_width  # gate, up, down (SwiGLU / GeGLU in all families)
-    expert = 3 * hidden * ffn.expert_width
-    if ffn.expert_bias:
-        expert += 2 * ffn.expert_width + hidden  # gate_up and down biases (gpt-oss)
-    router = hidden * ffn.experts + (ffn.experts if ffn.expert_bias else 0)
-    shared = 3 * hidden * ffn.shared_width
-    if model_type == "qwen2_moe" and ffn.shared_width:
-        shared += hidden  # the shared expert's sigmoid gate
-    norms_per_layer = (4 if model_type.startswith("gemma") else 2) * hidden
-
-    moe_layers = layers - ffn.dense_layers if ffn.experts else 0
-    body_total = layers * (attn + norms_per_layer) + (layers - moe_layers) * dense_mlp
-    body_total += moe_layers * (ffn.experts * expert + router + shared)
-    body_active = layers * (attn + norms_per_layer) + (layers - moe_layers) * dense_mlp
-    body_active += moe_layers * (ffn.active * expert + router + shared)
-    embed = vocab * hidden * (1 if tied else 2)
-    total = body_total + embed + hidden  # + final norm
-    active = body_active + embed + hidden
+    counts = _param_counts(ffn, model_type, layers, hidden, att.params, vocab, tied)
 
     quant, bits = _quantization(cfg)
     dtype = _DTYPES.get(str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16").lower(),
                         "bf16")
-    weight_bytes, label = _weight_bytes(quant, bits, total, embed, moe_layers * ffn.experts
-                                        * expert, dtype)
+    weight_bytes, label = _weight_bytes(quant, bits, counts.total, counts.embed, counts.routed,
+                                        dtype)
     window, sliding = _layer_types(cfg, layers, model_type)
 
     arch = ModelArch(
         name=(name or str(config.get("_name_or_path") or model_type or "unknown")).lower(),
-        layers=layers, hidden=hidden, q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim,
-        ffn=ffn.expert_width or ffn.dense_width, experts=ffn.experts, active_experts=ffn.active,
-        params_b=total / 1e9, active_params_b=active / 1e9, vocab=vocab, max_context=max_context,
-        weight_bytes=weight_bytes, kv_bytes_per_token=int(kv_per_layer * layers),
+        layers=layers, hidden=hidden, q_heads=q_heads, kv_heads=att.kv_heads,
+        head_dim=att.head_dim, ffn=ffn.expert_width or ffn.dense_width, experts=ffn.experts,
+        active_experts=ffn.active, params_b=counts.total / 1e9,
+        active_params_b=counts.active / 1e9, vocab=vocab, max_context=max_context,
+        weight_bytes=weight_bytes, kv_bytes_per_token=int(att.kv_per_layer * layers),
         quantization=label, tied_embeddings=tied,
         pooling=hf_encoder.architecture_pools(config),  # e.g. Qwen2Model: vLLM embeds with it
     )

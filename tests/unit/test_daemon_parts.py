@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from coral_hpc.daemon.core import Loop
+from coral_hpc.daemon.loop import Loop
 from coral_hpc.daemon.process import AlreadyRunning, DaemonLock, lock_is_held
 from coral_hpc.daemon.routing import TablePublisher, ready_routes
 from coral_hpc.daemon.scrape import ALL_MODELS, DemandScraper

@@ -268,7 +268,7 @@ def test_a_nudge_cuts_the_reconcile_wait_short_but_not_the_slurm_budget():
     import threading
     import time as real_time
 
-    from coral_hpc.daemon.core import Loop as DaemonLoop
+    from coral_hpc.daemon.loop import Loop as DaemonLoop
 
     stop, nudge = threading.Event(), threading.Event()
     ran: list[float] = []

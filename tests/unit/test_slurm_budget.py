@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from coral_hpc.daemon.core import Loop
+from coral_hpc.daemon.loop import Loop
 from coral_hpc.slurm.budget import CallBudget
 from coral_hpc.slurm.runner import CommandRunner
 from tests.support.virtual_time import VirtualClock, VirtualStop
