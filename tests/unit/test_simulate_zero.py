@@ -103,6 +103,15 @@ def test_wake_reject_refuses_the_requests_of_the_wake_and_serves_those_after(pla
     assert result.models["qwen3-8b"].requests == 4
 
 
+def test_a_request_held_past_wake_timeout_is_refused_and_a_later_one_of_the_wake_held(planner):
+    # a 2-min start-up, a 1-min wake_timeout: the request that woke it would wait 120 s
+    result = _run(planner, [5.0, 600.0, 690.0], wake_timeout=60.0)
+    assert result.models["qwen3-8b"].refused == 1
+    zero = result.scale_to_zero["qwen3-8b"]
+    assert zero["refused_timeout"] == 1 and zero["held"] == 1
+    assert result.wake_waits["qwen3-8b"] == [pytest.approx(30.0)]
+
+
 def test_always_on_costs_more_on_a_sparse_trace(planner):
     deployment = _deployment()
     arrivals = _load([5.0, 600.0, 1100.0])
