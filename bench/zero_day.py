@@ -32,7 +32,8 @@ The construction (every choice printed with the results):
 Usage (bench/scale_day.py is the 1,000-node site without scale to zero):
 ``python bench/zero_day.py [--hours 24] [--models 20] [--zipf 1.5] [--total-rps 0.1]`` — a day,
 both runs, takes a few minutes on a 2-core host.
-Writes bench/results/zero_day.json and bench/results/zero_day.md. The trace files are read where
+Writes bench/results/NAME.json and NAME.md (``--name``, default zero_day; the sparser day:
+``--total-rps 0.02 --name zero_day_sparse``). The trace files are read where
 they lie (../shared/data/traces) and never copied; only derived figures are written.
 """
 
@@ -101,8 +102,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--name", default="zero_day", help="results file name (NAME.json, NAME.md)")
     args = p.parse_args(argv)
     if not (1 <= args.models <= 24) or args.hours <= 0 or args.total_rps <= 0 or args.zipf < 0:
-        p.error("--models 1..24 (one GPU each must fit the 24 GPUs always-on), --hours > 0, "
-                "--total-rps > 0, --zipf >= 0")
+        p.error("--models 1..24 (always-on, one replica of 1-2 GPUs each, must fit the 48 "
+                "GPUs), --hours > 0, --total-rps > 0, --zipf >= 0")
     return args
 
 
