@@ -118,7 +118,7 @@ def simulate(models_yaml: str, traces: tuple[str, ...], snapshot_file: str | Non
     loads = model_workloads(deployment, per_model, span_s, seed)
     _log(f"simulating {span_s / 3600:.2f} h of {sum(len(w.at) for w in loads.values()):,} "
          f"requests for {len(names)} model(s)")
-    result = _run(models_yaml, deployment, snapshot, loads, span_s, cache_dir)
+    result, always = _run(models_yaml, deployment, snapshot, loads, span_s, cache_dir)
     if plot:
         from coral_hpc.simulate.plot import write_simulation_plot
 
@@ -127,6 +127,10 @@ def simulate(models_yaml: str, traces: tuple[str, ...], snapshot_file: str | Non
         except (OSError, PermanentError) as exc:
             fail(f"--plot {plot}: {exc}")
     data = result.to_json()
+    if always is not None:  # some model scales to zero: against the same run always-on
+        from coral_hpc.simulate.compare import against_always_on
+
+        data["scale_to_zero"] = against_always_on(result, always)
     if as_json:
         print_json(data)
     else:
@@ -165,16 +169,18 @@ def _snapshot(models_yaml: str, snapshot_file: str | None):
 
 def _run(models_yaml: str, deployment, snapshot, loads, span_s: float, cache_dir: str | None):
     """Replay ``loads`` through the daemon's planner, Stage 1's progress shown for the first
-    plan; exit 2 when policy.solver names a solver this host lacks."""
+    plan, and again always-on when some model scales to zero
+    (:func:`coral_hpc.simulate.compare.simulate_both`); exit 2 when policy.solver names a
+    solver this host lacks."""
     from coral_hpc.cli._output import stage1_progress
     from coral_hpc.plan.planner import Planner, SolverUnavailable
-    from coral_hpc.simulate.run import simulate as run_simulation
+    from coral_hpc.simulate.compare import simulate_both
 
     with stage1_progress() as progress:
         planner = Planner(cache_dir=Path(cache_dir) if cache_dir else None,
                           progress=_FirstPass(progress), probe=False)
         try:
-            return run_simulation(deployment, snapshot, loads, span_s, planner, log=_log)
+            return simulate_both(deployment, snapshot, loads, span_s, planner, log=_log)
         except SolverUnavailable as exc:
             fail([f"{models_yaml}: {exc}", f"{models_yaml}: 1 problem(s); nothing was simulated"])
 
@@ -220,5 +226,29 @@ def _print_tables(data: dict, wide: bool) -> None:
                 title=f"Replicas over time ({data['replans']['count']} re-plans, "
                       f"{data['replans']['refused']} refused; rows where the plan changed)",
                 wide=wide)
+    if "scale_to_zero" in data:
+        _print_scale_to_zero(data["scale_to_zero"], wide)
     if attained is not None and attained < 0.95:
         err_console.print("note: fewer than 95 % of requests met their SLO", highlight=False)
+
+
+def _print_scale_to_zero(zero: dict, wide: bool) -> None:
+    """Per model scaled to zero: wakes, wake waits, held / refused, GPU-hours and cost against
+    always-on."""
+    def wait(w: dict) -> str:
+        return "-" if w["p50"] is None else f"{w['p50']:.0f} / {w['p95']:.0f} / {w['max']:.0f}"
+
+    rows = [[name, m["wakes"], wait(m["wake_wait_s"]), m["held"],
+             m["refused_reject"] + m["refused_timeout"], f"{m['gpu_hours']:.2f}",
+             f"{m['always_on_gpu_hours']:.2f}", f"{m['cost']:.2f}", f"{m['always_on_cost']:.2f}"]
+            for name, m in zero["models"].items()]
+    total = zero["total"]
+    print_table([Column("model", "id"), Column("wakes", "num"),
+                 Column("wake wait s p50/p95/max", "num"), Column("held", "num"),
+                 Column("refused", "num"), Column("GPU-h", "num"),
+                 Column("always-on GPU-h", "num"), Column("cost", "num"),
+                 Column("always-on cost", "num")], rows,
+                title=f"Scale to zero: {total['gpu_hours']:.2f} GPU-h and {total['cost']:.2f} "
+                      f"cost against always-on {total['always_on_gpu_hours']:.2f} GPU-h and "
+                      f"{total['always_on_cost']:.2f} (the same run with idle_after: never and "
+                      "min_replicas: 1)", wide=wide)

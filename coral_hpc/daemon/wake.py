@@ -1,10 +1,8 @@
 """The daemon's part of scale to zero: what the idle rule (:mod:`coral_hpc.reconcile.idle`)
 changes in what is planned, and what the gateway is told about cold and waking models.
 
-* A **cold** model is planned with zero demand and no floor: it gets no replica, and the decide
-  step may drain its last READY one (it is left out of the configured models it protects).
-* A **warm** (or waking) model scaled to zero is planned with at least one replica, whatever its
-  measured demand, so a wake gets a replica at once and an idle-but-warm model keeps one.
+* What is planned for cold and warm models: :mod:`coral_hpc.reconcile.idle_plan` (re-exported
+  here; ``coral-hpc simulate`` plans by the same functions).
 * The routing table carries a :class:`~coral_hpc.gateway.table.WakeInfo` for each model scaled
   to zero without a READY replica: its state, the measured start-up time and, once its replica
   is queued or starting, when it is expected READY (Slurm's expected start plus the start-up).
@@ -13,25 +11,15 @@ changes in what is planned, and what the gateway is told about cold and waking m
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
 
-from coral_hpc.config import Deployment, scale_to_zero
-from coral_hpc.demand import ModelDemand
 from coral_hpc.gateway.table import WakeInfo
 from coral_hpc.reconcile import ReplicaFacts, ReplicaState
-from coral_hpc.reconcile.idle import IdleRule, IdleTracker
+from coral_hpc.reconcile.idle import IdleTracker
+from coral_hpc.reconcile.idle_plan import idle_rules, planning_inputs
 from coral_hpc.reconcile.status import ReplicaStatus
 from coral_hpc.store import Store
 
-
-def idle_rules(deployment: Deployment) -> dict[str, IdleRule]:
-    """The models of ``deployment`` scaled to zero and their idle rule."""
-    out = {}
-    for model in deployment.models:
-        settings = scale_to_zero(model, deployment.policy)
-        if settings.enabled:
-            out[model.name] = IdleRule(settings.idle_after_s, settings.wake_timeout_s)
-    return out
+__all__ = ["idle_rules", "last_requests", "planning_inputs", "ready_counts", "wake_infos"]
 
 
 def last_requests(store: Store, models: Iterable[str], since: float) -> dict[str, float]:
@@ -42,26 +30,6 @@ def last_requests(store: Store, models: Iterable[str], since: float) -> dict[str
         if item.model in wanted and item.requests > 0:
             out[item.model] = max(out.get(item.model, item.end), item.end)
     return out
-
-
-def planning_inputs(deployment: Deployment, demand: Mapping[str, ModelDemand],
-                    tracker: IdleTracker) -> tuple[Deployment, dict[str, ModelDemand]]:
-    """The deployment and demand the planner is asked with: cold models at zero demand, warm
-    models scaled to zero at least one replica (see the module doc)."""
-    cold = tracker.cold()
-    floors = tracker.tracked - cold
-    models = tuple(
-        m.model_copy(update={"min_replicas": max(1, m.min_replicas)})
-        if m.name in floors and (m.max_replicas is None or m.max_replicas > 0) else m
-        for m in deployment.models)
-    planned = dict(demand)
-    for name in cold:
-        if name in planned:
-            planned[name] = replace(planned[name], requests_per_s=0.0, planned_rps=0.0,
-                                    sized_rps=0.0, basis="cold: scaled to zero")
-    if not floors:
-        return deployment, planned
-    return deployment.model_copy(update={"models": models}), planned
 
 
 def wake_infos(tracker: IdleTracker, facts: Sequence[ReplicaFacts],

@@ -29,6 +29,8 @@ Every ``step_s`` (a minute, or the re-plan interval when that is shorter) of vir
   ``warmup_s`` seconds before are served again on the new replicas, uncounted, so they do not
   start empty. New replicas count as READY at once. A model with no replica refuses its
   requests (counted as missed).
+* **Scale to zero** (``idle_after``): the daemon's idle rule; a woken model's requests wait a
+  start-up (:mod:`coral_hpc.simulate.zero`).
 
 Replica latencies come from the planner's own performance model, so SLO attainment shows that
 the plans keep their promises under the trace's burstiness and lengths (self-consistency), not
@@ -52,6 +54,7 @@ from coral_hpc.reconcile import ReconcileSettings, Trigger, replan_triggers
 from coral_hpc.records import DemandInterval
 from coral_hpc.simulate.serve import _SERVED, serve_window
 from coral_hpc.simulate.traces import ModelWorkload, TraceRows, scaled_workload
+from coral_hpc.simulate.zero import ScaleToZero
 from coral_hpc.slurm.snapshot import ClusterSnapshot
 from coral_solver import catalog
 from coral_solver.types import ModelSpec, Plan
@@ -111,6 +114,9 @@ class SimulationResult:
     gpu_hours_by_partition: dict[str, float] = field(default_factory=dict)
     timeline: list[PlanPoint] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
+    #: per model scaled to zero: wakes, wake waits, held / refused (coral_hpc.simulate.zero)
+    scale_to_zero: dict[str, dict] = field(default_factory=dict)
+    wake_waits: dict[str, list[float]] = field(default_factory=dict)  #: each held request's
 
     @property
     def cost(self) -> float:
@@ -167,6 +173,7 @@ class SimulationResult:
                 "refused": sum(not p.accepted for p in self.timeline),
             },
             "seconds": {k: round(v, 2) for k, v in self.seconds.items()},
+            **({"scale_to_zero": self.scale_to_zero} if self.scale_to_zero else {}),
         }
 
 
@@ -278,13 +285,18 @@ def simulate(deployment: Deployment, snapshot: ClusterSnapshot,
         now = k * step
         dt = min(step, span_s - now)
         demand, triggers = replanner.due(now)
+        triggers = run.zero.follow(now, dt, _per_model(run.plan)) + triggers  # cold, woken
         if triggers:
             run.replan(now, demand, triggers)
             replanner.planned_at(now, demand)
+        run.zero.hold(now, dt, _per_model(run.plan), run.result.models)  # during a wake
         run.book(dt)
         replanner.meter(_intervals(loads, now, now + dt))
         replanner.count_windows(loads, now + dt)
     run.serve_segment(run.serving_since, span_s)
+    run.zero.finish(span_s, run.result.models)
+    run.result.scale_to_zero = run.zero.report()
+    run.result.wake_waits = {name: f.waits for name, f in run.zero.figures.items()}
     run.result.seconds = {"plan": run.plan_s, "serve": run.serve_s,
                           "total": time.perf_counter() - began}
     return run.result
@@ -317,6 +329,7 @@ class _Replay:
         self.running: tuple = ()
         self.serving_since = 0.0
         self.plan_s = self.serve_s = 0.0
+        self.zero = ScaleToZero(deployment, loads, deployment.policy.startup_time_s)
 
     def serve_segment(self, start: float, end: float) -> None:
         """Serve every request of [start, end) on the plan in force (refused without one)."""
@@ -324,7 +337,7 @@ class _Replay:
             return
         t0 = time.perf_counter()
         plan = self.plan
-        for name, load in self.loads.items():
+        for name, load in self.zero.served.items():  # held requests reach a replica once READY
             figures = self.result.models[name]
             spec = self.specs.get(name)
             if plan is None or spec is None:
@@ -349,8 +362,10 @@ class _Replay:
                triggers: list[Trigger]) -> None:
         """Ask the planner at ``now``; a refused plan leaves the one in force (as the daemon)."""
         t0 = time.perf_counter()
-        request = PlanRequest(self.deployment, self.snapshot, demand, self.running, frozenset(),
-                              frozenset(), self.deployment.policy.startup_time_s)
+        # scale to zero: cold models at zero demand, warm ones at least one replica
+        planned_for, planned_demand = self.zero.planning_inputs(self.deployment, demand)
+        request = PlanRequest(planned_for, self.snapshot, planned_demand, self.running,
+                              frozenset(), frozenset(), self.deployment.policy.startup_time_s)
         try:
             outcome = self.planner(request)
         except PlanningError as exc:  # the daemon keeps its plan and retries

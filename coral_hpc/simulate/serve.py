@@ -13,7 +13,8 @@
   ``count`` times.
 * **Disaggregated** models: every prefill replica is simulated, the KV hand-off takes
   :func:`coral_solver.perf_roles.kv_transfer_s`, then replica 0 of each decode row.
-* **Within SLO**: a request whose TTFT and mean TPOT both meet the model's SLO.
+* **Within SLO**: a request whose TTFT and mean TPOT both meet the model's SLO. A request held
+  while its model woke from zero (``ModelWorkload.waited``) counts its wait in its TTFT.
 
 Because replica latencies come from the planner's own performance model, the SLO figures show
 that plans keep their promises under the trace's burstiness (self-consistency), not that vLLM
@@ -110,7 +111,7 @@ def _tpot(o: Outcome) -> float | None:
 
 def _aggregated(
     rows: list[PlanRow], picks: list[list[int]], at, prompt, output, model: ModelSpec, out: Served,
-    gpu_of: Callable[[str], str] = _same_gpu,
+    gpu_of: Callable[[str], str] = _same_gpu, waited=None,
 ) -> None:
     """Requests served by replicas of both phases: replica 0 of each row is simulated."""
     for row, mine_all in zip(rows, picks):
@@ -124,7 +125,13 @@ def _aggregated(
         weight = len(mine_all) / len(mine)  # every replica of the row, from replica 0's share
         for i, o in zip(mine, outcomes):
             if at[i] >= 0.0:  # before 0: warm-up, served but not booked (serve_window)
-                out.count(o.first_s - float(at[i]), _tpot(o), o.tokens, model, weight)
+                out.count(o.first_s - float(at[i]) + _waited(waited, i), _tpot(o), o.tokens,
+                          model, weight)
+
+
+def _waited(waited, i: int) -> float:
+    """Seconds request ``i`` was held before it reached a replica (a wake from zero)."""
+    return 0.0 if waited is None else float(waited[i])
 
 
 def _disaggregated(
@@ -137,6 +144,7 @@ def _disaggregated(
     model: ModelSpec,
     out: Served,
     gpu_of: Callable[[str], str] = _same_gpu,
+    waited=None,
 ) -> None:
     """Requests served by a prefill replica, then (after the KV transfer) a decode replica.
 
@@ -180,7 +188,8 @@ def _disaggregated(
         weight = len(mine_all) / len(mine)
         for i, o in zip(mine, outcomes):
             if at[i] >= 0.0:  # before 0: warm-up, served but not booked (serve_window)
-                out.count(o.first_s - float(at[i]), _tpot(o), o.tokens, model, weight)
+                out.count(o.first_s - float(at[i]) + _waited(waited, i), _tpot(o), o.tokens,
+                          model, weight)
 
 
 def serve_window(
@@ -199,6 +208,7 @@ def serve_window(
     stage's GPU type to the catalog's (:func:`_layout`)."""
     idx = load.window(start - warmup_s, start + sim_s)
     at, prompt, output = load.at[idx] - start, load.prompt[idx], load.output[idx]
+    waited = None if load.waited is None else load.waited[idx]  # held during a wake
     counted = at >= 0.0
     out = Served(requests=int(counted.sum()), output_tokens=int(output[counted].sum()))
     rows = [r for r in plan.rows if r.model == model.name and r.count > 0]
@@ -227,6 +237,7 @@ def serve_window(
             model,
             out,
             gpu_of,
+            waited,
         )
     if paths[1]:
         _disaggregated(
@@ -239,5 +250,6 @@ def serve_window(
             model,
             out,
             gpu_of,
+            waited,
         )
     return out

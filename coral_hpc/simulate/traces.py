@@ -75,6 +75,9 @@ class ModelWorkload:
     output: np.ndarray
     source: str
     mix: tuple[int, int]  #: mean prompt / output tokens of the trace window (the planner's mix)
+    #: seconds each request already waited before ``at`` (held while its model woke from zero,
+    #: ``coral_hpc.simulate.zero``): counted in its time to first token; None: none waited
+    waited: np.ndarray | None = None
 
     def window(self, start: float, end: float) -> slice:
         """Index range of the requests arriving in [start, end)."""
