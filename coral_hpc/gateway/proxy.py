@@ -64,11 +64,14 @@ from coral_hpc.gateway.http_server import (
 from coral_hpc.gateway.metering import DemandMeter, GatewayMetrics
 from coral_hpc.gateway.ratelimit import RateLimiter
 from coral_hpc.gateway.routing import ReplicaState, Router
+from coral_hpc.gateway.settings import GatewaySettings
 from coral_hpc.gateway.streaming import SSEFramer, StreamUsage, error_event
 from coral_hpc.gateway.table import RoutingTableError, read_routing_table
 from coral_hpc.gateway.upstream import UpstreamError, UpstreamPool
 
 log = logging.getLogger("coral_hpc.gateway")
+
+__all__ = ["Gateway", "GatewaySettings"]
 
 #: OpenAI endpoints forwarded to replicas.
 PROXIED_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
@@ -78,54 +81,6 @@ _DECODER = json.JSONDecoder()
 ANONYMOUS = "anonymous"
 #: an unknown model's name is logged cut to this many characters (it is the client's text)
 MAX_LOGGED_MODEL = 200
-
-
-@dataclass(frozen=True)
-class GatewaySettings:
-    """Everything the gateway process needs. Every tuning field has a default and a reason."""
-
-    models: tuple[str, ...]                      # configured models: 503 when none READY, else 404
-    table_path: Path | None = None               # the daemon's routing table
-    api_keys_file: Path | None = None            # hashed client keys; None = no client auth
-    #: no keys file, and its owner said so (gateway.open_on_loopback); the start refuses a
-    #: gateway without keys otherwise, and this one beyond loopback
-    open_on_loopback: bool = False
-    #: the daemon's key for /metrics and /internal/* (:func:`~coral_hpc.gateway.table.default_internal_key_path`)
-    internal_key_file: Path | None = None
-    replica_key_file: Path | None = None         # the key replicas require (sent upstream)
-    tls_cert: Path | None = None                 # HTTPS when set (with tls_key)
-    tls_key: Path | None = None
-    behind_tls_proxy: bool = False               # plain HTTP beyond loopback: a proxy does TLS
-    max_body_bytes: int = 4 * 1024 * 1024        # 413 above this
-    #: Connecting to a replica on the same cluster network takes milliseconds; seconds mean dead.
-    connect_timeout_s: float = 3.0
-    #: Longest silence from a replica before it counts as stalled. Generous: a non-streaming
-    #: request sends nothing until the whole answer is done.
-    read_timeout_s: float = 600.0
-    max_retries: int = 2                         # other replicas tried after a transport failure
-    poll_interval_s: float = 0.5                 # routing table / keys file change check
-    probe_interval_s: float = 1.0                # /health of every replica
-    probe_timeout_s: float = 2.0
-    probe_timeouts_to_mark_down: int = 3         # consecutive late /health answers
-    retry_after_s: int = 10                      # Retry-After on 503: a replica takes a while
-    max_connections_per_replica: int = 1024      # one pool per replica
-    #: Idle upstream connections kept per replica, each closed after ``upstream_keepalive_s``:
-    #: a 3,000-request burst must not leave 3,000 sockets open. 4 s is below the 5 s after which
-    #: vLLM's server (uvicorn's default) closes an idle connection itself, so a pooled
-    #: connection is rarely one the replica is closing at that moment.
-    max_idle_per_replica: int = 128
-    upstream_keepalive_s: float = 4.0
-    #: A client connection is closed when no complete request head arrives for this long: an
-    #: idle keep-alive connection, or one trickling its headers (slowloris). The official
-    #: clients keep idle connections for 5 s (httpx), so they rarely meet this limit.
-    client_idle_timeout_s: float = 15.0
-    #: The whole request body must arrive within this; slower is an attack, not a client.
-    body_timeout_s: float = 30.0
-    #: the access log's folder (:mod:`coral_hpc.gateway.accesslog`); None = no access log
-    access_log_dir: Path | None = None
-    access_log_days: float = 90.0                # retention.access_log_days
-    demand_window_s: float = 10.0                # policy.demand_window_s: arrivals per window
-    demand_windows: int = 20                     # policy.demand_windows: windows kept
 
 
 class _Outcome:
