@@ -45,13 +45,13 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 from urllib.parse import unquote
 
 import aiohttp
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from coral_hpc.gateway.accesslog import AccessLog
+from coral_hpc.gateway.answers import error_response, json_response
 from coral_hpc.gateway.auth import KeyChecker, KeysFileError, hash_key, read_keys_file
 from coral_hpc.gateway.disagg import Disaggregation
 from coral_hpc.gateway.http_server import (
@@ -67,6 +67,7 @@ from coral_hpc.gateway.routing import ReplicaState, Router
 from coral_hpc.gateway.settings import GatewaySettings
 from coral_hpc.gateway.streaming import SSEFramer, StreamUsage, error_event
 from coral_hpc.gateway.table import RoutingTableError, read_routing_table
+from coral_hpc.gateway.tokens import count_whole_answer, estimate_prompt_tokens, usage_counts
 from coral_hpc.gateway.upstream import UpstreamError, UpstreamPool
 
 log = logging.getLogger("coral_hpc.gateway")
@@ -77,7 +78,6 @@ __all__ = ["Gateway", "GatewaySettings"]
 PROXIED_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 #: ``GET /v1/models/{id}``: one model (the rest of the path, percent-decoded, is its id)
 MODELS_PREFIX = "/v1/models/"
-_DECODER = json.JSONDecoder()
 ANONYMOUS = "anonymous"
 #: an unknown model's name is logged cut to this many characters (it is the client's text)
 MAX_LOGGED_MODEL = 200
@@ -116,45 +116,6 @@ class _UpstreamServerError(Exception):
     def __init__(self, response: Response):
         super().__init__(f"answered {response.status}")
         self.response = response
-
-
-def _error(status: int, message: str, kind: str, headers: dict[str, str] | None = None
-           ) -> Response:
-    body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
-    return Response(status=status, body=json.dumps(body).encode(), headers=headers)
-
-
-def _json(obj: Any) -> Response:
-    return Response(body=json.dumps(obj).encode())
-
-
-def _estimate_prompt_tokens(payload: dict) -> int:
-    """About 4 characters per token, for answers that carry no ``usage``."""
-    chars = 0
-    for message in payload.get("messages") or ():
-        if isinstance(message, dict):
-            content = message.get("content")
-            if isinstance(content, str):
-                chars += len(content)
-            elif isinstance(content, list):
-                chars += sum(len(p.get("text", "")) for p in content if isinstance(p, dict))
-    for name in ("prompt", "input"):
-        value = payload.get(name)
-        if isinstance(value, str):
-            chars += len(value)
-        elif isinstance(value, list):
-            chars += sum(len(v) for v in value if isinstance(v, str))
-    return math.ceil(chars / 4)
-
-
-def _usage_counts(usage: Any) -> tuple[int, int] | None:
-    if not isinstance(usage, dict):
-        return None
-    prompt = usage.get("prompt_tokens")
-    generated = usage.get("completion_tokens", 0)
-    if not isinstance(prompt, int) or not isinstance(generated, int):
-        return None
-    return prompt, generated
 
 
 @dataclass
@@ -209,7 +170,7 @@ class Gateway:
     #: for :mod:`coral_hpc.gateway.disagg`, which forwards through this gateway's machinery
     upstream_failed = _UpstreamFailed
     upstream_server_error = _UpstreamServerError
-    error_response = staticmethod(_error)
+    error_response = staticmethod(error_response)
 
     def __init__(self, settings: GatewaySettings, keys: KeyChecker | None = None) -> None:
         self.settings = settings
@@ -260,7 +221,7 @@ class Gateway:
         """An error the HTTP server answers itself (400, 404, 408, 413, 431, …), counted."""
         if status < 500:
             self.metrics.client_errors.labels(str(status)).inc()
-        return _error(status, message, kind)
+        return error_response(status, message, kind)
 
     async def start(self) -> None:
         """Open the access log, load the files and start the poller, the prober and the
@@ -479,7 +440,7 @@ class Gateway:
         return self._keys.name_for(authorization) is not None
 
     async def handle_health(self, request: Request) -> Response:
-        return _json({"status": "ok", "table_version": self.router.version})
+        return json_response({"status": "ok", "table_version": self.router.version})
 
     def _model_object(self, model: str) -> dict:
         """OpenAI's ``model`` object plus this gateway's readiness (see the module docstring)."""
@@ -494,14 +455,14 @@ class Gateway:
             return None
         request.key = self._keys.name_for(request.headers.get("authorization"))
         if request.key is None:
-            return _error(401, "missing or invalid API key", "authentication_error")
+            return error_response(401, "missing or invalid API key", "authentication_error")
         return None
 
     async def handle_models(self, request: Request) -> Response:
         refused = self._client_key_missing(request)
         if refused is not None:
             return refused
-        return _json({"object": "list",
+        return json_response({"object": "list",
                       "data": [self._model_object(m) for m in sorted(self._known)
                                if self._may_use(request, m)]})
 
@@ -523,27 +484,27 @@ class Gateway:
                               "param": "model", "code": "model_not_found"}}
             return Response(status=404, body=json.dumps(body).encode())
         if not self._may_use(request, model):
-            return _error(403, f"API key {request.key!r} may not use model {model!r}",
+            return error_response(403, f"API key {request.key!r} may not use model {model!r}",
                           "permission_error")
-        return _json(self._model_object(model))
+        return json_response(self._model_object(model))
 
     async def handle_metrics(self, request: Request) -> Response:
         if not self._authorized_internal(request):
-            return _error(401, "missing or invalid API key", "authentication_error")
+            return error_response(401, "missing or invalid API key", "authentication_error")
         return Response(body=generate_latest(self.metrics.registry),
                         content_type=CONTENT_TYPE_LATEST)
 
     async def handle_demand(self, request: Request) -> Response:
         if not self._authorized_internal(request):
-            return _error(401, "missing or invalid API key", "authentication_error")
+            return error_response(401, "missing or invalid API key", "authentication_error")
         snapshot = self.meter.snapshot(self.router.ready_count, tuple(sorted(self._known)))
         snapshot["table_version"] = self.router.version
-        return _json(snapshot)
+        return json_response(snapshot)
 
     async def handle_routing(self, request: Request) -> Response:
         if not self._authorized_internal(request):
-            return _error(401, "missing or invalid API key", "authentication_error")
-        return _json({
+            return error_response(401, "missing or invalid API key", "authentication_error")
+        return json_response({
             "version": self.router.version,
             "models": {m: [s.describe() for s in self.router.replicas(m)]
                        for m in sorted(self._known)},
@@ -557,7 +518,7 @@ class Gateway:
             key = self._keys.name_for(request.headers.get("authorization"))
             if key is None:
                 self.metrics.client_errors.labels("401").inc()
-                return _error(401, "missing or invalid API key: send 'Authorization: Bearer <key>'",
+                return error_response(401, "missing or invalid API key: send 'Authorization: Bearer <key>'",
                               "authentication_error")
             request.key = key
         return None
@@ -570,25 +531,25 @@ class Gateway:
             payload = json.loads(body)
         except (ValueError, UnicodeDecodeError) as exc:
             self.metrics.client_errors.labels("400").inc()
-            return _error(400, f"request body is not valid JSON: {exc}", "invalid_request_error")
+            return error_response(400, f"request body is not valid JSON: {exc}", "invalid_request_error")
         except RecursionError:
             # the C decoder stops at the interpreter's recursion limit (~1,000 levels); no
             # OpenAI request nests more than a few levels
             self.metrics.client_errors.labels("400").inc()
-            return _error(400, "request body nests JSON too deeply", "invalid_request_error")
+            return error_response(400, "request body nests JSON too deeply", "invalid_request_error")
         if not isinstance(payload, dict) or not isinstance(payload.get("model"), str):
             self.metrics.client_errors.labels("400").inc()
-            return _error(400, "request body must be a JSON object with a string 'model'",
+            return error_response(400, "request body must be a JSON object with a string 'model'",
                           "invalid_request_error")
         model = payload["model"]
         stream = payload.get("stream", False)
         if not isinstance(stream, bool):
             self.metrics.client_errors.labels("400").inc()
-            return _error(400, "'stream' must be true or false", "invalid_request_error")
+            return error_response(400, "'stream' must be true or false", "invalid_request_error")
         request.note = _Outcome(model[:MAX_LOGGED_MODEL], stream)
         if model not in self._known:
             self.metrics.client_errors.labels("404").inc()
-            return _error(404, f"model {model!r} is not served here; GET /v1/models lists them",
+            return error_response(404, f"model {model!r} is not served here; GET /v1/models lists them",
                           "not_found_error")
         refused = self._refused_by_key_policy(key, model)
         if refused is not None:
@@ -607,7 +568,7 @@ class Gateway:
         if replica is None:
             self.meter.record_arrival(model, key, rejected=True)
             children.rejected.inc()
-            return _error(503, f"model {model!r} has no READY replica now; retry later",
+            return error_response(503, f"model {model!r} has no READY replica now; retry later",
                           "service_unavailable",
                           headers={"Retry-After": str(self.settings.retry_after_s)})
         self.meter.record_arrival(model, key)
@@ -639,7 +600,7 @@ class Gateway:
                            if len(tried) <= self.settings.max_retries else None)
                 if replica is None:
                     self.metrics.errors.labels(model, "upstream_failed").inc()
-                    return _error(502, f"{len(tried)} replica(s) of {model!r} failed: {exc}",
+                    return error_response(502, f"{len(tried)} replica(s) of {model!r} failed: {exc}",
                                   "upstream_error")
                 self.metrics.retries.labels(model).inc()
             finally:
@@ -702,38 +663,9 @@ class Gateway:
     def _count_answer(self, model: str, key: str, payload: dict, data: bytes,
                       role: str = "both") -> tuple[int, int, bool]:
         """Count the tokens of a whole answer; (prompt, generated, estimated)."""
-        counts = None
-        generated_chars = 0
-        # Fast path: parse only the usage object (answers can be large; usage is small).
-        at = data.rfind(b'"usage":')
-        if at >= 0:
-            try:
-                usage, _ = _DECODER.raw_decode(data[at + 8:].decode("utf-8", "replace").lstrip())
-            except (ValueError, RecursionError):
-                usage = None
-            counts = _usage_counts(usage)
-            if counts is not None:
-                self._add_tokens(model, key, counts[0], counts[1], False, role)
-                return counts[0], counts[1], False
-        try:
-            answer = json.loads(data)
-        except (ValueError, RecursionError):
-            answer = None
-        if isinstance(answer, dict):
-            counts = _usage_counts(answer.get("usage"))
-            if counts is None:
-                for choice in answer.get("choices") or ():
-                    if isinstance(choice, dict):
-                        message = choice.get("message")
-                        text = message.get("content") if isinstance(message, dict) else choice.get(
-                            "text")
-                        if isinstance(text, str):
-                            generated_chars += len(text)
-        estimated = counts is None
-        if counts is None:
-            counts = (_estimate_prompt_tokens(payload), math.ceil(generated_chars / 4))
-        self._add_tokens(model, key, counts[0], counts[1], estimated, role)
-        return counts[0], counts[1], estimated
+        counts = count_whole_answer(payload, data)
+        self._add_tokens(model, key, counts[0], counts[1], counts[2], role)
+        return counts
 
     def _refused_by_key_policy(self, key: str, model: str) -> Response | None:
         """403 when the key may not use ``model``; 429 (with Retry-After) when it is over its
@@ -745,7 +677,7 @@ class Gateway:
             return None
         if not self._keys.allows(key, model):
             self.metrics.client_errors.labels("403").inc()
-            return _error(403, f"API key {key!r} may not use model {model!r}; it may use "
+            return error_response(403, f"API key {key!r} may not use model {model!r}; it may use "
                                f"{', '.join(entry.models)}", "permission_error")
         if entry.rpm is None and entry.tpm is None:
             return None
@@ -756,7 +688,7 @@ class Gateway:
         self.metrics.client_errors.labels("429").inc()
         what = (f"{entry.rpm} requests" if limit == "rpm" else f"{entry.tpm} tokens")
         retry = max(1, math.ceil(wait_s))
-        return _error(429, f"API key {key!r} is over its limit of {what} per minute; retry in "
+        return error_response(429, f"API key {key!r} is over its limit of {what} per minute; retry in "
                            f"{retry} s", "rate_limit_error", headers={"Retry-After": str(retry)})
 
     def _add_tokens(self, model: str, key: str, prompt: int, generated: int,
@@ -840,10 +772,10 @@ class Gateway:
                 # the client went away: the finally below closes the upstream request
                 self.metrics.errors.labels(replica.model, "client_gone").inc()
                 return out
-            counts = _usage_counts(usage.usage)
+            counts = usage_counts(usage.usage)
             estimated = counts is None
             if counts is None:
-                counts = (_estimate_prompt_tokens(payload), usage.chunks)
+                counts = (estimate_prompt_tokens(payload), usage.chunks)
             self._add_tokens(replica.model, key, counts[0], counts[1], estimated, replica.role)
             _noted(request, replica, (counts[0], counts[1], estimated))
             return out
