@@ -161,13 +161,13 @@ class Disaggregation:
             except gw.upstream_failed as exc:  # nothing reached the client: both phases again
                 last = str(exc)
                 decode.failures += 1
-                gw._mark_down(decode, last)
+                gw.replicas.mark_down(decode, last)
                 failed_decode.append(decode)
                 self.phase_failures.labels(model, "decode").inc()
                 gw.metrics.retries.labels(model).inc()
                 continue
             finally:
-                gw._done_with(decode)
+                gw.replicas.done_with(decode)
             self.phase_requests.labels(model, "decode").inc()
             return response
         return await self._whole(request, model, payload, key, children, started,
@@ -201,11 +201,11 @@ class Disaggregation:
                 except gw.upstream_failed as exc:
                     last = str(exc)
                     replica.failures += 1
-                    gw._mark_down(replica, last)
+                    gw.replicas.mark_down(replica, last)
                     failed.append(replica)
                     continue
                 finally:
-                    gw._done_with(replica)
+                    gw.replicas.done_with(replica)
                 self.phase_requests.labels(model, f"whole_on_{role}").inc()
                 log.warning("%s: no decode replica answered; served whole on %s replica %s",
                             model, role, replica.id)
@@ -239,12 +239,12 @@ class Disaggregation:
                                                    extra_headers=f"X-Request-Id: {request_id}\r\n")
             except gw.upstream_failed as exc:
                 replica.failures += 1
-                gw._mark_down(replica, str(exc))
+                gw.replicas.mark_down(replica, str(exc))
                 failed.append(replica)
                 self.phase_failures.labels(model, "prefill").inc()
                 continue
             finally:
-                gw._done_with(replica)
+                gw.replicas.done_with(replica)
             if status != 200:
                 gw.metrics.errors.labels(model, f"upstream_{status}").inc()
                 if status >= 500:  # a draining replica (module docstring): try another one

@@ -47,7 +47,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote
 
-import aiohttp
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from coral_hpc.gateway.accesslog import AccessLog
@@ -63,12 +62,13 @@ from coral_hpc.gateway.http_server import (
 )
 from coral_hpc.gateway.metering import DemandMeter, GatewayMetrics
 from coral_hpc.gateway.ratelimit import RateLimiter
+from coral_hpc.gateway.replicas import Replicas
 from coral_hpc.gateway.routing import ReplicaState, Router
 from coral_hpc.gateway.settings import GatewaySettings
 from coral_hpc.gateway.streaming import SSEFramer, StreamUsage, error_event
 from coral_hpc.gateway.table import RoutingTableError, read_routing_table
 from coral_hpc.gateway.tokens import count_whole_answer, estimate_prompt_tokens, usage_counts
-from coral_hpc.gateway.upstream import UpstreamError, UpstreamPool
+from coral_hpc.gateway.upstream import UpstreamError
 
 log = logging.getLogger("coral_hpc.gateway")
 
@@ -185,9 +185,7 @@ class Gateway:
         self._keys = keys
         # headers every upstream request carries, as wire bytes (built once per key change)
         self._upstream_headers = b"Content-Type: application/json\r\n"
-        self._pools: dict[ReplicaState, UpstreamPool] = {}
-        self._probe_timeouts: dict[ReplicaState, int] = {}
-        self._probe_session: aiohttp.ClientSession | None = None
+        self.replicas = Replicas(settings, self.router)
         self._tasks: list[asyncio.Task] = []
         self._table_file = _Reloadable(settings.table_path)
         self._keys_file = _Reloadable(settings.api_keys_file)
@@ -229,14 +227,11 @@ class Gateway:
         if self.access_log is not None:
             self.access_log.open()
         self._reload_files()
-        self._probe_session = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=self.settings.probe_timeout_s),
-            connector=aiohttp.TCPConnector(limit=64, force_close=True),
-        )
+        await self.replicas.start()
         self._tasks = [
             asyncio.create_task(self._loop(self.settings.poll_interval_s, self._reload_files)),
-            asyncio.create_task(self._loop(self.settings.probe_interval_s, self._probe_all)),
-            asyncio.create_task(self._loop(1.0, self._reap_idle)),
+            asyncio.create_task(self._loop(self.settings.probe_interval_s, self.replicas.probe_all)),
+            asyncio.create_task(self._loop(1.0, self.replicas.reap_idle)),
         ]
 
     async def stop(self) -> None:
@@ -244,11 +239,7 @@ class Gateway:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        for pool in list(self._pools.values()):
-            pool.close()
-        self._pools.clear()
-        if self._probe_session is not None:
-            await self._probe_session.close()
+        await self.replicas.stop()
         if self.access_log is not None:
             self.access_log.close()
 
@@ -351,29 +342,9 @@ class Gateway:
         self._known = self._configured | set(table.models)
         for state in dropped:
             if state.outstanding == 0:
-                self._close_session(state)
+                self.replicas.close(state)
         log.info("routing table version %d: +%d -%d reweighted %d", table.version,
                  len(diff.added), len(diff.removed), len(diff.reweighted))
-
-    def _close_session(self, state: ReplicaState) -> None:
-        self._probe_timeouts.pop(state, None)
-        pool = self._pools.pop(state, None)
-        if pool is not None:
-            pool.close()
-
-    def _pool(self, state: ReplicaState) -> UpstreamPool:
-        pool = self._pools.get(state)
-        if pool is None:
-            pool = self._pools[state] = UpstreamPool(
-                state.url, self.settings.connect_timeout_s, self.settings.read_timeout_s,
-                max_connections=self.settings.max_connections_per_replica,
-                keepalive_s=self.settings.upstream_keepalive_s,
-                max_idle=self.settings.max_idle_per_replica)
-        return pool
-
-    def _reap_idle(self) -> None:
-        for pool in self._pools.values():
-            pool.reap()
 
     # ------------------------------------------------------------------ health
 
@@ -382,46 +353,6 @@ class Gateway:
         for model, states in self.router.models.items():
             counts[model] = (sum(1 for s in states if s.healthy), len(states))
         return counts
-
-    def _mark_down(self, state: ReplicaState, why: str) -> None:
-        if state.healthy:
-            log.warning("replica %s of %s (%s) taken out: %s", state.id, state.model, state.url,
-                        why)
-        state.healthy = False
-
-    async def _probe(self, state: ReplicaState) -> None:
-        session = self._probe_session
-        assert session is not None  # made by start(), before the prober runs
-        timed_out = False
-        try:
-            async with session.get(state.url + "/health") as resp:
-                ok = resp.status == 200
-        except asyncio.TimeoutError:
-            ok, timed_out = False, True
-        except (aiohttp.ClientError, OSError):
-            ok = False
-        if state.removed:
-            return
-        if ok:
-            self._probe_timeouts.pop(state, None)
-            if not state.healthy:
-                log.info("replica %s of %s answers /health again; back in", state.id,
-                         state.model)
-                state.healthy = True
-            return
-        if timed_out:
-            # A replica busy with a burst answers /health late: slow, not dead, and taking it
-            # out would turn the burst into 503s (bench/results/gateway_soak.md). Out only when
-            # it stays silent; a refused connection or an error answer takes it out at once.
-            late = self._probe_timeouts[state] = self._probe_timeouts.get(state, 0) + 1
-            if late < self.settings.probe_timeouts_to_mark_down:
-                return
-        self._mark_down(state, "/health timed out" if timed_out else "/health did not answer 200")
-
-    async def _probe_all(self) -> None:
-        states = [s for states in self.router.models.values() for s in states]
-        if states:
-            await asyncio.gather(*(self._probe(s) for s in states))
 
     # ------------------------------------------------------------------ small endpoints
 
@@ -594,7 +525,7 @@ class Gateway:
                 self.metrics.retries.labels(model).inc()
             except _UpstreamFailed as exc:
                 current.failures += 1
-                self._mark_down(current, str(exc))
+                self.replicas.mark_down(current, str(exc))
                 tried.append(current)
                 replica = (self.router.choose(model, exclude=tried)
                            if len(tried) <= self.settings.max_retries else None)
@@ -604,20 +535,15 @@ class Gateway:
                                   "upstream_error")
                 self.metrics.retries.labels(model).inc()
             finally:
-                self._done_with(current)
+                self.replicas.done_with(current)
         children.latency.observe(time.perf_counter() - started)
         return response
-
-    def _done_with(self, state: ReplicaState) -> None:
-        state.outstanding -= 1
-        if state.removed and state.outstanding == 0:
-            self._close_session(state)
 
     async def _post(self, replica: ReplicaState, path: str, body: bytes, extra: bytes = b""):
         """Send the request; the pool's connection once the answer's head is in. Any transport
         failure here happened before a byte reached the client, so it is retryable."""
         try:
-            pool = self._pool(replica)
+            pool = self.replicas.pool(replica)
         except ValueError as exc:
             raise _UpstreamFailed(str(exc)) from None
         try:
@@ -758,7 +684,7 @@ class Gateway:
                 except UpstreamError as exc:
                     failure = f"UpstreamError: {exc}"
                 if failure is not None:
-                    self._mark_down(replica, failure)
+                    self.replicas.mark_down(replica, failure)
                     replica.failures += 1
                     self.metrics.errors.labels(replica.model, "stream_broken").inc()
                     if isinstance(request.note, _Outcome):  # 200 was sent; the log says more
