@@ -41,17 +41,14 @@ import hmac
 import json
 import logging
 import math
-import os
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
 from urllib.parse import unquote
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from coral_hpc.gateway.accesslog import AccessLog
 from coral_hpc.gateway.answers import error_response, json_response
-from coral_hpc.gateway.auth import KeyChecker, KeysFileError, hash_key, read_keys_file
+from coral_hpc.gateway.auth import KeyChecker, hash_key
 from coral_hpc.gateway.disagg import Disaggregation
 from coral_hpc.gateway.http_server import (
     Request,
@@ -62,11 +59,12 @@ from coral_hpc.gateway.http_server import (
 )
 from coral_hpc.gateway.metering import DemandMeter, GatewayMetrics
 from coral_hpc.gateway.ratelimit import RateLimiter
+from coral_hpc.gateway.reload import Reloader
 from coral_hpc.gateway.replicas import Replicas
 from coral_hpc.gateway.routing import ReplicaState, Router
 from coral_hpc.gateway.settings import GatewaySettings
+from coral_hpc.gateway.state import GatewayState
 from coral_hpc.gateway.streaming import SSEFramer, StreamUsage, error_event
-from coral_hpc.gateway.table import RoutingTableError, read_routing_table
 from coral_hpc.gateway.tokens import count_whole_answer, estimate_prompt_tokens, usage_counts
 from coral_hpc.gateway.upstream import UpstreamError
 
@@ -118,50 +116,6 @@ class _UpstreamServerError(Exception):
         self.response = response
 
 
-@dataclass
-class _Reloadable:
-    """A file re-read when its (inode, mtime, size) changes."""
-
-    path: Path | None
-    stamp: tuple[int, int, int] | None = None
-    problem: str | None = field(default=None)
-
-    def changed(self) -> bool:
-        """True when the file appeared, changed or went away since the last call."""
-        if self.path is None:
-            return False
-        try:
-            st = os.stat(self.path)
-        except FileNotFoundError:
-            stamp = None
-        else:
-            stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
-        if stamp == self.stamp:
-            return False
-        self.stamp = stamp
-        return True
-
-    @property
-    def gone(self) -> bool:
-        """The file was not there at the last :meth:`changed`."""
-        return self.stamp is None
-
-
-def _read_internal_key(file: _Reloadable) -> str | None:
-    """The SHA-256 of the daemon's internal key in ``file``, or None (no file, unreadable, or
-    empty: then only client keys open /metrics and /internal/*)."""
-    if file.gone or file.path is None:
-        return None
-    try:
-        if os.stat(file.path).st_mode & 0o077:
-            log.warning("%s is readable by others; it should be mode 0600", file.path)
-        key = Path(file.path).read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        log.error("cannot read the internal key file %s: %s", file.path, exc.strerror)
-        return None
-    return hash_key(key) if key else None
-
-
 class Gateway:
     """The gateway's state and handlers. Construct, then :meth:`start` and serve
     :meth:`server_settings` (:mod:`~coral_hpc.gateway.server`); nothing starts before (no
@@ -180,18 +134,13 @@ class Gateway:
         self.metrics = GatewayMetrics(self._ready_counts)
         self.disagg = Disaggregation(self)  # prefill → decode for disaggregated models
         self.limiter = RateLimiter()          # per-key rpm/tpm (keys file fields)
-        self._configured = set(settings.models)
-        self._known = set(settings.models)
-        self._keys = keys
+        self.state = GatewayState(frozenset(settings.models), keys)
         # headers every upstream request carries, as wire bytes (built once per key change)
         self._upstream_headers = b"Content-Type: application/json\r\n"
         self.replicas = Replicas(settings, self.router)
+        self.files = Reloader(settings, self.state, self.router, self.replicas,
+                              self._use_replica_key)
         self._tasks: list[asyncio.Task] = []
-        self._table_file = _Reloadable(settings.table_path)
-        self._keys_file = _Reloadable(settings.api_keys_file)
-        self._replica_key_file = _Reloadable(settings.replica_key_file)
-        self._internal_key_file = _Reloadable(settings.internal_key_file)
-        self._internal_digest: str | None = None   # SHA-256 of the daemon's internal key
         self.access_log = (AccessLog(settings.access_log_dir, settings.access_log_days)
                            if settings.access_log_dir is not None else None)
 
@@ -226,10 +175,10 @@ class Gateway:
         idle-connection reaper."""
         if self.access_log is not None:
             self.access_log.open()
-        self._reload_files()
+        self.files.reload()
         await self.replicas.start()
         self._tasks = [
-            asyncio.create_task(self._loop(self.settings.poll_interval_s, self._reload_files)),
+            asyncio.create_task(self._loop(self.settings.poll_interval_s, self.files.reload)),
             asyncio.create_task(self._loop(self.settings.probe_interval_s, self.replicas.probe_all)),
             asyncio.create_task(self._loop(1.0, self.replicas.reap_idle)),
         ]
@@ -251,9 +200,9 @@ class Gateway:
         if not path.startswith("/v1/") and status != 401:
             return
         key = request.key
-        if key is None and self._keys is None:
+        if key is None and self.state.keys is None:
             key = ANONYMOUS
-        lab = self._keys.lab_of(key) if key is not None and self._keys is not None else None
+        lab = self.state.keys.lab_of(key) if key is not None and self.state.keys is not None else None
         note = request.note
         latency = round(time.monotonic() - request.started, 4)
         if isinstance(note, _Outcome):
@@ -283,73 +232,15 @@ class Gateway:
 
     # ------------------------------------------------------------------ reloading
 
-    def _reload_files(self) -> None:
-        self._catch_up_table()
-        if self._keys_file.changed():
-            if self._keys_file.gone:
-                # fail closed: deleting the keys file is how an operator revokes every key at once
-                self._keys = KeyChecker([])
-                log.error("API-keys file %s is gone: every key is revoked until it returns",
-                          self._keys_file.path)
-            else:
-                path = self._keys_file.path
-                assert path is not None  # changed() is never True for a file not configured
-                try:
-                    self._keys = KeyChecker(read_keys_file(path))
-                    log.info("API keys reloaded from %s", self._keys_file.path)
-                except KeysFileError as exc:
-                    # keep the keys we had: a half-edited file must not lock everyone out
-                    log.error("%s (keeping the previous keys)", exc)
-        if self._internal_key_file.changed():
-            self._internal_digest = _read_internal_key(self._internal_key_file)
-        if self._replica_key_file.changed() and not self._replica_key_file.gone:
-            path = self._replica_key_file.path
-            assert path is not None  # changed() is never True for a file not configured
-            try:
-                if os.stat(path).st_mode & 0o077:
-                    log.warning("%s is readable by others; it should be mode 0600", path)
-                key = Path(path).read_text(encoding="utf-8").strip()
-            except OSError as exc:
-                log.error("cannot read the replica key file %s: %s", path, exc.strerror)
-            else:
-                self._upstream_headers = (b"Content-Type: application/json\r\n"
-                                          b"Authorization: Bearer " + key.encode("latin-1")
-                                          + b"\r\n")
-                log.info("replica key loaded from %s", path)
-
-    def _catch_up_table(self) -> None:
-        """Load the routing table if the daemon rewrote it since the last look. The poller calls
-        this every ``poll_interval_s``; a request for a model with no replica calls it too, so
-        one that arrives just after the daemon routed the model's first replica (and `status`
-        called it READY) is served rather than answered 503 until the next poll."""
-        if self._table_file.changed() and not self._table_file.gone:
-            # a table that went away keeps the routes we have: the daemon rewrites it atomically
-            self._reload_table()
-
-    def _reload_table(self) -> None:
-        path = self._table_file.path
-        assert path is not None  # the gateway is always given a table
-        try:
-            table = read_routing_table(path)
-        except (OSError, RoutingTableError) as exc:
-            log.error("routing table not loaded: %s (keeping version %s)", exc, self.router.version)
-            return
-        if self.router.version is not None and table.version <= self.router.version:
-            log.warning("routing table %s has version %d, not newer than %d; ignored",
-                        path, table.version, self.router.version)
-            return
-        diff, dropped = self.router.apply(table)
-        self._known = self._configured | set(table.models)
-        for state in dropped:
-            if state.outstanding == 0:
-                self.replicas.close(state)
-        log.info("routing table version %d: +%d -%d reweighted %d", table.version,
-                 len(diff.added), len(diff.removed), len(diff.reweighted))
-
     # ------------------------------------------------------------------ health
 
+    def _use_replica_key(self, key: str) -> None:
+        """Send ``key`` to every replica from now on (the replica key file changed)."""
+        self._upstream_headers = (b"Content-Type: application/json\r\n"
+                                  b"Authorization: Bearer " + key.encode("latin-1") + b"\r\n")
+
     def _ready_counts(self) -> dict[str, tuple[int, int]]:
-        counts = {m: (0, 0) for m in self._known}
+        counts = {m: (0, 0) for m in self.state.known}
         for model, states in self.router.models.items():
             counts[model] = (sum(1 for s in states if s.healthy), len(states))
         return counts
@@ -360,15 +251,15 @@ class Gateway:
         """Metrics and internal JSON: a client key, or the daemon's internal key, from any
         address (loopback too: on a login node everyone logged in shares it). Without a keys
         file (``open_on_loopback``, the only way the start allows that) they are open."""
-        if self._keys is None:
+        if self.state.keys is None:
             return True
         authorization = request.headers.get("authorization")
-        if self._internal_digest is not None and authorization:
+        if self.state.internal_digest is not None and authorization:
             scheme, _, token = authorization.partition(" ")
             if scheme.lower() == "bearer" and token.strip() and hmac.compare_digest(
-                    hash_key(token.strip()), self._internal_digest):
+                    hash_key(token.strip()), self.state.internal_digest):
                 return True
-        return self._keys.name_for(authorization) is not None
+        return self.state.keys.name_for(authorization) is not None
 
     async def handle_health(self, request: Request) -> Response:
         return json_response({"status": "ok", "table_version": self.router.version})
@@ -382,9 +273,9 @@ class Gateway:
                 "ready_replicas": len(healthy), "replicas": len(states)}
 
     def _client_key_missing(self, request: Request) -> Response | None:
-        if self._keys is None:
+        if self.state.keys is None:
             return None
-        request.key = self._keys.name_for(request.headers.get("authorization"))
+        request.key = self.state.keys.name_for(request.headers.get("authorization"))
         if request.key is None:
             return error_response(401, "missing or invalid API key", "authentication_error")
         return None
@@ -394,12 +285,12 @@ class Gateway:
         if refused is not None:
             return refused
         return json_response({"object": "list",
-                      "data": [self._model_object(m) for m in sorted(self._known)
+                      "data": [self._model_object(m) for m in sorted(self.state.known)
                                if self._may_use(request, m)]})
 
     def _may_use(self, request: Request, model: str) -> bool:
         """Whether the request's key may use ``model`` (every model without a keys file)."""
-        return self._keys is None or request.key is None or self._keys.allows(request.key, model)
+        return self.state.keys is None or request.key is None or self.state.keys.allows(request.key, model)
 
     async def handle_model(self, request: Request) -> Response:
         """``GET /v1/models/{id}``: one model, or 404 in OpenAI's error shape."""
@@ -407,7 +298,7 @@ class Gateway:
         if refused is not None:
             return refused
         model = unquote(request.path[len(MODELS_PREFIX):])
-        if model not in self._known:
+        if model not in self.state.known:
             self.metrics.client_errors.labels("404").inc()
             # OpenAI's own answer for an unknown model, field for field
             body = {"error": {"message": f"The model {model!r} does not exist; GET /v1/models "
@@ -428,7 +319,7 @@ class Gateway:
     async def handle_demand(self, request: Request) -> Response:
         if not self._authorized_internal(request):
             return error_response(401, "missing or invalid API key", "authentication_error")
-        snapshot = self.meter.snapshot(self.router.ready_count, tuple(sorted(self._known)))
+        snapshot = self.meter.snapshot(self.router.ready_count, tuple(sorted(self.state.known)))
         snapshot["table_version"] = self.router.version
         return json_response(snapshot)
 
@@ -438,15 +329,15 @@ class Gateway:
         return json_response({
             "version": self.router.version,
             "models": {m: [s.describe() for s in self.router.replicas(m)]
-                       for m in sorted(self._known)},
+                       for m in sorted(self.state.known)},
         })
 
     # ------------------------------------------------------------------ the proxy
 
     def check_proxy_head(self, request: Request) -> Response | None:
         """Before the body is read: the API key (401); the server checks the size after."""
-        if self._keys is not None:
-            key = self._keys.name_for(request.headers.get("authorization"))
+        if self.state.keys is not None:
+            key = self.state.keys.name_for(request.headers.get("authorization"))
             if key is None:
                 self.metrics.client_errors.labels("401").inc()
                 return error_response(401, "missing or invalid API key: send 'Authorization: Bearer <key>'",
@@ -478,7 +369,7 @@ class Gateway:
             self.metrics.client_errors.labels("400").inc()
             return error_response(400, "'stream' must be true or false", "invalid_request_error")
         request.note = _Outcome(model[:MAX_LOGGED_MODEL], stream)
-        if model not in self._known:
+        if model not in self.state.known:
             self.metrics.client_errors.labels("404").inc()
             return error_response(404, f"model {model!r} is not served here; GET /v1/models lists them",
                           "not_found_error")
@@ -488,7 +379,7 @@ class Gateway:
         children = self.metrics.children(model, key)
         children.requests.inc()
         if not self.router.replicas(model):
-            self._catch_up_table()
+            self.files.catch_up_table()
         if self.disagg.wants(model) or self.disagg.only_prefill_left(model):
             self.meter.record_arrival(model, key)
             started = time.perf_counter()
@@ -596,12 +487,12 @@ class Gateway:
     def _refused_by_key_policy(self, key: str, model: str) -> Response | None:
         """403 when the key may not use ``model``; 429 (with Retry-After) when it is over its
         requests or tokens per minute (:mod:`coral_hpc.gateway.ratelimit`)."""
-        if self._keys is None:
+        if self.state.keys is None:
             return None
-        entry = self._keys.entry(key)
+        entry = self.state.keys.entry(key)
         if entry is None:
             return None
-        if not self._keys.allows(key, model):
+        if not self.state.keys.allows(key, model):
             self.metrics.client_errors.labels("403").inc()
             return error_response(403, f"API key {key!r} may not use model {model!r}; it may use "
                                f"{', '.join(entry.models)}", "permission_error")
@@ -619,7 +510,7 @@ class Gateway:
 
     def _add_tokens(self, model: str, key: str, prompt: int, generated: int,
                     estimated: bool, role: str = "both") -> None:
-        if self._keys is not None:
+        if self.state.keys is not None:
             self.limiter.spent(key, prompt + generated)
         if role == "decode":
             self.disagg.count_decoded(model, generated)
