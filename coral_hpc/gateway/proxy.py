@@ -8,27 +8,6 @@ Request path (``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``)
       retried on another one too, without marking it down (the last answer goes back when none
       is left); once a stream has started, a failure ends it with an SSE error event.
 
-Model list (``GET /v1/models``) and one model (``GET /v1/models/{id}``, the openai SDK's
-``client.models.retrieve(id)``; the id percent-decoded, so ``org/name`` ids work): OpenAI's
-``model`` objects (``id``, ``object``, ``created``, ``owned_by``) for every configured model and
-every model in the routing table, plus three fields of coral-hpc's own that clients may ignore:
-
-* ``ready``: a request for it would be routed now (a replica serving both phases, or a prefill
-  replica, is in the table and not taken out after a failure); false means it would get a 503
-  with Retry-After (no READY replica yet, or scaled to zero);
-* ``ready_replicas``: replicas of it in the table and answering, every role counted;
-* ``replicas``: replicas of it in the table.
-
-Both need a valid API key when keys are configured (401 otherwise, before anything about models
-is said); an unknown id is a 404 in OpenAI's error shape (``invalid_request_error``, code
-``model_not_found``, ``param`` ``model``).
-
-``/metrics`` and ``/internal/*`` take a client key or the daemon's internal key (which opens
-nothing else), from every address, loopback too: a login node's loopback is shared by everyone
-logged in. ``/health`` is open: it says the gateway answers and nothing about models, keys or
-replicas. Without a keys file (``gateway.open_on_loopback``, which the start allows on loopback
-only) every route is open.
-
 Background tasks: a poller that reloads the routing table, the API-keys file, the internal key
 and the replica key when they change (a ``stat`` per interval), and a prober that checks every replica's ``/health``
 so a replica taken out after a failure comes back when it answers again.
@@ -37,18 +16,15 @@ so a replica taken out after a failure comes back when it answers again.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import math
 import time
-from urllib.parse import unquote
-
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from coral_hpc.gateway.accesslog import AccessLog
-from coral_hpc.gateway.answers import error_response, json_response
-from coral_hpc.gateway.auth import KeyChecker, hash_key
+from coral_hpc.gateway.admin import MODELS_PREFIX, AdminRoutes
+from coral_hpc.gateway.answers import error_response
+from coral_hpc.gateway.auth import KeyChecker
 from coral_hpc.gateway.disagg import Disaggregation
 from coral_hpc.gateway.http_server import (
     Request,
@@ -74,8 +50,6 @@ __all__ = ["Gateway", "GatewaySettings"]
 
 #: OpenAI endpoints forwarded to replicas.
 PROXIED_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
-#: ``GET /v1/models/{id}``: one model (the rest of the path, percent-decoded, is its id)
-MODELS_PREFIX = "/v1/models/"
 ANONYMOUS = "anonymous"
 #: an unknown model's name is logged cut to this many characters (it is the client's text)
 MAX_LOGGED_MODEL = 200
@@ -138,6 +112,7 @@ class Gateway:
         # headers every upstream request carries, as wire bytes (built once per key change)
         self._upstream_headers = b"Content-Type: application/json\r\n"
         self.replicas = Replicas(settings, self.router)
+        self.admin = AdminRoutes(self.state, self.router, self.meter, self.metrics)
         self.files = Reloader(settings, self.state, self.router, self.replicas,
                               self._use_replica_key)
         self._tasks: list[asyncio.Task] = []
@@ -150,18 +125,19 @@ class Gateway:
         """The routes and limits of the HTTP server (:mod:`coral_hpc.gateway.http_server`)."""
         routes = {("POST", path): Route(self.handle_proxy, self.check_proxy_head)
                   for path in PROXIED_PATHS}
+        admin = self.admin
         routes.update({
-            ("GET", "/v1/models"): Route(self.handle_models),
-            ("GET", "/health"): Route(self.handle_health),
-            ("GET", "/metrics"): Route(self.handle_metrics),
-            ("GET", "/internal/demand"): Route(self.handle_demand),
-            ("GET", "/internal/routing"): Route(self.handle_routing),
+            ("GET", "/v1/models"): Route(admin.handle_models),
+            ("GET", "/health"): Route(admin.handle_health),
+            ("GET", "/metrics"): Route(admin.handle_metrics),
+            ("GET", "/internal/demand"): Route(admin.handle_demand),
+            ("GET", "/internal/routing"): Route(admin.handle_routing),
         })
         s = self.settings
         return ServerSettings(routes, error=self._server_error, max_body_bytes=s.max_body_bytes,
                               idle_timeout_s=s.client_idle_timeout_s,
                               body_timeout_s=s.body_timeout_s,
-                              prefix_routes={("GET", MODELS_PREFIX): Route(self.handle_model)},
+                              prefix_routes={("GET", MODELS_PREFIX): Route(admin.handle_model)},
                               on_answered=self._answered if self.access_log else None)
 
     def _server_error(self, status: int, message: str, kind: str) -> Response:
@@ -244,93 +220,6 @@ class Gateway:
         for model, states in self.router.models.items():
             counts[model] = (sum(1 for s in states if s.healthy), len(states))
         return counts
-
-    # ------------------------------------------------------------------ small endpoints
-
-    def _authorized_internal(self, request: Request) -> bool:
-        """Metrics and internal JSON: a client key, or the daemon's internal key, from any
-        address (loopback too: on a login node everyone logged in shares it). Without a keys
-        file (``open_on_loopback``, the only way the start allows that) they are open."""
-        if self.state.keys is None:
-            return True
-        authorization = request.headers.get("authorization")
-        if self.state.internal_digest is not None and authorization:
-            scheme, _, token = authorization.partition(" ")
-            if scheme.lower() == "bearer" and token.strip() and hmac.compare_digest(
-                    hash_key(token.strip()), self.state.internal_digest):
-                return True
-        return self.state.keys.name_for(authorization) is not None
-
-    async def handle_health(self, request: Request) -> Response:
-        return json_response({"status": "ok", "table_version": self.router.version})
-
-    def _model_object(self, model: str) -> dict:
-        """OpenAI's ``model`` object plus this gateway's readiness (see the module docstring)."""
-        states = self.router.replicas(model)
-        healthy = [s for s in states if s.healthy]
-        return {"id": model, "object": "model", "created": 0, "owned_by": "coral-hpc",
-                "ready": any(s.role in ("both", "prefill") for s in healthy),
-                "ready_replicas": len(healthy), "replicas": len(states)}
-
-    def _client_key_missing(self, request: Request) -> Response | None:
-        if self.state.keys is None:
-            return None
-        request.key = self.state.keys.name_for(request.headers.get("authorization"))
-        if request.key is None:
-            return error_response(401, "missing or invalid API key", "authentication_error")
-        return None
-
-    async def handle_models(self, request: Request) -> Response:
-        refused = self._client_key_missing(request)
-        if refused is not None:
-            return refused
-        return json_response({"object": "list",
-                      "data": [self._model_object(m) for m in sorted(self.state.known)
-                               if self._may_use(request, m)]})
-
-    def _may_use(self, request: Request, model: str) -> bool:
-        """Whether the request's key may use ``model`` (every model without a keys file)."""
-        return self.state.keys is None or request.key is None or self.state.keys.allows(request.key, model)
-
-    async def handle_model(self, request: Request) -> Response:
-        """``GET /v1/models/{id}``: one model, or 404 in OpenAI's error shape."""
-        refused = self._client_key_missing(request)
-        if refused is not None:
-            return refused
-        model = unquote(request.path[len(MODELS_PREFIX):])
-        if model not in self.state.known:
-            self.metrics.client_errors.labels("404").inc()
-            # OpenAI's own answer for an unknown model, field for field
-            body = {"error": {"message": f"The model {model!r} does not exist; GET /v1/models "
-                                         "lists them", "type": "invalid_request_error",
-                              "param": "model", "code": "model_not_found"}}
-            return Response(status=404, body=json.dumps(body).encode())
-        if not self._may_use(request, model):
-            return error_response(403, f"API key {request.key!r} may not use model {model!r}",
-                          "permission_error")
-        return json_response(self._model_object(model))
-
-    async def handle_metrics(self, request: Request) -> Response:
-        if not self._authorized_internal(request):
-            return error_response(401, "missing or invalid API key", "authentication_error")
-        return Response(body=generate_latest(self.metrics.registry),
-                        content_type=CONTENT_TYPE_LATEST)
-
-    async def handle_demand(self, request: Request) -> Response:
-        if not self._authorized_internal(request):
-            return error_response(401, "missing or invalid API key", "authentication_error")
-        snapshot = self.meter.snapshot(self.router.ready_count, tuple(sorted(self.state.known)))
-        snapshot["table_version"] = self.router.version
-        return json_response(snapshot)
-
-    async def handle_routing(self, request: Request) -> Response:
-        if not self._authorized_internal(request):
-            return error_response(401, "missing or invalid API key", "authentication_error")
-        return json_response({
-            "version": self.router.version,
-            "models": {m: [s.describe() for s in self.router.replicas(m)]
-                       for m in sorted(self.state.known)},
-        })
 
     # ------------------------------------------------------------------ the proxy
 
