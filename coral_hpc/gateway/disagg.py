@@ -34,6 +34,8 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import Counter
 
+from coral_hpc.gateway.answers import error_response
+from coral_hpc.gateway.forward import UpstreamFailed, UpstreamServerError
 from coral_hpc.gateway.http_server import Request, Response, StreamResponse
 from coral_hpc.gateway.routing import ReplicaState, Router
 
@@ -148,17 +150,17 @@ class Disaggregation:
             decode.outstanding += 1
             try:
                 if stream:
-                    response = await gw._forward_stream(request, decode, body, payload, key,
-                                                        children, started)
+                    response = await gw.forwarder.forward_stream(
+                        request, decode, body, payload, key, children, started)
                 else:
-                    response = await gw._forward(request, decode, body, payload, key)
-            except gw.upstream_server_error as exc:  # a draining replica: skip it, keep it in
+                    response = await gw.forwarder.forward(request, decode, body, payload, key)
+            except UpstreamServerError as exc:  # a draining replica: skip it, keep it in
                 last, answered = str(exc), exc.response
                 failed_decode.append(decode)
                 self.phase_failures.labels(model, "decode").inc()
                 gw.metrics.retries.labels(model).inc()
                 continue
-            except gw.upstream_failed as exc:  # nothing reached the client: both phases again
+            except UpstreamFailed as exc:  # nothing reached the client: both phases again
                 last = str(exc)
                 decode.failures += 1
                 gw.replicas.mark_down(decode, last)
@@ -190,15 +192,15 @@ class Disaggregation:
                 replica.outstanding += 1
                 try:
                     if payload.get("stream", False):
-                        response = await gw._forward_stream(request, replica, body, payload, key,
-                                                            children, started)
+                        response = await gw.forwarder.forward_stream(
+                            request, replica, body, payload, key, children, started)
                     else:
-                        response = await gw._forward(request, replica, body, payload, key)
-                except gw.upstream_server_error as exc:
+                        response = await gw.forwarder.forward(request, replica, body, payload, key)
+                except UpstreamServerError as exc:
                     last, answered = str(exc), exc.response
                     failed.append(replica)
                     continue
-                except gw.upstream_failed as exc:
+                except UpstreamFailed as exc:
                     last = str(exc)
                     replica.failures += 1
                     gw.replicas.mark_down(replica, last)
@@ -213,7 +215,7 @@ class Disaggregation:
         if answered is not None:  # every replica tried answered 5xx: say what the last said
             return answered
         gw.metrics.errors.labels(model, "upstream_failed").inc()
-        return gw.error_response(502, f"decode replica(s) of {model!r} failed: {last}",
+        return error_response(502, f"decode replica(s) of {model!r} failed: {last}",
                                  "upstream_error")
 
     async def _prefill(self, request: Request, model: str, body: bytes, request_id: str,
@@ -230,14 +232,14 @@ class Disaggregation:
                 if answered is not None:
                     raise _PhaseFailed(answered)
                 gw.metrics.errors.labels(model, "upstream_failed").inc()
-                raise _PhaseFailed(gw.error_response(
+                raise _PhaseFailed(error_response(
                     502, f"{len(failed)} prefill replica(s) of {model!r} failed",
                     "upstream_error"))
             replica.outstanding += 1
             try:
-                status, data = await gw.post_whole(replica, path, body,
+                status, data = await gw.forwarder.post_whole(replica, path, body,
                                                    extra_headers=f"X-Request-Id: {request_id}\r\n")
-            except gw.upstream_failed as exc:
+            except UpstreamFailed as exc:
                 replica.failures += 1
                 gw.replicas.mark_down(replica, str(exc))
                 failed.append(replica)

@@ -1,12 +1,17 @@
-"""Counting an answer's tokens: from its ``usage`` when the replica sent one, else estimated from
-the text (about 4 characters per token). Pure functions; who is charged is
-:class:`~coral_hpc.gateway.forward.TokenAccounting`'s job."""
+"""Counting an answer's tokens (from its ``usage`` when the replica sent one, else estimated from
+the text, about 4 characters per token) and charging them: to the key's tokens-per-minute
+budget, the Prometheus counters, the demand meter and, for a decode replica, its phase."""
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from typing import Any
+
+from coral_hpc.gateway.metering import DemandMeter, GatewayMetrics
+from coral_hpc.gateway.ratelimit import RateLimiter
+from coral_hpc.gateway.state import GatewayState
 
 _DECODER = json.JSONDecoder()
 
@@ -77,3 +82,28 @@ def _answer_chars(answer: dict[str, Any]) -> int:
             if isinstance(text, str):
                 chars += len(text)
     return chars
+
+
+class TokenAccounting:
+    """Charges every answer's tokens once, wherever they are counted. ``on_decoded(model,
+    generated)`` hears a decode replica's output tokens (disaggregated serving's phase meter)."""
+
+    def __init__(self, state: GatewayState, limiter: RateLimiter, metrics: GatewayMetrics,
+                 meter: DemandMeter, on_decoded: Callable[[str, int], None]) -> None:
+        self.state = state
+        self.limiter = limiter
+        self.metrics = metrics
+        self.meter = meter
+        self._on_decoded = on_decoded
+
+    def add(self, model: str, key: str, prompt: int, generated: int, estimated: bool,
+            role: str = "both") -> None:
+        """Charge ``prompt`` + ``generated`` tokens of ``model`` to ``key``."""
+        if self.state.keys is not None:
+            self.limiter.spent(key, prompt + generated)
+        if role == "decode":
+            self._on_decoded(model, generated)
+        children = self.metrics.children(model, key)
+        children.prompt.inc(prompt)
+        children.generated.inc(generated)
+        self.meter.record_tokens(model, key, prompt, generated, estimated)
