@@ -103,13 +103,22 @@ class Forwarder:
 
     async def post_whole(self, replica: ReplicaState, path: str, body: bytes,
                          extra_headers: str = "") -> tuple[int, bytes]:
-        """POST ``body`` and read the whole answer: (status, body). A transport failure raises
+        """POST ``body`` to ``replica`` (counted as outstanding meanwhile) and read the whole
+        answer: (status, body). A transport failure takes the replica out of routing and raises
         :class:`UpstreamFailed` (nothing has reached the client)."""
-        pool, conn = await self._post(replica, path, body, extra_headers.encode("latin-1"))
+        replica.outstanding += 1
         try:
-            data = await _read_body(conn, pool.read_timeout_s)
+            pool, conn = await self._post(replica, path, body, extra_headers.encode("latin-1"))
+            try:
+                data = await _read_body(conn, pool.read_timeout_s)
+            finally:
+                pool.release(conn)
+        except UpstreamFailed as exc:
+            replica.failures += 1
+            self.replicas.mark_down(replica, str(exc))
+            raise
         finally:
-            pool.release(conn)
+            self.replicas.done_with(replica)
         return conn.status, data
 
     async def forward(self, request: Request, replica: ReplicaState, body: bytes,

@@ -25,7 +25,7 @@ from coral_hpc.gateway.accesslog import AccessLog
 from coral_hpc.gateway.admin import MODELS_PREFIX, AdminRoutes
 from coral_hpc.gateway.answers import error_response
 from coral_hpc.gateway.auth import KeyChecker
-from coral_hpc.gateway.disagg import Disaggregation
+from coral_hpc.gateway.disagg import Disaggregation, PhaseMetrics
 from coral_hpc.gateway.forward import Forwarder, UpstreamFailed, UpstreamServerError
 from coral_hpc.gateway.http_server import (
     Request,
@@ -65,13 +65,16 @@ class Gateway:
         self.meter = DemandMeter(window_s=settings.demand_window_s,
                                  windows_kept=settings.demand_windows)
         self.metrics = GatewayMetrics(self._ready_counts)
-        self.disagg = Disaggregation(self)  # prefill → decode for disaggregated models
         self.limiter = RateLimiter()          # per-key rpm/tpm (keys file fields)
         self.state = GatewayState(frozenset(settings.models), keys)
         self.replicas = Replicas(settings, self.router)
+        phases = PhaseMetrics(self.metrics.registry)
         self.tokens = TokenAccounting(self.state, self.limiter, self.metrics, self.meter,
-                                      self.disagg.count_decoded)
+                                      phases.count_decoded)
         self.forwarder = Forwarder(self.replicas, self.metrics, self.tokens)
+        # prefill → decode for disaggregated models
+        self.disagg = Disaggregation(self.router, self.forwarder, self.metrics, phases,
+                                     settings.max_retries)
         self.admin = AdminRoutes(self.state, self.router, self.meter, self.metrics)
         self.files = Reloader(settings, self.state, self.router, self.replicas,
                               self.forwarder.use_replica_key)
