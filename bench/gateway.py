@@ -22,7 +22,12 @@ Writes bench/results/gateway.json and gateway.md. Needs ``nginx`` and ``wrk`` (i
 apt-get when missing and allowed: ``--install``) and, optionally, ``vllm-router`` in a venv
 (``--vllm-router-venv``, created with pip when missing and ``--install``).
 
+With ``--before OLD.json`` (this script's gateway.json from an earlier run, say on the code
+before a change) the report sets that run's figures beside this one's, with each run's code
+version, niceness and load, and the peers' change between the runs as the measure of noise.
+
 Usage: .venv/bin/python bench/gateway.py [--duration 6] [--install] [--proxy-core 0]
+       [--before OLD.json]
 """
 
 from __future__ import annotations
@@ -353,6 +358,8 @@ def main() -> None:
                         help="apt-get nginx/wrk and pip vllm-router when missing")
     parser.add_argument("--vllm-router-venv", type=Path, default=Path("/tmp/vr-venv"))
     parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--before", type=Path, default=None,
+                        help="an earlier run's gateway.json to set beside this one")
     parser.add_argument("--no-realtime", dest="realtime", action="store_false",
                         help="skip the c=1 run with each proxy at real-time priority (needs root)")
     args = parser.parse_args()
@@ -464,6 +471,7 @@ def write_results(args, results: dict, notes: dict, router_version: str | None,
             "POST script, wrk's own latency percentiles)",
             "upstream": "nginx returning a canned completion (return 200), on the load cores",
             "request": BODY, "nginx": nginx_version, "vllm_router": router_version,
+            "code": code_version(), "niceness": os.nice(0),
         },
         "goals": {"added_p50_us_at_most": GOAL_ADDED_P50_US,
                   "rps_one_core_at_least": GOAL_RPS_ONE_CORE},
@@ -476,6 +484,9 @@ def write_results(args, results: dict, notes: dict, router_version: str | None,
                        >= GOAL_RPS_ONE_CORE} if coral else None),
         "summary": summary, "ratios": ratios, "raw": results, "notes": notes,
     }
+    before = json.loads(args.before.read_text()) if args.before else None
+    if before is not None:
+        doc["before_after"] = before_after(before, doc)
     args.results.mkdir(parents=True, exist_ok=True)
     (args.results / "gateway.json").write_text(json.dumps(doc, indent=2) + "\n")
     lines = [
@@ -524,9 +535,82 @@ def write_results(args, results: dict, notes: dict, router_version: str | None,
             f" ({coral['one_core_capacity_rps']} req/s per CPU-second).")
     for name, note in notes.items():
         lines.append(f"- {name}: {note}")
+    if before is not None:
+        lines += before_after_lines(doc["before_after"])
     lines += ["", LIMITS]
     (args.results / "gateway.md").write_text("\n".join(lines) + "\n")
     print((args.results / "gateway.md").read_text())
+
+
+def code_version() -> str:
+    """The checkout's commit, and whether it had uncommitted changes, for the report."""
+    def git(*argv: str) -> str:
+        return subprocess.run(["git", "-C", str(REPO), *argv], check=False, capture_output=True,
+                              text=True).stdout.strip()
+    commit = git("rev-parse", "--short", "HEAD") or "unknown (no git checkout)"
+    return commit + (" + uncommitted changes" if git("status", "--porcelain", "--", "coral_hpc")
+                     else "")
+
+
+#: the figures set side by side, (json key, label, unit)
+COMPARED = (("added_p50_us", "added p50", "µs"), ("added_p99_us", "added p99", "µs"),
+            ("rps_c32", "req/s at c=32", ""), ("cpu_us_per_request_c32", "CPU/req", "µs"),
+            ("one_core_capacity_rps", "one-core capacity", "req/s"),
+            ("runqueue_wait_ms_per_s_c32", "run-queue wait at c=32", "ms/s"),
+            ("loadavg_1min_c32", "load (1 min)", ""),
+            ("realtime_added_p50_us", "real-time added p50", "µs"))
+
+
+def before_after(before: dict, after: dict) -> dict:
+    """Each system's summary in both runs and the relative change of every figure."""
+    def conditions(doc: dict) -> dict:
+        setup = doc.get("setup", {})
+        return {"generated_at": doc.get("generated_at"), "code": setup.get("code", "not recorded"),
+                "niceness": setup.get("niceness", "not recorded"),
+                "loadavg_at_end": doc.get("machine", {}).get("loadavg_at_end")}
+
+    systems = {}
+    for name, now in after["summary"].items():
+        old = before.get("summary", {}).get(name)
+        if old is None:
+            continue
+        change = {}
+        for key, _, _ in COMPARED:
+            if isinstance(old.get(key), (int, float)) and isinstance(now.get(key), (int, float)) \
+                    and old[key]:
+                change[key] = round(now[key] / old[key] - 1, 3)
+        systems[name] = {"before": {k: old.get(k) for k, _, _ in COMPARED},
+                         "after": {k: now.get(k) for k, _, _ in COMPARED}, "change": change}
+    return {"before": conditions(before), "after": conditions(after), "systems": systems}
+
+
+def before_after_lines(cmp: dict) -> list[str]:
+    """The markdown section for :func:`before_after`."""
+    def load(run: dict) -> str:
+        return ", ".join(f"{x:.2f}" for x in run["loadavg_at_end"] or ())
+
+    def figure(value: float | None, unit: str) -> str:
+        if value is None:
+            return "–"
+        return (f"{value:.0f}" if abs(value) >= 100 else f"{value:g}") + (f" {unit}" if unit else "")
+
+    b, a = cmp["before"], cmp["after"]
+    lines = ["", "## Before and after", "",
+             f"Before: code {b['code']}, run {b['generated_at']}, niceness {b['niceness']}, load at "
+             f"the end {load(b)}. After: code {a['code']}, run {a['generated_at']}, "
+             f"niceness {a['niceness']}, load at the end {load(a)}. Same machine, "
+             "setup and duration. The peers' code did not change between the runs, so their "
+             "change is the noise a run on this shared machine carries.", "",
+             "| system | run | " + " | ".join(label for _, label, _ in COMPARED) + " |",
+             "|---|---|" + "---|" * len(COMPARED)]
+    for name, row in cmp["systems"].items():
+        for run in ("before", "after"):
+            lines.append(f"| {name} | {run} | " + " | ".join(
+                figure(row[run].get(k), unit) for k, _, unit in COMPARED) + " |")
+        lines.append(f"| {name} | change | " + " | ".join(
+            f"{row['change'][k]:+.1%}" if k in row["change"] else "–" for k, _, _ in COMPARED)
+            + " |")
+    return lines
 
 
 if __name__ == "__main__":
