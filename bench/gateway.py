@@ -201,10 +201,17 @@ class Procs:
 
 
 def start_coral_gateway(procs: Procs, work: Path, deployment: str, output_tokens: int,
-                        up_port: int, core: str) -> tuple[int, subprocess.Popen]:
+                        up_port: int, core: str, code: Path | None = None
+                        ) -> tuple[int, subprocess.Popen]:
     """``coral-hpc gateway`` pinned to ``core`` on a free port, routing its one model ``bench``
     (``output_tokens`` per request, which its metering expects) to the upstream on ``up_port``;
-    (port, process) once it listens and has read its table."""
+    (port, process) once it listens and has read its table. ``code``: a checkout whose
+    ``coral_hpc`` the gateway runs instead of the one installed (put first on PYTHONPATH)."""
+    work.mkdir(parents=True, exist_ok=True)
+    env = None
+    if code is not None:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            [str(code), str(code / "solver"), os.environ.get("PYTHONPATH", "")]))
     gw_port = free_port()
     models = work / "models.yaml"
     models.write_text(f"""
@@ -225,7 +232,7 @@ models:
     coral = procs.start(["taskset", "-c", core,
                          str(Path(sys.executable).parent / "coral-hpc"), "gateway",
                          str(models), "--table", str(table), "--log-level", "warning"],
-                        work / "coral.log")
+                        work / "coral.log", env=env)
     wait_port(gw_port)
     time.sleep(1.0)   # first table poll
     return gw_port, coral
@@ -360,6 +367,13 @@ def main() -> None:
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--before", type=Path, default=None,
                         help="an earlier run's gateway.json to set beside this one")
+    parser.add_argument("--before-code", type=Path, default=None,
+                        help="a checkout of the code before a change: measured in this run too "
+                             "(row coral-before), alternating with this checkout's gateway")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="coral-before/coral measurements, alternating [3 with "
+                             "--before-code, else 1]; the round of median CPU/request is "
+                             "the row, every round is in the JSON")
     parser.add_argument("--no-realtime", dest="realtime", action="store_false",
                         help="skip the c=1 run with each proxy at real-time priority (needs root)")
     args = parser.parse_args()
@@ -370,6 +384,7 @@ def main() -> None:
     ensure_tools(args.install)
     router_bin, router_version = ensure_vllm_router(args.vllm_router_venv, args.install)
     args.load_start = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    rounds: dict[str, list[dict]] = {}
 
     procs = Procs()
     work = Path(tempfile.mkdtemp(prefix="coral-bench-gw-"))
@@ -386,10 +401,8 @@ def main() -> None:
         wait_port(up_port)
         results["direct"] = measure("direct", up_port, args, work)
 
-        # (a) coral-hpc gateway
-        gw_port, coral = start_coral_gateway(procs, work, "bench", 7, up_port, args.proxy_core)
-        results["coral"] = measure("coral", gw_port, args, work, coral.pid)
-        procs.stop(coral)
+        # (a) coral-hpc gateway (and the code before a change, alternating with it)
+        results.update(measure_coral(procs, work, up_port, args, rounds))
 
         # (b) nginx reverse proxy
         nx_port, nginx = start_nginx_proxy(procs, work, up_port, args.proxy_core)
@@ -424,11 +437,45 @@ def main() -> None:
     finally:
         procs.stop_all()
 
-    write_results(args, results, notes, router_version if router_bin else None, work)
+    if args.before_code is not None:
+        notes["coral-before"] = (f"the gateway of {args.before_code} (code "
+                                 f"{code_version(args.before_code)}), measured in this run, "
+                                 "alternating with coral; per round, before → after: "
+                                 + "; ".join(round_line(b, a) for b, a in
+                                             zip(rounds["coral-before"], rounds["coral"])))
+    write_results(args, results, notes, router_version if router_bin else None, work, rounds)
+
+
+def round_line(before: dict, after: dict) -> str:
+    """One round of coral-before and coral: CPU per request, c=1 p50 (real-time p50)."""
+    def figures(r: dict) -> str:
+        rt = r.get("c1_realtime", {}).get("p50_us")
+        return (f"{r['c32'].get('proxy_cpu_us_per_request')} µs CPU/req, c=1 p50 "
+                f"{r['c1']['p50_us']} µs" + (f" (real-time {rt} µs)" if rt is not None else ""))
+    return f"{figures(before)} → {figures(after)}"
+
+
+def measure_coral(procs: Procs, work: Path, up_port: int, args,
+                  rounds: dict[str, list[dict]]) -> dict[str, dict]:
+    """This checkout's gateway (``coral``) and, with ``--before-code``, the one before a change
+    (``coral-before``), alternating for ``--rounds``; each system's round of median CPU per
+    request (every round lands in ``rounds``)."""
+    variants: list[tuple[str, Path | None]] = [("coral", None)]
+    if args.before_code is not None:
+        variants.insert(0, ("coral-before", args.before_code.resolve()))
+    n = args.rounds or (3 if args.before_code is not None else 1)
+    for i in range(n):
+        for name, code in variants:
+            port, proc = start_coral_gateway(procs, work / f"{name}-{i}", "bench", 7, up_port,
+                                             args.proxy_core, code)
+            rounds.setdefault(name, []).append(measure(name, port, args, work, proc.pid))
+            procs.stop(proc)
+    return {name: sorted(rounds[name], key=lambda r: r["c32"].get("proxy_cpu_us_per_request")
+                         or 0.0)[(n - 1) // 2] for name, _ in variants}
 
 
 def write_results(args, results: dict, notes: dict, router_version: str | None,
-                  work: Path) -> None:
+                  work: Path, rounds: dict | None = None) -> None:
     direct = results["direct"]["c1"]
     summary = {}
     for name, res in results.items():
@@ -483,6 +530,7 @@ def write_results(args, results: dict, notes: dict, router_version: str | None,
                        "rps_cpu_normalised": (coral["one_core_capacity_rps"] or 0)
                        >= GOAL_RPS_ONE_CORE} if coral else None),
         "summary": summary, "ratios": ratios, "raw": results, "notes": notes,
+        "coral_rounds": rounds or {},
     }
     before = json.loads(args.before.read_text()) if args.before else None
     if before is not None:
@@ -542,10 +590,10 @@ def write_results(args, results: dict, notes: dict, router_version: str | None,
     print((args.results / "gateway.md").read_text())
 
 
-def code_version() -> str:
+def code_version(repo: Path = REPO) -> str:
     """The checkout's commit, and whether it had uncommitted changes, for the report."""
     def git(*argv: str) -> str:
-        return subprocess.run(["git", "-C", str(REPO), *argv], check=False, capture_output=True,
+        return subprocess.run(["git", "-C", str(repo), *argv], check=False, capture_output=True,
                               text=True).stdout.strip()
     commit = git("rev-parse", "--short", "HEAD") or "unknown (no git checkout)"
     return commit + (" + uncommitted changes" if git("status", "--porcelain", "--", "coral_hpc")
