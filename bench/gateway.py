@@ -345,7 +345,12 @@ def measure(name: str, port: int, args, work: Path, pgid: int | None = None) -> 
 
         set_realtime(pgid, True)
         try:
-            out["c1_realtime"] = run_wrk(port, 1, args.duration, args.load_cores, work)
+            cpu_before = session_cpu_s(pgid)
+            rt = out["c1_realtime"] = run_wrk(port, 1, args.duration, args.load_cores, work)
+            # one request at a time, never preempted: the proxy's CPU per request with no
+            # batching and no other work's interference, the steadiest figure on a shared core
+            rt["proxy_cpu_us_per_request"] = round(
+                (session_cpu_s(pgid) - cpu_before) * 1e6 / max(1, rt["requests"]), 1)
         finally:
             set_realtime(pgid, False)
     print(f"{name:15s} c=1 p50 {c1['p50_us']:6d} us p99 {c1['p99_us']:6d} us | "
@@ -372,8 +377,8 @@ def main() -> None:
                              "(row coral-before), alternating with this checkout's gateway")
     parser.add_argument("--rounds", type=int, default=None,
                         help="coral-before/coral measurements, alternating [3 with "
-                             "--before-code, else 1]; the round of median CPU/request is "
-                             "the row, every round is in the JSON")
+                             "--before-code, else 1]; the round of median CPU/request (at "
+                             "real-time c=1 when run) is the row, every round is in the JSON")
     parser.add_argument("--no-realtime", dest="realtime", action="store_false",
                         help="skip the c=1 run with each proxy at real-time priority (needs root)")
     args = parser.parse_args()
@@ -449,9 +454,11 @@ def main() -> None:
 def round_line(before: dict, after: dict) -> str:
     """One round of coral-before and coral: CPU per request, c=1 p50 (real-time p50)."""
     def figures(r: dict) -> str:
-        rt = r.get("c1_realtime", {}).get("p50_us")
+        rt = r.get("c1_realtime", {})
         return (f"{r['c32'].get('proxy_cpu_us_per_request')} µs CPU/req, c=1 p50 "
-                f"{r['c1']['p50_us']} µs" + (f" (real-time {rt} µs)" if rt is not None else ""))
+                f"{r['c1']['p50_us']} µs" + (
+                    f" (real-time: p50 {rt['p50_us']} µs, {rt.get('proxy_cpu_us_per_request')} "
+                    "µs CPU/req)" if rt else ""))
     return f"{figures(before)} → {figures(after)}"
 
 
@@ -470,8 +477,14 @@ def measure_coral(procs: Procs, work: Path, up_port: int, args,
                                              args.proxy_core, code)
             rounds.setdefault(name, []).append(measure(name, port, args, work, proc.pid))
             procs.stop(proc)
-    return {name: sorted(rounds[name], key=lambda r: r["c32"].get("proxy_cpu_us_per_request")
-                         or 0.0)[(n - 1) // 2] for name, _ in variants}
+    return {name: sorted(rounds[name], key=_cpu_per_request)[(n - 1) // 2]
+            for name, _ in variants}
+
+
+def _cpu_per_request(res: dict) -> float:
+    """The steadiest CPU figure of a measurement: at real-time c=1 when run, else at c=32."""
+    return (res.get("c1_realtime", {}).get("proxy_cpu_us_per_request")
+            or res["c32"].get("proxy_cpu_us_per_request") or 0.0)
 
 
 def write_results(args, results: dict, notes: dict, router_version: str | None,
@@ -493,6 +506,8 @@ def write_results(args, results: dict, notes: dict, router_version: str | None,
                                       if "c1_realtime" in res else None),
             "realtime_added_p99_us": (res["c1_realtime"]["p99_us"] - direct["p99_us"]
                                       if "c1_realtime" in res else None),
+            "realtime_cpu_us_per_request_c1": res.get("c1_realtime", {}).get(
+                "proxy_cpu_us_per_request"),
         }
     coral = summary.get("coral", {})
     ratios = {
@@ -549,15 +564,16 @@ def write_results(args, results: dict, notes: dict, router_version: str | None,
         f"{args.duration:g} s per measurement after a 1 s warm-up. Run-queue wait: how long per "
         "second the proxy's threads were runnable but waited for a CPU (/proc/…/schedstat)."
         + (" Real-time: the c=1 run once more with the proxy at SCHED_FIFO (`chrt`), so other "
-           "work on its core cannot delay it." if args.realtime else "")),
+           "work on its core cannot delay it; its CPU per request, one request at a time and "
+           "never preempted, is the steadiest figure of the gateway's own work." if args.realtime else "")),
         "",
         ("| system | c=1 p50 | c=1 p99 | added p50 | added p99 | req/s at c=32 | proxy CPU/req "
         "| one-core capacity (req/s of CPU) | proxy run-queue wait at c=32 | load (1 min) "
-        "| real-time added p50 / p99 |"),
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| real-time added p50 / p99 | real-time CPU/req at c=1 |"),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
         (f"| direct (no proxy) | {direct['p50_us']} µs | {direct['p99_us']} µs | – | – | "
         f"{results['direct']['c32']['rps']:.0f} | – | – | – | "
-        f"{results['direct']['c32']['loadavg_1min_before']} | – |"),
+        f"{results['direct']['c32']['loadavg_1min_before']} | – | – |"),
     ]
     for name, s in summary.items():
         res = results[name]
@@ -566,7 +582,9 @@ def write_results(args, results: dict, notes: dict, router_version: str | None,
                      f"{s['cpu_us_per_request_c32']} µs | {s['one_core_capacity_rps']} | "
                      f"{s['runqueue_wait_ms_per_s_c32']} ms/s | {s['loadavg_1min_c32']} | "
                      + ("–" if s["realtime_added_p50_us"] is None else
-                        f"{s['realtime_added_p50_us']} / {s['realtime_added_p99_us']} µs") + " |")
+                        f"{s['realtime_added_p50_us']} / {s['realtime_added_p99_us']} µs") + " | "
+                     + ("–" if s["realtime_cpu_us_per_request_c1"] is None else
+                        f"{s['realtime_cpu_us_per_request_c1']} µs") + " |")
     lines += ["", "Ratios (coral vs peer): " + (json.dumps(ratios) if ratios else "none"), ""]
     if coral:
         lines.append(
@@ -606,7 +624,8 @@ COMPARED = (("added_p50_us", "added p50", "µs"), ("added_p99_us", "added p99", 
             ("one_core_capacity_rps", "one-core capacity", "req/s"),
             ("runqueue_wait_ms_per_s_c32", "run-queue wait at c=32", "ms/s"),
             ("loadavg_1min_c32", "load (1 min)", ""),
-            ("realtime_added_p50_us", "real-time added p50", "µs"))
+            ("realtime_added_p50_us", "real-time added p50", "µs"),
+            ("realtime_cpu_us_per_request_c1", "real-time CPU/req at c=1", "µs"))
 
 
 def before_after(before: dict, after: dict) -> dict:
