@@ -6,9 +6,9 @@ from __future__ import annotations
 import time
 
 from coral_hpc.gateway.accesslog import AccessLog
-from coral_hpc.gateway.auth import KeyChecker
 from coral_hpc.gateway.http_server import Request
 from coral_hpc.gateway.routing import ReplicaState
+from coral_hpc.gateway.state import GatewayState
 
 #: the key name of a request when the gateway has no keys file
 ANONYMOUS = "anonymous"
@@ -39,28 +39,35 @@ def noted(request: Request, replica: ReplicaState, counts: tuple[int, int, bool]
             note.prompt_tokens, note.output_tokens, note.estimated = counts
 
 
-def log_answered(access_log: AccessLog, keys: KeyChecker | None, request: Request,
-                 status: int) -> None:
+class AccessLogHook:
     """The access log's one hook (``ServerSettings.on_answered``): a line per request to the
     OpenAI routes (``/v1/…``), and per refused one (401) on any route. The metrics routes
-    and ``/health``, polled every few seconds by the daemon and monitors, are not logged."""
-    path = request.path
-    if not path.startswith("/v1/") and status != 401:
-        return
-    key = request.key
-    if key is None and keys is None:
-        key = ANONYMOUS
-    lab = keys.lab_of(key) if key is not None and keys is not None else None
-    note = request.note
-    latency = round(time.monotonic() - request.started, 4)
-    if isinstance(note, Outcome):
-        replica = note.replica
-        access_log.record(
-            time.time() - latency, key, lab, request.method, path, note.model, status,
-            note.stream, note.prompt_tokens, note.output_tokens, note.estimated, latency,
-            replica.id if replica else None, replica.job_id if replica else None,
-            replica.url if replica else None, note.error)
-    else:
-        access_log.record(
-            time.time() - latency, key, lab, request.method, path, None, status, None,
-            None, None, None, latency, None, None, None, None)
+    and ``/health``, polled every few seconds by the daemon and monitors, are not logged.
+    Keys are read from ``state`` at each call: a reload is seen at once."""
+
+    def __init__(self, access_log: AccessLog, state: GatewayState) -> None:
+        self.access_log = access_log
+        self.state = state
+
+    def __call__(self, request: Request, status: int) -> None:
+        path = request.path
+        if not path.startswith("/v1/") and status != 401:
+            return
+        keys = self.state.keys
+        key = request.key
+        if key is None and keys is None:
+            key = ANONYMOUS
+        lab = keys.lab_of(key) if key is not None and keys is not None else None
+        note = request.note
+        latency = round(time.monotonic() - request.started, 4)
+        if isinstance(note, Outcome):
+            replica = note.replica
+            self.access_log.record(
+                time.time() - latency, key, lab, request.method, path, note.model, status,
+                note.stream, note.prompt_tokens, note.output_tokens, note.estimated, latency,
+                replica.id if replica else None, replica.job_id if replica else None,
+                replica.url if replica else None, note.error)
+        else:
+            self.access_log.record(
+                time.time() - latency, key, lab, request.method, path, None, status, None,
+                None, None, None, latency, None, None, None, None)

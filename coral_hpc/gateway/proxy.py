@@ -27,9 +27,9 @@ from coral_hpc.gateway.answers import error_response
 from coral_hpc.gateway.auth import KeyChecker
 from coral_hpc.gateway.disagg import Disaggregation, PhaseMetrics
 from coral_hpc.gateway.forward import Forwarder
-from coral_hpc.gateway.http_server import Request, Response, Route, ServerSettings
+from coral_hpc.gateway.http_server import Response, Route, ServerSettings
 from coral_hpc.gateway.metering import DemandMeter, GatewayMetrics
-from coral_hpc.gateway.outcome import log_answered
+from coral_hpc.gateway.outcome import AccessLogHook
 from coral_hpc.gateway.ratelimit import RateLimiter
 from coral_hpc.gateway.reload import Reloader
 from coral_hpc.gateway.replicas import Replicas
@@ -74,6 +74,9 @@ class Gateway:
         self._tasks: list[asyncio.Task[None]] = []
         self.access_log = (AccessLog(settings.access_log_dir, settings.access_log_days)
                            if settings.access_log_dir is not None else None)
+        # the server's on_answered: a line per request when there is an access log
+        self._answered = (AccessLogHook(self.access_log, self.state)
+                          if self.access_log is not None else None)
 
     def server_settings(self) -> ServerSettings:
         """The routes and limits of the HTTP server (:mod:`coral_hpc.gateway.http_server`)."""
@@ -93,7 +96,7 @@ class Gateway:
                               idle_timeout_s=s.client_idle_timeout_s,
                               body_timeout_s=s.body_timeout_s,
                               prefix_routes={("GET", MODELS_PREFIX): Route(admin.handle_model)},
-                              on_answered=self._answered if self.access_log else None)
+                              on_answered=self._answered)
 
     def _server_error(self, status: int, message: str, kind: str) -> Response:
         """An error the HTTP server answers itself (400, 404, 408, 413, 431, …), counted."""
@@ -123,12 +126,6 @@ class Gateway:
         await self.replicas.stop()
         if self.access_log is not None:
             self.access_log.close()
-
-    def _answered(self, request: Request, status: int) -> None:
-        """The access log's hook (:func:`~coral_hpc.gateway.outcome.log_answered`); set only
-        when there is an access log."""
-        assert self.access_log is not None  # the hook is set only with an access log
-        log_answered(self.access_log, self.state.keys, request, status)
 
     async def _loop(self, interval: float, step: Callable[[], object]) -> None:
         """Run ``step`` every ``interval`` seconds; errors are logged here, at the loop boundary."""

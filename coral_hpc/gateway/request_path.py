@@ -74,11 +74,11 @@ class RequestPath:
     async def handle(self, request: Request) -> Response | StreamResponse:
         """Check, route and forward one OpenAI request (key and size were checked on its head)."""
         key = request.key or ANONYMOUS
-        payload = self._parse(request.body)
-        if isinstance(payload, Response):
-            return payload
+        parsed = self._parse(request.body)
+        if isinstance(parsed, Response):
+            return parsed
+        payload, stream = parsed
         model = payload["model"]
-        stream = payload.get("stream", False)
         request.note = Outcome(model[:MAX_LOGGED_MODEL], stream)
         if model not in self.state.known:
             self.metrics.client_errors.labels("404").inc()
@@ -96,8 +96,9 @@ class RequestPath:
             return await self._serve_disaggregated(request, model, payload, key, children)
         return await self._serve(request, model, payload, key, children, stream)
 
-    def _parse(self, body: bytes) -> dict[str, Any] | Response:
-        """The request's JSON object, or the 400 that says what is wrong with it."""
+    def _parse(self, body: bytes) -> tuple[dict[str, Any], bool] | Response:
+        """The request's JSON object and whether it asks for a stream, or the 400 that says
+        what is wrong with it."""
         try:
             payload = json.loads(body)
         except (ValueError, UnicodeDecodeError) as exc:
@@ -108,9 +109,10 @@ class RequestPath:
             return self._bad_request("request body nests JSON too deeply")
         if not isinstance(payload, dict) or not isinstance(payload.get("model"), str):
             return self._bad_request("request body must be a JSON object with a string 'model'")
-        if not isinstance(payload.get("stream", False), bool):
+        stream = payload.get("stream", False)
+        if not isinstance(stream, bool):
             return self._bad_request("'stream' must be true or false")
-        return payload
+        return payload, stream
 
     def _bad_request(self, message: str) -> Response:
         self.metrics.client_errors.labels("400").inc()
