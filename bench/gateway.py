@@ -22,7 +22,12 @@ Writes bench/results/gateway.json and gateway.md. Needs ``nginx`` and ``wrk`` (i
 apt-get when missing and allowed: ``--install``) and, optionally, ``vllm-router`` in a venv
 (``--vllm-router-venv``, created with pip when missing and ``--install``).
 
+With ``--before OLD.json`` (this script's gateway.json from an earlier run, say on the code
+before a change) the report sets that run's figures beside this one's, with each run's code
+version, niceness and load, and the peers' change between the runs as the measure of noise.
+
 Usage: .venv/bin/python bench/gateway.py [--duration 6] [--install] [--proxy-core 0]
+       [--before OLD.json]
 """
 
 from __future__ import annotations
@@ -196,10 +201,17 @@ class Procs:
 
 
 def start_coral_gateway(procs: Procs, work: Path, deployment: str, output_tokens: int,
-                        up_port: int, core: str) -> tuple[int, subprocess.Popen]:
+                        up_port: int, core: str, code: Path | None = None
+                        ) -> tuple[int, subprocess.Popen]:
     """``coral-hpc gateway`` pinned to ``core`` on a free port, routing its one model ``bench``
     (``output_tokens`` per request, which its metering expects) to the upstream on ``up_port``;
-    (port, process) once it listens and has read its table."""
+    (port, process) once it listens and has read its table. ``code``: a checkout whose
+    ``coral_hpc`` the gateway runs instead of the one installed (put first on PYTHONPATH)."""
+    work.mkdir(parents=True, exist_ok=True)
+    env = None
+    if code is not None:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            [str(code), str(code / "solver"), os.environ.get("PYTHONPATH", "")]))
     gw_port = free_port()
     models = work / "models.yaml"
     models.write_text(f"""
@@ -220,7 +232,7 @@ models:
     coral = procs.start(["taskset", "-c", core,
                          str(Path(sys.executable).parent / "coral-hpc"), "gateway",
                          str(models), "--table", str(table), "--log-level", "warning"],
-                        work / "coral.log")
+                        work / "coral.log", env=env)
     wait_port(gw_port)
     time.sleep(1.0)   # first table poll
     return gw_port, coral
@@ -333,7 +345,12 @@ def measure(name: str, port: int, args, work: Path, pgid: int | None = None) -> 
 
         set_realtime(pgid, True)
         try:
-            out["c1_realtime"] = run_wrk(port, 1, args.duration, args.load_cores, work)
+            cpu_before = session_cpu_s(pgid)
+            rt = out["c1_realtime"] = run_wrk(port, 1, args.duration, args.load_cores, work)
+            # one request at a time, never preempted: the proxy's CPU per request with no
+            # batching and no other work's interference, the steadiest figure on a shared core
+            rt["proxy_cpu_us_per_request"] = round(
+                (session_cpu_s(pgid) - cpu_before) * 1e6 / max(1, rt["requests"]), 1)
         finally:
             set_realtime(pgid, False)
     print(f"{name:15s} c=1 p50 {c1['p50_us']:6d} us p99 {c1['p99_us']:6d} us | "
@@ -353,6 +370,15 @@ def main() -> None:
                         help="apt-get nginx/wrk and pip vllm-router when missing")
     parser.add_argument("--vllm-router-venv", type=Path, default=Path("/tmp/vr-venv"))
     parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--before", type=Path, default=None,
+                        help="an earlier run's gateway.json to set beside this one")
+    parser.add_argument("--before-code", type=Path, default=None,
+                        help="a checkout of the code before a change: measured in this run too "
+                             "(row coral-before), alternating with this checkout's gateway")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="coral-before/coral measurements, alternating [3 with "
+                             "--before-code, else 1]; the round of median CPU/request (at "
+                             "real-time c=1 when run) is the row, every round is in the JSON")
     parser.add_argument("--no-realtime", dest="realtime", action="store_false",
                         help="skip the c=1 run with each proxy at real-time priority (needs root)")
     args = parser.parse_args()
@@ -363,6 +389,7 @@ def main() -> None:
     ensure_tools(args.install)
     router_bin, router_version = ensure_vllm_router(args.vllm_router_venv, args.install)
     args.load_start = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    rounds: dict[str, list[dict]] = {}
 
     procs = Procs()
     work = Path(tempfile.mkdtemp(prefix="coral-bench-gw-"))
@@ -379,10 +406,8 @@ def main() -> None:
         wait_port(up_port)
         results["direct"] = measure("direct", up_port, args, work)
 
-        # (a) coral-hpc gateway
-        gw_port, coral = start_coral_gateway(procs, work, "bench", 7, up_port, args.proxy_core)
-        results["coral"] = measure("coral", gw_port, args, work, coral.pid)
-        procs.stop(coral)
+        # (a) coral-hpc gateway (and the code before a change, alternating with it)
+        results.update(measure_coral(procs, work, up_port, args, rounds))
 
         # (b) nginx reverse proxy
         nx_port, nginx = start_nginx_proxy(procs, work, up_port, args.proxy_core)
@@ -417,11 +442,53 @@ def main() -> None:
     finally:
         procs.stop_all()
 
-    write_results(args, results, notes, router_version if router_bin else None, work)
+    if args.before_code is not None:
+        notes["coral-before"] = (f"the gateway of {args.before_code} (code "
+                                 f"{code_version(args.before_code)}), measured in this run, "
+                                 "alternating with coral; per round, before → after: "
+                                 + "; ".join(round_line(b, a) for b, a in
+                                             zip(rounds["coral-before"], rounds["coral"])))
+    write_results(args, results, notes, router_version if router_bin else None, work, rounds)
+
+
+def round_line(before: dict, after: dict) -> str:
+    """One round of coral-before and coral: CPU per request, c=1 p50 (real-time p50)."""
+    def figures(r: dict) -> str:
+        rt = r.get("c1_realtime", {})
+        return (f"{r['c32'].get('proxy_cpu_us_per_request')} µs CPU/req, c=1 p50 "
+                f"{r['c1']['p50_us']} µs" + (
+                    f" (real-time: p50 {rt['p50_us']} µs, {rt.get('proxy_cpu_us_per_request')} "
+                    "µs CPU/req)" if rt else ""))
+    return f"{figures(before)} → {figures(after)}"
+
+
+def measure_coral(procs: Procs, work: Path, up_port: int, args,
+                  rounds: dict[str, list[dict]]) -> dict[str, dict]:
+    """This checkout's gateway (``coral``) and, with ``--before-code``, the one before a change
+    (``coral-before``), alternating for ``--rounds``; each system's round of median CPU per
+    request (every round lands in ``rounds``)."""
+    variants: list[tuple[str, Path | None]] = [("coral", None)]
+    if args.before_code is not None:
+        variants.insert(0, ("coral-before", args.before_code.resolve()))
+    n = args.rounds or (3 if args.before_code is not None else 1)
+    for i in range(n):
+        for name, code in variants:
+            port, proc = start_coral_gateway(procs, work / f"{name}-{i}", "bench", 7, up_port,
+                                             args.proxy_core, code)
+            rounds.setdefault(name, []).append(measure(name, port, args, work, proc.pid))
+            procs.stop(proc)
+    return {name: sorted(rounds[name], key=_cpu_per_request)[(n - 1) // 2]
+            for name, _ in variants}
+
+
+def _cpu_per_request(res: dict) -> float:
+    """The steadiest CPU figure of a measurement: at real-time c=1 when run, else at c=32."""
+    return (res.get("c1_realtime", {}).get("proxy_cpu_us_per_request")
+            or res["c32"].get("proxy_cpu_us_per_request") or 0.0)
 
 
 def write_results(args, results: dict, notes: dict, router_version: str | None,
-                  work: Path) -> None:
+                  work: Path, rounds: dict | None = None) -> None:
     direct = results["direct"]["c1"]
     summary = {}
     for name, res in results.items():
@@ -439,6 +506,8 @@ def write_results(args, results: dict, notes: dict, router_version: str | None,
                                       if "c1_realtime" in res else None),
             "realtime_added_p99_us": (res["c1_realtime"]["p99_us"] - direct["p99_us"]
                                       if "c1_realtime" in res else None),
+            "realtime_cpu_us_per_request_c1": res.get("c1_realtime", {}).get(
+                "proxy_cpu_us_per_request"),
         }
     coral = summary.get("coral", {})
     ratios = {
@@ -464,6 +533,7 @@ def write_results(args, results: dict, notes: dict, router_version: str | None,
             "POST script, wrk's own latency percentiles)",
             "upstream": "nginx returning a canned completion (return 200), on the load cores",
             "request": BODY, "nginx": nginx_version, "vllm_router": router_version,
+            "code": code_version(), "niceness": os.nice(0),
         },
         "goals": {"added_p50_us_at_most": GOAL_ADDED_P50_US,
                   "rps_one_core_at_least": GOAL_RPS_ONE_CORE},
@@ -475,7 +545,11 @@ def write_results(args, results: dict, notes: dict, router_version: str | None,
                        "rps_cpu_normalised": (coral["one_core_capacity_rps"] or 0)
                        >= GOAL_RPS_ONE_CORE} if coral else None),
         "summary": summary, "ratios": ratios, "raw": results, "notes": notes,
+        "coral_rounds": rounds or {},
     }
+    before = json.loads(args.before.read_text()) if args.before else None
+    if before is not None:
+        doc["before_after"] = before_after(before, doc)
     args.results.mkdir(parents=True, exist_ok=True)
     (args.results / "gateway.json").write_text(json.dumps(doc, indent=2) + "\n")
     lines = [
@@ -490,15 +564,16 @@ def write_results(args, results: dict, notes: dict, router_version: str | None,
         f"{args.duration:g} s per measurement after a 1 s warm-up. Run-queue wait: how long per "
         "second the proxy's threads were runnable but waited for a CPU (/proc/…/schedstat)."
         + (" Real-time: the c=1 run once more with the proxy at SCHED_FIFO (`chrt`), so other "
-           "work on its core cannot delay it." if args.realtime else "")),
+           "work on its core cannot delay it; its CPU per request, one request at a time and "
+           "never preempted, is the steadiest figure of the gateway's own work." if args.realtime else "")),
         "",
         ("| system | c=1 p50 | c=1 p99 | added p50 | added p99 | req/s at c=32 | proxy CPU/req "
         "| one-core capacity (req/s of CPU) | proxy run-queue wait at c=32 | load (1 min) "
-        "| real-time added p50 / p99 |"),
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| real-time added p50 / p99 | real-time CPU/req at c=1 |"),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
         (f"| direct (no proxy) | {direct['p50_us']} µs | {direct['p99_us']} µs | – | – | "
         f"{results['direct']['c32']['rps']:.0f} | – | – | – | "
-        f"{results['direct']['c32']['loadavg_1min_before']} | – |"),
+        f"{results['direct']['c32']['loadavg_1min_before']} | – | – |"),
     ]
     for name, s in summary.items():
         res = results[name]
@@ -507,7 +582,9 @@ def write_results(args, results: dict, notes: dict, router_version: str | None,
                      f"{s['cpu_us_per_request_c32']} µs | {s['one_core_capacity_rps']} | "
                      f"{s['runqueue_wait_ms_per_s_c32']} ms/s | {s['loadavg_1min_c32']} | "
                      + ("–" if s["realtime_added_p50_us"] is None else
-                        f"{s['realtime_added_p50_us']} / {s['realtime_added_p99_us']} µs") + " |")
+                        f"{s['realtime_added_p50_us']} / {s['realtime_added_p99_us']} µs") + " | "
+                     + ("–" if s["realtime_cpu_us_per_request_c1"] is None else
+                        f"{s['realtime_cpu_us_per_request_c1']} µs") + " |")
     lines += ["", "Ratios (coral vs peer): " + (json.dumps(ratios) if ratios else "none"), ""]
     if coral:
         lines.append(
@@ -524,9 +601,83 @@ def write_results(args, results: dict, notes: dict, router_version: str | None,
             f" ({coral['one_core_capacity_rps']} req/s per CPU-second).")
     for name, note in notes.items():
         lines.append(f"- {name}: {note}")
+    if before is not None:
+        lines += before_after_lines(doc["before_after"])
     lines += ["", LIMITS]
     (args.results / "gateway.md").write_text("\n".join(lines) + "\n")
     print((args.results / "gateway.md").read_text())
+
+
+def code_version(repo: Path = REPO) -> str:
+    """The checkout's commit, and whether it had uncommitted changes, for the report."""
+    def git(*argv: str) -> str:
+        return subprocess.run(["git", "-C", str(repo), *argv], check=False, capture_output=True,
+                              text=True).stdout.strip()
+    commit = git("rev-parse", "--short", "HEAD") or "unknown (no git checkout)"
+    return commit + (" + uncommitted changes" if git("status", "--porcelain", "--", "coral_hpc")
+                     else "")
+
+
+#: the figures set side by side, (json key, label, unit)
+COMPARED = (("added_p50_us", "added p50", "µs"), ("added_p99_us", "added p99", "µs"),
+            ("rps_c32", "req/s at c=32", ""), ("cpu_us_per_request_c32", "CPU/req", "µs"),
+            ("one_core_capacity_rps", "one-core capacity", "req/s"),
+            ("runqueue_wait_ms_per_s_c32", "run-queue wait at c=32", "ms/s"),
+            ("loadavg_1min_c32", "load (1 min)", ""),
+            ("realtime_added_p50_us", "real-time added p50", "µs"),
+            ("realtime_cpu_us_per_request_c1", "real-time CPU/req at c=1", "µs"))
+
+
+def before_after(before: dict, after: dict) -> dict:
+    """Each system's summary in both runs and the relative change of every figure."""
+    def conditions(doc: dict) -> dict:
+        setup = doc.get("setup", {})
+        return {"generated_at": doc.get("generated_at"), "code": setup.get("code", "not recorded"),
+                "niceness": setup.get("niceness", "not recorded"),
+                "loadavg_at_end": doc.get("machine", {}).get("loadavg_at_end")}
+
+    systems = {}
+    for name, now in after["summary"].items():
+        old = before.get("summary", {}).get(name)
+        if old is None:
+            continue
+        change = {}
+        for key, _, _ in COMPARED:
+            if isinstance(old.get(key), (int, float)) and isinstance(now.get(key), (int, float)) \
+                    and old[key]:
+                change[key] = round(now[key] / old[key] - 1, 3)
+        systems[name] = {"before": {k: old.get(k) for k, _, _ in COMPARED},
+                         "after": {k: now.get(k) for k, _, _ in COMPARED}, "change": change}
+    return {"before": conditions(before), "after": conditions(after), "systems": systems}
+
+
+def before_after_lines(cmp: dict) -> list[str]:
+    """The markdown section for :func:`before_after`."""
+    def load(run: dict) -> str:
+        return ", ".join(f"{x:.2f}" for x in run["loadavg_at_end"] or ())
+
+    def figure(value: float | None, unit: str) -> str:
+        if value is None:
+            return "–"
+        return (f"{value:.0f}" if abs(value) >= 100 else f"{value:g}") + (f" {unit}" if unit else "")
+
+    b, a = cmp["before"], cmp["after"]
+    lines = ["", "## Before and after", "",
+             f"Before: code {b['code']}, run {b['generated_at']}, niceness {b['niceness']}, load at "
+             f"the end {load(b)}. After: code {a['code']}, run {a['generated_at']}, "
+             f"niceness {a['niceness']}, load at the end {load(a)}. Same machine, "
+             "setup and duration. The peers' code did not change between the runs, so their "
+             "change is the noise a run on this shared machine carries.", "",
+             "| system | run | " + " | ".join(label for _, label, _ in COMPARED) + " |",
+             "|---|---|" + "---|" * len(COMPARED)]
+    for name, row in cmp["systems"].items():
+        for run in ("before", "after"):
+            lines.append(f"| {name} | {run} | " + " | ".join(
+                figure(row[run].get(k), unit) for k, _, unit in COMPARED) + " |")
+        lines.append(f"| {name} | change | " + " | ".join(
+            f"{row['change'][k]:+.1%}" if k in row["change"] else "–" for k, _, _ in COMPARED)
+            + " |")
+    return lines
 
 
 if __name__ == "__main__":

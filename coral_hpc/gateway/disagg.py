@@ -12,16 +12,19 @@ For a model whose plan has prefill and decode replicas (routing-table ``role``),
    replica; with no decode replica left, the whole request goes to an aggregated or a prefill
    replica (vLLM's ``kv_both`` engines serve whole requests too). A 5xx answer, from either
    phase, is tried on another replica too, as on the aggregated path: vLLM answers 500 to every
-   new request while it drains after a SIGTERM the daemon did not send (``proxy``'s
-   ``_UpstreamServerError``). Such a replica is skipped for this request but not taken out of
-   routing; when every replica answered 5xx the client gets the last answer. Once a stream has
-   started, a failure ends it with an SSE error event.
+   new request while it drains after a SIGTERM the daemon did not send
+   (:class:`~coral_hpc.gateway.forward.UpstreamServerError`). Such a replica is skipped for
+   this request but not taken out of routing; when every replica answered 5xx the client gets
+   the last answer. Once a stream has started, a failure ends it with an SSE error event.
 
 A model with aggregated replicas as well (``policy.disaggregation: auto``) splits its traffic
 between the two paths in proportion to their capacity: the aggregated replicas' weights against
 min(prefill weights, decode weights), by smooth weighted round-robin like the replicas
 themselves. Phases are metered apart (``coral_gateway_phase_*``): prefill replicas are sized on
 prompt tokens, decode replicas on output tokens (ARCHITECTURE "Units").
+
+This module forwards through :class:`~coral_hpc.gateway.forward.Forwarder` and picks replicas
+from the :class:`~coral_hpc.gateway.routing.Router`; it knows nothing of the gateway above it.
 """
 
 from __future__ import annotations
@@ -30,15 +33,18 @@ import copy
 import json
 import logging
 import uuid
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from prometheus_client import Counter
+from prometheus_client import CollectorRegistry, Counter
 
+from coral_hpc.gateway.answers import error_response
+from coral_hpc.gateway.forward import Forwarder, UpstreamFailed, UpstreamServerError
 from coral_hpc.gateway.http_server import Request, Response, StreamResponse
+from coral_hpc.gateway.metering import GatewayMetrics
 from coral_hpc.gateway.routing import ReplicaState, Router
 
-if TYPE_CHECKING:  # the gateway imports this module; no cycle at run time
-    from coral_hpc.gateway.proxy import Gateway
+if TYPE_CHECKING:
+    from coral_hpc.gateway.metering import _Children
 
 log = logging.getLogger("coral_hpc.gateway")
 
@@ -47,7 +53,7 @@ PREFILL_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False, "remote_
                   "remote_block_ids": None, "remote_host": None, "remote_port": None}
 
 
-def prefill_payload(payload: dict) -> dict:
+def prefill_payload(payload: dict[str, Any]) -> dict[str, Any]:
     """The client's request as the prefill replica gets it: one token, not streamed, asking it
     to keep the KV for a remote decode."""
     out = copy.deepcopy(payload)
@@ -60,7 +66,7 @@ def prefill_payload(payload: dict) -> dict:
     return out
 
 
-def decode_payload(payload: dict, kv_transfer_params: object) -> dict:
+def decode_payload(payload: dict[str, Any], kv_transfer_params: object) -> dict[str, Any]:
     """The client's request as the decode replica gets it: unchanged, plus where the KV is."""
     out = dict(payload)
     if isinstance(kv_transfer_params, dict) and kv_transfer_params:
@@ -80,28 +86,43 @@ class _PhaseFailed(Exception):
         self.response = response
 
 
-class Disaggregation:
-    """Path choice and the two-phase forwarding, for one gateway (see the module docstring)."""
+class PhaseMetrics:
+    """Prometheus counters per phase of disaggregated serving (``coral_gateway_phase_*``)."""
 
-    def __init__(self, gateway: Gateway) -> None:
-        self._gw = gateway
-        self._credit: dict[str, list[float]] = {}  # model → [aggregated, disaggregated] SWRR
-        registry = gateway.metrics.registry
-        self.phase_requests = Counter(
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter(
             "coral_gateway_phase_requests", "Requests per phase of disaggregated serving.",
             ["model", "phase"], registry=registry)
-        self.phase_tokens = Counter(
+        self.tokens = Counter(
             "coral_gateway_phase_tokens",
             "Tokens per phase: prompt tokens prefilled, output tokens decoded.",
             ["model", "phase"], registry=registry)
-        self.phase_failures = Counter(
+        self.failures = Counter(
             "coral_gateway_phase_failures", "Phase attempts that failed on a replica.",
             ["model", "phase"], registry=registry)
+
+    def count_decoded(self, model: str, generated: int) -> None:
+        """Output tokens a decode replica produced (called from the gateway's token charging,
+        :class:`~coral_hpc.gateway.tokens.TokenAccounting`)."""
+        self.tokens.labels(model, "decode").inc(generated)
+
+
+class Disaggregation:
+    """Path choice and the two-phase forwarding (see the module docstring)."""
+
+    def __init__(self, router: Router, forwarder: Forwarder, metrics: GatewayMetrics,
+                 phases: PhaseMetrics, max_retries: int) -> None:
+        self.router = router
+        self.forwarder = forwarder
+        self.metrics = metrics
+        self.phases = phases
+        self.max_retries = max_retries               # other replicas tried, per phase
+        self._credit: dict[str, list[float]] = {}  # model → [aggregated, disaggregated] SWRR
 
     def wants(self, model: str) -> bool:
         """Whether this request of ``model`` takes the disaggregated path: both phases have a
         healthy replica, and (when aggregated replicas exist too) it is the path's turn."""
-        router = self._gw.router
+        router = self.router
         split = min(_capacity(router, model, "prefill"), _capacity(router, model, "decode"))
         if split <= 0:
             return False
@@ -118,25 +139,23 @@ class Disaggregation:
     def only_prefill_left(self, model: str) -> bool:
         """No aggregated and no decode replica of ``model`` is healthy, but a prefill replica is:
         the request is served whole there (:meth:`serve` falls through to it), not refused."""
-        router = self._gw.router
+        router = self.router
         return (_capacity(router, model, "prefill") > 0 and _capacity(router, model, "both") <= 0
                 and _capacity(router, model, "decode") <= 0)
 
-    async def serve(self, request: Request, model: str, payload: dict, key: str, children,
-                    started: float) -> Response | StreamResponse:
+    async def serve(self, request: Request, model: str, payload: dict[str, Any], key: str,
+                    children: _Children, started: float) -> Response | StreamResponse:
         """Answer one request through a prefill and then a decode replica (module docstring)."""
-        gw = self._gw
-        stream = payload.get("stream", False)
+        stream = bool(payload.get("stream", False))
         request_id = f"coral-{uuid.uuid4().hex}"
         prefill_body = json.dumps(prefill_payload(payload)).encode()
         failed_prefill: list[ReplicaState] = []
         failed_decode: list[ReplicaState] = []
-        attempts = gw.settings.max_retries + 1
         last = "no replica"
         answered: Response | None = None  # the last 5xx a decode replica answered
-        for _ in range(attempts):
+        for _ in range(self.max_retries + 1):
             # the decode replica first: with none left, a prefill would be wasted work
-            decode = gw.router.choose(model, exclude=failed_decode, role="decode")
+            decode = self.router.choose(model, exclude=failed_decode, role="decode")
             if decode is None:
                 break
             try:
@@ -145,124 +164,97 @@ class Disaggregation:
             except _PhaseFailed as failed:
                 return failed.response
             body = json.dumps(decode_payload(payload, params)).encode()
-            decode.outstanding += 1
             try:
-                if stream:
-                    response = await gw._forward_stream(request, decode, body, payload, key,
-                                                        children, started)
-                else:
-                    response = await gw._forward(request, decode, body, payload, key)
-            except gw.upstream_server_error as exc:  # a draining replica: skip it, keep it in
-                last, answered = str(exc), exc.response
-                failed_decode.append(decode)
-                self.phase_failures.labels(model, "decode").inc()
-                gw.metrics.retries.labels(model).inc()
-                continue
-            except gw.upstream_failed as exc:  # nothing reached the client: both phases again
+                response = await self.forwarder.attempt(request, decode, body, payload, key,
+                                                        children, started, stream)
+            except (UpstreamServerError, UpstreamFailed) as exc:
+                # a draining replica is skipped but kept in; a failed one is out (attempt):
+                # nothing reached the client, so both phases again
                 last = str(exc)
-                decode.failures += 1
-                gw._mark_down(decode, last)
+                if isinstance(exc, UpstreamServerError):
+                    answered = exc.response
                 failed_decode.append(decode)
-                self.phase_failures.labels(model, "decode").inc()
-                gw.metrics.retries.labels(model).inc()
+                self.phases.failures.labels(model, "decode").inc()
+                self.metrics.retries.labels(model).inc()
                 continue
-            finally:
-                gw._done_with(decode)
-            self.phase_requests.labels(model, "decode").inc()
+            self.phases.requests.labels(model, "decode").inc()
             return response
         return await self._whole(request, model, payload, key, children, started,
                                  failed_prefill + failed_decode, last, answered)
 
-    async def _whole(self, request: Request, model: str, payload: dict, key: str, children,
-                     started: float, failed: list[ReplicaState], last: str,
+    async def _whole(self, request: Request, model: str, payload: dict[str, Any], key: str,
+                     children: _Children, started: float, failed: list[ReplicaState], last: str,
                      answered: Response | None = None) -> Response | StreamResponse:
         """No decode replica could answer: the request as it came, to an aggregated replica or,
         failing that, a prefill replica (vLLM's kv_both engines serve whole requests too), so
         losing the decode side does not lose the request. ``answered``: the last 5xx answer
         so far, what the client gets when no replica does better."""
-        gw = self._gw
         body = json.dumps(payload).encode()
+        stream = bool(payload.get("stream", False))
         for role in ("both", "prefill"):
-            for _ in range(gw.settings.max_retries + 1):
-                replica = gw.router.choose(model, exclude=failed, role=role)
+            for _ in range(self.max_retries + 1):
+                replica = self.router.choose(model, exclude=failed, role=role)
                 if replica is None:
                     break
-                replica.outstanding += 1
                 try:
-                    if payload.get("stream", False):
-                        response = await gw._forward_stream(request, replica, body, payload, key,
-                                                            children, started)
-                    else:
-                        response = await gw._forward(request, replica, body, payload, key)
-                except gw.upstream_server_error as exc:
-                    last, answered = str(exc), exc.response
-                    failed.append(replica)
-                    continue
-                except gw.upstream_failed as exc:
+                    response = await self.forwarder.attempt(request, replica, body, payload, key,
+                                                            children, started, stream)
+                except (UpstreamServerError, UpstreamFailed) as exc:
                     last = str(exc)
-                    replica.failures += 1
-                    gw._mark_down(replica, last)
+                    if isinstance(exc, UpstreamServerError):
+                        answered = exc.response
                     failed.append(replica)
                     continue
-                finally:
-                    gw._done_with(replica)
-                self.phase_requests.labels(model, f"whole_on_{role}").inc()
+                self.phases.requests.labels(model, f"whole_on_{role}").inc()
                 log.warning("%s: no decode replica answered; served whole on %s replica %s",
                             model, role, replica.id)
                 return response
         if answered is not None:  # every replica tried answered 5xx: say what the last said
             return answered
-        gw.metrics.errors.labels(model, "upstream_failed").inc()
-        return gw.error_response(502, f"decode replica(s) of {model!r} failed: {last}",
-                                 "upstream_error")
+        self.metrics.errors.labels(model, "upstream_failed").inc()
+        return error_response(502, f"decode replica(s) of {model!r} failed: {last}",
+                              "upstream_error")
 
     async def _prefill(self, request: Request, model: str, body: bytes, request_id: str,
                        failed: list[ReplicaState]) -> object:
         """Prefill on a replica (another one after a transport failure or a 5xx answer); the
         answer's ``kv_transfer_params``. A 4xx answer is the client's answer (its request is
         bad), and so is the last 5xx when every prefill replica tried answered one."""
-        gw = self._gw
-        path = request.path
         answered: Response | None = None
         while True:
-            replica = gw.router.choose(model, exclude=failed, role="prefill")
-            if replica is None or len(failed) > gw.settings.max_retries:
+            replica = self.router.choose(model, exclude=failed, role="prefill")
+            if replica is None or len(failed) > self.max_retries:
                 if answered is not None:
                     raise _PhaseFailed(answered)
-                gw.metrics.errors.labels(model, "upstream_failed").inc()
-                raise _PhaseFailed(gw.error_response(
+                self.metrics.errors.labels(model, "upstream_failed").inc()
+                raise _PhaseFailed(error_response(
                     502, f"{len(failed)} prefill replica(s) of {model!r} failed",
                     "upstream_error"))
-            replica.outstanding += 1
             try:
-                status, data = await gw.post_whole(replica, path, body,
-                                                   extra_headers=f"X-Request-Id: {request_id}\r\n")
-            except gw.upstream_failed as exc:
-                replica.failures += 1
-                gw._mark_down(replica, str(exc))
+                status, data = await self.forwarder.post_whole(
+                    replica, request.path, body, extra_headers=f"X-Request-Id: {request_id}\r\n")
+            except UpstreamFailed:  # taken out by post_whole
                 failed.append(replica)
-                self.phase_failures.labels(model, "prefill").inc()
+                self.phases.failures.labels(model, "prefill").inc()
                 continue
-            finally:
-                gw._done_with(replica)
             if status != 200:
-                gw.metrics.errors.labels(model, f"upstream_{status}").inc()
+                self.metrics.errors.labels(model, f"upstream_{status}").inc()
                 if status >= 500:  # a draining replica (module docstring): try another one
                     answered = Response(status=status, body=data)
                     failed.append(replica)
-                    self.phase_failures.labels(model, "prefill").inc()
+                    self.phases.failures.labels(model, "prefill").inc()
                     continue
                 raise _PhaseFailed(Response(status=status, body=data))
-            try:
-                answer = json.loads(data)
-            except ValueError:
-                answer = {}
-            self.phase_requests.labels(model, "prefill").inc()
-            usage = answer.get("usage") if isinstance(answer, dict) else None
-            if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
-                self.phase_tokens.labels(model, "prefill").inc(usage["prompt_tokens"])
-            return answer.get("kv_transfer_params") if isinstance(answer, dict) else None
+            return self._kv_params(model, data)
 
-    def count_decoded(self, model: str, generated: int) -> None:
-        """Output tokens a decode replica produced (called from the gateway's token counting)."""
-        self.phase_tokens.labels(model, "decode").inc(generated)
+    def _kv_params(self, model: str, data: bytes) -> object:
+        """A prefill answer's ``kv_transfer_params``; its prompt tokens are the phase's."""
+        try:
+            answer = json.loads(data)
+        except ValueError:
+            answer = {}
+        self.phases.requests.labels(model, "prefill").inc()
+        usage = answer.get("usage") if isinstance(answer, dict) else None
+        if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
+            self.phases.tokens.labels(model, "prefill").inc(usage["prompt_tokens"])
+        return answer.get("kv_transfer_params") if isinstance(answer, dict) else None

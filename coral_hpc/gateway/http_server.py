@@ -122,6 +122,11 @@ class StreamResponse:
         self._connection.on_resume = callback
 
     @property
+    def prepared(self) -> bool:
+        """The status line and headers have gone out (:meth:`prepare`)."""
+        return self._conn is not None
+
+    @property
     def write_paused(self) -> bool:
         """The client's socket buffer is full: stop producing until :attr:`on_resume`."""
         return self._connection.write_paused

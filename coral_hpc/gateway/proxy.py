@@ -1,264 +1,55 @@
-"""The gateway's HTTP application: one OpenAI-compatible endpoint in front of every model's replicas.
+"""The gateway's application: its units wired together, its routes, and its background tasks.
 
-Request path (``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``)::
+One OpenAI-compatible endpoint in front of every model's replicas. Each unit has one job:
 
-    key (401, on the head) → size (413, on the head or while reading) → JSON (400) → model known (404) → a READY replica (503 + Retry-After)
-    → forward; on a transport failure before any byte reached the client, mark the replica down
-      and retry on another one (at most ``max_retries`` times); a replica's own 5xx answer is
-      retried on another one too, without marking it down (the last answer goes back when none
-      is left); once a stream has started, a failure ends it with an SSE error event.
-
-Model list (``GET /v1/models``) and one model (``GET /v1/models/{id}``, the openai SDK's
-``client.models.retrieve(id)``; the id percent-decoded, so ``org/name`` ids work): OpenAI's
-``model`` objects (``id``, ``object``, ``created``, ``owned_by``) for every configured model and
-every model in the routing table, plus three fields of coral-hpc's own that clients may ignore:
-
-* ``ready``: a request for it would be routed now (a replica serving both phases, or a prefill
-  replica, is in the table and not taken out after a failure); false means it would get a 503
-  with Retry-After (no READY replica yet, or scaled to zero);
-* ``ready_replicas``: replicas of it in the table and answering, every role counted;
-* ``replicas``: replicas of it in the table.
-
-Both need a valid API key when keys are configured (401 otherwise, before anything about models
-is said); an unknown id is a 404 in OpenAI's error shape (``invalid_request_error``, code
-``model_not_found``, ``param`` ``model``).
-
-``/metrics`` and ``/internal/*`` take a client key or the daemon's internal key (which opens
-nothing else), from every address, loopback too: a login node's loopback is shared by everyone
-logged in. ``/health`` is open: it says the gateway answers and nothing about models, keys or
-replicas. Without a keys file (``gateway.open_on_loopback``, which the start allows on loopback
-only) every route is open.
+* :mod:`~coral_hpc.gateway.request_path`: the OpenAI routes, checked, routed and retried;
+* :mod:`~coral_hpc.gateway.wake`: a request for a model scaled to zero wakes it (held or 503);
+* :mod:`~coral_hpc.gateway.disagg`: the prefill → decode path of disaggregated models;
+* :mod:`~coral_hpc.gateway.forward`: one request to one replica, whole or streamed;
+* :mod:`~coral_hpc.gateway.replicas`: each replica's connection pool and health;
+* :mod:`~coral_hpc.gateway.admin`: ``/health``, the model list, ``/metrics``, ``/internal/*``;
+* :mod:`~coral_hpc.gateway.reload`: the routing table and key files, re-read when they change.
 
 Background tasks: a poller that reloads the routing table, the API-keys file, the internal key
-and the replica key when they change (a ``stat`` per interval), and a prober that checks every replica's ``/health``
-so a replica taken out after a failure comes back when it answers again.
+and the replica key when they change (a ``stat`` per interval), a prober that checks every
+replica's ``/health`` so a replica taken out after a failure comes back when it answers again,
+and a reaper of idle upstream connections.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
-import json
 import logging
-import math
-import os
-import time
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
-from urllib.parse import unquote
-
-import aiohttp
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from collections.abc import Callable
 
 from coral_hpc.gateway.accesslog import AccessLog
-from coral_hpc.gateway.auth import KeyChecker, KeysFileError, hash_key, read_keys_file
-from coral_hpc.gateway.disagg import Disaggregation
-from coral_hpc.gateway.http_server import (
-    Request,
-    Response,
-    Route,
-    ServerSettings,
-    StreamResponse,
-)
+from coral_hpc.gateway.admin import MODELS_PREFIX, AdminRoutes
+from coral_hpc.gateway.answers import error_response
+from coral_hpc.gateway.auth import KeyChecker
+from coral_hpc.gateway.disagg import Disaggregation, PhaseMetrics
+from coral_hpc.gateway.forward import Forwarder
+from coral_hpc.gateway.http_server import Response, Route, ServerSettings
 from coral_hpc.gateway.metering import DemandMeter, GatewayMetrics
+from coral_hpc.gateway.outcome import AccessLogHook
 from coral_hpc.gateway.ratelimit import RateLimiter
-from coral_hpc.gateway.routing import ReplicaState, Router
-from coral_hpc.gateway.streaming import SSEFramer, StreamUsage, error_event
-from coral_hpc.gateway.table import RoutingTableError, read_routing_table
-from coral_hpc.gateway.upstream import UpstreamError, UpstreamPool
-from coral_hpc.gateway.wake import WakeMetrics, WakePolicy, Waker, WakeSignal
+from coral_hpc.gateway.reload import Reloader
+from coral_hpc.gateway.replicas import Replicas
+from coral_hpc.gateway.request_path import PROXIED_PATHS, RequestPath
+from coral_hpc.gateway.routing import Router
+from coral_hpc.gateway.settings import GatewaySettings
+from coral_hpc.gateway.state import GatewayState
+from coral_hpc.gateway.tokens import TokenAccounting
+from coral_hpc.gateway.wake import WakeMetrics, Waker, WakeSignal
 
 log = logging.getLogger("coral_hpc.gateway")
 
-#: OpenAI endpoints forwarded to replicas.
-PROXIED_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
-#: ``GET /v1/models/{id}``: one model (the rest of the path, percent-decoded, is its id)
-MODELS_PREFIX = "/v1/models/"
-_DECODER = json.JSONDecoder()
-ANONYMOUS = "anonymous"
-#: an unknown model's name is logged cut to this many characters (it is the client's text)
-MAX_LOGGED_MODEL = 200
-
-
-@dataclass(frozen=True)
-class GatewaySettings:
-    """Everything the gateway process needs. Every tuning field has a default and a reason."""
-
-    models: tuple[str, ...]                      # configured models: 503 when none READY, else 404
-    table_path: Path | None = None               # the daemon's routing table
-    api_keys_file: Path | None = None            # hashed client keys; None = no client auth
-    #: no keys file, and its owner said so (gateway.open_on_loopback); the start refuses a
-    #: gateway without keys otherwise, and this one beyond loopback
-    open_on_loopback: bool = False
-    #: the daemon's key for /metrics and /internal/* (:func:`~coral_hpc.gateway.table.default_internal_key_path`)
-    internal_key_file: Path | None = None
-    replica_key_file: Path | None = None         # the key replicas require (sent upstream)
-    tls_cert: Path | None = None                 # HTTPS when set (with tls_key)
-    tls_key: Path | None = None
-    behind_tls_proxy: bool = False               # plain HTTP beyond loopback: a proxy does TLS
-    max_body_bytes: int = 4 * 1024 * 1024        # 413 above this
-    #: Connecting to a replica on the same cluster network takes milliseconds; seconds mean dead.
-    connect_timeout_s: float = 3.0
-    #: Longest silence from a replica before it counts as stalled. Generous: a non-streaming
-    #: request sends nothing until the whole answer is done.
-    read_timeout_s: float = 600.0
-    max_retries: int = 2                         # other replicas tried after a transport failure
-    poll_interval_s: float = 0.5                 # routing table / keys file change check
-    probe_interval_s: float = 1.0                # /health of every replica
-    probe_timeout_s: float = 2.0
-    probe_timeouts_to_mark_down: int = 3         # consecutive late /health answers
-    retry_after_s: int = 10                      # Retry-After on 503: a replica takes a while
-    max_connections_per_replica: int = 1024      # one pool per replica
-    #: Idle upstream connections kept per replica, each closed after ``upstream_keepalive_s``:
-    #: a 3,000-request burst must not leave 3,000 sockets open. 4 s is below the 5 s after which
-    #: vLLM's server (uvicorn's default) closes an idle connection itself, so a pooled
-    #: connection is rarely one the replica is closing at that moment.
-    max_idle_per_replica: int = 128
-    upstream_keepalive_s: float = 4.0
-    #: A client connection is closed when no complete request head arrives for this long: an
-    #: idle keep-alive connection, or one trickling its headers (slowloris). The official
-    #: clients keep idle connections for 5 s (httpx), so they rarely meet this limit.
-    client_idle_timeout_s: float = 15.0
-    #: The whole request body must arrive within this; slower is an attack, not a client.
-    body_timeout_s: float = 30.0
-    #: the access log's folder (:mod:`coral_hpc.gateway.accesslog`); None = no access log
-    access_log_dir: Path | None = None
-    access_log_days: float = 90.0                # retention.access_log_days
-    demand_window_s: float = 10.0                # policy.demand_window_s: arrivals per window
-    demand_windows: int = 20                     # policy.demand_windows: windows kept
-    #: models scaled to zero: a request while none is READY wakes them (coral_hpc.gateway.wake)
-    wake: dict[str, WakePolicy] = field(default_factory=dict)
-    wake_dir: Path | None = None                 # where wakes are asked for (the state folder)
-
-
-class _Outcome:
-    """What the access log says of a proxied request beyond its status (``Request.note``)."""
-
-    __slots__ = ("model", "stream", "replica", "prompt_tokens", "output_tokens", "estimated",
-                 "error")
-
-    def __init__(self, model: str, stream: bool) -> None:
-        self.model = model
-        self.stream = stream
-        self.replica: ReplicaState | None = None     # the replica whose answer the client got
-        self.prompt_tokens: int | None = None
-        self.output_tokens: int | None = None
-        self.estimated: bool | None = None
-        self.error: str | None = None                # what went wrong after the status was sent
-
-
-class _UpstreamFailed(Exception):
-    """A replica failed before any byte of its answer reached the client: safe to retry."""
-
-
-class _UpstreamServerError(Exception):
-    """A replica answered 5xx (nothing of it reached the client yet): try another replica.
-
-    Seen on the real engine: after a SIGTERM that did not come through the daemon (someone's
-    scancel, a preemption) vLLM's API server goes on answering ``/health`` 200 and accepting
-    requests while it drains, but fails every new one with 500 ("cannot schedule new futures
-    after shutdown") until the daemon notices the job has gone. Another replica answers it.
-    The replica is not marked down: one request that fails everywhere must not take every
-    replica of its model out of routing."""
-
-    def __init__(self, response: Response):
-        super().__init__(f"answered {response.status}")
-        self.response = response
-
-
-def _error(status: int, message: str, kind: str, headers: dict[str, str] | None = None
-           ) -> Response:
-    body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
-    return Response(status=status, body=json.dumps(body).encode(), headers=headers)
-
-
-def _json(obj: Any) -> Response:
-    return Response(body=json.dumps(obj).encode())
-
-
-def _estimate_prompt_tokens(payload: dict) -> int:
-    """About 4 characters per token, for answers that carry no ``usage``."""
-    chars = 0
-    for message in payload.get("messages") or ():
-        if isinstance(message, dict):
-            content = message.get("content")
-            if isinstance(content, str):
-                chars += len(content)
-            elif isinstance(content, list):
-                chars += sum(len(p.get("text", "")) for p in content if isinstance(p, dict))
-    for name in ("prompt", "input"):
-        value = payload.get(name)
-        if isinstance(value, str):
-            chars += len(value)
-        elif isinstance(value, list):
-            chars += sum(len(v) for v in value if isinstance(v, str))
-    return math.ceil(chars / 4)
-
-
-def _usage_counts(usage: Any) -> tuple[int, int] | None:
-    if not isinstance(usage, dict):
-        return None
-    prompt = usage.get("prompt_tokens")
-    generated = usage.get("completion_tokens", 0)
-    if not isinstance(prompt, int) or not isinstance(generated, int):
-        return None
-    return prompt, generated
-
-
-@dataclass
-class _Reloadable:
-    """A file re-read when its (inode, mtime, size) changes."""
-
-    path: Path | None
-    stamp: tuple[int, int, int] | None = None
-    problem: str | None = field(default=None)
-
-    def changed(self) -> bool:
-        """True when the file appeared, changed or went away since the last call."""
-        if self.path is None:
-            return False
-        try:
-            st = os.stat(self.path)
-        except FileNotFoundError:
-            stamp = None
-        else:
-            stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
-        if stamp == self.stamp:
-            return False
-        self.stamp = stamp
-        return True
-
-    @property
-    def gone(self) -> bool:
-        """The file was not there at the last :meth:`changed`."""
-        return self.stamp is None
-
-
-def _read_internal_key(file: _Reloadable) -> str | None:
-    """The SHA-256 of the daemon's internal key in ``file``, or None (no file, unreadable, or
-    empty: then only client keys open /metrics and /internal/*)."""
-    if file.gone or file.path is None:
-        return None
-    try:
-        if os.stat(file.path).st_mode & 0o077:
-            log.warning("%s is readable by others; it should be mode 0600", file.path)
-        key = Path(file.path).read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        log.error("cannot read the internal key file %s: %s", file.path, exc.strerror)
-        return None
-    return hash_key(key) if key else None
+__all__ = ["Gateway", "GatewaySettings"]  # GatewaySettings: where callers have imported it
 
 
 class Gateway:
-    """The gateway's state and handlers. Construct, then :meth:`start` and serve
+    """The gateway's units and lifecycle. Construct, then :meth:`start` and serve
     :meth:`server_settings` (:mod:`~coral_hpc.gateway.server`); nothing starts before (no
     threads, no I/O in the constructor)."""
-
-    #: for :mod:`coral_hpc.gateway.disagg`, which forwards through this gateway's machinery
-    upstream_failed = _UpstreamFailed
-    upstream_server_error = _UpstreamServerError
-    error_response = staticmethod(_error)
 
     def __init__(self, settings: GatewaySettings, keys: KeyChecker | None = None) -> None:
         self.settings = settings
@@ -266,67 +57,70 @@ class Gateway:
         self.meter = DemandMeter(window_s=settings.demand_window_s,
                                  windows_kept=settings.demand_windows)
         self.metrics = GatewayMetrics(self._ready_counts)
-        self.disagg = Disaggregation(self)  # prefill → decode for disaggregated models
         self.limiter = RateLimiter()          # per-key rpm/tpm (keys file fields)
+        self.state = GatewayState(frozenset(settings.models), keys)
+        self.replicas = Replicas(settings, self.router)
+        phases = PhaseMetrics(self.metrics.registry)
+        self.tokens = TokenAccounting(self.state, self.limiter, self.metrics, self.meter,
+                                      phases.count_decoded)
+        self.forwarder = Forwarder(self.replicas, self.metrics, self.tokens)
+        # prefill → decode for disaggregated models
+        self.disagg = Disaggregation(self.router, self.forwarder, self.metrics, phases,
+                                     settings.max_retries)
+        self.admin = AdminRoutes(self.state, self.router, self.meter, self.metrics)
+        # models scaled to zero: their requests wake them (held, or 503 with Retry-After)
         self.waker = Waker(dict(settings.wake), WakeSignal(settings.wake_dir),
                            WakeMetrics(self.metrics.registry), settings.retry_after_s)
-        self._configured = set(settings.models)
-        self._known = set(settings.models)
-        self._keys = keys
-        # headers every upstream request carries, as wire bytes (built once per key change)
-        self._upstream_headers = b"Content-Type: application/json\r\n"
-        self._pools: dict[ReplicaState, UpstreamPool] = {}
-        self._probe_timeouts: dict[ReplicaState, int] = {}
-        self._probe_session: aiohttp.ClientSession | None = None
-        self._tasks: list[asyncio.Task] = []
-        self._table_file = _Reloadable(settings.table_path)
-        self._keys_file = _Reloadable(settings.api_keys_file)
-        self._replica_key_file = _Reloadable(settings.replica_key_file)
-        self._internal_key_file = _Reloadable(settings.internal_key_file)
-        self._internal_digest: str | None = None   # SHA-256 of the daemon's internal key
+        self.files = Reloader(settings, self.state, self.router, self.replicas,
+                              self.forwarder.use_replica_key, self.waker)
+        self.request_path = RequestPath(settings, self.state, self.router, self.meter,
+                                        self.metrics, self.limiter, self.forwarder, self.disagg,
+                                        self.waker, self.files.catch_up_table)
+        self._tasks: list[asyncio.Task[None]] = []
         self.access_log = (AccessLog(settings.access_log_dir, settings.access_log_days)
                            if settings.access_log_dir is not None else None)
-
-    # ------------------------------------------------------------------ app and lifecycle
+        # the server's on_answered: a line per request when there is an access log
+        self._answered = (AccessLogHook(self.access_log, self.state)
+                          if self.access_log is not None else None)
 
     def server_settings(self) -> ServerSettings:
         """The routes and limits of the HTTP server (:mod:`coral_hpc.gateway.http_server`)."""
-        routes = {("POST", path): Route(self.handle_proxy, self.check_proxy_head)
+        proxied = self.request_path
+        routes = {("POST", path): Route(proxied.handle, proxied.check_head)
                   for path in PROXIED_PATHS}
+        admin = self.admin
         routes.update({
-            ("GET", "/v1/models"): Route(self.handle_models),
-            ("GET", "/health"): Route(self.handle_health),
-            ("GET", "/metrics"): Route(self.handle_metrics),
-            ("GET", "/internal/demand"): Route(self.handle_demand),
-            ("GET", "/internal/routing"): Route(self.handle_routing),
+            ("GET", "/v1/models"): Route(admin.handle_models),
+            ("GET", "/health"): Route(admin.handle_health),
+            ("GET", "/metrics"): Route(admin.handle_metrics),
+            ("GET", "/internal/demand"): Route(admin.handle_demand),
+            ("GET", "/internal/routing"): Route(admin.handle_routing),
         })
         s = self.settings
         return ServerSettings(routes, error=self._server_error, max_body_bytes=s.max_body_bytes,
                               idle_timeout_s=s.client_idle_timeout_s,
                               body_timeout_s=s.body_timeout_s,
-                              prefix_routes={("GET", MODELS_PREFIX): Route(self.handle_model)},
-                              on_answered=self._answered if self.access_log else None)
+                              prefix_routes={("GET", MODELS_PREFIX): Route(admin.handle_model)},
+                              on_answered=self._answered)
 
     def _server_error(self, status: int, message: str, kind: str) -> Response:
         """An error the HTTP server answers itself (400, 404, 408, 413, 431, …), counted."""
         if status < 500:
             self.metrics.client_errors.labels(str(status)).inc()
-        return _error(status, message, kind)
+        return error_response(status, message, kind)
 
     async def start(self) -> None:
         """Open the access log, load the files and start the poller, the prober and the
         idle-connection reaper."""
         if self.access_log is not None:
             self.access_log.open()
-        self._reload_files()
-        self._probe_session = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=self.settings.probe_timeout_s),
-            connector=aiohttp.TCPConnector(limit=64, force_close=True),
-        )
+        self.files.reload()
+        await self.replicas.start()
         self._tasks = [
-            asyncio.create_task(self._loop(self.settings.poll_interval_s, self._reload_files)),
-            asyncio.create_task(self._loop(self.settings.probe_interval_s, self._probe_all)),
-            asyncio.create_task(self._loop(1.0, self._reap_idle)),
+            asyncio.create_task(self._loop(self.settings.poll_interval_s, self.files.reload)),
+            asyncio.create_task(self._loop(self.settings.probe_interval_s,
+                                           self.replicas.probe_all)),
+            asyncio.create_task(self._loop(1.0, self.replicas.reap_idle)),
         ]
 
     async def stop(self) -> None:
@@ -334,40 +128,11 @@ class Gateway:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        for pool in list(self._pools.values()):
-            pool.close()
-        self._pools.clear()
-        if self._probe_session is not None:
-            await self._probe_session.close()
+        await self.replicas.stop()
         if self.access_log is not None:
             self.access_log.close()
 
-    def _answered(self, request: Request, status: int) -> None:
-        """The access log's one hook (``ServerSettings.on_answered``): a line per request to the
-        OpenAI routes (``/v1/…``), and per refused one (401) on any route. The metrics routes
-        and ``/health``, polled every few seconds by the daemon and monitors, are not logged."""
-        path = request.path
-        if not path.startswith("/v1/") and status != 401:
-            return
-        key = request.key
-        if key is None and self._keys is None:
-            key = ANONYMOUS
-        lab = self._keys.lab_of(key) if key is not None and self._keys is not None else None
-        note = request.note
-        latency = round(time.monotonic() - request.started, 4)
-        if isinstance(note, _Outcome):
-            replica = note.replica
-            self.access_log.record(  # type: ignore[union-attr]
-                time.time() - latency, key, lab, request.method, path, note.model, status,
-                note.stream, note.prompt_tokens, note.output_tokens, note.estimated, latency,
-                replica.id if replica else None, replica.job_id if replica else None,
-                replica.url if replica else None, note.error)
-        else:
-            self.access_log.record(  # type: ignore[union-attr]
-                time.time() - latency, key, lab, request.method, path, None, status, None,
-                None, None, None, latency, None, None, None, None)
-
-    async def _loop(self, interval: float, step) -> None:
+    async def _loop(self, interval: float, step: Callable[[], object]) -> None:
         """Run ``step`` every ``interval`` seconds; errors are logged here, at the loop boundary."""
         while True:
             try:
@@ -377,621 +142,13 @@ class Gateway:
             except asyncio.CancelledError:
                 raise
             except Exception:
-                log.exception("gateway background step %s failed", getattr(step, "__name__", step))
+                log.exception("gateway background step %s failed",
+                              getattr(step, "__name__", step))
             await asyncio.sleep(interval)
 
-    # ------------------------------------------------------------------ reloading
-
-    def _reload_files(self) -> None:
-        self._catch_up_table()
-        if self._keys_file.changed():
-            if self._keys_file.gone:
-                # fail closed: deleting the keys file is how an operator revokes every key at once
-                self._keys = KeyChecker([])
-                log.error("API-keys file %s is gone: every key is revoked until it returns",
-                          self._keys_file.path)
-            else:
-                path = self._keys_file.path
-                assert path is not None  # changed() is never True for a file not configured
-                try:
-                    self._keys = KeyChecker(read_keys_file(path))
-                    log.info("API keys reloaded from %s", self._keys_file.path)
-                except KeysFileError as exc:
-                    # keep the keys we had: a half-edited file must not lock everyone out
-                    log.error("%s (keeping the previous keys)", exc)
-        if self._internal_key_file.changed():
-            self._internal_digest = _read_internal_key(self._internal_key_file)
-        if self._replica_key_file.changed() and not self._replica_key_file.gone:
-            path = self._replica_key_file.path
-            assert path is not None  # changed() is never True for a file not configured
-            try:
-                if os.stat(path).st_mode & 0o077:
-                    log.warning("%s is readable by others; it should be mode 0600", path)
-                key = Path(path).read_text(encoding="utf-8").strip()
-            except OSError as exc:
-                log.error("cannot read the replica key file %s: %s", path, exc.strerror)
-            else:
-                self._upstream_headers = (b"Content-Type: application/json\r\n"
-                                          b"Authorization: Bearer " + key.encode("latin-1")
-                                          + b"\r\n")
-                log.info("replica key loaded from %s", path)
-
-    def _catch_up_table(self) -> None:
-        """Load the routing table if the daemon rewrote it since the last look. The poller calls
-        this every ``poll_interval_s``; a request for a model with no replica calls it too, so
-        one that arrives just after the daemon routed the model's first replica (and `status`
-        called it READY) is served rather than answered 503 until the next poll."""
-        if self._table_file.changed() and not self._table_file.gone:
-            # a table that went away keeps the routes we have: the daemon rewrites it atomically
-            self._reload_table()
-
-    def _reload_table(self) -> None:
-        path = self._table_file.path
-        assert path is not None  # the gateway is always given a table
-        try:
-            table = read_routing_table(path)
-        except (OSError, RoutingTableError) as exc:
-            log.error("routing table not loaded: %s (keeping version %s)", exc, self.router.version)
-            return
-        if self.router.version is not None and table.version <= self.router.version:
-            log.warning("routing table %s has version %d, not newer than %d; ignored",
-                        path, table.version, self.router.version)
-            return
-        diff, dropped = self.router.apply(table)
-        self.waker.info = dict(table.wake)
-        self._known = self._configured | set(table.models)
-        for state in dropped:
-            if state.outstanding == 0:
-                self._close_session(state)
-        log.info("routing table version %d: +%d -%d reweighted %d", table.version,
-                 len(diff.added), len(diff.removed), len(diff.reweighted))
-
-    def _close_session(self, state: ReplicaState) -> None:
-        self._probe_timeouts.pop(state, None)
-        pool = self._pools.pop(state, None)
-        if pool is not None:
-            pool.close()
-
-    def _pool(self, state: ReplicaState) -> UpstreamPool:
-        pool = self._pools.get(state)
-        if pool is None:
-            pool = self._pools[state] = UpstreamPool(
-                state.url, self.settings.connect_timeout_s, self.settings.read_timeout_s,
-                max_connections=self.settings.max_connections_per_replica,
-                keepalive_s=self.settings.upstream_keepalive_s,
-                max_idle=self.settings.max_idle_per_replica)
-        return pool
-
-    def _reap_idle(self) -> None:
-        for pool in self._pools.values():
-            pool.reap()
-
-    # ------------------------------------------------------------------ health
-
     def _ready_counts(self) -> dict[str, tuple[int, int]]:
-        counts = {m: (0, 0) for m in self._known}
+        """(healthy, in the table) replicas per known model, for the readiness gauges."""
+        counts = {m: (0, 0) for m in self.state.known}
         for model, states in self.router.models.items():
             counts[model] = (sum(1 for s in states if s.healthy), len(states))
         return counts
-
-    def _mark_down(self, state: ReplicaState, why: str) -> None:
-        if state.healthy:
-            log.warning("replica %s of %s (%s) taken out: %s", state.id, state.model, state.url,
-                        why)
-        state.healthy = False
-
-    async def _probe(self, state: ReplicaState) -> None:
-        session = self._probe_session
-        assert session is not None  # made by start(), before the prober runs
-        timed_out = False
-        try:
-            async with session.get(state.url + "/health") as resp:
-                ok = resp.status == 200
-        except asyncio.TimeoutError:
-            ok, timed_out = False, True
-        except (aiohttp.ClientError, OSError):
-            ok = False
-        if state.removed:
-            return
-        if ok:
-            self._probe_timeouts.pop(state, None)
-            if not state.healthy:
-                log.info("replica %s of %s answers /health again; back in", state.id,
-                         state.model)
-                state.healthy = True
-            return
-        if timed_out:
-            # A replica busy with a burst answers /health late: slow, not dead, and taking it
-            # out would turn the burst into 503s (bench/results/gateway_soak.md). Out only when
-            # it stays silent; a refused connection or an error answer takes it out at once.
-            late = self._probe_timeouts[state] = self._probe_timeouts.get(state, 0) + 1
-            if late < self.settings.probe_timeouts_to_mark_down:
-                return
-        self._mark_down(state, "/health timed out" if timed_out else "/health did not answer 200")
-
-    async def _probe_all(self) -> None:
-        states = [s for states in self.router.models.values() for s in states]
-        if states:
-            await asyncio.gather(*(self._probe(s) for s in states))
-
-    # ------------------------------------------------------------------ small endpoints
-
-    def _authorized_internal(self, request: Request) -> bool:
-        """Metrics and internal JSON: a client key, or the daemon's internal key, from any
-        address (loopback too: on a login node everyone logged in shares it). Without a keys
-        file (``open_on_loopback``, the only way the start allows that) they are open."""
-        if self._keys is None:
-            return True
-        authorization = request.headers.get("authorization")
-        if self._internal_digest is not None and authorization:
-            scheme, _, token = authorization.partition(" ")
-            if scheme.lower() == "bearer" and token.strip() and hmac.compare_digest(
-                    hash_key(token.strip()), self._internal_digest):
-                return True
-        return self._keys.name_for(authorization) is not None
-
-    async def handle_health(self, request: Request) -> Response:
-        return _json({"status": "ok", "table_version": self.router.version})
-
-    def _model_object(self, model: str) -> dict:
-        """OpenAI's ``model`` object plus this gateway's readiness (see the module docstring)."""
-        states = self.router.replicas(model)
-        healthy = [s for s in states if s.healthy]
-        return {"id": model, "object": "model", "created": 0, "owned_by": "coral-hpc",
-                "ready": any(s.role in ("both", "prefill") for s in healthy),
-                "ready_replicas": len(healthy), "replicas": len(states)}
-
-    def _client_key_missing(self, request: Request) -> Response | None:
-        if self._keys is None:
-            return None
-        request.key = self._keys.name_for(request.headers.get("authorization"))
-        if request.key is None:
-            return _error(401, "missing or invalid API key", "authentication_error")
-        return None
-
-    async def handle_models(self, request: Request) -> Response:
-        refused = self._client_key_missing(request)
-        if refused is not None:
-            return refused
-        return _json({"object": "list",
-                      "data": [self._model_object(m) for m in sorted(self._known)
-                               if self._may_use(request, m)]})
-
-    def _may_use(self, request: Request, model: str) -> bool:
-        """Whether the request's key may use ``model`` (every model without a keys file)."""
-        return self._keys is None or request.key is None or self._keys.allows(request.key, model)
-
-    async def handle_model(self, request: Request) -> Response:
-        """``GET /v1/models/{id}``: one model, or 404 in OpenAI's error shape."""
-        refused = self._client_key_missing(request)
-        if refused is not None:
-            return refused
-        model = unquote(request.path[len(MODELS_PREFIX):])
-        if model not in self._known:
-            self.metrics.client_errors.labels("404").inc()
-            # OpenAI's own answer for an unknown model, field for field
-            body = {"error": {"message": f"The model {model!r} does not exist; GET /v1/models "
-                                         "lists them", "type": "invalid_request_error",
-                              "param": "model", "code": "model_not_found"}}
-            return Response(status=404, body=json.dumps(body).encode())
-        if not self._may_use(request, model):
-            return _error(403, f"API key {request.key!r} may not use model {model!r}",
-                          "permission_error")
-        return _json(self._model_object(model))
-
-    async def handle_metrics(self, request: Request) -> Response:
-        if not self._authorized_internal(request):
-            return _error(401, "missing or invalid API key", "authentication_error")
-        return Response(body=generate_latest(self.metrics.registry),
-                        content_type=CONTENT_TYPE_LATEST)
-
-    async def handle_demand(self, request: Request) -> Response:
-        if not self._authorized_internal(request):
-            return _error(401, "missing or invalid API key", "authentication_error")
-        snapshot = self.meter.snapshot(self.router.ready_count, tuple(sorted(self._known)))
-        snapshot["table_version"] = self.router.version
-        return _json(snapshot)
-
-    async def handle_routing(self, request: Request) -> Response:
-        if not self._authorized_internal(request):
-            return _error(401, "missing or invalid API key", "authentication_error")
-        return _json({
-            "version": self.router.version,
-            "models": {m: [s.describe() for s in self.router.replicas(m)]
-                       for m in sorted(self._known)},
-        })
-
-    # ------------------------------------------------------------------ the proxy
-
-    def check_proxy_head(self, request: Request) -> Response | None:
-        """Before the body is read: the API key (401); the server checks the size after."""
-        if self._keys is not None:
-            key = self._keys.name_for(request.headers.get("authorization"))
-            if key is None:
-                self.metrics.client_errors.labels("401").inc()
-                return _error(401, "missing or invalid API key: send 'Authorization: Bearer <key>'",
-                              "authentication_error")
-            request.key = key
-        return None
-
-    async def handle_proxy(self, request: Request) -> Response | StreamResponse:
-        """Check, route and forward one OpenAI request (key and size were checked on its head)."""
-        key = request.key or ANONYMOUS
-        body = request.body
-        try:
-            payload = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as exc:
-            self.metrics.client_errors.labels("400").inc()
-            return _error(400, f"request body is not valid JSON: {exc}", "invalid_request_error")
-        except RecursionError:
-            # the C decoder stops at the interpreter's recursion limit (~1,000 levels); no
-            # OpenAI request nests more than a few levels
-            self.metrics.client_errors.labels("400").inc()
-            return _error(400, "request body nests JSON too deeply", "invalid_request_error")
-        if not isinstance(payload, dict) or not isinstance(payload.get("model"), str):
-            self.metrics.client_errors.labels("400").inc()
-            return _error(400, "request body must be a JSON object with a string 'model'",
-                          "invalid_request_error")
-        model = payload["model"]
-        stream = payload.get("stream", False)
-        if not isinstance(stream, bool):
-            self.metrics.client_errors.labels("400").inc()
-            return _error(400, "'stream' must be true or false", "invalid_request_error")
-        request.note = _Outcome(model[:MAX_LOGGED_MODEL], stream)
-        if model not in self._known:
-            self.metrics.client_errors.labels("404").inc()
-            return _error(404, f"model {model!r} is not served here; GET /v1/models lists them",
-                          "not_found_error")
-        refused = self._refused_by_key_policy(key, model)
-        if refused is not None:
-            return refused
-        children = self.metrics.children(model, key)
-        children.requests.inc()
-        if not self.router.replicas(model):
-            self._catch_up_table()
-        if self.disagg.wants(model) or self.disagg.only_prefill_left(model):
-            self.meter.record_arrival(model, key)
-            started = time.perf_counter()
-            response = await self.disagg.serve(request, model, payload, key, children, started)
-            children.latency.observe(time.perf_counter() - started)
-            return response
-        replica = self.router.choose(model)
-        early: StreamResponse | None = None  # a held stream's answer, begun before the hold
-        if replica is None and self.waker.scaled(model):
-            # scaled to zero: wake it, and hold the request or answer 503 with Retry-After
-            self.meter.record_arrival(model, key)
-            tick = None
-            if stream and self.waker.holds(model, request.headers):
-                early = StreamResponse(status=200, headers={
-                    "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                    "X-Accel-Buffering": "no"})
-                tick = _keepalive(request, early, model)
-            try:
-                replica, why_not = await self.waker.replica_for(
-                    model, request.headers, lambda: self._woken(model),
-                    self._catch_up_table, tick)
-            except ConnectionResetError:  # the client left a held stream
-                self.metrics.errors.labels(model, "client_gone").inc()
-                assert early is not None
-                return early
-            if replica is _DISAGGREGATED:  # woken on prefill and decode replicas
-                if early is not None:
-                    # the two-hop path writes its own stream head: this one is out already
-                    return await _end_early(early, f"model {model!r} is awake (prefill and "
-                                            "decode replicas): send the request again", 503)
-                started = time.perf_counter()
-                response = await self.disagg.serve(request, model, payload, key, children,
-                                                   started)
-                children.latency.observe(time.perf_counter() - started)
-                return response
-            if replica is None:
-                assert why_not is not None
-                children.rejected.inc()
-                _, message, retry = why_not
-                if early is not None:  # the 200 head is out: the stream says why and ends
-                    return await _end_early(early, message, 503)
-                return _error(503, message, "service_unavailable",
-                              headers={"Retry-After": str(retry)} if retry else None)
-        elif replica is None:
-            self.meter.record_arrival(model, key, rejected=True)
-            children.rejected.inc()
-            return _error(503, f"model {model!r} has no READY replica now; retry later",
-                          "service_unavailable",
-                          headers={"Retry-After": str(self.settings.retry_after_s)})
-        else:
-            self.meter.record_arrival(model, key)
-        started = time.perf_counter()
-        tried: list[ReplicaState] = []
-        while True:
-            current = replica
-            current.outstanding += 1
-            try:
-                if stream:
-                    response = await self._forward_stream(request, current, body, payload, key,
-                                                          children, started, early)
-                else:
-                    response = await self._forward(request, current, body, payload, key)
-                break
-            except _UpstreamServerError as exc:
-                tried.append(current)
-                replica = (self.router.choose(model, exclude=tried)
-                           if len(tried) <= self.settings.max_retries else None)
-                if replica is None:
-                    response = exc.response  # every replica tried failed it: say what the last said
-                    break
-                self.metrics.retries.labels(model).inc()
-            except _UpstreamFailed as exc:
-                current.failures += 1
-                self._mark_down(current, str(exc))
-                tried.append(current)
-                replica = (self.router.choose(model, exclude=tried)
-                           if len(tried) <= self.settings.max_retries else None)
-                if replica is None:
-                    self.metrics.errors.labels(model, "upstream_failed").inc()
-                    message = f"{len(tried)} replica(s) of {model!r} failed: {exc}"
-                    if early is not None:
-                        return await _end_early(early, message, 502)
-                    return _error(502, message, "upstream_error")
-                self.metrics.retries.labels(model).inc()
-            finally:
-                self._done_with(current)
-        children.latency.observe(time.perf_counter() - started)
-        if early is not None and response is not early:
-            # every replica answered an error after the held stream's head went out
-            return await _end_early(early, _error_text(response), response.status)
-        return response
-
-    def _woken(self, model: str) -> ReplicaState | object | None:
-        """While a model wakes: a READY aggregated replica, :data:`_DISAGGREGATED` when its
-        prefill and decode replicas can take the request, else None."""
-        if self.disagg.wants(model) or self.disagg.only_prefill_left(model):
-            return _DISAGGREGATED
-        return self.router.choose(model)
-
-    def _done_with(self, state: ReplicaState) -> None:
-        state.outstanding -= 1
-        if state.removed and state.outstanding == 0:
-            self._close_session(state)
-
-    async def _post(self, replica: ReplicaState, path: str, body: bytes, extra: bytes = b""):
-        """Send the request; the pool's connection once the answer's head is in. Any transport
-        failure here happened before a byte reached the client, so it is retryable."""
-        try:
-            pool = self._pool(replica)
-        except ValueError as exc:
-            raise _UpstreamFailed(str(exc)) from None
-        try:
-            return pool, await pool.post(path, self._upstream_headers + extra, body)
-        except UpstreamError as exc:
-            raise _UpstreamFailed(f"UpstreamError: {exc}") from None
-
-    async def post_whole(self, replica: ReplicaState, path: str, body: bytes,
-                         extra_headers: str = "") -> tuple[int, bytes]:
-        """POST ``body`` and read the whole answer: (status, body). A transport failure raises
-        :attr:`upstream_failed` (nothing has reached the client)."""
-        pool, conn = await self._post(replica, path, body, extra_headers.encode("latin-1"))
-        try:
-            data = await conn.read_body(pool.read_timeout_s)
-        except UpstreamError as exc:
-            raise _UpstreamFailed(f"UpstreamError: {exc}") from None
-        finally:
-            pool.release(conn)
-        return conn.status, data
-
-    async def _forward(self, request: Request, replica: ReplicaState, body: bytes,
-                       payload: dict, key: str) -> Response:
-        pool, conn = await self._post(replica, request.path, body)
-        try:
-            data = await conn.read_body(pool.read_timeout_s)
-        except UpstreamError as exc:
-            raise _UpstreamFailed(f"UpstreamError: {exc}") from None
-        finally:
-            pool.release(conn)
-        status = conn.status
-        content_type = conn.content_type or "application/json"
-        if status == 200:
-            _noted(request, replica,
-                   self._count_answer(replica.model, key, payload, data, replica.role))
-        else:
-            _noted(request, replica, None)
-            self.metrics.errors.labels(replica.model, f"upstream_{status}").inc()
-        response = Response(status=status, body=data, content_type=content_type)
-        if status >= 500:
-            raise _UpstreamServerError(response)
-        return response
-
-    def _count_answer(self, model: str, key: str, payload: dict, data: bytes,
-                      role: str = "both") -> tuple[int, int, bool]:
-        """Count the tokens of a whole answer; (prompt, generated, estimated)."""
-        counts = None
-        generated_chars = 0
-        # Fast path: parse only the usage object (answers can be large; usage is small).
-        at = data.rfind(b'"usage":')
-        if at >= 0:
-            try:
-                usage, _ = _DECODER.raw_decode(data[at + 8:].decode("utf-8", "replace").lstrip())
-            except (ValueError, RecursionError):
-                usage = None
-            counts = _usage_counts(usage)
-            if counts is not None:
-                self._add_tokens(model, key, counts[0], counts[1], False, role)
-                return counts[0], counts[1], False
-        try:
-            answer = json.loads(data)
-        except (ValueError, RecursionError):
-            answer = None
-        if isinstance(answer, dict):
-            counts = _usage_counts(answer.get("usage"))
-            if counts is None:
-                for choice in answer.get("choices") or ():
-                    if isinstance(choice, dict):
-                        message = choice.get("message")
-                        text = message.get("content") if isinstance(message, dict) else choice.get(
-                            "text")
-                        if isinstance(text, str):
-                            generated_chars += len(text)
-        estimated = counts is None
-        if counts is None:
-            counts = (_estimate_prompt_tokens(payload), math.ceil(generated_chars / 4))
-        self._add_tokens(model, key, counts[0], counts[1], estimated, role)
-        return counts[0], counts[1], estimated
-
-    def _refused_by_key_policy(self, key: str, model: str) -> Response | None:
-        """403 when the key may not use ``model``; 429 (with Retry-After) when it is over its
-        requests or tokens per minute (:mod:`coral_hpc.gateway.ratelimit`)."""
-        if self._keys is None:
-            return None
-        entry = self._keys.entry(key)
-        if entry is None:
-            return None
-        if not self._keys.allows(key, model):
-            self.metrics.client_errors.labels("403").inc()
-            return _error(403, f"API key {key!r} may not use model {model!r}; it may use "
-                               f"{', '.join(entry.models)}", "permission_error")
-        if entry.rpm is None and entry.tpm is None:
-            return None
-        held = self.limiter.admit(key, entry.rpm, entry.tpm)
-        if held is None:
-            return None
-        limit, wait_s = held
-        self.metrics.client_errors.labels("429").inc()
-        what = (f"{entry.rpm} requests" if limit == "rpm" else f"{entry.tpm} tokens")
-        retry = max(1, math.ceil(wait_s))
-        return _error(429, f"API key {key!r} is over its limit of {what} per minute; retry in "
-                           f"{retry} s", "rate_limit_error", headers={"Retry-After": str(retry)})
-
-    def _add_tokens(self, model: str, key: str, prompt: int, generated: int,
-                    estimated: bool, role: str = "both") -> None:
-        if self._keys is not None:
-            self.limiter.spent(key, prompt + generated)
-        if role == "decode":
-            self.disagg.count_decoded(model, generated)
-        children = self.metrics.children(model, key)
-        children.prompt.inc(prompt)
-        children.generated.inc(generated)
-        self.meter.record_tokens(model, key, prompt, generated, estimated)
-
-    async def _forward_stream(self, request: Request, replica: ReplicaState, body: bytes,
-                              payload: dict, key: str, children, started: float,
-                              early: StreamResponse | None = None
-                              ) -> Response | StreamResponse:
-        pool, conn = await self._post(replica, request.path, body)
-        _noted(request, replica, None)   # answering: named even if the client leaves mid-way
-        timeout = pool.read_timeout_s
-        try:
-            content_type = conn.content_type
-            if conn.status != 200 or not content_type.startswith("text/event-stream"):
-                # an error answer (or a replica that ignored stream=true): pass it through whole
-                try:
-                    data = await conn.read_body(timeout)
-                except UpstreamError as exc:
-                    raise _UpstreamFailed(f"UpstreamError: {exc}") from None
-                if conn.status != 200:
-                    self.metrics.errors.labels(replica.model, f"upstream_{conn.status}").inc()
-                response = Response(status=conn.status, body=data,
-                                    content_type=content_type or "application/json")
-                if conn.status >= 500:
-                    raise _UpstreamServerError(response)
-                return response
-            # Nothing reaches the client before the first chunk, so a replica that dies before
-            # it can still be retried elsewhere.
-            try:
-                first = await conn.read_chunk(timeout)
-            except UpstreamError as exc:
-                raise _UpstreamFailed(f"UpstreamError: {exc}") from None
-            if not first:
-                raise _UpstreamFailed("the replica closed the stream before its first chunk")
-            children.ttft.observe(time.perf_counter() - started)
-            out = early or StreamResponse(status=200, headers={
-                "Content-Type": content_type, "Cache-Control": "no-cache",
-                "X-Accel-Buffering": "no"})
-            options = payload.get("stream_options")
-            wants_usage = isinstance(options, dict) and options.get("include_usage") is True
-            usage = StreamUsage(count_chunks=not wants_usage)
-            framer = SSEFramer()
-            failure: str | None = None
-
-            def forward(chunk: bytes) -> None:
-                # called by the upstream connection for every read: no task wakes per chunk
-                block = framer.feed(chunk)
-                if block:
-                    usage.observe(block)
-                    if out.send(block) and out.write_paused:
-                        conn.pause()       # the client is not reading: neither do we
-
-            try:
-                if out is not early:  # a held stream's head went out before the hold
-                    await out.prepare(request)
-                out.on_resume = conn.resume
-                forward(first)
-                try:
-                    await conn.pipe(forward, timeout)
-                except UpstreamError as exc:
-                    failure = f"UpstreamError: {exc}"
-                if failure is not None:
-                    self._mark_down(replica, failure)
-                    replica.failures += 1
-                    self.metrics.errors.labels(replica.model, "stream_broken").inc()
-                    if isinstance(request.note, _Outcome):  # 200 was sent; the log says more
-                        request.note.error = "replica_failed_mid_stream"
-                    await out.write(error_event(
-                        f"replica failed mid-stream, the answer is incomplete ({failure})"))
-                elif framer.pending:
-                    await out.write(framer.pending)   # a last event without its blank line
-                await out.write_eof()
-            except ConnectionResetError:
-                # the client went away: the finally below closes the upstream request
-                self.metrics.errors.labels(replica.model, "client_gone").inc()
-                return out
-            counts = _usage_counts(usage.usage)
-            estimated = counts is None
-            if counts is None:
-                counts = (_estimate_prompt_tokens(payload), usage.chunks)
-            self._add_tokens(replica.model, key, counts[0], counts[1], estimated, replica.role)
-            _noted(request, replica, (counts[0], counts[1], estimated))
-            return out
-        finally:
-            # back to the pool when the answer was read whole, else closed: the replica sees the
-            # request cancelled
-            pool.release(conn)
-
-
-#: what a wake found when the model woke on prefill and decode replicas (the two-hop path)
-_DISAGGREGATED = object()
-
-
-def _keepalive(request: Request, early: StreamResponse, model: str):
-    """A held stream's tick: the 200 head at first, then an SSE comment line (clients skip
-    comments) saying the model is waking."""
-    async def tick() -> None:
-        if early._conn is None:
-            await early.prepare(request)
-        await early.write(f": waking {model}\n\n".encode())
-    return tick
-
-
-async def _end_early(early: StreamResponse, message: str, status: int) -> StreamResponse:
-    """End a held stream whose head went out with an SSE error event saying why."""
-    try:
-        await early.write(error_event(message, status))
-        await early.write_eof()
-    except ConnectionResetError:
-        pass  # the client left while held
-    return early
-
-
-def _error_text(response: Response | StreamResponse) -> str:
-    """The message of an error answer (OpenAI's shape), or its status."""
-    try:
-        return str(json.loads(getattr(response, "body", b""))["error"]["message"])
-    except (ValueError, KeyError, TypeError):
-        return f"the replica answered {response.status}"
-
-
-def _noted(request: Request, replica: ReplicaState, counts: tuple[int, int, bool] | None) -> None:
-    """Tell the access log which replica answered ``request`` and with how many tokens."""
-    note = request.note
-    if isinstance(note, _Outcome):
-        note.replica = replica
-        if counts is not None:
-            note.prompt_tokens, note.output_tokens, note.estimated = counts

@@ -232,7 +232,7 @@ def _gateway(tmp_path: Path) -> tuple[Gateway, str]:
                                  access_log_dir=tmp_path / "access"), keys=keys)
     gw.router.apply(RoutingTable(1, {"m": (ReplicaRoute("a", "http://h:1", 1.0),),
                                      "empty": ()}))
-    gw._known = gw._configured | set(gw.router.models)
+    gw.state.learn_models(gw.router.models)
     return gw, key
 
 

@@ -22,7 +22,7 @@ def _gateway(keys: KeyChecker | None = None) -> Gateway:
         "pd": (ReplicaRoute("p", "http://h:4", 1.0, "prefill"),
                ReplicaRoute("d", "http://h:5", 1.0, "decode")),
     }))
-    gw._known = gw._configured | set(gw.router.models)
+    gw.state.learn_models(gw.router.models)
     return gw
 
 

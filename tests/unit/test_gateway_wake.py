@@ -4,8 +4,12 @@ daemon's estimate, the client's header, and a hold that ticks and gives up."""
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
 
-from coral_hpc.gateway.table import WakeInfo
+from coral_hpc.gateway.http_server import Request, Response, StreamResponse
+from coral_hpc.gateway.proxy import Gateway, GatewaySettings
+from coral_hpc.gateway.table import ReplicaRoute, RoutingTable, WakeInfo, write_routing_table
 from coral_hpc.gateway.wake import (
     WakePolicy,
     WakeSignal,
@@ -60,3 +64,37 @@ def test_hold_ticks_at_once_and_then_every_tick_and_returns_what_it_found():
 def test_hold_gives_up_at_the_timeout_or_when_the_wake_is_impossible():
     assert asyncio.run(hold(lambda: None, 0.3)) is None
     assert asyncio.run(hold(lambda: None, 30.0, gone=lambda: True)) is None
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_a_held_stream_whose_replica_is_found_at_the_first_look_is_answered_as_any_other(
+        tmp_path):
+    # The routing table brings a replica between the request's first pick and the hold's first
+    # look: no stream head went out, so the request is answered as any other (here its only
+    # replica refuses connections: a plain 502), not through a head that was never sent.
+    table = tmp_path / "table.json"
+    url = f"http://127.0.0.1:{_closed_port()}"
+    write_routing_table(table, RoutingTable(1, {"m": (ReplicaRoute("old", url, 1.0),)}))
+    gw = Gateway(GatewaySettings(models=("m",), table_path=table, max_retries=0,
+                                 wake={"m": WakePolicy("hold", 5.0)}))
+    gw.files.reload()
+    gw.router.replicas("m")[0].healthy = False  # in the table but out: no catch-up on arrival
+    write_routing_table(table, RoutingTable(2, {"m": (ReplicaRoute("new", url, 1.0),)}))
+    request = Request("POST", "/v1/chat/completions", {}, "127.0.0.1", None)  # type: ignore
+    request.body = json.dumps({"model": "m", "stream": True, "max_tokens": 4,
+                               "messages": [{"role": "user", "content": "hi"}]}).encode()
+
+    async def main() -> Response | StreamResponse:
+        try:
+            return await gw.request_path.handle(request)
+        finally:
+            await gw.replicas.stop()
+
+    answer = asyncio.run(main())
+    assert isinstance(answer, Response) and answer.status == 502, answer
+    assert b"1 replica(s) of 'm' failed" in answer.body
