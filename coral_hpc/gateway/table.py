@@ -164,6 +164,34 @@ def _check_url(url: Any, where: str) -> str:
     return url.rstrip("/")
 
 
+def _replica_route(rep: Any, at: str, model: str, seen: set[str]) -> ReplicaRoute:
+    """One replica entry of a model's ``replicas`` list, checked; ``seen`` holds the ids
+    already listed for ``model`` (raises ValueError naming ``at`` and the bad field)."""
+    if not isinstance(rep, dict):
+        raise ValueError(f"{at}: expected {{id, url, weight}}")
+    rid = rep.get("id")
+    if not isinstance(rid, str) or not rid:
+        raise ValueError(f"{at}.id: expected a non-empty string")
+    if rid in seen:
+        raise ValueError(f"{at}.id: {rid!r} listed twice for model {model!r}")
+    seen.add(rid)
+    weight = rep.get("weight")
+    if (
+        not isinstance(weight, (int, float))
+        or isinstance(weight, bool)
+        or not math.isfinite(weight)
+        or weight <= 0
+    ):
+        raise ValueError(f"{at}.weight: expected a number > 0 (req/s), got {weight!r}")
+    role = rep.get("role", "both")
+    if role not in ROUTE_ROLES:
+        raise ValueError(f"{at}.role: expected one of {', '.join(ROUTE_ROLES)}, got {role!r}")
+    job_id = rep.get("job_id")
+    if job_id is not None and (not isinstance(job_id, str) or not job_id):
+        raise ValueError(f"{at}.job_id: expected a non-empty string")
+    return ReplicaRoute(rid, _check_url(rep.get("url"), at), float(weight), role, job_id)
+
+
 def routing_table_from_dict(data: Any, source: str = "<routing table>") -> RoutingTable:
     """Validate ``data`` (parsed JSON) into a :class:`RoutingTable`.
 
@@ -190,35 +218,9 @@ def routing_table_from_dict(data: Any, source: str = "<routing table>") -> Routi
             where = f"models.{name}"
             if not isinstance(entry, dict) or not isinstance(entry.get("replicas"), list):
                 raise ValueError(f"{where}: expected {{replicas: [...]}}")
-            replicas: list[ReplicaRoute] = []
             seen: set[str] = set()
-            for index, rep in enumerate(entry["replicas"]):
-                at = f"{where}.replicas[{index}]"
-                if not isinstance(rep, dict):
-                    raise ValueError(f"{at}: expected {{id, url, weight}}")
-                rid = rep.get("id")
-                if not isinstance(rid, str) or not rid:
-                    raise ValueError(f"{at}.id: expected a non-empty string")
-                if rid in seen:
-                    raise ValueError(f"{at}.id: {rid!r} listed twice for model {name!r}")
-                seen.add(rid)
-                weight = rep.get("weight")
-                if (
-                    not isinstance(weight, (int, float))
-                    or isinstance(weight, bool)
-                    or not math.isfinite(weight)
-                    or weight <= 0
-                ):
-                    raise ValueError(f"{at}.weight: expected a number > 0 (req/s), got {weight!r}")
-                role = rep.get("role", "both")
-                if role not in ROUTE_ROLES:
-                    raise ValueError(f"{at}.role: expected one of {', '.join(ROUTE_ROLES)}, "
-                                     f"got {role!r}")
-                job_id = rep.get("job_id")
-                if job_id is not None and (not isinstance(job_id, str) or not job_id):
-                    raise ValueError(f"{at}.job_id: expected a non-empty string")
-                replicas.append(ReplicaRoute(rid, _check_url(rep.get("url"), at), float(weight),
-                                             role, job_id))
+            replicas = [_replica_route(rep, f"{where}.replicas[{index}]", name, seen)
+                        for index, rep in enumerate(entry["replicas"])]
             models[str(name)] = tuple(replicas)
             if entry.get("wake") is not None:
                 wake[str(name)] = _wake_info(entry["wake"], where)
