@@ -19,8 +19,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from coral_solver import catalog
 from coral_solver.catalog import GpuSpec, ModelArch
 from coral_solver.perf_model import (
@@ -32,6 +30,19 @@ from coral_solver.perf_model import (
     with_correction,
 )
 from coral_solver.perf_profiles import Calibration, MeasuredProfile, load_calibration, load_measured
+
+# ``X as X``: re-exported where they lived before (perf_roles, perf_pooling and tests read them)
+from coral_solver.perf_queue import _Z as _Z
+from coral_solver.perf_queue import MISS_PER_OBJECTIVE as MISS_PER_OBJECTIVE
+from coral_solver.perf_queue import (
+    _concurrent_slots,
+    _Feasibility,
+    _first_feasible_batch,
+    _largest_feasible_batch,
+    _StageSteps,
+)
+from coral_solver.perf_queue import _erlang_c_wait_tail as _erlang_c_wait_tail
+from coral_solver.perf_queue import _tail_step as _tail_step
 from coral_solver.resources import profiles_dir
 
 __all__ = [
@@ -393,120 +404,6 @@ def has_measured_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, slo: Slo, mi
 
 # --- throughput under SLO -------------------------------------------------------------------
 
-#: Share of requests a stage may let miss each objective (TTFT and TPOT): together they stay
-#: within the 5 % a replica may miss (issue 6: >= 95 % of requests within both SLOs).
-MISS_PER_OBJECTIVE = 0.025
-#: One-sided normal quantile of 1 - MISS_PER_OBJECTIVE.
-_Z = 1.96
-#: Aitken rounds for the tail TPOT's fixed point; one that has not settled by then is called
-#: infeasible.
-_TAIL_ROUNDS = 6
-
-
-def _erlang_c_wait_tail(c: int, a: float, rate_gap: float, t: float) -> float:
-    """P(wait > t) in an M/M/c queue: c servers, offered load a = lambda x service (a < c),
-    ``rate_gap`` = c/service - lambda. Erlang C, summed in log space (numpy, no Python loop)."""
-    k = np.arange(c, dtype=float)
-    log_terms = k * math.log(a) - _log_factorials(c)
-    log_tail = c * math.log(a) - math.lgamma(c + 1.0) + math.log(c / (c - a))
-    top = log_terms.max()
-    head = top + math.log(np.exp(log_terms - top).sum())
-    m = max(head, log_tail)
-    p_wait = math.exp(log_tail - m) / (math.exp(head - m) + math.exp(log_tail - m))
-    return p_wait * math.exp(-rate_gap * max(t, 0.0))
-
-
-@functools.lru_cache(maxsize=64)
-def _log_factorials(c: int) -> np.ndarray:
-    """log k! for k = 0 .. c-1."""
-    out = np.zeros(c)
-    np.cumsum(np.log(np.arange(1, c, dtype=float)), out=out[1:])
-    return out
-
-
-def _tail_step(f: Callable[[float], float], start: float, limit: float) -> float:
-    """The least fixed point t = f(t) above ``start`` of an increasing, nearly linear step map,
-    or ``math.inf`` when iterating from ``start`` runs away (or past ``limit``).
-
-    Aitken's extrapolation from two iterates: exact for a linear map, so a few rounds settle the
-    piecewise-linear roofline where plain iteration near saturation needs dozens.
-    """
-    t0 = start
-    for _ in range(_TAIL_ROUNDS):
-        t1 = f(t0)
-        if t1 > limit:
-            return math.inf
-        if t1 - t0 <= 1e-3 * t0:
-            return t1
-        t2 = f(t1)
-        if t2 > limit:
-            return math.inf
-        rise1, rise2 = t1 - t0, t2 - t1
-        if rise2 >= rise1:
-            return math.inf  # not contracting: the tail grows without bound
-        t0 = t0 + rise1 * rise1 / (rise1 - rise2)
-        if t0 > limit:
-            return math.inf
-    return math.inf
-
-
-def _concurrent_slots(cap: int, n_in: int, n_out: int, max_seqs: int) -> int:
-    """Sequences the KV cache holds at once with 1 - MISS_PER_OBJECTIVE confidence.
-
-    Token counts are taken exponential with the mix's means (all the mix says). A running
-    sequence observed at a random moment holds its prompt plus a uniform share of a
-    length-biased output: mean in + out (not in + out/2: long outputs stay longer), variance
-    in^2 + out^2. c sequences fit when c x mean + z sqrt(c) x sd <= capacity; the vLLM-style
-    engine otherwise preempts and queues (checked against coral_hpc.engine in virtual time).
-    """
-    mean = float(n_in + n_out)
-    sd = math.hypot(n_in, n_out)
-    # c*mean + z*sd*sqrt(c) - cap = 0, a quadratic in sqrt(c)
-    root = (-_Z * sd + math.sqrt((_Z * sd) ** 2 + 4.0 * mean * cap)) / (2.0 * mean)
-    return min(max_seqs, int(root * root))
-
-
-#: Growth factor of the batches probed for the first feasible one (see _first_feasible_batch).
-_PROBE_GROWTH = 1.25
-
-
-def _first_feasible_batch(feasible: Callable[[int], tuple[bool, float]], b_max: int
-                          ) -> tuple[int, float]:
-    """(smallest probed feasible batch, its mean step) or (0, 0.0) when none is.
-
-    Feasibility is not monotone at the small end: the tail-TPOT surge factor
-    1 + z / sqrt(spare x S x b) is largest at b = 1, so with prompt-heavy mixes (e.g. Azure code,
-    2,048 in / 28 out) a lone sequence fails where larger batches pass. Batches 1, 2, 3, ... are
-    probed growing by at most ``_PROBE_GROWTH`` per step (about 25 probes up to 256), and the
-    first that passes starts the search for the largest one.
-    """
-    b = 1
-    while b <= b_max:
-        ok, t = feasible(b)
-        if ok:
-            return b, t
-        b = max(b + 1, int(b * _PROBE_GROWTH))
-    return 0, 0.0
-
-
-def _largest_feasible_batch(feasible: Callable[[int], tuple[bool, float]], lo: int,
-                            t_lo: float, b_max: int) -> tuple[int, float]:
-    """(largest feasible batch in [lo, b_max], its mean step), by bisection: ``lo`` is feasible
-    with mean step ``t_lo``, and feasibility is monotone from ``lo`` up (the caller's claim)."""
-    hi = b_max
-    ok, t_hi = feasible(hi)
-    if ok:
-        return hi, t_hi
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        ok, t_mid = feasible(mid)
-        if ok:
-            lo, t_lo = mid, t_mid
-        else:
-            hi = mid
-    return lo, t_lo
-
-
 #: Pipeline accounting of prompts: True, a prompt stalls the whole ring of S micro-batches, so
 #: each stage pays S x b / n_out prompts per step of its own; False, each stage pays its own
 #: micro-batch's b / n_out. True is what a pipeline does: vLLM keeps S micro-batches in flight
@@ -565,69 +462,22 @@ def throughput_from_coeffs(c: StageCoeffs, cap: int, n_stages: int, slo: Slo, mi
                 int(cal.max_num_batched_tokens // (1.0 + n_in / n_out)))
     if b_max < 1:
         return 0.0
-    S = n_stages
-    R = S if ring else 1  # micro-batches whose prompts each stage's step pays for
-    tpot = slo.tpot_s / S
     over = cal.step_overhead_s if overhead_s is None else overhead_s
     alpha, bw = (cal.pp_alpha_s, cal.pp_bw) if handoff_s is None else (handoff_s, math.inf)
     # KV tokens a decode step reads per running sequence: in + out for exponential outputs
     # (a sequence seen mid-flight is length-biased: long outputs stay longer), not in + out/2
-    ctx = float(n_in + n_out)
-    prefill_ctx = n_in / 2.0
+    steps = _StageSteps(c, n_in, over, n_stages, alpha, bw, ctx=float(n_in + n_out),
+                        prefill_ctx=n_in / 2.0)
+    feasible = _Feasibility(steps, n_out, slots,
+                            ring=n_stages if ring else 1,  # micro-batches whose prompts a step pays
+                            tpot_s=slo.tpot_s / n_stages, ttft_s=slo.ttft_s,
+                            poisson_tail=poisson_tail, prompt_step=steps.prompt(),
+                            step_empty=steps.empty())
+    return _best_throughput(feasible, b_max, n_out)
 
-    def step(b: float, prompts: float) -> float:
-        """Mean step with ``b`` sequences decoding and ``prompts`` whole prompts per step.
 
-        vLLM schedules a waiting prompt whole in the next step, so a share p of the steps carries
-        k whole prompts and the rest decode only (the roofline would hide prompts spread thinly).
-        """
-        p = min(1.0, prompts)
-        k = max(1.0, prompts)
-        decode_only = step_time(c, b, 0.0, b * ctx, 0.0, over, S, alpha, bw)
-        with_prompts = step_time(c, b, k * n_in, b * ctx, prefill_ctx, over, S, alpha, bw)
-        return (1.0 - p) * decode_only + p * with_prompts
-
-    prompt_step = step_time(c, 1, n_in, ctx, prefill_ctx, over, S, alpha, bw)
-    step_empty = step_time(c, 0, 0.0, 0.0, 0.0, over, S, alpha, bw)
-
-    def feasible(b: int) -> tuple[bool, float]:
-        # A sequence advances one token per round of all S micro-batches; the S x b sequences
-        # in flight see about S x b prompts arrive during one request's n_out rounds (Little),
-        # and a prompt stalls the whole pipeline ring (every micro-batch follows the long step
-        # through every stage), so each stage pays S x b / n_out prompts per step of its own
-        # (R = S; R = 1, its own micro-batch's b / n_out, with PROMPTS_STALL_RING False).
-        mean_prompts = R * b / n_out
-        t = step(b, mean_prompts)
-        if t > tpot:
-            return False, t
-        # TPOT is per request. The S x b requests arriving during one request's lifetime are
-        # Poisson; one that sees the 1 - MISS quantile of them sees the stage as if the rate
-        # were lam' = lam (1 + z / sqrt(n)). Its batch and its prompts per step both grow,
-        # which lengthens the step, which grows the batch (Little): solve that fixed point;
-        # near saturation it runs away, which the mean alone would not show. And near
-        # saturation the load stays high for long (a queue's fluctuations relax over
-        # ~1/(1 - rho)^2 of the time they take at light load), so a lifetime samples fewer
-        # independent arrivals: sqrt(n) = sqrt(S b) x (1 - rho), where 1 - rho = (empty step) /
-        # (mean step) is the share of a step not spent on per-request work. Checked against
-        # the engine in virtual time (bench/slo.py): >= 95 % at the capacity this returns.
-        if not poisson_tail:
-            return slo.ttft_s - S * (t + prompt_step) > 0, t
-        spare = step_empty / t
-        surge = 1.0 + _Z / math.sqrt(spare * S * b)
-        if _tail_step(lambda x: step(b * surge * x / t, R * b * surge * x / (t * n_out)),
-                      t, tpot) > tpot:
-            return False, t
-        # TTFT: queue for a KV slot (M/M/c with the slots above; a request holds one for
-        # n_out rounds of S steps), then its prompt step on each of the S stages.
-        lam = b / (n_out * t)
-        service = n_out * S * t + S * prompt_step
-        a = lam * service
-        budget = slo.ttft_s - S * (t + prompt_step)
-        if budget <= 0 or a >= slots:
-            return False, t
-        tail = _erlang_c_wait_tail(slots, a, slots / service - lam, budget)
-        return tail <= MISS_PER_OBJECTIVE, t
-
+def _best_throughput(feasible: _Feasibility, b_max: int, n_out: int) -> float:
+    """Requests/s at the largest batch in [1, ``b_max``] that ``feasible`` passes; 0.0 if none."""
     lo, t_lo = _first_feasible_batch(feasible, b_max)
     if lo == 0:
         return 0.0
