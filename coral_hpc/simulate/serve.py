@@ -192,6 +192,21 @@ def _disaggregated(
                           model, weight)
 
 
+def _capacity_by_role(
+    plan: Plan, model: ModelSpec,
+) -> tuple[dict[str, list[PlanRow]], float, float]:
+    """The model's running rows of ``plan`` by role ("both", "prefill", "decode"), the
+    aggregated capacity (req/s) and the disaggregated one: a prefill/decode pair serves only as
+    fast as the slower of its two sides."""
+    rows = [r for r in plan.rows if r.model == model.name and r.count > 0]
+    by_role = {role: [r for r in rows if r.role == role] for role in ("both", "prefill", "decode")}
+    both = sum(r.count * r.throughput for r in by_role["both"])
+    split = min(
+        sum(r.count * r.throughput for r in by_role[role]) for role in ("prefill", "decode")
+    )
+    return by_role, both, split
+
+
 def serve_window(
     plan: Plan, model: ModelSpec, load: ModelWorkload, start: float, sim_s: float,
     warmup_s: float = 0.0, admission: bool = True, gpu_of: Callable[[str], str] = _same_gpu,
@@ -211,12 +226,7 @@ def serve_window(
     waited = None if load.waited is None else load.waited[idx]  # held during a wake
     counted = at >= 0.0
     out = Served(requests=int(counted.sum()), output_tokens=int(output[counted].sum()))
-    rows = [r for r in plan.rows if r.model == model.name and r.count > 0]
-    by_role = {role: [r for r in rows if r.role == role] for role in ("both", "prefill", "decode")}
-    both = sum(r.count * r.throughput for r in by_role["both"])
-    split = min(
-        sum(r.count * r.throughput for r in by_role[role]) for role in ("prefill", "decode")
-    )
+    by_role, both, split = _capacity_by_role(plan, model)
     capacity = both + split
     if capacity <= 0 or len(at) == 0:
         out.refused = out.requests

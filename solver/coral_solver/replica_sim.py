@@ -205,6 +205,56 @@ def serve(layout: Layout, requests: list[Request],
     return [Outcome(first[i], last[i], produced[i]) for i in range(len(requests))]
 
 
+_STEP_END, _ARRIVAL = 0, 1  # event kinds; at one instant they keep the order they were pushed
+
+
+class _Engines:
+    """The replica's virtual engines while it serves: the continuous-batching scheduler, the
+    pipeline clock, the batch each engine is stepping, and the queue of events (arrivals and
+    step ends) in virtual time."""
+
+    def __init__(self, layout: Layout, requests: list[Request], limits: EngineLimits):
+        self._model = StepModel(layout, limits.gpu_memory_utilization)
+        self._limits = limits
+        self.scheduler = Scheduler(
+            kv_capacity_tokens=self._model.kv_capacity_tokens(), block_size=limits.block_size,
+            max_num_seqs=limits.max_num_seqs,
+            max_num_batched_tokens=limits.max_num_batched_tokens, num_engines=layout.stages)
+        self._clock = PipelineClock(layout.stages)
+        self._busy: list[Batch | None] = [None] * layout.stages
+        self.events: list[tuple[float, int, int, int]] = []  # (time, order, kind, index)
+        self._order = 0
+        for i, request in enumerate(requests):
+            self._push(request.at, _ARRIVAL, i)
+
+    def _push(self, at: float, kind: int, index: int) -> None:
+        """Queue an event; the running order breaks ties in time by push order."""
+        self._order += 1
+        heapq.heappush(self.events, (at, self._order, kind, index))
+
+    def start_idle(self, now: float) -> None:
+        """Give every idle engine its next batch (if the scheduler has one) and queue the time
+        that batch leaves the last pipeline stage."""
+        for e, batch in enumerate(self._busy):
+            if batch is not None:
+                continue
+            batch = self.scheduler.schedule(e)
+            if batch is None:
+                continue
+            self._busy[e] = batch
+            times = self._model.batch_times(batch)
+            if self._limits.speed != 1.0:
+                times = tuple(t / self._limits.speed for t in times)
+            self._push(self._clock.reserve(now, times), _STEP_END, e)
+
+    def finish(self, engine: int) -> Batch:
+        """Free ``engine`` at its step end; return the batch it stepped."""
+        batch, self._busy[engine] = self._busy[engine], None
+        # a step end is queued only for an engine that took a batch (start_idle)
+        assert batch is not None
+        return batch
+
+
 def serve_watched(layout: Layout, requests: list[Request], limits: EngineLimits,
                   watch: Watch | None) -> tuple[dict[int, float], dict[int, float],
                                                 dict[int, int], bool]:
@@ -213,57 +263,27 @@ def serve_watched(layout: Layout, requests: list[Request], limits: EngineLimits,
     search stops once a rate's misses are past what its goal allows). Returns (first token s,
     last token s, tokens) by request index — only of requests that produced a token, or were
     refused, when stopped early — and whether it stopped early."""
-    model = StepModel(layout, limits.gpu_memory_utilization)
-    engines = layout.stages
-    scheduler = Scheduler(kv_capacity_tokens=model.kv_capacity_tokens(),
-                          block_size=limits.block_size, max_num_seqs=limits.max_num_seqs,
-                          max_num_batched_tokens=limits.max_num_batched_tokens,
-                          num_engines=engines)
-    clock = PipelineClock(engines)
-    busy: list[Batch | None] = [None] * engines
-    events: list[tuple[float, int, int, int]] = []  # (time, order, kind, index); 0 = step end
-    order = 0
-    for i, request in enumerate(requests):
-        heapq.heappush(events, (request.at, order := order + 1, 1, i))
+    engines = _Engines(layout, requests, limits)
     index_of: dict[int, int] = {}  # id(seq) -> request index
     first: dict[int, float] = {}
     last: dict[int, float] = {}
     produced: dict[int, int] = {}
-
-    def start_idle(now: float) -> None:
-        nonlocal order
-        for e in range(engines):
-            if busy[e] is not None:
-                continue
-            batch = scheduler.schedule(e)
-            if batch is None:
-                continue
-            busy[e] = batch
-            times = model.batch_times(batch)
-            if limits.speed != 1.0:
-                times = tuple(t / limits.speed for t in times)
-            end = clock.reserve(now, times)
-            heapq.heappush(events, (end, order := order + 1, 0, e))
-
-    while events:
-        now, _, kind, index = heapq.heappop(events)
-        if kind == 1:
+    while engines.events:
+        now, _, kind, index = heapq.heappop(engines.events)
+        if kind == _ARRIVAL:
             request = requests[index]
             seq = Seq(str(index), request.prompt_tokens, request.max_tokens,
                       external=request.external)
-            if not scheduler.fits(seq.total_tokens):
+            if not engines.scheduler.fits(seq.total_tokens):
                 first[index] = last[index] = now
                 produced[index] = 0
                 if watch is not None and watch(index, now, now, 0, True):
                     return first, last, produced, True
                 continue
-            scheduler.add(seq)
+            engines.scheduler.add(seq)
             index_of[id(seq)] = index
         else:
-            batch, busy[index] = busy[index], None
-            # a completion event is pushed only for an engine that took a batch (above)
-            assert batch is not None
-            for event in scheduler.complete(batch):
+            for event in engines.scheduler.complete(engines.finish(index)):
                 i = index_of[id(event.seq)]
                 first.setdefault(i, now)
                 last[i] = now
@@ -271,5 +291,5 @@ def serve_watched(layout: Layout, requests: list[Request], limits: EngineLimits,
                 if watch is not None and (event.index == 0 or event.finished) and watch(
                         i, first[i], now, event.index + 1, event.finished):
                     return first, last, produced, True
-        start_idle(now)
+        engines.start_idle(now)
     return first, last, produced, False
