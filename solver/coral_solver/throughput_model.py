@@ -190,14 +190,22 @@ class PerfThroughput:
         return perf_roles.kv_bytes_per_request(self._arch(model), mix)
 
     def fingerprint(self) -> str:
-        from coral_solver import batching, perf_pooling, perf_roles, replica_sim, simcap
+        from coral_solver import (
+            batching,
+            perf_pooling,
+            perf_queue,
+            perf_roles,
+            replica_sim,
+            simcap,
+        )
         from coral_solver.resources import profiles_dir
 
         digest = hashlib.sha256()
         digest.update(Path(perf_roles.__file__).read_bytes())
         digest.update(Path(perf_pooling.__file__).read_bytes())
-        # the simulated capacity's simulator and search (Policy.capacity "simulated")
-        for module in (batching, replica_sim, simcap):
+        # the analytic model's queueing side, and the simulated capacity's simulator and
+        # search (Policy.capacity "simulated")
+        for module in (perf_queue, batching, replica_sim, simcap):
             assert module.__file__ is not None  # plain source modules of this package
             digest.update(Path(module.__file__).read_bytes())
         for path in sorted(profiles_dir().rglob("*")):
