@@ -35,19 +35,6 @@ from bench.scale_eval import site as S
 GOAL_S = 600.0
 
 
-def traces_folder(given: str | None) -> Path:
-    """``--traces``, ``$CORAL_TRACES_DIR``, or ../shared/data/traces beside the checkout (or a
-    worktree of it)."""
-    for candidate in (given, os.environ.get("CORAL_TRACES_DIR")):
-        if candidate:
-            return Path(candidate)
-    for base in (ROOT.parent, ROOT.parents[1]):
-        if (base / "shared/data/traces").is_dir():
-            return base / "shared/data/traces"
-    raise SystemExit("bench/scale_day.py: ../shared/data/traces was not found beside the "
-                     "checkout; pass --traces DIR or set CORAL_TRACES_DIR")
-
-
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     d = R.Config()
@@ -289,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         (args.out / "scale_day.json").write_text(json.dumps(doc, indent=1) + "\n")
         (args.out / "scale_day.md").write_text(markdown(doc))
         return 0
-    folder = traces_folder(args.traces)
+    folder = S.traces_folder(args.traces, "bench/scale_day.py")
     if args.count_replans:
         counts = {}
         for threshold in sorted({args.demand_threshold, 0.25}):

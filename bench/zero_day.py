@@ -56,6 +56,7 @@ sys.path.insert(0, str(ROOT / "solver"))
 
 import numpy as np  # noqa: E402
 
+from bench.scale_eval import site as S  # noqa: E402
 from coral_hpc.config import parse_deployment  # noqa: E402
 from coral_hpc.plan.planner import Planner  # noqa: E402
 from coral_hpc.simulate.compare import against_always_on, simulate_both  # noqa: E402
@@ -74,19 +75,6 @@ REPLAN_S = 300.0
 IDLE_AFTER = "20m"
 ALWAYS_UP = 2        #: the busiest ranks kept up (idle_after: never)
 REJECT_EVERY = 5     #: every fifth rank answers 503 + Retry-After while it wakes
-
-
-def traces_folder(given: str | None) -> Path:
-    """``--traces``, ``$CORAL_TRACES_DIR``, or ../shared/data/traces beside the checkout (or a
-    worktree of it)."""
-    for candidate in (given, os.environ.get("CORAL_TRACES_DIR")):
-        if candidate:
-            return Path(candidate)
-    for base in (ROOT.parent, ROOT.parents[1]):
-        if (base / "shared/data/traces").is_dir():
-            return base / "shared/data/traces"
-    raise SystemExit("bench/zero_day.py: ../shared/data/traces was not found beside the "
-                     "checkout; pass --traces DIR or set CORAL_TRACES_DIR")
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -195,7 +183,7 @@ def streams(deployment, args: argparse.Namespace, rows: dict) -> tuple[dict, dic
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    folder = traces_folder(args.traces)
+    folder = S.traces_folder(args.traces, "bench/zero_day.py")
     began = time.perf_counter()
     rows = {kind: load_rows(folder / path) for kind, path in TRACE_FILES.items()}
     text = models_yaml(args, {kind: r.mean_mix() for kind, r in rows.items()})

@@ -24,7 +24,9 @@ Every choice is data here, printed with the results:
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import yaml
@@ -179,3 +181,17 @@ def total_nodes() -> int:
 
 def total_gpus() -> int:
     return sum(c.count * c.gpus_per_node for c in NODE_CLASSES)
+
+
+def traces_folder(given: str | None, script: str) -> Path:
+    """``--traces``, ``$CORAL_TRACES_DIR``, or ../shared/data/traces beside the checkout (or a
+    worktree of it); ``script`` names the caller in the error when none is found."""
+    for candidate in (given, os.environ.get("CORAL_TRACES_DIR")):
+        if candidate:
+            return Path(candidate)
+    root = Path(__file__).resolve().parents[2]
+    for base in (root.parent, root.parents[1]):
+        if (base / "shared/data/traces").is_dir():
+            return base / "shared/data/traces"
+    raise SystemExit(f"{script}: ../shared/data/traces was not found beside the checkout; "
+                     "pass --traces DIR or set CORAL_TRACES_DIR")
