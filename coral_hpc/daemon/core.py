@@ -254,8 +254,11 @@ class Daemon:
         self.store.add_event(self.clock(), "warning", message)
 
     def _look_for_wakes(self) -> None:
-        """Nudge the reconcile loop when the gateway asked for a wake."""
-        if self.wake_folder is not None and pending_wakes(self.wake_folder):
+        """Nudge the reconcile loop when the gateway asked for a wake of a model scaled to zero
+        (the models read now: a reload may have changed them)."""
+        if self.wake_folder is None or not self.idle.tracked:
+            return
+        if set(pending_wakes(self.wake_folder)) & self.idle.tracked:
             self.nudge.set()
 
     def _follow_idle(self, observed: Observed, now: float) -> list[Trigger]:
@@ -527,10 +530,13 @@ class Daemon:
 
         self._stop = stop
         pace = self.budget.observe_pace if self.budget is not None else None
+        # the nudge and the wake watcher run whenever the gateway can ask for wakes, not only
+        # when models scale to zero at start: a SIGHUP reload may turn scale to zero on, and
+        # its wakes must then be seen within half a second, not at the next cycle
         loops = [Loop("reconcile", self.settings.poll_interval_s, self.reconcile_once, stop,
                       on_error, pace=pace, monotonic=monotonic,
-                      nudge=self.nudge if self.idle.tracked else None)]
-        if self.wake_folder is not None and self.idle.tracked:
+                      nudge=self.nudge if self.idle.tracked or self.wake_folder else None)]
+        if self.wake_folder is not None:
             # the gateway's wake requests: looked for twice a second, a plan at once
             loops.append(Loop("wakes", 0.5, self._look_for_wakes, stop, on_error,
                               monotonic=monotonic))

@@ -312,3 +312,25 @@ def test_requests_the_scrape_finds_for_a_cold_model_wake_it_without_a_signal(tmp
     loop.cycle(1)
     assert len(loop.planner.requests) == plans + 1
     assert [r.model for r in loop.live()] == [MODEL]
+
+
+def test_a_reload_that_turns_scale_to_zero_on_has_its_wakes_seen_at_once(tmp_path):
+    """A daemon started without scale to zero, then reloaded (SIGHUP) with it: a wake is seen
+    by the half-second watcher and nudges the reconcile loop, as after a start with it."""
+    import threading
+
+    scaled = ScaledLoop(tmp_path, _planner())
+    plain = scaled.deployment.model_copy(update={"policy": scaled.deployment.policy.model_copy(
+        update={"idle_after": None})})
+    daemon = Daemon(plain, scaled.store, scaled.slurm, scaled.planner, api_key_file=None,
+                    table_path=tmp_path / "routes2.json", clock=scaled.clock,
+                    wake_folder=scaled.wakes)
+    assert not daemon.idle.tracked
+    loops = {loop.name: loop for loop in daemon.loops(threading.Event())}
+    assert "wakes" in loops and loops["reconcile"].nudge is daemon.nudge
+    WakeSignal(scaled.wakes).ask(MODEL)
+    loops["wakes"].step()
+    assert not daemon.nudge.is_set()  # not scaled to zero yet: nothing to wake
+    daemon.reload(scaled.deployment)  # SIGHUP: now every model scales to zero
+    loops["wakes"].step()
+    assert daemon.nudge.is_set()
