@@ -37,6 +37,14 @@ from coral_hpc.engine.vllm_metrics import fetch_engine_load
 from coral_hpc.errors import ConfigError
 from coral_hpc.gateway.wake import clear_wake, pending_wakes
 from coral_hpc.plan.desired import DesiredPlan, plan_from_rows, slot_rows
+from coral_hpc.plan.figures import measured_profile_dirs
+from coral_hpc.plan.layout_startup import (
+    LayoutStartup,
+    ProfileKey,
+    layout_startup,
+    own_layout_startups,
+    profile_startups,
+)
 from coral_hpc.plan.planner import InfeasiblePlan, PlanOutcome, PlanRequest, SolverUnavailable
 from coral_hpc.plan.report import infeasible_problems
 from coral_hpc.reconcile import (
@@ -59,6 +67,7 @@ from coral_hpc.reconcile.idle import IdleTracker, Temperature, Transition
 from coral_hpc.reconcile.observe import Observed, Observer
 from coral_hpc.reconcile.startup import lead_startup_s, learned_startup_s
 from coral_hpc.reconcile.triggers import Trigger, TriggerKind
+from coral_hpc.records import ReplicaRecord
 from coral_hpc.slurm.budget import CallBudget
 from coral_hpc.slurm.snapshot import ClusterSnapshot
 from coral_hpc.store import Store
@@ -150,6 +159,10 @@ class Daemon:
         #: models no partition can ever run, and why (a wake of them fails at once)
         self.unservable: dict[str, str] = {}
         self.typical_startup_s = 0.0  # learnt each cycle (_learn_startup)
+        #: start-up per layout (coral_hpc.plan.layout_startup), learnt each cycle while models
+        #: scale to zero: a wake's layout and its Retry-After use them
+        self.layout_startups: dict[str, LayoutStartup] = {}
+        self.profile_startups: dict[ProfileKey, LayoutStartup] = {}
         #: wakes the demand scrape found (requests whose wake signal was missed)
         self._scale_triggers: list[Trigger] = []
 
@@ -236,6 +249,29 @@ class Daemon:
             self.settings = replace(self.settings, startup_s=startup)
             self.observer.settings = self.actor.settings = self.settings
             self._warn_if_time_limit_short(startup)
+        if self.idle.tracked:
+            self.layout_startups = own_layout_startups(self.store.replicas(live_only=False))
+            self.profile_startups = profile_startups(measured_profile_dirs(self.deployment))
+
+    def _startup_of(self, record: ReplicaRecord) -> float:
+        """Seconds from ``record``'s job start to READY, from its layout
+        (:func:`~coral_hpc.plan.layout_startup.layout_startup`)."""
+        default = self.typical_startup_s or self.deployment.policy.startup_time_s
+        if record.layout is None:
+            return default
+        arch = next((m.arch_key for m in self.deployment.models if m.name == record.model), "")
+        return layout_startup(record.template_id, arch, record.layout.gpu_types,
+                              record.layout.tp, self.layout_startups, self.profile_startups,
+                              LayoutStartup(default, "default")).seconds
+
+    def _woken_from_zero(self, observed: Observed,
+                         statuses: dict[str, Any]) -> frozenset[str]:
+        """Models scaled to zero, not cold, with no replica alive (none READY, starting or
+        queued): the plan gives each its first replica, on the layout READY soonest."""
+        alive = {f.record.model for f in observed.facts
+                 if statuses[f.record.id].state.live
+                 and statuses[f.record.id].state is not ReplicaState.DRAINING}
+        return frozenset(self.idle.tracked - self.idle.cold() - alive)
 
     def _warn_if_time_limit_short(self, startup_s: float) -> None:
         """A walltime lead is at most half a replica's usable time (``reconcile.status``): with
@@ -367,6 +403,8 @@ class Daemon:
                                       if isinstance(e.target, ShapeExclusion)),
             startup_s=learned_startup_s(self.store.startups(limit=50),
                                         self.deployment.policy.startup_time_s),
+            waking=self._woken_from_zero(observed, statuses),
+            layout_startups=dict(self.layout_startups),
         )
         return planned_for, request
 
@@ -461,7 +499,8 @@ class Daemon:
         startup = self.typical_startup_s or self.deployment.policy.startup_time_s
         return self.publisher.publish(
             ready_routes(models, current, statuses),
-            wake_infos(self.idle, current, statuses, startup, now, self.unservable))
+            wake_infos(self.idle, current, statuses, startup, now, self.unservable,
+                       self._startup_of))
 
     # ------------------------------------------------------------------ demand
 
