@@ -274,6 +274,15 @@ def _desired(plan: Plan, models: list[ModelSpec], deployment: Deployment,
     return desired_plan(plan, models, time.time(), time_limit, shape)
 
 
+def _merged(older: tuple, newer: tuple) -> tuple:
+    """Start estimates of both, one per job shape, ``newer``'s where both have one."""
+    def key(e: Any) -> tuple:
+        return (e.partition, e.gpu_type, e.gpus_per_node, e.nodes, e.reservation)
+
+    fresh = {key(e) for e in newer}
+    return tuple(e for e in older if key(e) not in fresh) + tuple(newer)
+
+
 def _startups(request: PlanRequest, models: list[ModelSpec],
               library: Mapping[str, list[Template]]) -> dict[str, LayoutStartup]:
     """Each woken model's templates' start-up (:func:`layout_startup`): its own replicas',
@@ -417,6 +426,12 @@ class Planner:
         # Slurm's estimates are asked for only when what is free now does not serve the plan:
         # on a cluster with room, planning costs no sbatch --test-only at all
         estimates = tuple(snapshot.estimates) or (prober.cached() if prober is not None else ())
+        if prober is not None and request.waking:
+            # a wake from zero goes where its first replica is READY soonest: Slurm's word on
+            # when each shape of the woken models starts (cached for an epoch, within budget)
+            woken = {m: ts for m, ts in library.items() if m in request.waking}
+            estimates = _merged(estimates, prober.estimates(
+                availability.probe_shapes(deployment, snapshot, woken)))
         cluster, library, plan = stage2(estimates)
         if prober is not None and plan.status not in ("optimal", "feasible"):
             estimates = prober.estimates(shapes)

@@ -118,3 +118,33 @@ def test_retry_after_uses_the_start_up_of_the_layout_the_wake_chose():
     # without a layout's own figure: the deployment-wide start-up
     plain = wake_infos(tracker, [ReplicaFacts(record)], statuses, DEFAULT_S, now, {})[MODEL]
     assert retry_after_s(plain, 10, now=now) == 700
+
+
+class RecordingProber:
+    """A prober that answers nothing new and says which shapes it was asked about."""
+
+    def __init__(self):
+        self.asked = []
+
+    def cached(self):
+        return ()
+
+    def estimates(self, shapes):
+        self.asked.extend(shapes)
+        return ()
+
+
+def test_a_wake_asks_slurm_when_the_woken_models_shapes_would_start(tmp_path):
+    """On a cluster with room a plan asks Slurm nothing; a wake asks about the woken model's
+    shapes: where its first replica starts soonest is Slurm's to say."""
+    prober = RecordingProber()
+    planner = Planner(cache_dir=tmp_path, prober=prober)
+    plain = planner(wake_request(waking=False))
+    assert plain.status == "optimal" and prober.asked == []
+    woken = planner(wake_request())
+    assert woken.status == "optimal" and prober.asked
+    # every homogeneous layout of the woken model that could start now is asked about (and
+    # those that wait for busy nodes too)
+    shapes = {(t.stages[0].gpu_type, t.tp, t.pp) for t in plain.solved.library[MODEL]
+              if not t.heterogeneous}
+    assert shapes <= {(s.gpu_type, s.gpus_per_node, s.nodes) for s in prober.asked}
