@@ -453,8 +453,12 @@ class Daemon:
                             demand_basis=demand_basis(demand.values()))
         summary = ", ".join(f"{s.count}×{s.template_id}@{','.join(s.partitions)}"
                             for s in outcome.desired.slots) or "no replicas"
+        # a wake's choice of layout (coral_hpc.plan.layout_startup) is said with the plan
+        woken = [line for line in (outcome.solved.plan.binding if outcome.solved else ())
+                 if " woken from zero: " in line]
         self.store.add_event(now, "plan", f"{outcome.status}, {outcome.cost_per_hour:.3g}/h: "
-                             f"{summary} (because: {'; '.join(t.reason for t in triggers)})")
+                             f"{summary} (because: {'; '.join(t.reason for t in triggers)})"
+                             + "".join(f"; {line}" for line in woken))
 
     def _unservable(self, exc: InfeasiblePlan, planned_for: Deployment, now: float) -> bool:
         """Models scaled to zero whose one-replica floor made the plan infeasible: marked
