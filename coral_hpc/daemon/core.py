@@ -30,6 +30,7 @@ from coral_hpc.daemon.wake import (
     last_requests,
     planning_inputs,
     ready_counts,
+    replica_startup,
     wake_infos,
 )
 from coral_hpc.demand import ModelDemand, changed_models, demand_basis, deployment_demand
@@ -41,7 +42,6 @@ from coral_hpc.plan.figures import measured_profile_dirs
 from coral_hpc.plan.layout_startup import (
     LayoutStartup,
     ProfileKey,
-    layout_startup,
     own_layout_startups,
     profile_startups,
 )
@@ -256,13 +256,9 @@ class Daemon:
     def _startup_of(self, record: ReplicaRecord) -> float:
         """Seconds from ``record``'s job start to READY, from its layout
         (:func:`~coral_hpc.plan.layout_startup.layout_startup`)."""
-        default = self.typical_startup_s or self.deployment.policy.startup_time_s
-        if record.layout is None:
-            return default
-        arch = next((m.arch_key for m in self.deployment.models if m.name == record.model), "")
-        return layout_startup(record.template_id, arch, record.layout.gpu_types,
-                              record.layout.tp, self.layout_startups, self.profile_startups,
-                              LayoutStartup(default, "default")).seconds
+        return replica_startup(self.deployment, record, self.layout_startups,
+                               self.profile_startups,
+                               self.typical_startup_s or self.deployment.policy.startup_time_s)
 
     def _woken_from_zero(self, observed: Observed,
                          statuses: dict[str, Any]) -> frozenset[str]:

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
+from coral_hpc.config import Deployment
 from coral_hpc.gateway.table import WakeInfo
+from coral_hpc.plan.layout_startup import LayoutStartup, ProfileKey, layout_startup
 from coral_hpc.reconcile import ReplicaFacts, ReplicaState
 from coral_hpc.reconcile.idle import IdleTracker
 from coral_hpc.reconcile.idle_plan import idle_rules, planning_inputs
@@ -21,7 +23,21 @@ from coral_hpc.reconcile.status import ReplicaStatus
 from coral_hpc.records import ReplicaRecord
 from coral_hpc.store import Store
 
-__all__ = ["idle_rules", "last_requests", "planning_inputs", "ready_counts", "wake_infos"]
+__all__ = ["idle_rules", "last_requests", "planning_inputs", "ready_counts", "replica_startup",
+           "wake_infos"]
+
+
+def replica_startup(deployment: Deployment, record: ReplicaRecord,
+                    own: Mapping[str, LayoutStartup],
+                    profiles: Mapping[ProfileKey, LayoutStartup], default_s: float) -> float:
+    """Seconds from ``record``'s job start to READY, from its layout
+    (:func:`~coral_hpc.plan.layout_startup.layout_startup`: its own replicas', its measured
+    profile's, else ``default_s``)."""
+    if record.layout is None:
+        return default_s
+    arch = next((m.arch_key for m in deployment.models if m.name == record.model), "")
+    return layout_startup(record.template_id, arch, record.layout.gpu_types, record.layout.tp,
+                          own, profiles, LayoutStartup(default_s, "default")).seconds
 
 
 def last_requests(store: Store, models: Iterable[str], since: float) -> dict[str, float]:

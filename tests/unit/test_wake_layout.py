@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from coral_hpc.config import load_deployment
+from coral_hpc.daemon.temperature import model_temperatures
 from coral_hpc.daemon.wake import wake_infos
 from coral_hpc.demand import deployment_demand
 from coral_hpc.gateway.wake import retry_after_s
@@ -118,6 +119,13 @@ def test_retry_after_uses_the_start_up_of_the_layout_the_wake_chose():
     # without a layout's own figure: the deployment-wide start-up
     plain = wake_infos(tracker, [ReplicaFacts(record)], statuses, DEFAULT_S, now, {})[MODEL]
     assert retry_after_s(plain, 10, now=now) == 700
+    # `status` says the same READY time
+    base = load_deployment(EXAMPLE)
+    deployment = base.model_copy(update={"policy": base.policy.model_copy(
+        update={"idle_after": 1200.0})})
+    shown = model_temperatures(deployment, [record], statuses, {}, DEFAULT_S,
+                               lambda r: startups[r.template_id])[MODEL]
+    assert (shown["state"], shown["ready_by"]) == ("waking", now + 140.0)
 
 
 class RecordingProber:
