@@ -143,7 +143,11 @@ def expected_start_s(template: Template, model: ModelSpec, cluster: Cluster) -> 
     when each of its stages finds a node with ``tp`` GPUs available now, else the soonest
     wait at which they all do (node groups with a wait: Slurm's estimates within the
     horizon), else the soonest known estimate of its one-type shape beyond the horizon
-    (``Cluster.queue_options``); None when Slurm gave no start for it."""
+    (``Cluster.queue_options``); None when Slurm gave no start for it.
+
+    "Available" is the planner's: free GPUs plus those our serving replicas hold. A layout that
+    looks free only on GPUs our own replicas keep does not fit in the plan; the planner then
+    plans the wake without narrowing (``coral_hpc.plan.planner``)."""
     parts = [p for p in cluster.partitions if p.usable and model.allows_partition(p.name)
              and p.name not in cluster.preemptible()]
     best: float | None = 0.0

@@ -24,7 +24,10 @@ check → :class:`PlanOutcome`.
    ``running``; a model left with nothing gets one replica queued where Slurm expects to
    start it first — without any estimate (none saved, ``sbatch --test-only`` refused or
    rate-limited), on its best shape the site could run, marked start unknown: a busy
-   cluster is not invalid input.
+   cluster is not invalid input. A model woken from zero (``PlanRequest.waking``) may use
+   only its layouts expected READY soonest — Slurm's expected start plus the layout's
+   start-up (:mod:`coral_hpc.plan.layout_startup`, asking Slurm about its shapes) — when
+   they start now beside the rest; else it is planned as any model.
 7. The independent checker (:func:`coral_solver.check.check_plan`) re-verifies the plan, re-checking
    every planned template's throughput with the same throughput model.
 
@@ -240,14 +243,14 @@ class _Stage2:
             self.full_library, self.excluded_shapes))
         if self.waking:
             # a wake from zero: the woken model's layouts READY soonest only, Stage 2 then
-            # picks the cheapest of them; should they not fit beside the rest, the plan
-            # without that narrowing (a replica late beats none)
+            # picks the cheapest of them; should they not all start now beside the rest (the
+            # plan would queue or fail), the plan without that narrowing, as before
             full, choices = wake_library(self.full_library, self.models, self.waking, cluster,
                                          self.startups)
             kept = {t.id for templates in full.values() for t in templates}
             narrowed = {m: [t for t in ts if t.id in kept] for m, ts in library.items()}
             plan = self._allocate(narrowed, cluster, full)
-            if plan.status not in ("infeasible", "no_solution"):
+            if plan.status in ("optimal", "feasible"):
                 return cluster, narrowed, replace(
                     plan, binding=plan.binding + tuple(c.note() for c in choices))
         return cluster, library, self._allocate(library, cluster, self.full_library)
