@@ -214,7 +214,9 @@ def wake_choice(model: ModelSpec, templates: Iterable[Template], cluster: Cluste
     ready: dict[str, float | None] = {}
     for template in templates:
         if template.role != "both":
-            ready[template.id] = None  # a disaggregated pool: not narrowed here
+            # a prefill or decode pool serves nothing alone: a wake's first replica serves
+            # both phases where the model has such layouts (with none, nothing is narrowed)
+            ready[template.id] = None
             continue
         start = expected_start_s(template, model, cluster)
         ready[template.id] = None if start is None else start + startup_of[template.id].seconds
