@@ -30,6 +30,7 @@ from coral_hpc.daemon.wake import (
     last_requests,
     planning_inputs,
     ready_counts,
+    replica_startup,
     wake_infos,
 )
 from coral_hpc.demand import ModelDemand, changed_models, demand_basis, deployment_demand
@@ -37,6 +38,13 @@ from coral_hpc.engine.vllm_metrics import fetch_engine_load
 from coral_hpc.errors import ConfigError
 from coral_hpc.gateway.wake import clear_wake, pending_wakes
 from coral_hpc.plan.desired import DesiredPlan, plan_from_rows, slot_rows
+from coral_hpc.plan.figures import measured_profile_dirs
+from coral_hpc.plan.layout_startup import (
+    LayoutStartup,
+    ProfileKey,
+    own_layout_startups,
+    profile_startups,
+)
 from coral_hpc.plan.planner import InfeasiblePlan, PlanOutcome, PlanRequest, SolverUnavailable
 from coral_hpc.plan.report import infeasible_problems
 from coral_hpc.reconcile import (
@@ -59,6 +67,7 @@ from coral_hpc.reconcile.idle import IdleTracker, Temperature, Transition
 from coral_hpc.reconcile.observe import Observed, Observer
 from coral_hpc.reconcile.startup import lead_startup_s, learned_startup_s
 from coral_hpc.reconcile.triggers import Trigger, TriggerKind
+from coral_hpc.records import ReplicaRecord
 from coral_hpc.slurm.budget import CallBudget
 from coral_hpc.slurm.snapshot import ClusterSnapshot
 from coral_hpc.store import Store
@@ -150,6 +159,10 @@ class Daemon:
         #: models no partition can ever run, and why (a wake of them fails at once)
         self.unservable: dict[str, str] = {}
         self.typical_startup_s = 0.0  # learnt each cycle (_learn_startup)
+        #: start-up per layout (coral_hpc.plan.layout_startup), learnt each cycle while models
+        #: scale to zero: a wake's layout and its Retry-After use them
+        self.layout_startups: dict[str, LayoutStartup] = {}
+        self.profile_startups: dict[ProfileKey, LayoutStartup] = {}
         #: wakes the demand scrape found (requests whose wake signal was missed)
         self._scale_triggers: list[Trigger] = []
 
@@ -236,6 +249,25 @@ class Daemon:
             self.settings = replace(self.settings, startup_s=startup)
             self.observer.settings = self.actor.settings = self.settings
             self._warn_if_time_limit_short(startup)
+        if self.idle.tracked:
+            self.layout_startups = own_layout_startups(self.store.replicas(live_only=False))
+            self.profile_startups = profile_startups(measured_profile_dirs(self.deployment))
+
+    def _startup_of(self, record: ReplicaRecord) -> float:
+        """Seconds from ``record``'s job start to READY, from its layout
+        (:func:`~coral_hpc.plan.layout_startup.layout_startup`)."""
+        return replica_startup(self.deployment, record, self.layout_startups,
+                               self.profile_startups,
+                               self.typical_startup_s or self.deployment.policy.startup_time_s)
+
+    def _woken_from_zero(self, observed: Observed,
+                         statuses: dict[str, Any]) -> frozenset[str]:
+        """Models scaled to zero, not cold, with no replica alive (none READY, starting or
+        queued): the plan gives each its first replica, on the layout READY soonest."""
+        alive = {f.record.model for f in observed.facts
+                 if statuses[f.record.id].state.live
+                 and statuses[f.record.id].state is not ReplicaState.DRAINING}
+        return frozenset(self.idle.tracked - self.idle.cold() - alive)
 
     def _warn_if_time_limit_short(self, startup_s: float) -> None:
         """A walltime lead is at most half a replica's usable time (``reconcile.status``): with
@@ -254,8 +286,11 @@ class Daemon:
         self.store.add_event(self.clock(), "warning", message)
 
     def _look_for_wakes(self) -> None:
-        """Nudge the reconcile loop when the gateway asked for a wake."""
-        if self.wake_folder is not None and pending_wakes(self.wake_folder):
+        """Nudge the reconcile loop when the gateway asked for a wake of a model scaled to zero
+        (the models read now: a reload may have changed them)."""
+        if self.wake_folder is None or not self.idle.tracked:
+            return
+        if set(pending_wakes(self.wake_folder)) & self.idle.tracked:
             self.nudge.set()
 
     def _follow_idle(self, observed: Observed, now: float) -> list[Trigger]:
@@ -364,6 +399,8 @@ class Daemon:
                                       if isinstance(e.target, ShapeExclusion)),
             startup_s=learned_startup_s(self.store.startups(limit=50),
                                         self.deployment.policy.startup_time_s),
+            waking=self._woken_from_zero(observed, statuses),
+            layout_startups=dict(self.layout_startups),
         )
         return planned_for, request
 
@@ -412,8 +449,12 @@ class Daemon:
                             demand_basis=demand_basis(demand.values()))
         summary = ", ".join(f"{s.count}×{s.template_id}@{','.join(s.partitions)}"
                             for s in outcome.desired.slots) or "no replicas"
+        # a wake's choice of layout (coral_hpc.plan.layout_startup) is said with the plan
+        woken = [line for line in (outcome.solved.plan.binding if outcome.solved else ())
+                 if " woken from zero: " in line]
         self.store.add_event(now, "plan", f"{outcome.status}, {outcome.cost_per_hour:.3g}/h: "
-                             f"{summary} (because: {'; '.join(t.reason for t in triggers)})")
+                             f"{summary} (because: {'; '.join(t.reason for t in triggers)})"
+                             + "".join(f"; {line}" for line in woken))
 
     def _unservable(self, exc: InfeasiblePlan, planned_for: Deployment, now: float) -> bool:
         """Models scaled to zero whose one-replica floor made the plan infeasible: marked
@@ -458,7 +499,8 @@ class Daemon:
         startup = self.typical_startup_s or self.deployment.policy.startup_time_s
         return self.publisher.publish(
             ready_routes(models, current, statuses),
-            wake_infos(self.idle, current, statuses, startup, now, self.unservable))
+            wake_infos(self.idle, current, statuses, startup, now, self.unservable,
+                       self._startup_of))
 
     # ------------------------------------------------------------------ demand
 
@@ -527,10 +569,13 @@ class Daemon:
 
         self._stop = stop
         pace = self.budget.observe_pace if self.budget is not None else None
+        # the nudge and the wake watcher run whenever the gateway can ask for wakes, not only
+        # when models scale to zero at start: a SIGHUP reload may turn scale to zero on, and
+        # its wakes must then be seen within half a second, not at the next cycle
         loops = [Loop("reconcile", self.settings.poll_interval_s, self.reconcile_once, stop,
                       on_error, pace=pace, monotonic=monotonic,
-                      nudge=self.nudge if self.idle.tracked else None)]
-        if self.wake_folder is not None and self.idle.tracked:
+                      nudge=self.nudge if self.idle.tracked or self.wake_folder else None)]
+        if self.wake_folder is not None:
             # the gateway's wake requests: looked for twice a second, a plan at once
             loops.append(Loop("wakes", 0.5, self._look_for_wakes, stop, on_error,
                               monotonic=monotonic))

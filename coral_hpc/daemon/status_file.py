@@ -14,9 +14,13 @@ import json
 from pathlib import Path
 
 from coral_hpc.atomic import write_atomic
+from coral_hpc.config import scale_to_zero
 from coral_hpc.daemon.observed import LiveFacts, as_observed, record_from_row
 from coral_hpc.daemon.temperature import latest_scale_events, model_temperatures
+from coral_hpc.daemon.wake import replica_startup
 from coral_hpc.demand import plan_for_words
+from coral_hpc.plan.figures import measured_profile_dirs
+from coral_hpc.plan.layout_startup import own_layout_startups, profile_startups
 from coral_hpc.reconcile import (
     ReconcileSettings,
     ReplicaFacts,
@@ -121,7 +125,14 @@ def _temperatures(deployment, store, records: list[ReplicaRecord],
                   statuses: dict[str, ReplicaStatus]) -> dict[str, dict]:
     """Scale to zero: cold / waking (with Slurm's estimate) / warm, per model scaled to zero."""
     startup = learned_startup_s(store.startups(limit=50), deployment.policy.startup_time_s)
-    return model_temperatures(deployment, records, statuses, latest_scale_events(store), startup)
+    if not any(scale_to_zero(m, deployment.policy).enabled for m in deployment.models):
+        return {}
+    # each waking replica's READY time from its own layout's start-up, as the daemon tells
+    # the gateway (its Retry-After)
+    own = own_layout_startups(store.replicas(live_only=False))
+    profiles = profile_startups(measured_profile_dirs(deployment))
+    return model_temperatures(deployment, records, statuses, latest_scale_events(store), startup,
+                              lambda r: replica_startup(deployment, r, own, profiles, startup))
 
 
 def _replica_row(

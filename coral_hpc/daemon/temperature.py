@@ -11,7 +11,7 @@ facts (replicas and the daemon's scale events), so it reads the same with or wit
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from coral_hpc.config import Deployment, scale_to_zero
@@ -36,9 +36,15 @@ def latest_scale_events(store: Any) -> dict[str, tuple[str, float, str]]:
 def model_temperatures(deployment: Deployment, records: Sequence[ReplicaRecord],
                        statuses: Mapping[str, ReplicaStatus],
                        events: Mapping[str, tuple[str, float, str]],
-                       startup_s: float) -> dict[str, dict[str, Any]]:
+                       startup_s: float,
+                       startup_of: Callable[[ReplicaRecord], float] | None = None,
+                       ) -> dict[str, dict[str, Any]]:
     """Model → ``{"state", "idle_after_s", "expected_start", "ready_by", "impossible"}`` for
-    each model scaled to zero (see the module doc)."""
+    each model scaled to zero (see the module doc). ``startup_of``: a replica's start-up from
+    its layout (the daemon's figure for the gateway's Retry-After); else ``startup_s``."""
+    def ready(record: ReplicaRecord, at: float) -> float:
+        return at + (startup_of(record) if startup_of is not None else startup_s)
+
     out = {}
     for model in deployment.models:
         settings = scale_to_zero(model, deployment.policy)
@@ -55,14 +61,14 @@ def model_temperatures(deployment: Deployment, records: Sequence[ReplicaRecord],
             entry["state"] = "warm"
         elif waking or kind == "scale_waking":
             entry["state"] = "waking"
-            starts = [r.expected_start for r in waking if r.started_at is None
+            starts = [(r.expected_start, r) for r in waking if r.started_at is None
                       and r.expected_start is not None]
-            started = [r.started_at for r in waking if r.started_at is not None]
+            started = [(r.started_at, r) for r in waking if r.started_at is not None]
             if started:
-                entry["ready_by"] = min(started) + startup_s
+                entry["ready_by"] = min(ready(r, at) for at, r in started)
             elif starts:
-                entry["expected_start"] = min(starts)
-                entry["ready_by"] = min(starts) + startup_s
+                entry["expected_start"] = min(at for at, _ in starts)
+                entry["ready_by"] = min(ready(r, at) for at, r in starts)
         else:
             entry["state"] = "cold"
             if kind == "scale_impossible":

@@ -144,8 +144,11 @@ class Disaggregation:
                 and _capacity(router, model, "decode") <= 0)
 
     async def serve(self, request: Request, model: str, payload: dict[str, Any], key: str,
-                    children: _Children, started: float) -> Response | StreamResponse:
-        """Answer one request through a prefill and then a decode replica (module docstring)."""
+                    children: _Children, started: float, early: StreamResponse | None = None
+                    ) -> Response | StreamResponse:
+        """Answer one request through a prefill and then a decode replica (module docstring).
+        ``early``: a held stream's answer whose head went out while the model woke; the
+        decode replica's events go into it (any other answer is the caller's to end it with)."""
         stream = bool(payload.get("stream", False))
         request_id = f"coral-{uuid.uuid4().hex}"
         prefill_body = json.dumps(prefill_payload(payload)).encode()
@@ -166,7 +169,7 @@ class Disaggregation:
             body = json.dumps(decode_payload(payload, params)).encode()
             try:
                 response = await self.forwarder.attempt(request, decode, body, payload, key,
-                                                        children, started, stream)
+                                                        children, started, stream, early)
             except (UpstreamServerError, UpstreamFailed) as exc:
                 # a draining replica is skipped but kept in; a failed one is out (attempt):
                 # nothing reached the client, so both phases again
@@ -180,11 +183,12 @@ class Disaggregation:
             self.phases.requests.labels(model, "decode").inc()
             return response
         return await self._whole(request, model, payload, key, children, started,
-                                 failed_prefill + failed_decode, last, answered)
+                                 failed_prefill + failed_decode, last, answered, early)
 
     async def _whole(self, request: Request, model: str, payload: dict[str, Any], key: str,
                      children: _Children, started: float, failed: list[ReplicaState], last: str,
-                     answered: Response | None = None) -> Response | StreamResponse:
+                     answered: Response | None = None, early: StreamResponse | None = None
+                     ) -> Response | StreamResponse:
         """No decode replica could answer: the request as it came, to an aggregated replica or,
         failing that, a prefill replica (vLLM's kv_both engines serve whole requests too), so
         losing the decode side does not lose the request. ``answered``: the last 5xx answer
@@ -198,7 +202,7 @@ class Disaggregation:
                     break
                 try:
                     response = await self.forwarder.attempt(request, replica, body, payload, key,
-                                                            children, started, stream)
+                                                            children, started, stream, early)
                 except (UpstreamServerError, UpstreamFailed) as exc:
                     last = str(exc)
                     if isinstance(exc, UpstreamServerError):

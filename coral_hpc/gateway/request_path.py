@@ -153,15 +153,21 @@ class RequestPath:
                               headers={"Retry-After": str(retry)})
 
     async def _serve_disaggregated(self, request: Request, model: str, payload: dict[str, Any],
-                                   key: str, children: _Children, arrived: bool = False
+                                   key: str, children: _Children, arrived: bool = False,
+                                   early: StreamResponse | None = None
                                    ) -> Response | StreamResponse:
         """Through a prefill and a decode replica (:mod:`~coral_hpc.gateway.disagg`);
-        ``arrived``: its arrival is counted already (it woke the model)."""
+        ``arrived``: its arrival is counted already (it woke the model); ``early``: a held
+        stream's answer, its head out already."""
         if not arrived:
             self.meter.record_arrival(model, key)
         started = time.perf_counter()
-        response = await self.disagg.serve(request, model, payload, key, children, started)
+        response = await self.disagg.serve(request, model, payload, key, children, started,
+                                           early)
         children.latency.observe(time.perf_counter() - started)
+        if early is not None and response is not early:
+            # an error answer after the held stream's head went out: the stream says it
+            return await end_early(early, error_text(response), response.status)
         return response
 
     def _no_replica(self, model: str, key: str, children: _Children) -> Response:
@@ -246,12 +252,9 @@ class RequestPath:
         if early is not None and not early.prepared:
             early = None  # found at the first look: nothing went out, answer as usual
         if found is _DISAGGREGATED:  # woken on prefill and decode replicas
-            if early is not None:
-                # the two-hop path writes its own stream head: this one is out already
-                return await end_early(early, f"model {model!r} is awake (prefill and decode "
-                                       "replicas): send the request again", 503)
+            # a held stream whose head is out gets the decode replica's events in it
             return await self._serve_disaggregated(request, model, payload, key, children,
-                                                   arrived=True)
+                                                   arrived=True, early=early)
         if found is None:
             assert why_not is not None
             children.rejected.inc()

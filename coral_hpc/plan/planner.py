@@ -24,7 +24,10 @@ check → :class:`PlanOutcome`.
    ``running``; a model left with nothing gets one replica queued where Slurm expects to
    start it first — without any estimate (none saved, ``sbatch --test-only`` refused or
    rate-limited), on its best shape the site could run, marked start unknown: a busy
-   cluster is not invalid input.
+   cluster is not invalid input. A model woken from zero (``PlanRequest.waking``) may use
+   only its layouts expected READY soonest — Slurm's expected start plus the layout's
+   start-up (:mod:`coral_hpc.plan.layout_startup`, asking Slurm about its shapes) — when
+   they start now beside the rest; else it is planned as any model.
 7. The independent checker (:func:`coral_solver.check.check_plan`) re-verifies the plan, re-checking
    every planned template's throughput with the same throughput model.
 
@@ -49,6 +52,12 @@ from coral_hpc.plan import availability, capacity, inputs, reservations
 from coral_hpc.plan.desired import DesiredPlan, Slot
 from coral_hpc.plan.figures import use_measured_profiles
 from coral_hpc.plan.layout import layout_of
+from coral_hpc.plan.layout_startup import (
+    LayoutStartup,
+    layout_startup,
+    profile_startups,
+    wake_library,
+)
 from coral_hpc.slurm.job_shape import ReplicaShape
 from coral_hpc.slurm.snapshot import ClusterSnapshot, JobShape
 from coral_solver.allocate import SolverUnavailable as NoSuchSolver
@@ -90,6 +99,11 @@ class PlanRequest:
     excluded_templates: frozenset[str]
     excluded_shapes: frozenset[inputs.ReplicaKey]
     startup_s: float
+    #: models woken from zero (scaled to zero, no replica alive): their replica goes to the
+    #: layout expected READY soonest (:mod:`coral_hpc.plan.layout_startup`)
+    waking: frozenset[str] = frozenset()
+    #: start-up (job start → READY) per template id from this deployment's own replicas
+    layout_startups: Mapping[str, LayoutStartup] = field(default_factory=dict)
 
     @classmethod
     def from_snapshot(cls, deployment: Deployment, snapshot: ClusterSnapshot) -> PlanRequest:
@@ -213,6 +227,9 @@ class _Stage2:
     shapes: list[JobShape]
     excluded_shapes: frozenset[inputs.ReplicaKey]
     solver: str
+    waking: frozenset[str] = frozenset()
+    #: each template's start-up (by id), for the woken models' choice
+    startups: Mapping[str, LayoutStartup] = field(default_factory=dict)
 
     def __call__(self, estimates: tuple) -> tuple[Cluster, dict, Plan]:
         cluster = availability.with_estimates(self.base, estimates, self.policy.max_queue_wait_s,
@@ -224,12 +241,26 @@ class _Stage2:
         library = inputs.placeable(self.full_library, cluster)
         cluster = replace(cluster, excluded_stages=inputs.excluded_stages(
             self.full_library, self.excluded_shapes))
+        if self.waking:
+            # a wake from zero: the woken model's layouts READY soonest only, Stage 2 then
+            # picks the cheapest of them; should they not all start now beside the rest (the
+            # plan would queue or fail), the plan without that narrowing, as before
+            full, choices = wake_library(self.full_library, self.models, self.waking, cluster,
+                                         self.startups)
+            kept = {t.id for templates in full.values() for t in templates}
+            narrowed = {m: [t for t in ts if t.id in kept] for m, ts in library.items()}
+            plan = self._allocate(narrowed, cluster, full)
+            if plan.status in ("optimal", "feasible"):
+                return cluster, narrowed, replace(
+                    plan, binding=plan.binding + tuple(c.note() for c in choices))
+        return cluster, library, self._allocate(library, cluster, self.full_library)
+
+    def _allocate(self, library: dict, cluster: Cluster, queue_library: dict) -> Plan:
         try:
-            plan = allocate(self.models, library, cluster, self.policy, backend=self.solver,
-                            queue_library=self.full_library)
+            return allocate(self.models, library, cluster, self.policy, backend=self.solver,
+                            queue_library=queue_library)
         except NoSuchSolver as exc:  # the site's to fix: named, not a traceback
             raise SolverUnavailable(str(exc)) from None
-        return cluster, library, plan
 
 
 def _desired(plan: Plan, models: list[ModelSpec], deployment: Deployment,
@@ -244,6 +275,33 @@ def _desired(plan: Plan, models: list[ModelSpec], deployment: Deployment,
         return inputs.job_shape(deployment, snapshot)
 
     return desired_plan(plan, models, time.time(), time_limit, shape)
+
+
+def _merged(older: tuple, newer: tuple) -> tuple:
+    """Start estimates of both, one per job shape, ``newer``'s where both have one."""
+    def key(e: Any) -> tuple:
+        return (e.partition, e.gpu_type, e.gpus_per_node, e.nodes, e.reservation)
+
+    fresh = {key(e) for e in newer}
+    return tuple(e for e in older if key(e) not in fresh) + tuple(newer)
+
+
+def _startups(request: PlanRequest, models: list[ModelSpec],
+              library: Mapping[str, list[Template]]) -> dict[str, LayoutStartup]:
+    """Each woken model's templates' start-up (:func:`layout_startup`): its own replicas',
+    its measured profile's, else the deployment-wide figure. Empty when nothing wakes."""
+    if not request.waking:
+        return {}
+    from coral_hpc.plan.figures import measured_profile_dirs
+
+    profiles = profile_startups(measured_profile_dirs(request.deployment))
+    default = LayoutStartup(request.startup_s, "the deployment-wide start-up "
+                            "(policy.startup_time_s until its replicas have been seen start)")
+    arch = {m.name: m.arch for m in models}
+    return {t.id: layout_startup(t.id, arch[name], [s.gpu_type for s in t.stages], t.tp,
+                                 request.layout_startups, profiles, default)
+            for name, templates in library.items() if name in request.waking
+            for t in templates}
 
 
 class Planner:
@@ -364,12 +422,19 @@ class Planner:
         warnings += _snapshot_warnings(deployment, snapshot)
         shapes = availability.probe_shapes(deployment, snapshot, library)
         stage2 = _Stage2(models, policy, cluster, library, snapshot, shapes,
-                         request.excluded_shapes, self.backend or deployment.policy.solver)
+                         request.excluded_shapes, self.backend or deployment.policy.solver,
+                         request.waking, _startups(request, models, library))
         stage1 = time.perf_counter() - began
         prober = self._prober(deployment)
         # Slurm's estimates are asked for only when what is free now does not serve the plan:
         # on a cluster with room, planning costs no sbatch --test-only at all
         estimates = tuple(snapshot.estimates) or (prober.cached() if prober is not None else ())
+        if prober is not None and request.waking:
+            # a wake from zero goes where its first replica is READY soonest: Slurm's word on
+            # when each shape of the woken models starts (cached for an epoch, within budget)
+            woken = {m: ts for m, ts in library.items() if m in request.waking}
+            estimates = _merged(estimates, prober.estimates(
+                availability.probe_shapes(deployment, snapshot, woken)))
         cluster, library, plan = stage2(estimates)
         if prober is not None and plan.status not in ("optimal", "feasible"):
             estimates = prober.estimates(shapes)

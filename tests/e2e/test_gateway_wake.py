@@ -171,11 +171,21 @@ def test_a_model_woken_on_prefill_and_decode_replicas_answers_held_requests(stac
     stack["procs"].extend(engines.values())
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         held = pool.submit(_post, stack["gw"], "hold")
+        streamed = pool.submit(_post, stack["gw"], "hold", stream=True)
         time.sleep(1.0)
-        assert not held.done()
+        assert not held.done() and not streamed.done()
         _table(stack["table"], 2, routes={"hold": [
             ReplicaRoute("p1", engines["p1"].url, 1.0, "prefill"),
             ReplicaRoute("d1", engines["d1"].url, 1.0, "decode")]})
-        answer = held.result()
+        answer, stream = held.result(), streamed.result()
     assert answer.status_code == 200, answer.text[:300]
     assert answer.json()["usage"]["completion_tokens"] == 4
+    # the held stream: its head and a comment line during the wake, then the decode
+    # replica's own events in the same answer (not an error asking the client to retry)
+    assert stream.status_code == 200
+    assert stream.text.startswith(": waking hold\n\n"), stream.text[:300]
+    assert "data: [DONE]" in stream.text and '"error"' not in stream.text, stream.text[:600]
+    decoded = [line for line in httpx.get(stack["gw"].url + "/metrics", timeout=5).text
+               .splitlines() if line.startswith("coral_gateway_phase_requests_total{")
+               and 'model="hold"' in line and 'phase="decode"' in line]
+    assert decoded and float(decoded[0].rsplit(" ", 1)[1]) == 2  # both through prefill→decode

@@ -312,3 +312,54 @@ def test_requests_the_scrape_finds_for_a_cold_model_wake_it_without_a_signal(tmp
     loop.cycle(1)
     assert len(loop.planner.requests) == plans + 1
     assert [r.model for r in loop.live()] == [MODEL]
+
+
+def test_a_reload_that_turns_scale_to_zero_on_has_its_wakes_seen_at_once(tmp_path):
+    """A daemon started without scale to zero, then reloaded (SIGHUP) with it: a wake is seen
+    by the half-second watcher and nudges the reconcile loop, as after a start with it."""
+    import threading
+
+    scaled = ScaledLoop(tmp_path, _planner())
+    plain = scaled.deployment.model_copy(update={"policy": scaled.deployment.policy.model_copy(
+        update={"idle_after": None})})
+    daemon = Daemon(plain, scaled.store, scaled.slurm, scaled.planner, api_key_file=None,
+                    table_path=tmp_path / "routes2.json", clock=scaled.clock,
+                    wake_folder=scaled.wakes)
+    assert not daemon.idle.tracked
+    loops = {loop.name: loop for loop in daemon.loops(threading.Event())}
+    assert "wakes" in loops and loops["reconcile"].nudge is daemon.nudge
+    WakeSignal(scaled.wakes).ask(MODEL)
+    loops["wakes"].step()
+    assert not daemon.nudge.is_set()  # not scaled to zero yet: nothing to wake
+    daemon.reload(scaled.deployment)  # SIGHUP: now every model scales to zero
+    loops["wakes"].step()
+    assert daemon.nudge.is_set()
+
+
+def test_the_plan_for_a_wake_names_the_model_woken_from_zero_and_its_layouts_start_ups(tmp_path):
+    """The planner is told which models wake from zero (their replica goes on the layout READY
+    soonest) and the start-up of each layout this deployment's replicas have shown."""
+    loop = ScaledLoop(tmp_path, _planner())
+    loop.cycle()
+    assert loop.planner.requests == [] or not loop.planner.requests[-1].waking
+    first = _serve_once(loop)
+    loop.cycle(IDLE + 10)
+    loop.cycle(loop.settings.drain_grace_s + 1)
+    assert MODEL in loop.daemon.idle.cold()
+    WakeSignal(loop.wakes).ask(MODEL)
+    loop.cycle(1)
+    request = loop.planner.requests[-1]
+    assert request.waking == frozenset({MODEL})
+    seen = request.layout_startups[first.template_id]
+    assert seen.seconds == first.ready_at - first.started_at
+    assert "replicas of" in seen.source
+
+
+def _serve_once(loop):
+    """Wake MODEL, bring its replica up and READY; the stored record."""
+    WakeSignal(loop.wakes).ask(MODEL)
+    loop.cycle(1)
+    (replica,) = [r for r in loop.live() if r.model == MODEL]
+    loop.serve(replica.id)
+    loop.cycle(2)
+    return loop.store.replica(replica.id)
