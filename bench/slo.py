@@ -36,11 +36,11 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from coral_hpc.config import load_deployment
+from coral_hpc.loadtest.replay import ReplaySummary, Slo, replay_jobs
+from coral_hpc.loadtest.virtual import shapes_of, simulate_replicas
+from coral_hpc.loadtest.workload import Arrival, Mix, Workload, poisson_workload, workload
 from coral_solver import catalog, perf
-from tests.support.replay import ReplaySummary, Slo, replay_jobs
 from tests.support.slo_stack import EXAMPLE, plan_for, start_stack
-from tests.support.trace_slice import Arrival, Mix, Workload, poisson_workload, workload
-from tests.support.virtual_engine import shapes_of, simulate_replicas
 
 SPEEDS = {"llama-70b": 4.0}
 

@@ -23,9 +23,9 @@ import math
 
 import pytest
 
-from tests.support.replay import ReplaySummary, replay_jobs
+from coral_hpc.loadtest.replay import ReplaySummary, replay_jobs
+from coral_hpc.loadtest.virtual import shapes_of, simulate_replicas
 from tests.support.slo_stack import Stack, start_stack
-from tests.support.virtual_engine import shapes_of, simulate_replicas
 
 TARGET = 0.95
 SPEEDS = {"llama-70b": 4.0}

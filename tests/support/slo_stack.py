@@ -35,13 +35,13 @@ import yaml
 
 from coral_hpc.config import Deployment, load_deployment
 from coral_hpc.demand import deployment_demand
+from coral_hpc.loadtest.replay import ReplayJob, Slo
+from coral_hpc.loadtest.workload import Mix, workload
 from coral_solver import catalog
 from coral_solver.allocate import allocate
 from coral_solver.templates import build_library
 from coral_solver.types import Billing, Cluster, ModelSpec, NodeGroup, Partition, Plan, PlanRow
 from tests.support.gateway_harness import REPO, Proc, start_gateway, write_table
-from tests.support.replay import ReplayJob, Slo
-from tests.support.trace_slice import Mix, workload
 
 EXAMPLE = REPO / "examples" / "models.yaml"
 
