@@ -46,11 +46,11 @@ import numpy as np
 
 from bench.paper_eval import evaluate
 from bench.paper_eval.workload import ModelWorkload
-from bench.scale_eval import day as D
 from bench.scale_eval import site as S
 from coral_hpc.plan.planner import Planner, PlanningError, PlanRequest
 from coral_hpc.reconcile.settings import ReconcileSettings
 from coral_hpc.records import DemandInterval
+from coral_hpc.simulate import day as D
 from coral_hpc.simulate.run import Replanner
 from coral_solver import catalog
 from coral_solver.types import ModelSpec, Plan
