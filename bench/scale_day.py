@@ -31,6 +31,7 @@ from bench.paper_eval.setups import PRICE_SOURCE
 from bench.scale_eval import run as R
 from bench.scale_eval import site as S
 from coral_hpc.simulate import day as D
+from coral_hpc.simulate.rotation import rotation_overhead
 
 GOAL_S = 600.0
 
@@ -331,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
                      {g: S.PRICES[g] for c in S.NODE_CLASSES for g in [c.gpu_type]}.items())}},
         "models_by_size": dict(Counter(m.size for m in result.models)),
         "models_by_trace": dict(Counter(m.trace for m in result.models)),
-        "rotation_overhead": round(R.rotation_overhead(deployment), 5),
+        "rotation_overhead": round(rotation_overhead(deployment), 5),
         "stage1_cache": (f"warm: {cached} Stage-1 entries from an earlier run" if cached
                          else "cold: a fresh cache folder"),
         "figures": figures,

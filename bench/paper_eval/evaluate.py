@@ -154,6 +154,11 @@ def library_for(
         )
         for name, templates in part.items():
             library[name].extend(templates)
+    for templates in library.values():
+        for t in templates:
+            regions = {s.gpu_type.split("@")[1] for s in t.stages}
+            if len(regions) != 1:  # Stage 1 is run per region: a template spans one
+                raise RuntimeError(f"template {t.id} spans the regions {sorted(regions)}")
     return library
 
 
