@@ -1,4 +1,5 @@
-"""Start real stub replicas and a real gateway process for the gateway tests."""
+"""Start real stub replicas and a real gateway process (the gateway tests, and the sim-engine
+stack of :mod:`harness.slo_stack` that the e2e SLO test and bench/slo.py share)."""
 
 from __future__ import annotations
 
