@@ -70,7 +70,7 @@ integration: venv cluster
 # solver/ and the seams between packages ([tool.mypy]). CI runs it before the tests.
 lint: venv
 	$(BIN)/lint-imports
-	$(BIN)/ruff check coral_hpc solver tests bench
+	$(BIN)/ruff check coral_hpc solver tests bench harness
 	$(BIN)/mypy
 
 wheel-check: venv

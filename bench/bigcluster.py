@@ -58,12 +58,12 @@ from coral_hpc.reconcile.settings import ReconcileSettings
 from coral_hpc.slurm import CliSlurmClient, CommandRunner, make_client
 from coral_hpc.slurm.budget import CallBudget
 from coral_hpc.store import open_store
-from tests.conftest import wait_until
-from tests.support.daemon_setup import (
+from harness.daemon_setup import (
     big_cluster_yaml,
     headless_daemon,
 )
-from tests.support.serve_harness import cancel_deployment
+from harness.slurm_jobs import cancel_deployment
+from harness.wait import wait_until
 
 RESULTS = REPO / "bench" / "results"
 BIG_CONF = "/var/tmp/coral-big-cluster/etc/slurm.conf"

@@ -6,7 +6,7 @@ twice by ``coral-hpc serve`` in one go: ``policy.disaggregation: off`` (the plan
 replica) and ``on`` (its prefill and decode replicas, KV through ExampleConnector under the
 shared state_dir). Each time, once the gateway routes to every planned role, Poisson arrivals at
 the plan's demand (the declared demand with the policy's headroom), token counts exponential
-with the declared mix, are replayed open loop through the gateway (tests/support/replay.py:
+with the declared mix, are replayed open loop through the gateway (coral_hpc/loadtest/replay.py:
 TTFT, TPOT, errors per request), then ``coral-hpc down``.
 
 The mix's prompts (256 tokens on average) span several KV blocks, so the decode replica really
@@ -40,9 +40,9 @@ import httpx
 
 from coral_hpc.config import load_deployment
 from coral_hpc.daemon.process import info_path, read_info
+from coral_hpc.loadtest.replay import ReplayJob, Slo, replay_jobs
+from coral_hpc.loadtest.workload import Mix, poisson_workload
 from coral_hpc.slurm import make_client
-from tests.support.replay import ReplayJob, Slo, replay_jobs
-from tests.support.trace_slice import Mix, poisson_workload
 
 CLI = [sys.executable, "-c", "from coral_hpc.cli import main; main()"]
 MIX = Mix(input_tokens=256, output_tokens=32)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Gateway soak: an hour of steady traffic with periodic bursts, the gateway's RSS sampled.
 
-Real processes on loopback only: two OpenAI-shaped stub replicas (tests/support/openai_stub_server.py,
+Real processes on loopback only: two OpenAI-shaped stub replicas (harness/openai_stub_server.py,
 aiohttp) behind one ``coral-hpc gateway`` with API keys. The load is bounded in rate and time:
 
 * steady: ``--rate`` requests/s (default 30), 70 % plain chat completions, 30 % streamed, over a
@@ -39,7 +39,7 @@ from coral_hpc.gateway.auth import add_key
 from coral_hpc.gateway.table import ReplicaRoute, RoutingTable, write_routing_table
 
 RESULTS = REPO / "bench" / "results"
-STUB = REPO / "tests" / "support" / "openai_stub_server.py"
+STUB = REPO / "harness" / "openai_stub_server.py"
 CORAL_HPC = str(Path(sys.executable).parent / "coral-hpc")
 
 
@@ -290,7 +290,7 @@ def write_results(args, samples: list[dict], load: Load, alive: bool, uptime_sta
         "setup": {"duration_s": args.duration, "rate_rps": args.rate, "burst": args.burst,
                   "burst_every_s": args.burst_every, "slowloris_per_burst": 200,
                   "idle_timeout_s": args.idle_timeout, "sample_s": args.sample,
-                  "upstream": "2 aiohttp stub replicas (tests/support/openai_stub_server.py), "
+                  "upstream": "2 aiohttp stub replicas (harness/openai_stub_server.py), "
                               "5 ms per token, 8 tokens", "cpus": os.cpu_count()},
         "loadavg_start": uptime_start, "loadavg_end": Path("/proc/loadavg").read_text().strip(),
         "requests": {"sent": sent, "answered_200": answered, "failed": load.failed,

@@ -47,7 +47,7 @@ sys.path.insert(0, str(REPO))
 
 from coral_hpc.config import load_deployment
 from coral_hpc.slurm import make_client
-from tests.support import busy_cluster
+from harness import busy_cluster
 
 TRACE = (
     REPO.parent / "shared" / "data" / "traces" / "alibaba-gpu-v2023" / "openb_pod_list_default.csv"

@@ -46,13 +46,13 @@ from coral_hpc.plan.planner import Planner
 from coral_hpc.reconcile.settings import ReconcileSettings
 from coral_hpc.slurm import make_client
 from coral_hpc.store import open_store
-from tests.conftest import wait_until
-from tests.support.daemon_setup import (
+from harness.daemon_setup import (
     SimModel,
     headless_daemon,
     write_models_yaml,
 )
-from tests.support.serve_harness import cancel_deployment
+from harness.slurm_jobs import cancel_deployment
+from harness.wait import wait_until
 
 RESULTS = REPO / "bench" / "results"
 DEV_SLURM_CONF = "/var/tmp/coral-dev-cluster/etc/slurm.conf"

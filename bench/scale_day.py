@@ -28,9 +28,10 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"
 sys.path.insert(0, str(ROOT))
 
 from bench.paper_eval.setups import PRICE_SOURCE
-from bench.scale_eval import day as D
 from bench.scale_eval import run as R
 from bench.scale_eval import site as S
+from coral_hpc.simulate import day as D
+from coral_hpc.simulate.rotation import rotation_overhead
 
 GOAL_S = 600.0
 
@@ -114,7 +115,7 @@ def markdown(doc: dict) -> str:
         f"traces {doc['models_by_trace']}.",
         "- **The day**: each model's hour-long trace stretched to 24 h from its own starting "
         "point (hourly rate curve, interpolated; Poisson within the minute; lengths drawn from "
-        "the trace rows of the hour) — bench/scale_eval/day.py says how and why. "
+        "the trace rows of the hour) — coral_hpc/simulate/day.py says how and why. "
         f"{day['requests']:,} requests.",
         f"- **Planning as the daemon plans**: `demand: auto`, the gateway's per-minute counters "
         f"smoothed by coral_hpc.demand; a re-plan whenever coral_hpc.reconcile.triggers says "
@@ -331,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
                      {g: S.PRICES[g] for c in S.NODE_CLASSES for g in [c.gpu_type]}.items())}},
         "models_by_size": dict(Counter(m.size for m in result.models)),
         "models_by_trace": dict(Counter(m.trace for m in result.models)),
-        "rotation_overhead": round(R.rotation_overhead(deployment), 5),
+        "rotation_overhead": round(rotation_overhead(deployment), 5),
         "stage1_cache": (f"warm: {cached} Stage-1 entries from an earlier run" if cached
                          else "cold: a fresh cache folder"),
         "figures": figures,

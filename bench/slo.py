@@ -5,7 +5,7 @@ For load factors (default 0.5, 1, 1.5, 2, 3) × the demand the plan serves, per 
 
 * **HTTP**: a slice of the Azure LLM conversation trace (Poisson where ../shared/data/traces is
   absent) fitted to the model's mix, replayed open loop through the real gateway to one sim
-  engine process per planned replica (tests/support/slo_stack.py; Llama-70B at --sim-speed 4
+  engine process per planned replica (harness/slo_stack.py; Llama-70B at --sim-speed 4
   with its load 4× faster against SLO/4, a pure change of clock). Requests are given up once their
   SLO is certainly missed, which keeps overloaded runs short; the counts stay exact but later
   requests then fare better, so an overloaded fraction is an upper bound.
@@ -36,11 +36,11 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from coral_hpc.config import load_deployment
+from coral_hpc.loadtest.replay import ReplaySummary, Slo, replay_jobs
+from coral_hpc.loadtest.virtual import shapes_of, simulate_replicas
+from coral_hpc.loadtest.workload import Arrival, Mix, Workload, poisson_workload, workload
 from coral_solver import catalog, perf
-from tests.support.replay import ReplaySummary, Slo, replay_jobs
-from tests.support.slo_stack import EXAMPLE, plan_for, start_stack
-from tests.support.trace_slice import Arrival, Mix, Workload, poisson_workload, workload
-from tests.support.virtual_engine import shapes_of, simulate_replicas
+from harness.slo_stack import EXAMPLE, plan_for, start_stack
 
 SPEEDS = {"llama-70b": 4.0}
 

@@ -36,7 +36,6 @@ import tempfile
 import threading
 import time
 import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,22 +45,26 @@ sys.path[:] = [str(REPO)] + [p for p in sys.path if Path(p or ".").resolve() != 
 
 from coral_hpc.config import load_deployment
 from coral_hpc.daemon.process import info_path, read_info
-from coral_hpc.engine import vllm_metrics
+from coral_hpc.loadtest.host import (
+    Process,
+    host_cpu,
+    processes,
+)
+from coral_hpc.loadtest.phases import (
+    GOAL,
+    measured_capacity,
+    phase_row,
+    timings,
+    with_demand,
+)
 from coral_hpc.profile import openloop
 from coral_hpc.store import open_store
 
 CLI = [sys.executable, "-c", "from coral_hpc.cli import main; main()"]
 #: the goal, the phase length and the load generator are coral-hpc profile's own
 #: (coral_hpc.profile.openloop): a capacity it measured is judged here as it was measured
-GOAL = openloop.GOAL
 MIN_REQUESTS = openloop.MIN_REQUESTS
 phase_seconds = openloop.phase_seconds
-
-
-def timings(phase: openloop.Phase) -> list[tuple[float, float] | None]:
-    """A phase's requests as (TTFT, TPOT), None where one failed (what :func:`phase_row`
-    reads)."""
-    return [(t.ttft_s, t.tpot_s) if t else None for t in phase.timings]
 
 
 async def load_every_model(url: str, loads: list[tuple[object, float]], seconds: float,
@@ -104,152 +107,9 @@ def profile_here(config: Path, env: dict | None = None,
     return written
 
 
-def measured_capacity(profile_files: list[Path], deployment) -> dict[str, float]:
-    """Per model: the requests/s its measured layout served with every request within the
-    model's TTFT and TPOT at the model's mix (the figure the planner plans with)."""
-    import yaml
-
-    models = {m.name: m for m in deployment.models}
-    capacity: dict[str, float] = {}
-    for path in profile_files:
-        profile = yaml.safe_load(path.read_text())
-        model = models[profile["model"]]
-        want = (model.mix.input_tokens, model.mix.output_tokens, model.slo.ttft_s,
-                model.slo.tpot_s)
-        points = [t for t in profile.get("throughput") or ()
-                  if (t["input_tokens"], t["output_tokens"], t["ttft_s"], t["tpot_s"]) == want]
-        if not points:
-            raise ValueError(f"{path}: no throughput point for {model.name}'s mix and SLO "
-                             f"(input, output, TTFT, TPOT) = {want}")
-        capacity[model.name] = float(points[0]["requests_per_s"])
-    return capacity
-
-
-def with_demand(config_text: str, demand: dict[str, float]) -> str:
-    """The config with each named model's declared demand set to ``demand[name]`` requests/s."""
-    import yaml
-
-    data = yaml.safe_load(config_text)
-    for model in data["models"]:
-        if model["name"] in demand:
-            model["demand"] = {"requests_per_s": round(demand[model["name"]], 3)}
-    return yaml.safe_dump(data, sort_keys=False)
-
-
-def host_cpu() -> str:
-    """This host's CPU as the engine sees it: model name, cores, and whether it has AVX-512 with
-    bf16 (vLLM's CPU build computes bf16 with oneDNN there, and falls back to plain torch
-    matmuls without it: the same model runs several times slower)."""
-    info = Path("/proc/cpuinfo").read_text()
-    name = next((line.split(":", 1)[1].strip() for line in info.splitlines()
-                 if line.startswith("model name")), "unknown CPU")
-    flags = set(next((line.split(":", 1)[1].split() for line in info.splitlines()
-                      if line.startswith("flags")), []))
-    isa = ("AVX-512 with bf16" if "avx512_bf16" in flags else
-           "AVX-512, no bf16" if "avx512f" in flags else
-           "AVX2, no AVX-512" if "avx2" in flags else "no AVX2")
-    return f"{name}, {os.cpu_count()} cores, {isa}"
-
-
-def phase_row(model, rate: float, runs: list[tuple[float, float] | None]) -> dict:
-    """One model's figures for one load phase: requests, failures, the share within both SLOs
-    (a failed request is not within), TTFT and TPOT percentiles."""
-    done = [g for g in runs if g]
-    ok = [g for g in done if g[0] <= model.slo.ttft_s and g[1] <= model.slo.tpot_s]
-    return {"rate": rate, "requests": len(runs), "failed": len(runs) - len(done),
-            "within_slo": len(ok) / len(runs) if runs else 0.0,
-            "ttft_mean_ms": round(1000 * sum(g[0] for g in done) / len(done), 1) if done else None,
-            "ttft_ms": [round(v * 1000) for v in _percentiles([g[0] for g in done])],
-            "tpot_ms": [round(v * 1000) for v in _percentiles([g[1] for g in done])]}
-
-
 # ------------------------------------------------------- where a phase's time went (diagnostics)
 
-#: vLLM's own latency histograms: TTFT as the engine saw it, and its queue wait
-ENGINE_HISTOGRAMS = {"ttft": vllm_metrics.TTFT_SECONDS, "queue": vllm_metrics.QUEUE_TIME_SECONDS}
-
-
-def engine_latency_totals(endpoint: str) -> dict[str, tuple[float, float]]:
-    """Per ENGINE_HISTOGRAMS entry: (sum of seconds, count) in the engine's ``/metrics`` (which
-    vLLM serves without the API key), summed over its label sets."""
-    totals = vllm_metrics.histogram_totals(
-        vllm_metrics.fetch_metrics_text(endpoint, timeout=10), tuple(ENGINE_HISTOGRAMS.values()))
-    return {key: totals[name] for key, name in ENGINE_HISTOGRAMS.items()}
-
-
-def engine_latency_means(before: dict[str, tuple[float, float]],
-                         after: dict[str, tuple[float, float]]) -> dict[str, float | None]:
-    """Mean milliseconds per ENGINE_HISTOGRAMS entry over the requests between two
-    :func:`engine_latency_totals` (None where none finished)."""
-    means: dict[str, float | None] = {}
-    for key in ENGINE_HISTOGRAMS:
-        seconds, count = (a - b for a, b in zip(after[key], before[key]))
-        means[key] = round(1000 * seconds / count, 1) if count > 0 else None
-    return means
-
-
-def host_cpu_ticks() -> tuple[int, int, int]:
-    """(busy, stolen, total) clock ticks of the whole host so far, from /proc/stat. Stolen
-    ticks are time the hypervisor ran another guest while this one had work: on a shared VM a
-    latency tail can come from there, not from anything on this host."""
-    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    user, nice, system, idle, iowait, irq, softirq, steal = fields[:8]
-    busy = user + nice + system + irq + softirq
-    return busy, steal, busy + idle + iowait + steal
-
-
-def host_cpu_share(before: tuple[int, int, int], after: tuple[int, int, int]) -> dict[str, float]:
-    """The host's cores busy and the share of its time stolen between two
-    :func:`host_cpu_ticks`."""
-    busy, steal, total = (a - b for a, b in zip(after, before))
-    return {"cores_busy": round((os.cpu_count() or 1) * busy / total, 2) if total else 0.0,
-            "steal": round(steal / total, 3) if total else 0.0}
-
-
-def process_cpu_ticks() -> dict[int, tuple[int, str]]:
-    """Every process's CPU clock ticks so far (user + system) and its name and command line's
-    start."""
-    return {pid: (p.ticks, f"{p.name}: {p.cmdline[:100]}") for pid, p in processes().items()}
-
-
-def busiest_processes(before: dict[int, tuple[int, str]], after: dict[int, tuple[int, str]],
-                      seconds: float, top: int = 6) -> list[str]:
-    """The ``top`` processes by cores used between two :func:`process_cpu_ticks`: who else
-    computed while a phase ran (``0.85 1234 VLLM::Worker: ...``)."""
-    hz = os.sysconf("SC_CLK_TCK")
-    used = sorted(((ticks - before.get(pid, (0, ""))[0]) / hz / max(seconds, 1e-9), pid, name)
-                  for pid, (ticks, name) in after.items())
-    return [f"{cores:.2f} {pid} {name}" for cores, pid, name in reversed(used[-top:]) if cores > 0]
-
-
 # ---------------------------------------------------------------- the engine processes' footprint
-
-@dataclass(frozen=True)
-class Process:
-    """One process as /proc shows it."""
-
-    parent: int
-    ticks: int  # CPU clock ticks so far, user + system
-    name: str  # /proc/PID/comm
-    cmdline: str  # its arguments joined by spaces
-
-
-def processes() -> dict[int, Process]:
-    """Every process now, from /proc (one that ends while being read is left out)."""
-    table: dict[int, Process] = {}
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
-            name = (proc / "comm").read_text().strip()
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        table[int(proc.name)] = Process(int(fields[1]), int(fields[11]) + int(fields[12]), name,
-                                        cmdline)
-    return table
-
 
 def _tree(table: dict[int, Process], root_marker: str, exclude: int) -> list[int]:
     """Every process whose command line names ``root_marker`` (the replica jobs' state folder,
@@ -330,13 +190,6 @@ class FootprintSampler(threading.Thread):
                 "peak_pss_gib": max(self.pss, default=0) / gib,
                 "mean_pss_gib": sum(self.pss) / max(len(self.pss), 1) / gib,
                 "cores": (self.cpu1 - self.cpu0) / max(self.ended - self.began, 1e-9)}
-
-
-def _percentiles(values: list[float]) -> list[float]:
-    if not values:
-        return []
-    values = sorted(values)
-    return [values[min(len(values) - 1, int(q * len(values)))] for q in (0.5, 0.9, 0.99)]
 
 
 def plan_summary(plan) -> dict:

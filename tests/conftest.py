@@ -21,11 +21,11 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import time
 from pathlib import Path
-from typing import Callable
 
 import pytest
+
+from harness.wait import wait_until  # noqa: F401 (the tests import it from here)
 
 REPO = Path(__file__).resolve().parent.parent
 DEV_SLURM_CONF = "/var/tmp/coral-dev-cluster/etc/slurm.conf"
@@ -52,21 +52,6 @@ def slurm_answers() -> str | None:
     if "UP" not in out.stdout:
         return f"no Slurm controller answers: {out.stdout.strip() or out.stderr.strip()}"
     return None
-
-
-def wait_until(
-    predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.2
-) -> object:
-    """Poll ``predicate`` until it returns something truthy; fail naming ``what`` and the last
-    value seen when ``timeout`` seconds pass."""
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last seen: {last!r}")
 
 
 class SlurmRunner:

@@ -11,7 +11,7 @@ epoch is served in virtual time by the replica it is routed to:
   spread) and refuses the rest: refused requests count as missed.
 * **Replica**: the sim engine's own scheduler (``coral_hpc.engine.batching``: continuous batching,
   whole prompts in a step, KV-cache limit, preemption) and step times from :mod:`coral_solver.perf`,
-  driven in virtual time (:mod:`bench.paper_eval.replica`). Replicas of one row receive
+  driven in virtual time (:mod:`coral_hpc.simulate.serve`). Replicas of one row receive
   statistically identical shares, so one per row is simulated and its figures count ``count``
   times. Each epoch's replicas start empty (the 6-minute epochs dwarf the warm-up).
 * **Goodput**: output tokens per second of the requests that met both SLOs (TTFT and mean TPOT).
@@ -42,7 +42,7 @@ from bench.paper_eval.setups import (
     regional,
 )
 from bench.paper_eval.workload import RUN_S, ModelWorkload, model_workload
-from coral_hpc.simulate.serve import _SERVED, Served, _deal  # noqa: F401 (tests use _deal)
+from coral_hpc.simulate.serve import _SERVED, Served
 from coral_hpc.simulate.serve import serve_window as _serve_window
 from coral_solver import baselines, perf
 from coral_solver.allocate import allocate
@@ -154,6 +154,11 @@ def library_for(
         )
         for name, templates in part.items():
             library[name].extend(templates)
+    for templates in library.values():
+        for t in templates:
+            regions = {s.gpu_type.split("@")[1] for s in t.stages}
+            if len(regions) != 1:  # Stage 1 is run per region: a template spans one
+                raise RuntimeError(f"template {t.id} spans the regions {sorted(regions)}")
     return library
 
 

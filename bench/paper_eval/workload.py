@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from coral_hpc.loadtest.workload import TRACE_FILES, trace_dir
 from coral_hpc.simulate.traces import BIN_S, ModelWorkload, load_rows, scaled_workload
-from tests.support.trace_slice import TRACE_FILES, trace_dir
 
 __all__ = ["BIN_S", "RUN_S", "TRACE_KIND", "ModelWorkload", "model_workload"]
 

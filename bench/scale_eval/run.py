@@ -46,11 +46,11 @@ import numpy as np
 
 from bench.paper_eval import evaluate
 from bench.paper_eval.workload import ModelWorkload
-from bench.scale_eval import day as D
 from bench.scale_eval import site as S
 from coral_hpc.plan.planner import Planner, PlanningError, PlanRequest
-from coral_hpc.reconcile.settings import ReconcileSettings
 from coral_hpc.records import DemandInterval
+from coral_hpc.simulate import day as D
+from coral_hpc.simulate.rotation import rotation_overhead
 from coral_hpc.simulate.run import Replanner
 from coral_solver import catalog
 from coral_solver.types import ModelSpec, Plan
@@ -131,16 +131,6 @@ def policy_of(cfg: Config) -> dict:
             "demand_change_threshold": cfg.demand_change_threshold}
 
 
-def rotation_overhead(deployment) -> float:
-    """Fraction of a replica's cost walltime rotation adds: its successor overlaps it for
-    start-up + drain grace once per usable life (see the module doc)."""
-    policy, cluster = deployment.policy, deployment.cluster
-    settings = ReconcileSettings.from_policy(policy)
-    life = (cluster.time_limit_s - settings.walltime_signal_s - policy.walltime_lead_s
-            + policy.startup_time_s)
-    return (policy.startup_time_s + settings.drain_grace_s) / life
-
-
 def _gpus(row) -> int:
     return row.count * row.template.tp * len(row.template.stages)
 
@@ -184,6 +174,7 @@ def run_day(cfg: Config, traces_dir: Path, log: Callable[[str], None] = print) -
         f"{sum(int(d.counts.sum()) for d in days.values()):,} requests")
 
     deployment = S.deployment(models, mixes, policy_of(cfg))
+    S.check_site(deployment)
     replanner = Replanner(deployment, D.MINUTE_S)
     snapshot = S.snapshot()
     cache = cfg.cache_dir or Path(tempfile.mkdtemp(prefix="coral-scale-templates-"))
@@ -421,6 +412,7 @@ def count_replans(cfg: Config, traces_dir: Path) -> Counter:
     same demand meter as :func:`run_day`; a refused plan cannot happen here)."""
     models, mixes, days = draw_day(cfg, traces_dir)
     deployment = S.deployment(models, mixes, policy_of(cfg))
+    S.check_site(deployment)
     replanner = Replanner(deployment, D.MINUTE_S)
 
     def interval(minute: int, start: float) -> list[DemandInterval]:

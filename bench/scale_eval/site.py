@@ -24,6 +24,7 @@ Every choice is data here, printed with the results:
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,8 @@ import yaml
 from bench.paper_eval.setups import MODELS as PAPER_MODELS
 from bench.paper_eval.setups import PRICES
 from coral_hpc.config import Deployment, parse_deployment
+from coral_hpc.demand import deployment_demand
+from coral_hpc.plan.planner import Planner, PlanRequest
 from coral_hpc.slurm.build import build_node_groups
 from coral_hpc.slurm.snapshot import ClusterSnapshot, NodeInfo, PartitionInfo
 from coral_solver import catalog
@@ -111,7 +114,23 @@ def draw_models(n: int, total_rps: float, seed: int = 0) -> list[SiteModel]:
                   if t != "mooncake" or catalog.model_arch(arch).max_context >= LONG_CONTEXT]
         out.append(SiteModel(f"{arch}-t{i:02d}", arch, size, traces[rng.integers(len(traces))],
                              float(rng.uniform()), float(popularity[i])))
+    _check_models(out, n, total_rps)
     return out
+
+
+def _check_models(models: list[SiteModel], n: int, total_rps: float) -> None:
+    """What the run's report assumes of the drawn models; RuntimeError naming what broke (a
+    change to the drawing, not bad input)."""
+    if len({m.name for m in models}) != n:
+        raise RuntimeError(f"draw_models: {n} models drawn with duplicate names")
+    if abs(sum(m.mean_rps for m in models) - total_rps) > 1e-6 * total_rps:
+        raise RuntimeError(f"draw_models: rates sum to {sum(m.mean_rps for m in models)}, "
+                           f"not {total_rps}")
+    short = [m.name for m in models if m.trace == "mooncake"
+             and catalog.model_arch(m.arch).max_context < LONG_CONTEXT]
+    if short:
+        raise RuntimeError(f"draw_models: Mooncake's long prompts given to {short}, whose "
+                           f"context is under {LONG_CONTEXT}")
 
 
 def partitions() -> dict[str, tuple[str, ...]]:
@@ -173,6 +192,38 @@ def deployment(models: list[SiteModel], mixes: dict[str, tuple[int, int]],
         } for m in models],
     }
     return parse_deployment(yaml.safe_dump(doc, sort_keys=False), "<scale site>")
+
+
+def check_site(site: Deployment) -> None:
+    """The site as the daemon's planner reads it (its inputs, as ``serve`` builds them) is
+    :data:`NODE_CLASSES`: every node once, every GPU free, each partition priced as
+    :data:`PRICES` says, the catch-all ``gpu`` partition over the typed ones. RuntimeError naming
+    what differs, before a day is run on a site other than the one reported."""
+    request = PlanRequest(site, snapshot(), deployment_demand(site, []), (), frozenset(),
+                          frozenset(), site.policy.startup_time_s)
+    _, cluster, _ = Planner().inputs(request)
+    nodes = [n for g in cluster.node_groups for n in g.nodes]
+    groups = {g.name: g for g in cluster.node_groups}
+    parts = {p.name: p for p in cluster.partitions}
+    members = {name: {n for g in p.node_groups for n in groups[g].nodes}
+               for name, p in parts.items()}
+    problems = []
+    if len(nodes) != len(set(nodes)) or len(nodes) != total_nodes():
+        problems.append(f"{len(nodes)} nodes ({len(set(nodes))} distinct), not {total_nodes()}")
+    free = sum(sum(g.free) for g in cluster.node_groups)
+    if free != total_gpus():
+        problems.append(f"{free} free GPUs, not {total_gpus()}")
+    for name, types in partitions().items():
+        for gpu in types:
+            if not math.isclose(parts[name].gpu_hour_cost(gpu), PRICES[gpu]):
+                problems.append(f"partition {name} prices {gpu} at "
+                                f"{parts[name].gpu_hour_cost(gpu)}, not {PRICES[gpu]}")
+    typed = {p for cls in NODE_CLASSES if "gpu" in cls.partitions for p in cls.partitions} - {"gpu"}
+    if not all(members[p] < members["gpu"] for p in typed):
+        problems.append(f"the catch-all gpu partition does not hold all of {sorted(typed)}")
+    if problems:
+        raise RuntimeError("the planner reads another site than NODE_CLASSES: "
+                           + "; ".join(problems))
 
 
 def total_nodes() -> int:

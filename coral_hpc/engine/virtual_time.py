@@ -4,7 +4,7 @@ driven by a discrete-event loop instead of a clock. It lives in the solver becau
 rates templates with it (:mod:`coral_solver.simcap`).
 
 The paper comparison (``bench/paper_eval``) and ``coral-hpc simulate`` serve their trace samples
-with it, and the tests' virtual replay (``tests/support/virtual_engine.py``) compares it with the
+with it, and the virtual replay (``coral_hpc/loadtest/virtual.py``) compares it with the
 real processes.
 """
 

@@ -15,7 +15,7 @@ import yaml
 
 from coral_hpc.gateway.auth import add_key
 from coral_hpc.gateway.table import ReplicaRoute, RoutingTable, write_routing_table
-from tests.support.gateway_harness import start_gateway, start_stub, write_models_yaml
+from harness.gateway import start_gateway, start_stub, write_models_yaml
 
 SECRET = "confidential-prompt-9d2f41"
 

@@ -9,7 +9,7 @@ import time
 import httpx
 import yaml
 
-from tests.support.gateway_harness import start_gateway, write_models_yaml, write_table
+from harness.gateway import start_gateway, write_models_yaml, write_table
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from coral_hpc.gateway.table import ReplicaRoute, RoutingTable, write_routing_table
-from tests.support.gateway_harness import (
+from harness.gateway import (
     Proc,
     start_gateway,
     start_sim_engine,

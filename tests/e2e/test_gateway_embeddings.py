@@ -12,8 +12,8 @@ import openai
 import pytest
 import yaml
 
+from harness.gateway import Proc, start_gateway, start_sim_engine, write_table
 from tests.conftest import REPO
-from tests.support.gateway_harness import Proc, start_gateway, start_sim_engine, write_table
 
 REPLICA_KEY = "sim-replica-key-e3b1"
 BGE = REPO / "tests" / "data" / "hf_configs" / "bge-small-en-v1.5.json"

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from coral_hpc.gateway.auth import add_key
-from tests.support.gateway_harness import (
+from harness.gateway import (
     start_gateway,
     start_stub,
     stub_stats,

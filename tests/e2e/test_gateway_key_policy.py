@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from coral_hpc.gateway.auth import add_key
-from tests.support.gateway_harness import (
+from harness.gateway import (
     CORAL_HPC,
     start_gateway,
     start_stub,

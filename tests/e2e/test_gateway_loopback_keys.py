@@ -23,7 +23,7 @@ import pytest
 from coral_hpc.daemon import ensure_key_file
 from coral_hpc.daemon.scrape import fetch_demand
 from coral_hpc.gateway.auth import add_key
-from tests.support.gateway_harness import (
+from harness.gateway import (
     CORAL_HPC,
     start_gateway,
     start_stub,

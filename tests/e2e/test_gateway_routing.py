@@ -11,7 +11,7 @@ import aiohttp
 import httpx
 import pytest
 
-from tests.support.gateway_harness import (
+from harness.gateway import (
     start_gateway,
     start_stub,
     stub_stats,

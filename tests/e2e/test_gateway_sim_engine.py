@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from tests.support.gateway_harness import (
+from harness.gateway import (
     Proc,
     start_gateway,
     start_sim_engine,

@@ -20,7 +20,7 @@ from coral_hpc.daemon.scrape import fetch_demand
 from coral_hpc.gateway.auth import add_key
 from coral_hpc.gateway.table import default_internal_key_path
 from coral_hpc.gateway.tls import loopback_client_context
-from tests.support.gateway_harness import (
+from harness.gateway import (
     CORAL_HPC,
     start_gateway,
     start_stub,
@@ -180,7 +180,7 @@ def test_a_certificate_that_is_not_pem_stops_the_start(env, tmp_path):
 
 def test_tls_settings_are_documented_in_the_example(env):
     from coral_hpc.config import load_deployment
-    from tests.support.gateway_harness import REPO
+    from harness.gateway import REPO
 
     example = load_deployment(REPO / "examples" / "university.yaml")
     assert example.gateway.tls_cert and example.gateway.tls_key

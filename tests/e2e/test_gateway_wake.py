@@ -16,7 +16,7 @@ import yaml
 
 from coral_hpc.gateway.table import ReplicaRoute, RoutingTable, WakeInfo, write_routing_table
 from coral_hpc.gateway.wake import pending_wakes
-from tests.support.gateway_harness import start_gateway, start_sim_engine, write_models_yaml
+from harness.gateway import start_gateway, start_sim_engine, write_models_yaml
 
 REPLICA_KEY = "sim-replica-key-wake-7f3"
 BODY = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4}

@@ -12,7 +12,7 @@ vacuous — and for every model that fails, the virtual-time run of the engine's
 agree that it fails, so the failure is the engine's, not this two-core machine's.
 
 Llama-70B's engines run at ``--sim-speed 4`` with its replay 4× faster against SLO/4 (a pure
-change of clock, see tests/support/slo_stack.py and test_replay.py): in real time its requests —
+change of clock, see harness/slo_stack.py and test_replay.py): in real time its requests —
 hundreds of tokens at up to 150 ms each — would outlast the test by minutes.
 """
 
@@ -23,9 +23,9 @@ import math
 
 import pytest
 
-from tests.support.replay import ReplaySummary, replay_jobs
-from tests.support.slo_stack import Stack, start_stack
-from tests.support.virtual_engine import shapes_of, simulate_replicas
+from coral_hpc.loadtest.replay import ReplaySummary, replay_jobs
+from coral_hpc.loadtest.virtual import shapes_of, simulate_replicas
+from harness.slo_stack import Stack, start_stack
 
 TARGET = 0.95
 SPEEDS = {"llama-70b": 4.0}

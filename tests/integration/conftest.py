@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support import busy_cluster
+from harness import busy_cluster
 from tests.support.serve_harness import cancel_deployment
 
 
@@ -18,7 +18,7 @@ def env(slurm_cluster, monkeypatch):
 
 @pytest.fixture
 def other_lab(env):
-    """The local cluster made busy by another lab (tests/support/busy_cluster.py): its user and
+    """The local cluster made busy by another lab (harness/busy_cluster.py): its user and
     account made ready for the test, and every job of it cancelled after, whatever happened."""
     busy_cluster.ensure_other_user()
     yield

@@ -24,8 +24,8 @@ import pytest
 
 from coral_hpc.config import load_deployment
 from coral_hpc.slurm import make_client
+from harness import busy_cluster
 from tests.conftest import REPO, wait_until
-from tests.support import busy_cluster
 from tests.support.serve_harness import (
     ServeProcess,
     cli,

@@ -19,9 +19,9 @@ from coral_hpc.launch.spec import replica_spec
 from coral_hpc.launch.submit import submit_replica
 from coral_hpc.slurm import make_client
 from coral_hpc.types import ReplicaLayout, StageLayout
+from harness import busy_cluster
 from tests.conftest import wait_until
 from tests.integration.test_busy_cluster import config_copy, some_model_ready
-from tests.support import busy_cluster
 from tests.support.serve_harness import ServeProcess, tagged_jobs
 
 pytestmark = pytest.mark.slurm

@@ -53,8 +53,13 @@ from coral_hpc.slurm import make_client
 from coral_hpc.store import Store, open_store
 from coral_hpc.types import ReplicaLayout, StageLayout
 from coral_solver.catalog import model_arch
+from harness.daemon_setup import SimModel, headless_daemon, write_models_yaml
+from harness.slurm_jobs import (  # noqa: F401 (the tests read them from here)
+    cancel_deployment,
+    live_jobs,
+    tagged_jobs,
+)
 from tests.conftest import REPO, wait_until
-from tests.support.daemon_setup import SimModel, headless_daemon, write_models_yaml
 
 T = TypeVar("T")
 
@@ -355,18 +360,6 @@ def wait_cycles(deployments: Sequence[Deployment], cycles: int, timeout: float =
         raise AssertionError(f"{exc}; cycles seen: {got}") from None
 
 
-def tagged_jobs(env: dict, deployment: Deployment | str) -> list:
-    """This deployment's jobs Slurm still runs or queues (ground truth, read independently)."""
-    name = deployment if isinstance(deployment, str) else deployment.deployment
-    snapshot = make_client("cli", env=env).snapshot(name)
-    return [j for j in snapshot.jobs if j.end_kind is None]
-
-
-def live_jobs(env: dict, deployment: Deployment | str) -> list[str]:
-    """The ids of :func:`tagged_jobs`, sorted."""
-    return sorted(j.job_id for j in tagged_jobs(env, deployment))
-
-
 def status(env: dict, config: Path) -> dict:
     """``coral-hpc status --json``, which must succeed."""
     out = cli(env, "status", str(config), "--json")
@@ -412,18 +405,6 @@ def complete(address: str, model: str) -> tuple[int, dict | str]:
         return exc.code, exc.read().decode(errors="replace")
     except OSError as exc:
         return 0, str(exc)
-
-
-def cancel_deployment(env: dict, deployment: Deployment) -> None:
-    """Stop a gateway a killed daemon left running (it lives in its own session by design) and
-    cancel every job of ``deployment`` Slurm still runs or queues, whatever state the test left
-    them in."""
-    from coral_hpc.daemon.process import stop_recorded_gateway
-
-    stop_recorded_gateway(deployment, timeout_s=5.0)
-    ids = live_jobs(env, deployment)
-    if ids:
-        make_client("cli", env=env).cancel(ids)
 
 
 # ------------------------------------------------- candidates as JSON (for the daemon processes)

@@ -27,7 +27,7 @@ from coral_hpc.slurm.budget import CallBudget
 from coral_hpc.slurm.errors import classify
 from coral_hpc.slurm.runner import CommandResult, command_kind
 from coral_hpc.store import open_store
-from tests.support.daemon_setup import big_cluster_yaml
+from harness.daemon_setup import big_cluster_yaml
 from tests.support.virtual_time import VirtualClock, VirtualStop
 
 RECORDING = Path(__file__).resolve().parents[1] / "data" / "slurm" / "big-22.05.json.gz"

@@ -13,7 +13,7 @@ from coral_hpc.daemon import ensure_key_file, service
 from coral_hpc.daemon.metrics import DaemonMetrics
 from coral_hpc.errors import PermanentError
 from coral_hpc.gateway.auth import add_key, remove_key
-from tests.support.gateway_harness import write_models_yaml
+from harness.gateway import write_models_yaml
 
 
 def _get(address: str, key: str | None = None) -> httpx.Response:

@@ -17,9 +17,9 @@ from coral_hpc.daemon.process import info_path
 from coral_hpc.errors import PermanentError
 from coral_hpc.plan.planner import SolverUnavailable
 from coral_hpc.store import open_store
+from harness.daemon_setup import SimModel, write_models_yaml
 from tests.conftest import wait_until
 from tests.fakes.slurm import FakeSlurm, recorded_snapshot
-from tests.support.daemon_setup import SimModel, write_models_yaml
 
 
 class FakeGateway:

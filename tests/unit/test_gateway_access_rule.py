@@ -57,7 +57,7 @@ def test_validate_warns_that_serve_will_refuse_a_file_without_keys(tmp_path):
     from click.testing import CliRunner
 
     from coral_hpc.cli.validate import validate
-    from tests.support.gateway_harness import write_models_yaml
+    from harness.gateway import write_models_yaml
 
     def warnings(path) -> list[str]:
         snapshot = REPO / "tests" / "data" / "plan" / "devcluster-snapshot.json"

@@ -9,8 +9,9 @@ import pytest
 
 from coral_hpc.engine.pipeline import Layout
 from coral_hpc.engine.virtual_time import EngineLimits
-from tests.support.replay import ReplaySummary, RequestResult, Slo, percentile
-from tests.support.trace_slice import (
+from coral_hpc.loadtest.replay import ReplaySummary, RequestResult, Slo, percentile
+from coral_hpc.loadtest.virtual import EngineShape, simulate
+from coral_hpc.loadtest.workload import (
     Arrival,
     Mix,
     TraceRow,
@@ -21,7 +22,6 @@ from tests.support.trace_slice import (
     trace_dir,
     workload,
 )
-from tests.support.virtual_engine import EngineShape, simulate
 
 ROWS = [TraceRow(t=100.0 + 0.5 * i + (0.3 if i % 3 == 0 else 0.0), context_tokens=100 + 10 * i,
                  generated_tokens=20 + (i % 7)) for i in range(50)]

@@ -44,22 +44,23 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.slo_vllm import (
-    GOAL,
+from coral_hpc.config import load_deployment
+from coral_hpc.daemon.process import info_path, read_info
+from coral_hpc.loadtest.host import (
     busiest_processes,
-    engine_latency_means,
-    engine_latency_totals,
     host_cpu_share,
     host_cpu_ticks,
+    process_cpu_ticks,
+)
+from coral_hpc.loadtest.phases import (
+    GOAL,
+    engine_latency_means,
+    engine_latency_totals,
     measured_capacity,
     phase_row,
-    process_cpu_ticks,
-    profile_here,
     timings,
     with_demand,
 )
-from coral_hpc.config import load_deployment
-from coral_hpc.daemon.process import info_path, read_info
 from coral_hpc.profile import openloop
 from coral_hpc.slurm import make_client
 from coral_hpc.store import open_store
@@ -82,6 +83,20 @@ EXPECTED_LAYOUTS = {
     "tiny-llama": (("v100", 2), ("v100", 2)),
     "tiny-qwen2": (("v100", 3), ("a100", 2)),
 }
+#: ``coral-hpc profile`` arguments that measure those layouts, as scripts/demo-vllm runs them
+PROFILE_ARGS = (("--model", "tiny-chat"), ("--model", "tiny-llama", "--pp", "2"),
+                ("--model", "tiny-qwen2", "--stages", "v100,a100"))
+
+
+def _profile_here(config: Path, env: dict) -> list[Path]:
+    """``coral-hpc profile CONFIG ARGS --json`` for each of PROFILE_ARGS, one engine job at a
+    time on this host's cluster; the profile files written."""
+    written: list[Path] = []
+    for args in PROFILE_ARGS:
+        out = cli(env, "profile", str(config), *args, "--json", timeout=1800)
+        assert out.returncode == 0, f"coral-hpc profile {' '.join(args)}:\n{out.stderr[-3000:]}"
+        written += [Path(p) for p in json.loads(out.stdout)["profiles"]]
+    return written
 
 
 def _plan_layouts(plan) -> dict[str, list[tuple[tuple[str, int], ...]]]:
@@ -102,7 +117,7 @@ def _example_profiled_here(tmp_path: Path, env: dict, venv: Path,
                           config.read_text())
     assert count == 1
     config.write_text(text)
-    profiles = profile_here(config, env)
+    profiles = _profile_here(config, env)
     if CAPACITY_SCALE != 1:
         _scale_capacity(profiles, CAPACITY_SCALE)
     capacity = measured_capacity(profiles, load_deployment(config))

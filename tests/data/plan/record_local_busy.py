@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO))
 
 from coral_hpc.slurm.parse_jobs import SQUEUE_FORMAT  # noqa: E402
 from coral_hpc.slurm.parse_limits import QOS_FIELDS  # noqa: E402
-from tests.support import busy_cluster  # noqa: E402
+from harness import busy_cluster  # noqa: E402
 from tests.support.serve_harness import CLI  # noqa: E402
 from tests.support.university_local import write_university_local  # noqa: E402
 

@@ -1,12 +1,13 @@
 """The sim engine's own scheduler and step times driven in *virtual* time: what the engine would
 measure with an infinitely fast CPU and network.
 
-The HTTP replay (:mod:`tests.support.replay`) measures the real processes on a small machine, where
-the gateway, the client and the engines share two cores. This module serves the same
+The HTTP replay (:mod:`coral_hpc.loadtest.replay`) measures the real processes on a small
+machine, where the gateway, the client and the engines share two cores. This module serves the same
 requests through :mod:`coral_hpc.engine.virtual_time`: the very same scheduler, pipeline clock and
 step model (the step latencies from :mod:`coral_solver.perf`) as a discrete-event simulation,
 mirroring :class:`coral_hpc.engine.runner.SimEngine`. The difference between the two is what
-the machine adds; where both miss an SLO the disagreement is between the engine and the plan, not the test rig.
+the machine adds; where both miss an SLO the disagreement is between the engine and the plan,
+not the test rig.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from dataclasses import dataclass
 
 from coral_hpc.engine.pipeline import Layout
 from coral_hpc.engine.virtual_time import EngineLimits, Request, serve
+from coral_hpc.loadtest.replay import ReplaySummary, RequestResult, Slo
+from coral_hpc.loadtest.workload import Workload
 from coral_solver.types import PlanRow
-from tests.support.replay import ReplaySummary, RequestResult, Slo
-from tests.support.trace_slice import Workload
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Start real stub replicas and a real gateway process for the gateway tests."""
+"""Start real stub replicas and a real gateway process (the gateway tests, and the sim-engine
+stack of :mod:`harness.slo_stack` that the e2e SLO test and bench/slo.py share)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ import yaml
 
 from coral_hpc.gateway.table import ReplicaRoute, RoutingTable, write_routing_table
 
-REPO = Path(__file__).resolve().parents[2]
-STUB = REPO / "tests" / "support" / "openai_stub_server.py"
+REPO = Path(__file__).resolve().parents[1]
+STUB = REPO / "harness" / "openai_stub_server.py"
 #: the installed console script, as a user runs it
 CORAL_HPC = str(Path(sys.executable).parent / "coral-hpc")
 

@@ -1,4 +1,5 @@
-"""A day of requests per model, from an hour-long public trace stretched to 24 hours.
+"""A day of requests per model, from an hour-long public trace stretched to 24 hours (the
+virtual-time day ``bench/scale_day.py`` replays through the daemon's planner).
 
 The public traces here are about an hour long (Azure LLM 2023 code 57 min and conversation
 58 min; Mooncake conversation 59 min). How a model's day is made from its trace (every choice

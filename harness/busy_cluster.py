@@ -18,7 +18,7 @@ from pathlib import Path
 from coral_hpc.slurm.parse_nodes import parse_nodes_text
 
 OTHER_USER = "coral-other"
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _env() -> dict[str, str]:

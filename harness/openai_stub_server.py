@@ -7,7 +7,7 @@ It also counts what it saw (``GET /stats``): /health probes, requests per path, 
 cancelled by the client going away, and the ``Authorization`` it was given, so tests check the
 gateway's behaviour from the replica's side.
 
-    python tests/support/openai_stub_server.py --name r1 --ready-file /tmp/r1.addr \
+    python harness/openai_stub_server.py --name r1 --ready-file /tmp/r1.addr \
         [--token-delay 0.01] [--api-key-file key] [--no-usage]
 """
 

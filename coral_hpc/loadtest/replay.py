@@ -1,7 +1,7 @@
 """Open-loop replay of a workload against an OpenAI-compatible endpoint, measuring TTFT and TPOT.
 
-Independent of coral_hpc: it speaks HTTP to a base URL (the gateway, or one engine) and nothing
-else, so the e2e SLO test, ``bench/slo.py`` and the serve integration test share it.
+Independent of the rest of coral_hpc: it speaks HTTP to a base URL (the gateway, or one engine)
+and nothing else, so the e2e SLO test, ``bench/slo.py`` and the real-engine serve test share it.
 
 Measurement, per request (definitions as vLLM's benchmarks use them):
 
@@ -27,10 +27,11 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 import aiohttp
 
-from tests.support.trace_slice import Arrival, Mix, Workload, workload
+from coral_hpc.loadtest.workload import Arrival, Mix, Workload, workload
 
 #: Longest a single request may take before it counts as an error (seconds).
 REQUEST_TIMEOUT_S = 120.0
@@ -137,7 +138,8 @@ class ReplaySummary:
         return (f"{self.model}: {self.within_slo}/{self.requests} within SLO "
                 f"({self.fraction_within_slo:.1%}) at {self.rate_rps:.2f} req/s; "
                 f"TTFT p50/p90/p99 {ms(t['p50'])}/{ms(t['p90'])}/{ms(t['p99'])} ms "
-                f"(SLO {ms(self.slo.ttft_s)}); TPOT {ms(p['p50'])}/{ms(p['p90'])}/{ms(p['p99'])} ms "
+                f"(SLO {ms(self.slo.ttft_s)}); "
+                f"TPOT {ms(p['p50'])}/{ms(p['p90'])}/{ms(p['p99'])} ms "
                 f"(SLO {ms(self.slo.tpot_s)}); errors {self.errors}, abandoned {self.abandoned}"
                 + (f" (first: {first_error})" if first_error else "")
                 + f"; max send lag {self.max_send_lag_s * 1000:.0f} ms; {self.source}")
@@ -197,9 +199,10 @@ async def _one(session: aiohttp.ClientSession, url: str, headers: dict, model: s
     if delay > 0:
         await asyncio.sleep(delay)
     lag = max(0.0, loop.time() - scheduled)
-    base = {"at": arrival.at, "prompt_tokens": arrival.prompt_tokens,
+    base: dict[str, Any] = {"at": arrival.at, "prompt_tokens": arrival.prompt_tokens,
             "max_tokens": arrival.max_tokens, "send_lag_s": lag}
-    first = last = None
+    first: float | None = None
+    last: float | None = None
     usage: dict | None = None
     done = False
     status = None
@@ -250,7 +253,7 @@ async def _one(session: aiohttp.ClientSession, url: str, headers: dict, model: s
     end = loop.time()
     if not done:
         return RequestResult(**base, status=status, error="stream ended without [DONE]")
-    if usage is None or first is None:
+    if usage is None or first is None or last is None:
         return RequestResult(**base, status=status, error="no usage chunk or no output text")
     tokens = int(usage.get("completion_tokens", 0))
     result = RequestResult(
@@ -292,7 +295,8 @@ async def replay_jobs(base_url: str, api_key: str | None, jobs: Sequence[ReplayJ
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        t0 = asyncio.get_running_loop().time() + 0.2  # every task is scheduled before the first send
+        # every task is scheduled before the first send
+        t0 = asyncio.get_running_loop().time() + 0.2
         tasks = {
             job.model: [asyncio.create_task(_one(session, url, headers, job.model, a, chat, t0,
                                                  job.slo if give_up_on_miss else None))

@@ -9,8 +9,8 @@
 - :func:`headless_daemon` builds :class:`~coral_hpc.daemon.core.Daemon` as ``serve`` does, minus
   the gateway, metrics server, lease and status file.
 
-Waiting is :func:`tests.conftest.wait_until` and clean-up
-:func:`tests.support.serve_harness.cancel_deployment`, for the tests and the benches alike.
+Waiting is :func:`harness.wait.wait_until` and clean-up
+:func:`harness.slurm_jobs.cancel_deployment`, for the tests and the benches alike.
 """
 
 from __future__ import annotations

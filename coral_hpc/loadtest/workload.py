@@ -34,8 +34,8 @@ from coral_hpc.simulate.traces import TraceRow, load_azure
 __all__ = ["Arrival", "Mix", "TraceRow", "Workload", "load_trace", "poisson_workload",
            "scale_rate", "slice_workload", "trace_dir", "workload"]
 
-#: The trace folder beside the project (``<repo>/../shared/data/traces/azure-llm-2023``), or
-#: ``$CORAL_AZURE_TRACE_DIR`` when set.
+#: The trace folder beside a source checkout (``<checkout>/../shared/data/traces/azure-llm-2023``),
+#: or ``$CORAL_AZURE_TRACE_DIR`` when set (an installed package has no checkout beside it).
 DEFAULT_TRACE_DIR = Path(__file__).resolve().parents[3] / "shared/data/traces/azure-llm-2023"
 
 TRACE_FILES = {

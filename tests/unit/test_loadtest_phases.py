@@ -1,6 +1,7 @@
-"""The pieces of the real-engine SLO check that decide what is measured (bench/slo_vllm.py,
-tests/vllm/test_slo_vllm.py): which measured figure is a model's capacity, how its demand is
-written into the deployment, and how long a phase runs."""
+"""The pieces of the real-engine SLO check that decide what is measured
+(coral_hpc.loadtest.phases and .host, which bench/slo_vllm.py and tests/vllm/test_serve_vllm.py
+read): which measured figure is a model's capacity, how its demand is written into the
+deployment, how long a phase runs, what the engine and the host saw during it."""
 
 from __future__ import annotations
 
@@ -10,18 +11,21 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench.slo_vllm import (
+from coral_hpc.config import load_deployment
+from coral_hpc.loadtest.host import (
     busiest_processes,
-    engine_latency_means,
-    engine_latency_totals,
     host_cpu_share,
     host_cpu_ticks,
-    measured_capacity,
-    phase_seconds,
     process_cpu_ticks,
+)
+from coral_hpc.loadtest.phases import (
+    engine_latency_means,
+    engine_latency_totals,
+    measured_capacity,
+    phase_row,
     with_demand,
 )
-from coral_hpc.config import load_deployment
+from coral_hpc.profile.openloop import phase_seconds
 from tests.conftest import REPO
 
 EXAMPLE = REPO / "examples" / "vllm-cpu.yaml"
@@ -71,6 +75,20 @@ def test_a_phase_at_a_low_rate_runs_long_enough_for_its_requests():
     assert phase_seconds(10.0, 20.0) == 20.0
     assert phase_seconds(1.0, 20.0) == 40.0
     assert phase_seconds(0.0, 20.0) == 20.0
+
+
+def test_a_phase_row_counts_failures_as_misses_and_an_embedding_model_is_refused():
+    deployment = load_deployment(EXAMPLE)
+    model = deployment.model("tiny-chat")
+    ttft, tpot = model.slo.ttft_s, model.slo.tpot_s
+    runs = [(ttft / 2, tpot / 2), (ttft * 2, tpot / 2), (ttft / 2, tpot * 2), None]
+    row = phase_row(model, 2.0, runs)
+    assert (row["requests"], row["failed"], row["within_slo"]) == (4, 1, 0.25)
+    assert len(row["ttft_ms"]) == len(row["tpot_ms"]) == 3  # p50, p90, p99 of the 3 answered
+    embedding = model.model_copy(update={"slo": model.slo.model_copy(
+        update={"ttft_s": None, "tpot_s": None, "latency_ms": 100.0})})
+    with pytest.raises(ValueError, match="tiny-chat.*no ttft_s or tpot_s"):
+        phase_row(embedding, 2.0, runs)
 
 
 def _serve_metrics(texts: list[str]):

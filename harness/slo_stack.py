@@ -35,13 +35,13 @@ import yaml
 
 from coral_hpc.config import Deployment, load_deployment
 from coral_hpc.demand import deployment_demand
+from coral_hpc.loadtest.replay import ReplayJob, Slo
+from coral_hpc.loadtest.workload import Mix, workload
 from coral_solver import catalog
 from coral_solver.allocate import allocate
 from coral_solver.templates import build_library
 from coral_solver.types import Billing, Cluster, ModelSpec, NodeGroup, Partition, Plan, PlanRow
-from tests.support.gateway_harness import REPO, Proc, start_gateway, write_table
-from tests.support.replay import ReplayJob, Slo
-from tests.support.trace_slice import Mix, workload
+from harness.gateway import REPO, Proc, start_gateway, write_table
 
 EXAMPLE = REPO / "examples" / "models.yaml"
 
@@ -73,7 +73,8 @@ def dev_cluster(deployment: Deployment) -> Cluster:
 
 
 def model_specs(deployment: Deployment) -> list[ModelSpec]:
-    """The solver's view of the deployment's models at their planned (declared + headroom) demand."""
+    """The solver's view of the deployment's models at their planned (declared + headroom)
+    demand."""
     demand = deployment_demand(deployment, [])
     return [
         ModelSpec(m.name, m.architecture, m.mix.input_tokens, m.mix.output_tokens,
@@ -216,8 +217,8 @@ def start_stack(tmp: Path, models_yaml: Path = EXAMPLE, plan: Plan | None = None
             rid = f"{row.model}-r{r}.{i}"
             log = tmp / f"{rid}.log"
             popen = subprocess.Popen(
-                engine_argv(deployment, row, row.model, speeds.get(row.model, 1.0)), stdout=log.open("ab"),
-                stderr=subprocess.STDOUT, cwd=REPO,
+                engine_argv(deployment, row, row.model, speeds.get(row.model, 1.0)),
+                stdout=log.open("ab"), stderr=subprocess.STDOUT, cwd=REPO,
                 env={**os.environ, "VLLM_API_KEY": key},  # the key never goes in argv
             )
             starting.append((rid, popen, log))
