@@ -54,8 +54,8 @@ def print_model_facts(facts: list[dict[str, Any]], wide: bool = False) -> None:
         for fact in facts
     ]
     print_table([Column("model", "id"), Column("model type"), Column("layers", "num"),
-                 Column("experts", "num"), Column("weights GB", "num"), Column("KV bytes/token", "num"),
-                 Column("dtype")], rows,
+                 Column("experts", "num"), Column("weights GB", "num"),
+                 Column("KV bytes/token", "num"), Column("dtype")], rows,
                 title="Models, as read from each model's config.json (or the catalogue)",
                 wide=wide)
     for fact in facts:
