@@ -215,8 +215,12 @@ def model_facts(deployment: Deployment) -> list[dict]:
             "estimate": ("catalogue" if derived is None
                          else "generic" if derived.generic else "family"),
             "layers": arch.layers,
-            "params_b": round(arch.params_b, 3),
-            "active_params_b": round(arch.active_params_b, 3),
+            # a mixture of experts: routed experts per MoE layer, and how many each token uses
+            "experts": arch.experts,
+            "active_experts": arch.active_experts if arch.experts else 0,
+            "task": "embed" if model.embedding else "generate",
+            "params_b": round(arch.params_b, 6),
+            "active_params_b": round(arch.active_params_b, 6),
             "weight_gb": round(arch.weight_bytes / 1e9, 2),
             "kv_bytes_per_token": arch.kv_bytes_per_token,
             "attention": ("MLA" if derived is not None and derived.mla

@@ -25,6 +25,18 @@ def _runs(gpu_dtypes: dict[str, str]) -> str:
     return ", ".join(parts) or "no allowed GPU type"
 
 
+def _params(billions: float) -> str:
+    """``235 B``, ``3.2 B``, ``2.0 M`` (a tiny test model)."""
+    return f"{billions:.3g} B" if billions >= 0.1 else f"{billions * 1000:.3g} M"
+
+
+def _experts(fact: dict[str, Any]) -> str:
+    """``8 (2 active)`` for a mixture of experts, ``—`` for a dense model or an encoder."""
+    if not fact.get("experts"):
+        return "—"
+    return f"{fact['experts']} ({fact['active_experts']} active)"
+
+
 def print_model_facts(facts: list[dict[str, Any]], wide: bool = False) -> None:
     """A table of what was derived per model; then per model where it was read from, the GPU
     types that serve it (vLLM ``--dtype``) and each excluded GPU type with the reason."""
@@ -33,6 +45,7 @@ def print_model_facts(facts: list[dict[str, Any]], wide: bool = False) -> None:
             fact["name"],
             _estimate(fact),
             fact["layers"],
+            _experts(fact),
             f"{fact['weight_gb']:.1f}",
             f"{fact['kv_bytes_per_token']:,}",
             f"{fact['dtype']}" + (f" {fact['quantization']}"
@@ -41,8 +54,8 @@ def print_model_facts(facts: list[dict[str, Any]], wide: bool = False) -> None:
         for fact in facts
     ]
     print_table([Column("model", "id"), Column("model type"), Column("layers", "num"),
-                 Column("weights GB", "num"), Column("KV bytes/token", "num"),
-                 Column("dtype")], rows,
+                 Column("experts", "num"), Column("weights GB", "num"),
+                 Column("KV bytes/token", "num"), Column("dtype")], rows,
                 title="Models, as read from each model's config.json (or the catalogue)",
                 wide=wide)
     for fact in facts:
@@ -52,6 +65,15 @@ def print_model_facts(facts: list[dict[str, Any]], wide: bool = False) -> None:
             console.print(f"{name}: model_type {fact['model_type'] or '(none)'!s} has no "
                           "family rules: weights and FLOPs are a generic dense estimate from "
                           "its config.json's standard fields", highlight=False)
+        if fact.get("experts"):
+            console.print(f"{name}: mixture of experts: {fact['experts']} routed experts, "
+                          f"{fact['active_experts']} active per token: "
+                          f"{_params(fact['active_params_b'])} of {_params(fact['params_b'])} "
+                          "parameters computed per token, all of them held in memory",
+                          highlight=False)
+        if fact.get("task") == "embed":
+            console.print(f"{name}: embedding model: vLLM's pooling runner, answers "
+                          "/v1/embeddings (capacity in prompts/s, no decode)", highlight=False)
         if fact.get("sliding_layers"):
             console.print(f"{name}: {fact['sliding_layers']} of {fact['layers']} layers attend "
                           f"to a {fact['sliding_window']:,}-token window: "

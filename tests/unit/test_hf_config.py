@@ -291,6 +291,21 @@ def test_mistral_7b_slides_on_every_layer():
     assert mistral.kv_bytes_at(32768) == 2 * 8 * 128 * 2 * 32 * 4096
 
 
+def test_a_qwen3_moe_saved_by_transformers_5_counts_its_weights_exactly():
+    # scripts/make-test-models' MoE, a model no catalogue entry names: its model.safetensors
+    # holds 2,036,864 numbers (counted from the written file), bf16
+    model = derive("coral-tiny-qwen3moe")
+    arch = model.arch
+    assert (model.model_type, arch.experts, arch.active_experts) == ("qwen3_moe", 4, 2)
+    assert arch.params_b * 1e9 == pytest.approx(2_036_864, abs=1)
+    assert arch.weight_bytes == 2 * 2_036_864
+    # a token runs 2 of the 4 experts (gate, up, down: 3 x 256 x 128 each) in each of 3 layers
+    assert arch.active_params_b * 1e9 == pytest.approx(2_036_864 - 3 * 2 * 3 * 256 * 128, abs=1)
+    assert arch.kv_bytes_per_token == 2 * 3 * 2 * 64 * 2  # K and V, 3 layers, 2 KV heads of 64
+    with pytest.raises(KeyError):
+        catalog.model_arch("coral-tiny-qwen3moe")
+
+
 def test_moe_layer_schedules():
     base = raw("qwen3-30b-a3b")
     every_other = model_from_config(dict(base, decoder_sparse_step=2))  # layers 1, 3, ... MoE

@@ -53,10 +53,14 @@ def _models_yaml(tmp_path: Path, models: list[dict], hf_home: Path | None = None
     text = text.replace("/scratch/shared/hf-cache", str(hf_home or tmp_path / "hf-cache"))
     text = text[:text.index("\nmodels:")] + "\nmodels:\n"
     for m in models:
-        text += (f"  - name: {m['name']}\n    source: {m['source']}\n"
-                 "    mix: {input_tokens: 512, output_tokens: 128}\n"
-                 "    demand: {requests_per_s: 0.5}\n"
-                 "    slo: {ttft_s: 4.0, tpot_s: 0.1}\n")
+        text += f"  - name: {m['name']}\n    source: {m['source']}\n"
+        if m.get("embed"):  # an embedding model: prompts only, one latency per request
+            text += ("    mix: {input_tokens: 256}\n    demand: {requests_per_s: 5}\n"
+                     "    slo: {latency_ms: 200}\n")
+        else:
+            text += ("    mix: {input_tokens: 512, output_tokens: 128}\n"
+                     "    demand: {requests_per_s: 0.5}\n"
+                     "    slo: {ttft_s: 4.0, tpot_s: 0.1}\n")
         if "architecture" in m:
             text += f"    architecture: {m['architecture']}\n"
     path = tmp_path / "models.yaml"
@@ -336,6 +340,35 @@ def test_validate_shows_what_it_derived_and_why_a_v100_is_excluded(tmp_path):
     assert "model_type lab_lm has no family rules" in text and "generic dense estimate" in text
     assert "gemma: v100-32g excluded: gemma2 is not supported in float16" in text
     assert "lab: runs on a100-80g (bfloat16), v100-32g (half: bf16 checkpoint cast" in text
+
+
+def test_validate_shows_a_moes_experts_and_an_embedding_models_task(tmp_path):
+    """A Qwen3-MoE folder as the Hub publishes it (``num_experts``) and as transformers 5 saves
+    it (``num_local_experts``, what scripts/make-test-models writes), and an embedding model,
+    all by path alone: validate shows the experts and the task it derived."""
+    hub = _weights(tmp_path, "qwen3-30b-a3b")
+    saved = _weights(tmp_path, "qwen3-30b-a3b", "saved-by-transformers-5")
+    config = json.loads((saved / "config.json").read_text())
+    config["num_local_experts"] = config.pop("num_experts")
+    (saved / "config.json").write_text(json.dumps(config))
+    bge = _weights(tmp_path, "bge-small-en-v1.5")
+    path = _models_yaml(tmp_path, [{"name": "hub", "source": hub},
+                                   {"name": "saved", "source": saved},
+                                   {"name": "bge", "source": bge, "embed": True}])
+    document = json.loads(_validate(path, "--json").stdout)
+    facts = {f["name"]: f for f in document["model_facts"]}
+    # Qwen3-30B-A3B's card: 128 experts, 8 activated; 30.5 B parameters, 3.3 B activated
+    for name in ("hub", "saved"):
+        assert (facts[name]["experts"], facts[name]["active_experts"]) == (128, 8), facts[name]
+        assert facts[name]["task"] == "generate"
+        assert facts[name]["params_b"] == pytest.approx(30.5, rel=0.02)
+        assert facts[name]["active_params_b"] == pytest.approx(3.3, rel=0.05)
+    assert facts["hub"]["weight_gb"] == facts["saved"]["weight_gb"]
+    assert (facts["bge"]["experts"], facts["bge"]["task"]) == (0, "embed")
+    text = " ".join(_validate(path).output.split())
+    assert "hub: mixture of experts: 128 routed experts, 8 active per token" in text
+    assert "bge: embedding model: vLLM's pooling runner, answers /v1/embeddings" in text
+    assert "128 (8 active)" in text
 
 
 def test_the_planner_never_places_a_model_where_its_dtype_cannot_run(tmp_path):

@@ -29,7 +29,6 @@ rotation is a replica on another node drained for its walltime.
 from __future__ import annotations
 
 import os
-import secrets
 import subprocess
 import threading
 import time
@@ -46,9 +45,10 @@ from coral_hpc.reconcile.settings import ReconcileSettings
 from coral_hpc.reconcile.startup import lead_startup_s
 from coral_hpc.reconcile.status import walltime_lead
 from coral_hpc.slurm import make_client
-from tests.conftest import REPO, wait_until
+from tests.conftest import wait_until
 from tests.support import serve_harness as harness
 from tests.support.serve_harness import ServeProcess
+from tests.vllm import example
 
 #: part of `make test`; `make test-replacement` runs it alone
 pytestmark = [pytest.mark.slurm, pytest.mark.vllm, pytest.mark.replacement]
@@ -66,56 +66,14 @@ STARTUP_TIME_S = 90  # policy.startup_time_s: the guess until the daemon has lea
 
 
 def write_config(tmp_path: Path, venv: Path, models: Path) -> Path:
-    path = tmp_path / "models.yaml"
-    path.write_text(f"""
-deployment: vllmrep{secrets.token_hex(2)}
-state_dir: {tmp_path / 'shared'}
-db_path: {tmp_path / 'daemon' / 'coral.db'}
-profiles_dir: {REPO / 'examples' / 'vllm-cpu.profiles'}
-cluster:
-  time_limit: "{TIME_LIMIT}"
-  cpus_per_gpu: 1
-  mem_per_gpu_gb: 4
-  partitions:
-    - name: v100
-      gpu_types: [v100]
-      environment: &cpu-vllm
-        kind: venv
-        path: {venv}
-        # every node of the local cluster is this one 2-core host and Slurm binds no CPUs
-        # (task/none): vLLM's automatic binding pins every engine's worker to core 0 (it keeps
-        # core 1 for its own API server), so four engines loading at once shared one core.
-        # Unbound, one compute thread each, the OS spreads them over both cores.
-        env: {{VLLM_CPU_KVCACHE_SPACE: "1", VLLM_CPU_OMP_THREADS_BIND: nobind,
-              OMP_NUM_THREADS: "1"}}
-    - name: a100
-      gpu_types: [a100]
-      environment: *cpu-vllm
-engine: {{kind: vllm, version: 0.32.0}}
-gateway:                     # no keys: the test host is no shared login node
-  listen: 127.0.0.1:8000
-  open_on_loopback: true
-policy:
-  poll_interval_s: 1
-  replan_interval_s: 120
-  pending_timeout_s: 300
-  walltime_lead_s: {WALLTIME_LEAD_S}
-  startup_time_s: {STARTUP_TIME_S}
-  rho: 100000
-  max_tp: 1
-  n_max: 1          # single-node replicas: the cheapest engine start-ups
-models:
-  - name: {MODEL}
-    source: {models / 'coral-tiny-llama'}
-    architecture: coral-tiny-llama
-    max_model_len: 512
-    mix: {{input_tokens: 64, output_tokens: 32}}
-    demand: {{requests_per_s: 0.5}}
-    slo: {{ttft_s: 2.0, tpot_s: 0.2}}
-    min_replicas: 2
-    max_replicas: 2
-""")
-    return path
+    """Two replicas of one tiny Llama on the v100 and a100 partitions, a short time limit."""
+    return example.write_config(
+        tmp_path, venv, "vllmrep", time_limit=TIME_LIMIT, partitions=("v100", "a100"),
+        policy={"replan_interval_s": 120, "walltime_lead_s": WALLTIME_LEAD_S,
+                "startup_time_s": STARTUP_TIME_S},
+        models=[{"name": MODEL, "source": str(models / "coral-tiny-llama"),
+                 "architecture": "coral-tiny-llama", "demand": {"requests_per_s": 0.5},
+                 "min_replicas": 2, "max_replicas": 2}])
 
 
 class Session:

@@ -12,7 +12,6 @@ build in the replica job.
 from __future__ import annotations
 
 import os
-import secrets
 import threading
 import time
 from pathlib import Path
@@ -22,9 +21,9 @@ import pytest
 
 from coral_hpc.config import load_deployment
 from coral_hpc.daemon.process import info_path, read_info
-from tests.conftest import REPO, wait_until
+from tests.conftest import wait_until
 from tests.support.serve_harness import ServeProcess, live_jobs, status
-from tests.vllm.example import example_engine_env
+from tests.vllm import example
 
 pytestmark = [pytest.mark.slurm, pytest.mark.vllm]
 
@@ -37,49 +36,14 @@ WAKE_TIMEOUT_S = 420
 
 def write_config(tmp_path: Path, venv: Path, models: Path) -> Path:
     """One tiny Llama on the v100 partition, cold until asked, with short intervals."""
-    engine_env = ", ".join(f"{k}: \"{v}\"" for k, v in sorted(example_engine_env().items()))
-    path = tmp_path / "models.yaml"
-    path.write_text(f"""
-deployment: vllmwake{secrets.token_hex(2)}
-state_dir: {tmp_path / 'shared'}
-db_path: {tmp_path / 'daemon' / 'coral.db'}
-profiles_dir: {REPO / 'examples' / 'vllm-cpu.profiles'}
-cluster:
-  time_limit: "00:30:00"
-  cpus_per_gpu: 1
-  mem_per_gpu_gb: 4
-  partitions:
-    - name: v100
-      gpu_types: [v100]
-      environment:
-        kind: venv
-        path: {venv}
-        env: {{{engine_env}}}
-engine: {{kind: vllm, version: 0.32.0}}
-gateway:                     # no keys: the test host is no shared login node
-  listen: 127.0.0.1:8000    # serve --listen 127.0.0.1:0 picks a free port
-  open_on_loopback: true
-policy:
-  poll_interval_s: 1
-  replan_interval_s: 600     # a wake must not wait for the next epoch
-  pending_timeout_s: 300
-  startup_time_s: 90
-  rho: 100000
-  max_tp: 1
-  n_max: 1
-  idle_after: {IDLE_AFTER_S}s
-  wake_timeout: {WAKE_TIMEOUT_S}s
-models:
-  - name: {MODEL}
-    source: {models / 'coral-tiny-llama'}
-    architecture: coral-tiny-llama
-    max_model_len: 512
-    mix: {{input_tokens: 64, output_tokens: 32}}
-    demand: {{requests_per_s: 0.2}}
-    slo: {{ttft_s: 2.0, tpot_s: 0.2}}
-    min_replicas: 0
-""")
-    return path
+    return example.write_config(
+        tmp_path, venv, "vllmwake", time_limit="00:30:00",
+        # a wake must not wait for the next epoch
+        policy={"replan_interval_s": 600, "idle_after": f"{IDLE_AFTER_S}s",
+                "wake_timeout": f"{WAKE_TIMEOUT_S}s"},
+        models=[{"name": MODEL, "source": str(models / "coral-tiny-llama"),
+                 "architecture": "coral-tiny-llama", "demand": {"requests_per_s": 0.2},
+                 "min_replicas": 0}])
 
 
 def _scale(env: dict, config: Path) -> dict:
