@@ -17,7 +17,7 @@ from bench.paper_eval.evaluate import (
     model_specs,
 )
 from bench.paper_eval.workload import model_workload
-from coral_hpc.engine.pipeline import Layout
+from coral_replica_sim.replica import Layout
 from coral_solver.types import Policy
 
 _ROOT = Path(__file__).resolve().parents[2]

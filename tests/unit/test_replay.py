@@ -7,8 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from coral_hpc.engine.pipeline import Layout
-from coral_hpc.engine.virtual_time import EngineLimits
+from coral_replica_sim.replica import EngineLimits, Layout
 from tests.support.replay import ReplaySummary, RequestResult, Slo, percentile
 from tests.support.trace_slice import (
     Arrival,
