@@ -6,7 +6,7 @@ This is the project's one replica simulator. The sim engine (``coral_hpc.engine`
 same scheduler, clock and step model against a wall clock; ``coral-hpc simulate`` and the paper
 evaluation serve trace samples with :func:`serve`; and Stage 1 rates a template by the highest
 Poisson rate at which it keeps its SLO here (:mod:`coral_solver.simcap`). Both may import this
-package and it imports neither (see the package docstring).
+package; it imports neither the planner nor ``coral_hpc`` (see the package docstring).
 
 Pipeline timing, kept simple:
 
