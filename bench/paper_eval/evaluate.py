@@ -9,7 +9,7 @@ epoch is served in virtual time by the replica it is routed to:
   (smooth weighted round robin, as the gateway's weights), and round robin over a row's replicas.
   When a plan serves less than the demand, the gateway admits that share of the requests (evenly
   spread) and refuses the rest: refused requests count as missed.
-* **Replica**: the sim engine's own scheduler (``coral_hpc.engine.batching``: continuous batching,
+* **Replica**: the sim engine's own scheduler (``coral_replica_sim.batching``: continuous batching,
   whole prompts in a step, KV-cache limit, preemption) and step times from :mod:`coral_solver.perf`,
   driven in virtual time (:mod:`coral_hpc.simulate.serve`). Replicas of one row receive
   statistically identical shares, so one per row is simulated and its figures count ``count``

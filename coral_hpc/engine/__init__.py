@@ -3,9 +3,13 @@ Slurm jobs from each partition's environment); ``sim`` (:mod:`coral_hpc.engine.s
 that speaks vLLM's OpenAI API and metrics with latencies from :mod:`coral_solver.perf`, so the whole
 system runs end to end without GPUs. It never runs a model.
 
-Modules: ``args`` (the ``vllm serve`` flags + ``--sim-*``), ``batching`` (continuous-batching
-scheduler, pure), ``pipeline`` (step times and KV capacity of a layout from ``coral_solver.perf``),
-``runner`` (steps in scaled real time on asyncio), ``metrics`` (vLLM's Prometheus names),
-``text`` (token counting, filler), ``api`` (HTTP), ``sim`` (start-up checks, serve, drain).
+The sim engine runs the replica simulator (:mod:`coral_replica_sim`: the continuous-batching
+scheduler, the step times and KV capacity of a layout, the pipeline clock), the one copy Stage 1
+rates templates with, against a wall clock instead of virtual time.
+
+Modules: ``args`` (the ``vllm serve`` flags + ``--sim-*``), ``runner`` (steps in scaled real time
+on asyncio), ``disagg`` (KV hand-off between prefill and decode replicas), ``metrics`` (vLLM's
+Prometheus names; ``vllm_metrics`` reads them back), ``text`` (token counting, filler), ``api``
+(HTTP), ``sim`` (start-up checks, serve, drain).
 Nothing is imported here, so ``python -m coral_hpc.engine`` stays fast.
 """

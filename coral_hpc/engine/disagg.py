@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from coral_hpc.engine.batching import blocks_for
+from coral_replica_sim.batching import blocks_for
 
 #: the sim's own field in its handoff: the prompt length the KV is for (a decode side that gets
 #: another prompt, e.g. a retried request with a changed prompt, misses and recomputes)

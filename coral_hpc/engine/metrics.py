@@ -26,8 +26,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from coral_hpc.engine import vllm_metrics as names
-from coral_hpc.engine.batching import Scheduler, TokenEvent
 from coral_hpc.engine.runner import RequestHandle
+from coral_replica_sim.batching import Scheduler, TokenEvent
 
 #: vLLM's bucket boundaries (seconds).
 TTFT_BUCKETS = (

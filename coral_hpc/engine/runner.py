@@ -1,8 +1,8 @@
 """The sim engine's clockwork: runs the scheduler's steps in (scaled) real time on asyncio.
 
 One task per virtual engine (one per pipeline stage, as vLLM does under pipeline parallelism)
-loops: ask :class:`~coral_hpc.engine.batching.Scheduler` for a batch, book it on the pipeline's
-stages (:class:`~coral_hpc.engine.pipeline.PipelineClock`) for the times the performance model
+loops: ask :class:`~coral_replica_sim.batching.Scheduler` for a batch, book it on the pipeline's
+stages (:class:`~coral_replica_sim.replica.PipelineClock`) for the times the performance model
 gives, divided by ``speed``, sleep until it leaves the last stage, then hand each produced token to
 the request that waits for it.
 
@@ -21,8 +21,8 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from coral_hpc.engine.batching import Batch, Scheduler, Sequence, TokenEvent
-from coral_hpc.engine.pipeline import PipelineClock
+from coral_replica_sim.batching import Batch, Scheduler, Sequence, TokenEvent
+from coral_replica_sim.replica import PipelineClock
 
 #: Largest timer lag (seconds) made up by starting the next step in the past.
 CATCH_UP_S = 0.02

@@ -29,11 +29,11 @@ from aiohttp import web
 
 from coral_hpc.engine.api import ServedModel, SimAPI
 from coral_hpc.engine.args import EXIT_BIND, EXIT_STARTUP, SimArgs, UsageError, parse_args
-from coral_hpc.engine.batching import Scheduler
 from coral_hpc.engine.disagg import KvTransfer
 from coral_hpc.engine.metrics import EngineMetrics
-from coral_hpc.engine.pipeline import Layout, StepModel, default_layer_split
 from coral_hpc.engine.runner import SimEngine
+from coral_replica_sim.batching import Scheduler
+from coral_replica_sim.replica import Layout, StepModel, default_layer_split
 
 if TYPE_CHECKING:  # the catalog is imported when the server prepares, not on --help
     from coral_solver.catalog import GpuSpec, ModelArch

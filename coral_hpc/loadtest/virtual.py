@@ -3,7 +3,7 @@ measure with an infinitely fast CPU and network.
 
 The HTTP replay (:mod:`coral_hpc.loadtest.replay`) measures the real processes on a small
 machine, where the gateway, the client and the engines share two cores. This module serves the same
-requests through :mod:`coral_hpc.engine.virtual_time`: the very same scheduler, pipeline clock and
+requests through :mod:`coral_replica_sim.replica`: the very same scheduler, pipeline clock and
 step model (the step latencies from :mod:`coral_solver.perf`) as a discrete-event simulation,
 mirroring :class:`coral_hpc.engine.runner.SimEngine`. The difference between the two is what
 the machine adds; where both miss an SLO the disagreement is between the engine and the plan,
@@ -15,10 +15,9 @@ from __future__ import annotations
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
-from coral_hpc.engine.pipeline import Layout
-from coral_hpc.engine.virtual_time import EngineLimits, Request, serve
 from coral_hpc.loadtest.replay import ReplaySummary, RequestResult, Slo
 from coral_hpc.loadtest.workload import Workload
+from coral_replica_sim.replica import EngineLimits, Layout, Request, serve
 from coral_solver.types import PlanRow
 
 

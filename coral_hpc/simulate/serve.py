@@ -6,9 +6,9 @@
   gateway admits that share of the requests (evenly spread) and refuses the rest: refused
   requests count as missed. Without it (``coral-hpc simulate``: the gateway refuses only when
   no replica is READY), every request of a model with a replica is served.
-* **Replica**: the sim engine's own scheduler (``coral_hpc.engine.batching``: continuous batching,
+* **Replica**: the sim engine's own scheduler (``coral_replica_sim.batching``: continuous batching,
   chunked prefill, KV-cache limit, preemption) and step times from :mod:`coral_solver.perf`,
-  driven in virtual time (:func:`coral_hpc.engine.virtual_time.serve`). Replicas of one row
+  driven in virtual time (:func:`coral_replica_sim.replica.serve`). Replicas of one row
   receive statistically identical shares, so one per row is simulated and its figures count
   ``count`` times.
 * **Disaggregated** models: every prefill replica is simulated, the KV hand-off takes
@@ -26,10 +26,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from coral_hpc.engine.pipeline import Layout
-from coral_hpc.engine.virtual_time import EngineLimits, Outcome, Request
-from coral_hpc.engine.virtual_time import serve as _serve_replica
 from coral_hpc.simulate.traces import ModelWorkload
+from coral_replica_sim.replica import EngineLimits, Layout, Outcome, Request
+from coral_replica_sim.replica import serve as _serve_replica
 from coral_solver import catalog, perf, perf_roles
 from coral_solver.types import ModelSpec, Plan, PlanRow, Template
 

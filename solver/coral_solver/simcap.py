@@ -2,7 +2,7 @@
 which at least ``goal`` (``Policy.slo_attainment``, default 0.95) of the model's requests meet
 both their TTFT and their TPOT **end to end**.
 
-One definition, from the project's own replica simulator (:mod:`coral_solver.replica_sim`, the
+One definition, from the project's own replica simulator (:mod:`coral_replica_sim.replica`, the
 scheduler the sim engine runs): every stage and hand-off of the pipeline, continuous batching,
 chunked prefill, the KV-cache limit and preemption, for the model's request-length
 *distribution* (:class:`Lengths`: a trace's or meter's sample, or the declared means with a
@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from coral_replica_sim.replica import EngineLimits, Layout, Request, StepModel, serve_watched
 from coral_solver import perf
-from coral_solver.replica_sim import EngineLimits, Layout, Request, StepModel, serve_watched
 
 #: Requests whose outcome is counted per judged rate. The binomial standard error of an
 #: attainment of 0.95 over 500 requests is sqrt(0.95 x 0.05 / 500) = 0.97 percentage points:

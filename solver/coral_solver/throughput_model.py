@@ -190,24 +190,24 @@ class PerfThroughput:
         return perf_roles.kv_bytes_per_request(self._arch(model), mix)
 
     def fingerprint(self) -> str:
-        from coral_solver import (
-            batching,
-            perf_pooling,
-            perf_queue,
-            perf_roles,
-            replica_sim,
-            simcap,
-        )
+        import coral_replica_sim
+        from coral_solver import perf_pooling, perf_queue, perf_roles, simcap
         from coral_solver.resources import profiles_dir
 
         digest = hashlib.sha256()
         digest.update(Path(perf_roles.__file__).read_bytes())
         digest.update(Path(perf_pooling.__file__).read_bytes())
-        # the analytic model's queueing side, and the simulated capacity's simulator and
-        # search (Policy.capacity "simulated")
-        for module in (perf_queue, batching, replica_sim, simcap):
+        # the analytic model's queueing side, and the simulated capacity's search (Policy.capacity
+        # "simulated")
+        for module in (perf_queue, simcap):
             assert module.__file__ is not None  # plain source modules of this package
             digest.update(Path(module.__file__).read_bytes())
+        # and the replica simulator it runs, every module of its package (a package's __file__
+        # is its __init__.py), so a module added there keys the library too
+        assert coral_replica_sim.__file__ is not None
+        for path in sorted(Path(coral_replica_sim.__file__).parent.glob("*.py")):
+            digest.update(path.name.encode())
+            digest.update(path.read_bytes())
         for path in sorted(profiles_dir().rglob("*")):
             if path.is_file():
                 digest.update(str(path.relative_to(profiles_dir())).encode())

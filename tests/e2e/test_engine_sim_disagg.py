@@ -8,7 +8,7 @@ import time
 
 import httpx
 
-from coral_hpc.engine.pipeline import Layout, StepModel
+from coral_replica_sim.replica import Layout, StepModel
 from tests.e2e.test_engine_sim import _value, sim
 
 KV = ("--kv-transfer-config", '{"kv_connector":"ExampleConnector","kv_role":"kv_both"}')

@@ -142,8 +142,8 @@ def test_pooling_capacity_moves_the_right_way():
 
 
 def test_the_sim_engine_charges_an_embedding_step_as_the_planner_does():
-    from coral_hpc.engine.batching import Batch, Sequence
-    from coral_hpc.engine.pipeline import Layout, StepModel
+    from coral_replica_sim.batching import Batch, Sequence
+    from coral_replica_sim.replica import Layout, StepModel
 
     arch = _registered()
     step_model = StepModel(Layout(arch=arch.name, tp=1, gpu_types=("a100",), layers=(12,)))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from coral_hpc.engine.batching import Scheduler, Sequence, blocks_for
+from coral_replica_sim.batching import Scheduler, Sequence, blocks_for
 
 
 def _run_until_done(

@@ -7,9 +7,9 @@ import asyncio
 import pytest
 
 from coral_hpc.engine.args import UsageError, parse_args
-from coral_hpc.engine.batching import Scheduler, Sequence
 from coral_hpc.engine.disagg import PROMPT_TOKENS_KEY, KvTransfer
 from coral_hpc.engine.runner import SimEngine
+from coral_replica_sim.batching import Scheduler, Sequence
 
 
 def test_a_loaded_prompt_is_admitted_with_its_kv_and_computes_only_the_last_token():

@@ -8,9 +8,9 @@ import itertools
 import pytest
 
 from coral_hpc.engine.args import UsageError, parse_args
-from coral_hpc.engine.pipeline import Layout, PipelineClock, StepModel, default_layer_split
 from coral_hpc.engine.sim import StartupError, prepare
 from coral_hpc.engine.text import Filler, count_text_tokens, render_chat
+from coral_replica_sim.replica import Layout, PipelineClock, StepModel, default_layer_split
 from coral_solver import catalog, perf
 
 
@@ -232,7 +232,7 @@ def test_filler_is_deterministic_per_prompt_and_starts_with_sim():
 def test_batch_times_bill_prompt_chunks_per_sequence_as_the_planner_does():
     """A step with four 2,048-token prompts: each chunk attends to half of itself, not to half of
     all 8,192 prompt tokens (the old one-long-chunk billing charged 4x the attention)."""
-    from coral_hpc.engine.batching import Batch, Sequence
+    from coral_replica_sim.batching import Batch, Sequence
 
     layout = Layout(arch="gpt-oss-20b", tp=2, gpu_types=("h100",), layers=(24,))
     model = StepModel(layout)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from coral_hpc.engine.batching import Scheduler
 from coral_hpc.engine.runner import SimEngine
+from coral_replica_sim.batching import Scheduler
 
 
 def _constant(seconds: float, stages: int = 1):

@@ -7,8 +7,6 @@ from dataclasses import replace
 
 import pytest
 
-from coral_hpc.engine.pipeline import Layout
-from coral_hpc.engine.virtual_time import EngineLimits
 from coral_hpc.loadtest.replay import ReplaySummary, RequestResult, Slo, percentile
 from coral_hpc.loadtest.virtual import EngineShape, simulate
 from coral_hpc.loadtest.workload import (
@@ -22,6 +20,7 @@ from coral_hpc.loadtest.workload import (
     trace_dir,
     workload,
 )
+from coral_replica_sim.replica import EngineLimits, Layout
 
 ROWS = [TraceRow(t=100.0 + 0.5 * i + (0.3 if i % 3 == 0 else 0.0), context_tokens=100 + 10 * i,
                  generated_tokens=20 + (i % 7)) for i in range(50)]

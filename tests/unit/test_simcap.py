@@ -4,10 +4,12 @@ TPOT, the whole replica simulated."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from coral_replica_sim.replica import Layout
 from coral_solver import perf, simcap
-from coral_solver.replica_sim import Layout
 from coral_solver.templates import PerfThroughput, _cache_key, build_library
 from coral_solver.types import ModelSpec, Policy
 
@@ -120,6 +122,28 @@ def test_policy_capacity_is_checked_and_keys_the_cache():
     assert simulated != analytic
     assert simulated != _cache_key(tm, model, gpus, Policy(capacity="simulated",
                                                            slo_attainment=0.9))
+
+
+def test_the_cache_key_reads_every_module_of_the_replica_simulator(monkeypatch):
+    """A simulated capacity is the replica simulator's answer, so an edit anywhere in its package
+    (coral_replica_sim, beside the solver) must key a new Stage-1 library, not reuse a stale one."""
+    import coral_replica_sim
+
+    read: set[Path] = set()
+    read_bytes = Path.read_bytes
+
+    def recording(path: Path) -> bytes:
+        read.add(path.resolve())
+        return read_bytes(path)
+
+    monkeypatch.setattr(Path, "read_bytes", recording)
+    PerfThroughput().fingerprint()
+    assert coral_replica_sim.__file__ is not None
+    package = {p.resolve() for p in Path(coral_replica_sim.__file__).parent.glob("*.py")}
+    assert {"__init__.py", "batching.py", "replica.py"} <= {p.name for p in package}
+    assert package <= read, sorted(p.name for p in package - read)
+    simcap_file = simcap.__file__
+    assert simcap_file is not None and Path(simcap_file).resolve() in read
 
 
 def test_the_configuration_reaches_the_solver_policy():

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from coral_hpc.engine.pipeline import Layout
-from coral_hpc.engine.virtual_time import Request
+from coral_replica_sim.replica import Layout
+from coral_replica_sim.replica import Request
 from coral_hpc.simulate.serve import _deal, serve_replica, serve_window
 from coral_hpc.simulate.traces import ModelWorkload, load_rows, scaled_workload
 from coral_solver.types import ModelSpec, Plan, PlanRow, Stage, Template

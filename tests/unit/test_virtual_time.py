@@ -2,8 +2,7 @@
 
 import pytest
 
-from coral_hpc.engine.pipeline import Layout, StepModel
-from coral_hpc.engine.virtual_time import EngineLimits, Request, serve
+from coral_replica_sim.replica import EngineLimits, Layout, Request, StepModel, serve
 
 LAYOUT = Layout("llama-3.1-8b", 1, ("a100-80g",), (32,))
 

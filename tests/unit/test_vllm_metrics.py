@@ -15,8 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from coral_hpc.daemon.metrics import DaemonMetrics
 from coral_hpc.engine import vllm_metrics
-from coral_hpc.engine.batching import Scheduler
 from coral_hpc.engine.metrics import EngineMetrics
+from coral_replica_sim.batching import Scheduler
 
 RECORDED = Path(__file__).parents[1] / "data" / "vllm" / "metrics-vllm-0.32.0-cpu.txt"
 

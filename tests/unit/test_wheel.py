@@ -20,4 +20,4 @@ def test_wheel_installs_and_finds_its_data():
     assert "site-packages/coral_hpc/sbatch_templates" in result.stdout
     assert "site-packages/coral_solver/profiles" in result.stdout
     # The wheel's top-level import names are the project's own (issue 17): no bare ``solver``.
-    assert "top-level import names: coral_hpc coral_solver\n" in result.stdout
+    assert "top-level import names: coral_hpc coral_replica_sim coral_solver\n" in result.stdout

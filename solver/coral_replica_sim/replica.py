@@ -1,12 +1,12 @@
 """One replica of a serving template simulated in virtual time: the layout, its step latencies
 and KV capacity from the performance model, the pipeline clock, and the event loop that drives
-the continuous-batching scheduler (:mod:`coral_solver.batching`) with them.
+the continuous-batching scheduler (:mod:`coral_replica_sim.batching`) with them.
 
 This is the project's one replica simulator. The sim engine (``coral_hpc.engine``) runs the
 same scheduler, clock and step model against a wall clock; ``coral-hpc simulate`` and the paper
 evaluation serve trace samples with :func:`serve`; and Stage 1 rates a template by the highest
-Poisson rate at which it keeps its SLO here (:mod:`coral_solver.simcap`). It lives in the solver
-because the solver imports nothing of ``coral_hpc``.
+Poisson rate at which it keeps its SLO here (:mod:`coral_solver.simcap`). Both may import this
+package; it imports neither the planner nor ``coral_hpc`` (see the package docstring).
 
 Pipeline timing, kept simple:
 
@@ -32,9 +32,9 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from coral_replica_sim.batching import DEFAULT_BLOCK_SIZE, Batch, Scheduler
+from coral_replica_sim.batching import Sequence as Seq
 from coral_solver import catalog, perf, perf_pooling
-from coral_solver.batching import DEFAULT_BLOCK_SIZE, Batch, Scheduler
-from coral_solver.batching import Sequence as Seq
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """The sim engine's continuous-batching scheduler: pure bookkeeping, no clock, no asyncio.
 
-It lives in the solver (pure, importing nothing of ``coral_hpc``) because the planner's
-capacity model simulates replicas with it (:mod:`coral_solver.replica_sim`,
-:mod:`coral_solver.simcap`); the sim engine (``coral_hpc.engine``) runs the very same class.
+It is the replica simulator's (:mod:`coral_replica_sim`): the planner's capacity model simulates
+replicas with it (:mod:`coral_replica_sim.replica`, :mod:`coral_solver.simcap`) and the sim
+engine (``coral_hpc.engine``) runs the very same class.
 
 Policy (vLLM's scheduler, simplified; first come first served):
 
