@@ -60,7 +60,9 @@ __all__ = [
     "measured_pipeline_throughput",
     "measured_pipelines",
     "mean_stage_throughput",
+    "measured_phase_throughput",
     "measured_profiles",
+    "measured_roles",
     "pipeline_stage_gpus",
     "stage_kv_capacity_tokens",
     "stage_throughput",
@@ -143,6 +145,12 @@ def measured_profiles() -> dict[tuple[str, str, int], tuple[MeasuredProfile, ...
 
 def _measured() -> dict[tuple[str, str, int], tuple[MeasuredProfile, ...]]:
     return load_measured(measured_dirs(), _profiles)
+
+
+def measured_roles() -> dict[tuple[str, str, int], tuple[MeasuredProfile, ...]]:
+    """Every measured prefill and decode role profile in use (``roles/`` of each measured
+    folder, ``coral-hpc profile --roles``), keyed by (arch, gpu, tp)."""
+    return load_measured(measured_dirs(), _profiles, roles=True)
 
 
 def measured_pipelines() -> dict[tuple[str, str, int], tuple[MeasuredProfile, ...]]:
@@ -392,6 +400,26 @@ def _measured_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, slo: Slo, mix: 
             candidate = (profile.layers, p.requests_per_s, exact)
             if best is None or (candidate[2], candidate[1]) > (best[2], best[1]):
                 best = candidate
+    return best
+
+
+def measured_phase_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, slo: Slo, mix: Mix,
+                              role: str) -> tuple[int, float, bool, str] | None:
+    """(layers, req/s, exact SLO match, file) of the best measured ``role`` point of (arch,
+    gpu, tp) that applies to ``mix`` and ``slo`` (same mix, an SLO at least as strict, as
+    :func:`has_measured_throughput`), or None. ``role``: "prefill" or "decode"."""
+    best: tuple[int, float, bool, str] | None = None
+    for profile in measured_roles().get((arch.name, gpu.name, tp), ()):
+        if profile.role != role:
+            continue
+        for p in profile.throughput:
+            if (p.input_tokens, p.output_tokens) != (mix.input_tokens, mix.output_tokens):
+                continue
+            if p.ttft_s > slo.ttft_s or p.tpot_s > slo.tpot_s:
+                continue
+            exact = math.isclose(p.ttft_s, slo.ttft_s) and math.isclose(p.tpot_s, slo.tpot_s)
+            if best is None or (exact, p.requests_per_s) > (best[2], best[1]):
+                best = (profile.layers, p.requests_per_s, exact, profile.path)
     return best
 
 
