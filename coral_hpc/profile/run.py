@@ -197,7 +197,7 @@ def _measure_roles(deployment: Deployment, task: ProfileTask, url: str, api_key:
                    layers: int, progress: Progress) -> dict[str, RoleMeasurements]:
     """Both roles of ``task``'s model on the engine at ``url``, judged as the planner rates
     them (:mod:`coral_hpc.profile.roles`)."""
-    from coral_solver import perf, perf_roles
+    from coral_solver import perf
     from coral_solver.catalog import model_arch
 
     model = deployment.model(task.model)
@@ -207,8 +207,8 @@ def _measure_roles(deployment: Deployment, task: ProfileTask, url: str, api_key:
     return measure_roles(
         url, task.model, input_tokens=mix.input_tokens, output_tokens=mix.output_tokens,
         ttft_s=slo.ttft_s, tpot_s=slo.tpot_s,
-        ttft_budget_s=perf_roles.prefill_ttft_budget_s(arch, layers, slo, mix),
-        kv_transfer_s=perf_roles.kv_transfer_s(arch, layers, mix), api_key=api_key,
+        ttft_budget_s=perf.prefill_ttft_budget_s(arch, layers, slo, mix),
+        kv_transfer_s=perf.kv_transfer_s(arch, layers, mix.input_tokens), api_key=api_key,
         progress=lambda m: progress(f"  {m}"))
 
 

@@ -64,6 +64,7 @@ __all__ = [
     "measured_profiles",
     "measured_roles",
     "pipeline_stage_gpus",
+    "prefill_ttft_budget_s",
     "stage_kv_capacity_tokens",
     "stage_throughput",
     "step_function",
@@ -301,6 +302,15 @@ def kv_transfer_s(arch: ModelArch, layers: int, prompt_tokens: int) -> float:
     cal = _calibration()
     share = float(prompt_tokens) * arch.kv_bytes_per_token * layers / arch.layers
     return cal.pp_alpha_s + share / cal.pp_bw
+
+
+def prefill_ttft_budget_s(arch: ModelArch, layers: int, slo: Slo, mix: Mix) -> float:
+    """The share of TTFT a one-stage prefill replica has for its own queue and prompt: the
+    model's TTFT less the KV hand-off of a mean prompt (:func:`kv_transfer_s`) and less the
+    decode replica's first token (one TPOT), as :mod:`coral_solver.perf_roles` rates it.
+    ``coral-hpc profile --roles`` judges a prefill replica's measured TTFT against this, so the
+    measured and the modelled figure count the hand-off alike."""
+    return slo.ttft_s - kv_transfer_s(arch, layers, mix.input_tokens) - slo.tpot_s
 
 
 # --- step latency ---------------------------------------------------------------------------

@@ -81,6 +81,7 @@ def _prefill(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_stages: int,
     c = perf._stage_coeffs(arch, gpu, tp, layers)
     service = step_time(c, 0, n_in, 0.0, n_in / 2.0, cal.step_overhead_s, n_stages,
                         cal.pp_alpha_s, cal.pp_bw)
+    # one stage: perf.prefill_ttft_budget_s, which coral-hpc profile --roles judges against
     budget = slo.ttft_s / n_stages - kv_transfer_s(arch, layers, mix) - slo.tpot_s
     if budget <= 0:
         return 0.0
@@ -166,10 +167,8 @@ def phase_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_stag
     return model
 
 
+
 def prefill_ttft_budget_s(arch: ModelArch, layers: int, slo: perf.Slo, mix: perf.Mix) -> float:
-    """The share of TTFT a one-stage prefill replica has for its own queue and prompt: the
-    model's TTFT less the KV hand-off of a mean prompt and the decode replica's first token
-    (one TPOT), as :func:`phase_throughput` rates it. ``coral-hpc profile --roles`` judges a
-    prefill replica's measured TTFT against this, so measured and modelled figures agree on
-    what the hand-off costs."""
-    return slo.ttft_s - kv_transfer_s(arch, layers, mix) - slo.tpot_s
+    """:func:`coral_solver.perf.prefill_ttft_budget_s`: the TTFT share a one-stage prefill
+    replica is rated (and ``coral-hpc profile --roles`` judged) against."""
+    return perf.prefill_ttft_budget_s(arch, layers, slo, mix)
