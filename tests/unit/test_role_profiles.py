@@ -189,3 +189,20 @@ def test_plan_refuses_the_cpu_example_disaggregated_until_its_roles_are_profiled
     assert out.exit_code == 2, out.output
     assert "`coral-hpc profile --roles --model tiny-llama`" in out.output
     assert "holds no prefill or decode profile" in out.output
+
+
+@pytest.mark.parametrize("extra", [["--pp", "2"], ["--stages", "v100,a100", "--model", "tiny-llama"]])
+def test_profile_roles_measures_one_stage_only(tmp_path, extra):
+    """``--roles`` with a pipeline asked for is refused before any job is submitted."""
+    from click.testing import CliRunner
+
+    from coral_hpc.cli.profile import profile
+
+    text = (REPO / "examples" / "vllm-cpu.yaml").read_text().replace(
+        "profiles_dir: vllm-cpu.profiles", f"profiles_dir: {tmp_path / 'profiles'}")
+    path = tmp_path / "vllm-cpu.yaml"
+    path.write_text(text)
+    out = CliRunner().invoke(profile, [str(path), "--roles", *extra])
+    assert out.exit_code == 2, out.output
+    assert "--roles measures one-stage replicas" in out.output
+    assert not (tmp_path / "profiles").exists()
