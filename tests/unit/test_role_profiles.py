@@ -206,3 +206,26 @@ def test_profile_roles_measures_one_stage_only(tmp_path, extra):
     assert out.exit_code == 2, out.output
     assert "--roles measures one-stage replicas" in out.output
     assert not (tmp_path / "profiles").exists()
+
+
+def test_prefill_phases_send_fresh_prompts(monkeypatch):
+    """A prefill role's load is all prompts: a later open-loop phase must not resend an earlier
+    phase's prompts, which a prefix-caching engine would answer from its cache."""
+    from coral_hpc.profile import measure, openloop
+
+    salts: list[int] = []
+
+    def phase(url, model, rate, *, first_salt=0, **_kw):
+        salts.append(first_salt)
+        timings = (openloop.Timing(0.1, 0.0),) * 10
+        return openloop.Phase(rate, 1.0, timings, 0.0, 0.0, 0.0, 1.0)
+
+    monkeypatch.setattr(openloop, "poisson_phase", phase)
+    record: list = []
+    measure.open_loop_capacity("http://x", "m", 64, 1, 1.0, 0.2, 1.0, None, record,
+                               lambda _m: None, fresh_prompts=True)
+    assert len(salts) > 1 and salts == [10 * i for i in range(len(salts))]
+    salts.clear()
+    measure.open_loop_capacity("http://x", "m", 64, 1, 1.0, 0.2, 1.0, None, record,
+                               lambda _m: None)
+    assert set(salts) == {0}  # the aggregated profile's phases, as before
