@@ -14,8 +14,13 @@ KV connector) with each role's load alone:
   its cost is the calibration's modelled link, taken off the budget before judging.
 - **decode**: requests of the mix (its prompt and output lengths) whose prompt KV is already in
   the engine, as a decode replica finds it after the hand-off: each prompt is sent once with
-  ``max_tokens: 1`` before it is measured, so vLLM's prefix cache holds its KV (where the engine
-  caches no prefixes the prompt is computed again, and the figure is conservative). Steps: the
+  ``max_tokens: 1`` before it is measured, so vLLM's prefix cache holds its KV. vLLM caches
+  whole KV blocks only (the CPU build's blocks are 128 tokens, ``vllm:cache_config_info``): a
+  prompt's last partial block, a whole prompt shorter than one block, or every prompt where the
+  engine caches no prefixes, is computed again, and the figure is conservative by that much.
+  The share of prompt tokens the cache served is measured (``vllm:prefix_cache_hits_total`` over
+  ``…queries_total``) and written beside the figure (``prompt_tokens_cached``); on the CPU build
+  with 64-token prompts it was 0 of 5,448 tokens (2026-12-03). Steps: the
   median TPOT over batch sizes at the mix's context. Capacity: the highest Poisson rate at which
   95 % of requests met the model's TPOT and its TTFT (a decode replica's TTFT is its wait for a
   KV slot plus a step, far inside it unless it queues).
@@ -33,6 +38,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from coral_hpc.engine import vllm_metrics
 from coral_hpc.profile import openloop
 from coral_hpc.profile.measure import (
     closed_loop_capacity,
@@ -62,6 +68,9 @@ class RoleMeasurements:
     search_start: list[tuple[int, int, float, float, float]] = field(default_factory=list)
     #: what the requests were judged against: ttft_s, tpot_s, and the hand-off taken off TTFT
     judged: dict[str, float] = field(default_factory=dict)
+    #: decode: the share of measured prompt tokens the engine's prefix cache served (None: the
+    #: engine exports no prefix-cache counters)
+    prompt_tokens_cached: float | None = None
     open_loop_phases: list[dict[str, float | bool]] = field(default_factory=list)
 
 
@@ -96,12 +105,14 @@ def measure_prefill_role(url: str, model: str, *, input_tokens: int, output_toke
 
 
 def _warm(url: str, model: str, input_tokens: int, salts: Iterable[int],
-          api_key: str | None, workers: int = 4) -> None:
+          api_key: str | None, workers: int = 4) -> int:
     """Prefill each prompt of ``salts`` once (``max_tokens: 1``), so a prefix-caching engine
-    holds its KV when the prompt comes again: the KV a decode replica is handed."""
+    holds its KV when the prompt comes again: the KV a decode replica is handed. Returns the
+    prompt tokens sent."""
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        list(pool.map(lambda s: stream_completion(url, model, prompt_ids(input_tokens, s), 1,
-                                                  api_key), salts))
+        done = list(pool.map(lambda s: stream_completion(
+            url, model, prompt_ids(input_tokens, s), 1, api_key), salts))
+    return len(done) * input_tokens
 
 
 def _phase_requests(rate: float) -> int:
@@ -119,12 +130,15 @@ def measure_decode_role(url: str, model: str, *, input_tokens: int, output_token
     model's TPOT and TTFT, searched from what the measured steps allow."""
     result = RoleMeasurements("decode", kv_capacity_tokens(url, api_key),
                               judged={"ttft_s": ttft_s, "tpot_s": tpot_s, "kv_transfer_s": 0.0})
+    cache_before = _prefix_cache(url, api_key)
     stream_completion(url, model, prompt_ids(8), 2, api_key)  # warm-up, not recorded
     out = max(2, min(decode_tokens, output_tokens))
     start = 0.0
+    warm_tokens = 0
     for batch in batch_sizes:
         salt = 9000 + 100 * batch
-        _warm(url, model, input_tokens, [salt + i * 31 for i in range(batch)], api_key)
+        warm_tokens += _warm(url, model, input_tokens, [salt + i * 31 for i in range(batch)],
+                             api_key)
         load = run_load(url, model, batch, input_tokens, out, rounds=1, api_key=api_key,
                         salt=salt)
         step = statistics.median(t.tpot_s for t in load.timings)
@@ -139,16 +153,46 @@ def measure_decode_role(url: str, model: str, *, input_tokens: int, output_token
 
     def warm_phase(rate: float) -> None:
         # open-loop phases send prompts of salts 0, 1, 2, ...: each new one is prefilled once
-        nonlocal warmed
+        nonlocal warmed, warm_tokens
         wanted = _phase_requests(rate)
         if wanted > warmed:
-            _warm(url, model, input_tokens, range(warmed, wanted), api_key)
+            warm_tokens += _warm(url, model, input_tokens, range(warmed, wanted), api_key)
             warmed = wanted
 
     rate = open_loop_capacity(url, model, input_tokens, output_tokens, ttft_s, tpot_s, start,
                               api_key, result.open_loop_phases, progress, before_phase=warm_phase)
     result.throughput.append((*key, rate))
+    result.prompt_tokens_cached = _cached_share(cache_before, _prefix_cache(url, api_key),
+                                                warm_tokens)
+    share = result.prompt_tokens_cached
+    progress("decode role: prompt tokens served from the prefix cache: "
+             + ("not exported" if share is None else f"{share:.0%}"))
     return result
+
+
+#: vLLM's prefix-cache counters, in prompt tokens (vllm v1 metrics)
+_HITS, _QUERIES = "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"
+
+
+def _prefix_cache(url: str, api_key: str | None) -> dict[str, float] | None:
+    """The engine's prefix-cache counters now; None when it exports none."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    text = vllm_metrics.fetch_metrics_text(url, timeout=10, headers=headers)
+    if _QUERIES not in text:
+        return None
+    return vllm_metrics.counter_totals(text, (_HITS, _QUERIES))
+
+
+def _cached_share(before: dict[str, float] | None, after: dict[str, float] | None,
+                  warm_tokens: int) -> float | None:
+    """Prompt tokens the cache served between two readings, as a share of the measured
+    requests' prompt tokens (those asked for less the ``warm_tokens`` of the warm-ups, whose
+    first pass is what fills the cache)."""
+    if before is None or after is None:
+        return None
+    asked = after[_QUERIES] - before[_QUERIES] - warm_tokens
+    hits = after[_HITS] - before[_HITS]
+    return min(1.0, hits / asked) if asked > 0 else None
 
 
 def measure_roles(url: str, model: str, *, input_tokens: int, output_tokens: int, ttft_s: float,

@@ -105,6 +105,10 @@ def role_profile_document(
             {"decode_seqs": b, "prefill_tokens": p, "context_tokens": c, "seconds": round(s, 6)}
             for b, p, c, s in measured.steps],
     }
+    if measured.prompt_tokens_cached is not None:
+        # decode: the share of prompt tokens whose KV the prefix cache held (the rest were
+        # computed again, which makes the figure conservative)
+        doc["prompt_tokens_cached"] = round(measured.prompt_tokens_cached, 4)
     if measured.open_loop_phases:
         doc["open_loop_phases"] = list(measured.open_loop_phases)
     return doc

@@ -57,6 +57,8 @@ def test_both_roles_measured_on_the_sim_engine_plan_both_pools(tmp_path, short_p
         # the rate found was met in a phase, and some rate above it was missed or not tried
         assert any(p["met"] and p["requests_per_s"] == pytest.approx(rps, abs=1e-3)
                    for p in role.open_loop_phases)
+    # the sim engine exports no prefix-cache counters: nothing is claimed about the cache
+    assert decode.prompt_tokens_cached is None
     # a decode replica serves each request for 32 steps, a prefill replica for one: it
     # serves far fewer requests a second than the prefill replica of the same engine
     assert decode.throughput[0][4] < prefill.throughput[0][4]

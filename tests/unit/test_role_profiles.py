@@ -191,7 +191,8 @@ def test_plan_refuses_the_cpu_example_disaggregated_until_its_roles_are_profiled
     assert "holds no prefill or decode profile" in out.output
 
 
-@pytest.mark.parametrize("extra", [["--pp", "2"], ["--stages", "v100,a100", "--model", "tiny-llama"]])
+@pytest.mark.parametrize("extra", [["--pp", "2"],
+                                   ["--stages", "v100,a100", "--model", "tiny-llama"]])
 def test_profile_roles_measures_one_stage_only(tmp_path, extra):
     """``--roles`` with a pipeline asked for is refused before any job is submitted."""
     from click.testing import CliRunner
@@ -229,3 +230,20 @@ def test_prefill_phases_send_fresh_prompts(monkeypatch):
     measure.open_loop_capacity("http://x", "m", 64, 1, 1.0, 0.2, 1.0, None, record,
                                lambda _m: None)
     assert set(salts) == {0}  # the aggregated profile's phases, as before
+
+
+def test_the_decode_role_reports_the_share_of_prompt_tokens_its_cache_served():
+    """Recorded /metrics of vLLM 0.32.0's CPU build: 70,784 prompt tokens asked of the prefix
+    cache and none served (its 128-token blocks: the profile's 64-token prompts never fill one)."""
+    from coral_hpc.engine import vllm_metrics
+    from coral_hpc.profile.roles import _HITS, _QUERIES, _cached_share
+
+    text = (REPO / "tests/data/vllm/metrics-vllm-0.32.0-cpu.txt").read_text()
+    after = vllm_metrics.counter_totals(text, (_HITS, _QUERIES))
+    assert after == {_HITS: 0.0, _QUERIES: 70784.0}
+    zero = {_HITS: 0.0, _QUERIES: 0.0}
+    assert _cached_share(zero, after, warm_tokens=784) == 0.0
+    # warm-ups miss and fill the cache; the measured requests' prompts then hit
+    assert _cached_share(zero, {_HITS: 6000.0, _QUERIES: 14000.0}, 8000) == 1.0
+    assert _cached_share(zero, {_HITS: 3000.0, _QUERIES: 14000.0}, 8000) == 0.5
+    assert _cached_share(None, after, 0) is None  # an engine without the counters
