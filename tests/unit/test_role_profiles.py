@@ -90,6 +90,12 @@ def test_measured_only_disaggregation_plans_both_pools_from_role_profiles(folder
     # only the measured layout (v100, TP 1, one stage of all 4 layers), each role its figure
     assert sorted((t.role, t.stages[0].gpu_type, t.pp, t.throughput) for t in got) == [
         ("decode", "v100", 1, 3.0), ("prefill", "v100", 1, 7.0)]
+    # the plan says where each figure came from
+    from coral_hpc.plan.figures import figures_used
+
+    assert sorted(figures_used(t, "coral-tiny-llama") for t in got) == [
+        "measured decode (coral-tiny-llama__v100__tp1__decode.yaml)",
+        "measured prefill (coral-tiny-llama__v100__tp1__prefill.yaml)"]
     # the same model planned from the analytic model has other (more) layouts
     analytic = library_templates(PerfThroughput(), _model("on"), GPUS,
                                  Policy(n_max=3, rho=1e5, max_tp=1))
