@@ -31,10 +31,14 @@ from coral_hpc.cli._output import (
               help="Measure one pipeline with a stage on each named partition, in order (a "
                    "partition named twice gets two nodes; different partitions: a Slurm "
                    "hetjob); needs exactly one --model. Repeatable.")
+@click.option("--roles", is_flag=True,
+              help="Measure each model as a prefill-only and a decode-only replica instead "
+                   "(one stage); results go under roles/, which a measured_only deployment "
+                   "with disaggregation plans its prefill and decode replicas from.")
 @click.option("--force", is_flag=True, help="Measure again even where a profile exists.")
 @click.option("--json", "as_json", is_flag=True, help="Print the profile files written as JSON.")
 def profile(models_yaml: str, partitions: tuple[str, ...], models: tuple[str, ...],
-            pp_degrees: tuple[int, ...], stage_lists: tuple[str, ...], force: bool,
+            pp_degrees: tuple[int, ...], stage_lists: tuple[str, ...], roles: bool, force: bool,
             as_json: bool) -> None:
     """Measure the engine on each partition for MODELS_YAML's models; write measured profiles."""
     from coral_hpc.config import load_deployment
@@ -52,6 +56,9 @@ def profile(models_yaml: str, partitions: tuple[str, ...], models: tuple[str, ..
         fail(f"{models_yaml}: engine.kind is {deployment.engine.kind!r}; profiling measures the "
              "real engine: set engine.kind: vllm")
     try:
+        if roles and (stage_lists or any(pp > 1 for pp in pp_degrees)):
+            raise ProfileError("--roles measures one-stage replicas: it takes no --stages and "
+                               "no --pp above 1")
         if stage_lists:
             if len(models) != 1 or partitions or pp_degrees:
                 raise ProfileError("--stages takes exactly one --model and no --partition or "
@@ -68,7 +75,7 @@ def profile(models_yaml: str, partitions: tuple[str, ...], models: tuple[str, ..
     err_console.print(f"profiling {len(tasks)} task(s); results in "
                       f"{deployment.measured_profiles_path}", highlight=False)
     try:
-        written = run_profiles(deployment, tasks, client, force=force,
+        written = run_profiles(deployment, tasks, client, force=force, roles=roles,
                                progress=lambda m: err_console.print(m, highlight=False))
     except TransientError as exc:
         fail(f"Slurm is unreachable, try again later: {exc}", status=EXIT_UNAVAILABLE)

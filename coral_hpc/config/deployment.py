@@ -95,15 +95,9 @@ class Deployment(_Frozen):
                 )
 
     def _check_engine_needs(self) -> None:
-        """What the policy and engine kind need of the other sections: measured_only no
-        disaggregation, disaggregated vLLM a KV connector, vLLM an environment per partition."""
-        if self.policy.measured_only and self.policy.disaggregation != "off":
-            raise _FieldError(
-                ("policy", "measured_only"),
-                "measured_only plans from measured profiles, and prefill-only and decode-only "
-                f"replicas are never profiled: it needs policy.disaggregation 'off', not "
-                f"{self.policy.disaggregation!r}",
-            )
+        """What the policy and engine kind need of the other sections: disaggregated vLLM a KV
+        connector, vLLM an environment per partition. (measured_only with disaggregation needs
+        role profiles: :func:`coral_hpc.config.host.measured_profiles_problems`.)"""
         if (self.policy.disaggregation != "off" and self.engine.kind == "vllm"
                 and self.engine.kv_connector is None):
             raise _FieldError(

@@ -44,7 +44,7 @@ def measured_profiles_problems(deployment: Deployment) -> list[str]:
         return []
     folder = deployment.measured_profiles_path
     if folder.is_dir() and any(folder.rglob("*.yaml")):
-        return []
+        return _role_profile_problems(deployment)
     field: tuple[str | int, ...] = ("profiles_dir",) if deployment.profiles_dir else (
         "policy", "measured_only")
     found = "holds no profiles" if folder.is_dir() else "does not exist"
@@ -52,6 +52,40 @@ def measured_profiles_problems(deployment: Deployment) -> list[str]:
         f"policy.measured_only plans from measured profiles only, and {folder} {found} "
         "(relative paths are against this file's folder); measure them with `coral-hpc "
         "profile` or set profiles_dir"))]
+
+
+def role_profile_name(arch: str, gpu: str, tp: int, role: str) -> str:
+    """The file name of a role profile (``roles/`` of the profiles folder): an architecture
+    named by a path or Hugging Face id has its ``/`` written ``--``, as every profile's."""
+    return f"{arch.strip('/').replace('/', '--')}__{gpu}__tp{tp}__{role}.yaml"
+
+
+def _role_profile_problems(deployment: Deployment) -> list[str]:
+    """With ``measured_only`` and ``disaggregation: on``, every generating model is planned as
+    prefill and decode replicas from role profiles alone: a model without a prefill and a decode
+    profile in ``<profiles_dir>/roles`` could never be planned, so say which to measure. (With
+    ``auto`` the aggregated profiles suffice; role profiles add choices.)"""
+    if deployment.policy.disaggregation != "on":
+        return []
+    folder = deployment.measured_profiles_path / "roles"
+    problems = []
+    for index, model in enumerate(deployment.models):
+        if model.embedding:
+            continue  # an embedding model is always planned aggregated
+        prefix = model.arch_key.strip("/").replace("/", "--") + "__"
+        missing = [role for role in ("prefill", "decode")
+                   if not any(folder.glob(f"{_glob_escape(prefix)}*__{role}.yaml"))]
+        if missing:
+            problems.append(deployment.problem(("models", index), (
+                f"policy.measured_only with disaggregation 'on' plans {model.name}'s prefill and "
+                f"decode replicas from role profiles, and {folder} holds no "
+                f"{' or '.join(missing)} profile of {model.arch_key}; measure them with "
+                f"`coral-hpc profile --roles --model {model.name}`")))
+    return problems
+
+
+def _glob_escape(text: str) -> str:
+    return "".join(f"[{c}]" if c in "*?[" else c for c in text)
 
 
 def host_path_problems(deployment: Deployment) -> list[str]:

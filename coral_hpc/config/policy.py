@@ -134,11 +134,13 @@ class PolicyConfig(_Frozen):
     )
     # An engine the analytic GPU model does not describe (vLLM's CPU build) is planned from
     # `coral-hpc profile`'s measurements alone: a template whose figure would come from the
-    # model (a layout nobody measured) is no candidate at all.
+    # model (a layout nobody measured) is no candidate at all. Disaggregated, its prefill and
+    # decode replicas are planned from role profiles (`coral-hpc profile --roles`).
     measured_only: bool = Field(
         default=False,
         description="Stage 1: plan only layouts whose throughput was measured (coral-hpc "
-                    "profile); others are no candidates",
+                    "profile; prefill and decode replicas: coral-hpc profile --roles); others "
+                    "are no candidates",
     )
 
     # Scale to zero (docs/scale-to-zero.md): off unless the site sets a default or a model its own.

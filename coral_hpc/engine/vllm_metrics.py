@@ -122,6 +122,13 @@ def histogram_totals(text: str, names: tuple[str, ...]) -> dict[str, tuple[float
     return {name: (total(f"{name}_sum"), total(f"{name}_count")) for name in names}
 
 
+def counter_totals(text: str, names: tuple[str, ...]) -> dict[str, float]:
+    """Per counter name (e.g. ``vllm:prefix_cache_hits_total``): its value summed over its
+    label sets (0 where the engine has not exported it)."""
+    samples = _samples(text)
+    return {name: sum(value for _labels, value in samples.get(name, [])) for name in names}
+
+
 def fetch_metrics_text(url: str, timeout: float = 5.0,
                        headers: dict[str, str] | None = None) -> str:
     """GET ``url/metrics`` as text (raises ``OSError``/``urllib.error.URLError`` on failure)."""

@@ -20,7 +20,8 @@ def measured_profile_dirs(deployment: Deployment) -> tuple[Path, ...]:
 
 def _signature(dirs: tuple[Path, ...]) -> tuple:
     return tuple((str(p), p.stat().st_mtime_ns) for d in dirs if d.is_dir()
-                 for p in sorted(d.glob("*.yaml")) + sorted(d.glob("pipelines/*.yaml")))
+                 for p in sorted(d.glob("*.yaml")) + sorted(d.glob("pipelines/*.yaml"))
+                 + sorted(d.glob("roles/*.yaml")))
 
 
 _configured: tuple | None = None
@@ -74,8 +75,11 @@ def figures_used(template: Template, arch: str) -> str:
     measured (``coral-hpc profile --pp N`` or ``--stages``); otherwise the per-stage model,
     ``analytic pipeline, steps scaled to measured (FILE, ...)`` when its stages' single-process
     step times were measured (that is all they were), ``partly`` so when only some GPU types'
-    were, else ``analytic``."""
+    were, else ``analytic``. A prefill or decode template of one stage: ``measured prefill
+    (FILE)`` when a role profile (``coral-hpc profile --roles``) gave its figure."""
     model = catalog.model_arch(arch)
+    if template.role in ("prefill", "decode"):
+        return _role_figures(template, model)
     if template.pp > 1:
         gpu = catalog.gpu_spec(template.stages[0].gpu_type)
         split = tuple(s.layers for s in template.stages)
@@ -103,3 +107,15 @@ def figures_used(template: Template, arch: str) -> str:
         return f"{kind} ({', '.join(files)})"
     kind = "measured" if analytic == 0 else "partly measured"
     return f"{kind} ({', '.join(files)})"
+
+
+def _role_figures(template: Template, model: catalog.ModelArch) -> str:
+    """Where a prefill or decode template's throughput comes from: its role profile when one
+    gave this very figure, else the analytic role model."""
+    if template.pp == 1:
+        gpu = catalog.gpu_spec(template.stages[0].gpu_type)
+        for profile in perf.measured_roles().get((model.name, gpu.name, template.tp), ()):
+            if profile.role == template.role and any(
+                    p.requests_per_s == template.throughput for p in profile.throughput):
+                return f"measured {template.role} ({Path(profile.path).name})"
+    return "analytic"

@@ -169,17 +169,29 @@ def closed_loop_capacity(url: str, model: str, n_in: int, n_out: int, ttft: floa
 
 def open_loop_capacity(url: str, model: str, n_in: int, n_out: int, ttft: float, tpot: float,
                        start: float, api_key: str | None, record: list[dict[str, float | bool]],
-                       progress: Callable[[str], None]) -> float:
+                       progress: Callable[[str], None],
+                       before_phase: Callable[[float], None] | None = None,
+                       fresh_prompts: bool = False) -> float:
     """The highest Poisson arrival rate at which the goal share of requests met both SLOs
     (:mod:`coral_hpc.profile.openloop`), searched from ``start`` (0: nothing to search, the
-    engine missed the SLO even one request at a time). Every phase is appended to ``record``."""
+    engine missed the SLO even one request at a time). Every phase is appended to ``record``;
+    ``before_phase(rate)`` runs before each (e.g. to put the phase's prompts in the cache);
+    ``fresh_prompts``: each phase's prompts follow the last phase's instead of starting again
+    at salt 0, so a prefix-caching engine does not answer a later phase's prompts from its
+    cache (where the prompts' salts are all used once, they repeat: ``prompts.prompt_ids``)."""
     if start <= 0:
         return 0.0
+    sent = 0
 
     def met_at(rate: float) -> bool:
+        if before_phase is not None:
+            before_phase(rate)
+        nonlocal sent
         phase = openloop.poisson_phase(url, model, rate, input_tokens=n_in,
                                        output_tokens=n_out, ttft_s=ttft, tpot_s=tpot,
-                                       seed=f"profile-{rate:.4f}", api_key=api_key)
+                                       seed=f"profile-{rate:.4f}", api_key=api_key,
+                                       first_salt=sent if fresh_prompts else 0)
+        sent += len(phase.timings)
         met = phase.met(ttft, tpot)
         record.append({"requests_per_s": round(rate, 4), "requests": len(phase.timings),
                        "within_slo": round(phase.within(ttft, tpot), 4), "met": met,

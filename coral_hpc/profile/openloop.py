@@ -144,7 +144,7 @@ async def _bounded(request: Coroutine[Any, Any, Timing | None], deadline_s: floa
 
 async def open_loop_phase(url: str, model: str, rate: float, seconds: float, input_tokens: int,
                           output_tokens: int, deadline_s: float, rng: random.Random,
-                          api_key: str | None = None) -> Phase:
+                          api_key: str | None = None, first_salt: int = 0) -> Phase:
     """:func:`poisson_phase` inside a running event loop (several models' phases at once)."""
     headers = {"Content-Type": "application/json"}
     if api_key:
@@ -166,7 +166,7 @@ async def open_loop_phase(url: str, model: str, rate: float, seconds: float, inp
                 await asyncio.sleep(delay)
             late.append(max(0.0, time.perf_counter() - began - t))
             body = json.dumps({
-                "model": model, "prompt": prompt_ids(input_tokens, len(tasks)),
+                "model": model, "prompt": prompt_ids(input_tokens, first_salt + len(tasks)),
                 "max_tokens": output_tokens, "temperature": 0, "ignore_eos": True,
                 "stream": True, "stream_options": {"include_usage": True},
             }).encode()
@@ -187,15 +187,16 @@ def request_deadline(ttft_s: float, tpot_s: float, output_tokens: int) -> float:
 
 def poisson_phase(url: str, model: str, rate: float, *, input_tokens: int, output_tokens: int,
                   ttft_s: float, tpot_s: float, seconds: float | None = None, seed: object = 0,
-                  api_key: str | None = None) -> Phase:
+                  api_key: str | None = None, first_salt: int = 0) -> Phase:
     """Poisson arrivals at ``rate`` requests/s at ``url``'s ``/v1/completions`` (an engine or
     the gateway) for :func:`phase_seconds` (or ``seconds``): prompts of ``input_tokens`` token
-    ids, ``output_tokens`` tokens out each (``ignore_eos``), streamed. The arrival times follow
+    ids (:func:`~coral_hpc.profile.prompts.prompt_ids` of salts ``first_salt``, +1, …),
+    ``output_tokens`` tokens out each (``ignore_eos``), streamed. The arrival times follow
     ``seed``, so a phase repeats."""
     length = phase_seconds(rate) if seconds is None else seconds
     return asyncio.run(open_loop_phase(url, model, rate, length, input_tokens, output_tokens,
                                        request_deadline(ttft_s, tpot_s, output_tokens),
-                                       random.Random(str(seed)), api_key))
+                                       random.Random(str(seed)), api_key, first_salt))
 
 
 @dataclass

@@ -21,7 +21,14 @@ from coral_hpc.launch.stop import stop_replicas
 from coral_hpc.launch.submit import submit_replica
 from coral_hpc.plan.layout import layout_dtype
 from coral_hpc.profile.measure import EngineFailed, measure_engine
-from coral_hpc.profile.write import profile_document, profile_path, write_profile
+from coral_hpc.profile.roles import ROLES, RoleMeasurements, measure_roles
+from coral_hpc.profile.write import (
+    profile_document,
+    profile_path,
+    role_profile_document,
+    role_profile_path,
+    write_profile,
+)
 from coral_hpc.types import ReplicaLayout, StageLayout
 
 Progress = Callable[[str], None]
@@ -178,21 +185,52 @@ def _wait_ready(client: ProfileClient, job_id: str, endpoint_file: Path, timeout
                        f"{endpoint_file.parent.parent / 'logs'})")
 
 
+def _paths(folder: Path, task: ProfileTask, roles: bool) -> list[Path]:
+    """The profile files a task writes: its own, or its prefill and decode role profiles."""
+    if roles:
+        return [role_profile_path(folder, task.architecture, task.gpu_type, task.tp, role)
+                for role in ROLES]
+    return [profile_path(folder, task.architecture, task.gpu_label, task.tp, task.pp)]
+
+
+def _measure_roles(deployment: Deployment, task: ProfileTask, url: str, api_key: str,
+                   layers: int, progress: Progress) -> dict[str, RoleMeasurements]:
+    """Both roles of ``task``'s model on the engine at ``url``, judged as the planner rates
+    them (:mod:`coral_hpc.profile.roles`)."""
+    from coral_solver import perf
+    from coral_solver.catalog import model_arch
+
+    model = deployment.model(task.model)
+    arch = model_arch(task.architecture)
+    slo = perf.Slo(ttft_s=model.slo.first_answer_s, tpot_s=model.slo.per_token_s)
+    mix = perf.Mix(input_tokens=model.mix.input_tokens, output_tokens=model.mix.output_tokens)
+    return measure_roles(
+        url, task.model, input_tokens=mix.input_tokens, output_tokens=mix.output_tokens,
+        ttft_s=slo.ttft_s, tpot_s=slo.tpot_s,
+        ttft_budget_s=perf.prefill_ttft_budget_s(arch, layers, slo, mix),
+        kv_transfer_s=perf.kv_transfer_s(arch, layers, mix.input_tokens), api_key=api_key,
+        progress=lambda m: progress(f"  {m}"))
+
+
 def run_profiles(deployment: Deployment, tasks: Sequence[ProfileTask], client: ProfileClient, *,
                  force: bool = False, ready_timeout_s: float = 900.0,
-                 progress: Progress = print) -> list[Path]:
+                 progress: Progress = print, roles: bool = False) -> list[Path]:
     """Measure each task in turn (one engine job at a time) and write its profile; a task whose
     profile exists is reused unless ``force``. Every job is drained and cancelled before the
-    next starts, also when interrupted. Returns the profile files, measured or reused."""
+    next starts, also when interrupted. Returns the profile files, measured or reused.
+    ``roles``: measure each (one-stage) task as a prefill and as a decode replica instead and
+    write its two role profiles (:mod:`coral_hpc.profile.roles`)."""
     folder = deployment.measured_profiles_path
     key_file = _key_file(deployment.state_path)  # not beside the profiles: they may be shared
     api_key = key_file.read_text().strip()
     written = []
     for index, task in enumerate(tasks, 1):
-        path = profile_path(folder, task.architecture, task.gpu_label, task.tp, task.pp)
-        if path.exists() and not force:
-            progress(f"[{index}/{len(tasks)}] {task.name}: reused {path}")
-            written.append(path)
+        if roles and task.pp > 1:
+            raise ProfileError(f"{task.name}: role profiles are of one stage (pp 1)")
+        paths = _paths(folder, task, roles)
+        if all(p.exists() for p in paths) and not force:
+            progress(f"[{index}/{len(tasks)}] {task.name}: reused {', '.join(map(str, paths))}")
+            written += paths
             continue
         progress(f"[{index}/{len(tasks)}] {task.name}: starting the engine in a Slurm job")
         from coral_solver.catalog import model_arch
@@ -213,21 +251,36 @@ def run_profiles(deployment: Deployment, tasks: Sequence[ProfileTask], client: P
             ready_after = time.time() - submitted
             progress(f"  READY after {ready_after:.0f}s on {endpoint.node} ({endpoint.url})")
             model = deployment.model(task.model)
-            measured = measure_engine(
-                endpoint.url, task.model, api_key=api_key,
-                slos=[(model.mix.input_tokens, model.mix.output_tokens,
-                       model.slo.first_answer_s, model.slo.per_token_s)],
-                progress=lambda m: progress(f"  {m}"),
-            )
+            if roles:
+                by_role = _measure_roles(deployment, task, endpoint.url, api_key, split[0],
+                                         progress)
+            else:
+                measured = measure_engine(
+                    endpoint.url, task.model, api_key=api_key,
+                    slos=[(model.mix.input_tokens, model.mix.output_tokens,
+                           model.slo.first_answer_s, model.slo.per_token_s)],
+                    progress=lambda m: progress(f"  {m}"),
+                )
             version = _engine_version(endpoint.url, api_key)
         finally:
             stop_replicas(client, [job_id], grace_s=60)
         day = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+        source = (f"coral-hpc profile on {endpoint.node} ({task.partition}), vLLM {version}, "
+                  f"{day}")
+        if roles:
+            for path, role in zip(paths, ROLES):
+                written.append(write_profile(path, role_profile_document(
+                    arch=task.architecture, gpu=task.gpu_type, tp=task.tp, layers=split[0],
+                    source=source, model=task.model, partition=task.partition,
+                    startup_s=endpoint.ready_at - endpoint.started_at,
+                    submit_to_ready_s=ready_after, measured=by_role[role])))
+                progress(f"  wrote {path}")
+            continue
+        path = paths[0]
         document = profile_document(
             arch=task.architecture, gpu=task.gpu_type, tp=task.tp, layers=split[0] if task.pp == 1
             else layers, pp=task.pp, layer_partition=",".join(map(str, split)),
-            source=f"coral-hpc profile on {endpoint.node} ({task.partition}), vLLM {version}, "
-                   f"{day}",
+            source=source,
             model=task.model, partition="+".join(dict.fromkeys(p for p, _ in places)),
             stage_gpus=[g for _, g in places] if task.gpu_label != task.gpu_type else None,
             startup_s=endpoint.ready_at - endpoint.started_at, submit_to_ready_s=ready_after,

@@ -60,8 +60,11 @@ __all__ = [
     "measured_pipeline_throughput",
     "measured_pipelines",
     "mean_stage_throughput",
+    "measured_phase_throughput",
     "measured_profiles",
+    "measured_roles",
     "pipeline_stage_gpus",
+    "prefill_ttft_budget_s",
     "stage_kv_capacity_tokens",
     "stage_throughput",
     "step_function",
@@ -143,6 +146,12 @@ def measured_profiles() -> dict[tuple[str, str, int], tuple[MeasuredProfile, ...
 
 def _measured() -> dict[tuple[str, str, int], tuple[MeasuredProfile, ...]]:
     return load_measured(measured_dirs(), _profiles)
+
+
+def measured_roles() -> dict[tuple[str, str, int], tuple[MeasuredProfile, ...]]:
+    """Every measured prefill and decode role profile in use (``roles/`` of each measured
+    folder, ``coral-hpc profile --roles``), keyed by (arch, gpu, tp)."""
+    return load_measured(measured_dirs(), _profiles, roles=True)
 
 
 def measured_pipelines() -> dict[tuple[str, str, int], tuple[MeasuredProfile, ...]]:
@@ -295,6 +304,15 @@ def kv_transfer_s(arch: ModelArch, layers: int, prompt_tokens: int) -> float:
     return cal.pp_alpha_s + share / cal.pp_bw
 
 
+def prefill_ttft_budget_s(arch: ModelArch, layers: int, slo: Slo, mix: Mix) -> float:
+    """The share of TTFT a one-stage prefill replica has for its own queue and prompt: the
+    model's TTFT less the KV hand-off of a mean prompt (:func:`kv_transfer_s`) and less the
+    decode replica's first token (one TPOT), as :mod:`coral_solver.perf_roles` rates it.
+    ``coral-hpc profile --roles`` judges a prefill replica's measured TTFT against this, so the
+    measured and the modelled figure count the hand-off alike."""
+    return slo.ttft_s - kv_transfer_s(arch, layers, mix.input_tokens) - slo.tpot_s
+
+
 # --- step latency ---------------------------------------------------------------------------
 
 @functools.lru_cache(maxsize=65536)
@@ -392,6 +410,26 @@ def _measured_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, slo: Slo, mix: 
             candidate = (profile.layers, p.requests_per_s, exact)
             if best is None or (candidate[2], candidate[1]) > (best[2], best[1]):
                 best = candidate
+    return best
+
+
+def measured_phase_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, slo: Slo, mix: Mix,
+                              role: str) -> tuple[int, float, bool, str] | None:
+    """(layers, req/s, exact SLO match, file) of the best measured ``role`` point of (arch,
+    gpu, tp) that applies to ``mix`` and ``slo`` (same mix, an SLO at least as strict, as
+    :func:`has_measured_throughput`), or None. ``role``: "prefill" or "decode"."""
+    best: tuple[int, float, bool, str] | None = None
+    for profile in measured_roles().get((arch.name, gpu.name, tp), ()):
+        if profile.role != role:
+            continue
+        for p in profile.throughput:
+            if (p.input_tokens, p.output_tokens) != (mix.input_tokens, mix.output_tokens):
+                continue
+            if p.ttft_s > slo.ttft_s or p.tpot_s > slo.tpot_s:
+                continue
+            exact = math.isclose(p.ttft_s, slo.ttft_s) and math.isclose(p.tpot_s, slo.tpot_s)
+            if best is None or (exact, p.requests_per_s) > (best[2], best[1]):
+                best = (profile.layers, p.requests_per_s, exact, profile.path)
     return best
 
 

@@ -15,6 +15,13 @@ Measured profile schema (one file per (arch, gpu, tp); every list optional)::
       - {input_tokens: 512, output_tokens: 128, ttft_s: 2.0, tpot_s: 0.05, requests_per_s: 10.5}
     step_latency:             # measured engine steps; they rescale the model's step latency
       - {decode_seqs: 16, prefill_tokens: 0, context_tokens: 8192, seconds: 0.0132}
+
+Role profiles (``roles/<arch>__<gpu>__tp<N>__<role>.yaml``, ``coral-hpc profile --roles``) take
+the same schema with ``role: prefill`` or ``role: decode``; their ``throughput`` points are what
+one replica of that role sustains (:mod:`coral_solver.perf_roles`): for ``prefill`` the most
+prompts/s of the mix's input length whose TTFT met the prefill side's share of the SLO, for
+``decode`` the most requests/s of the mix whose TPOT met the SLO with the prompt's KV already in
+place. Their ``step_latency`` is not used to rescale the aggregated model's steps.
 """
 
 from __future__ import annotations
@@ -124,6 +131,12 @@ class MeasuredProfile:
     #: KV-cache tokens the engine reported for its (first) stage's ``layers`` layers; None when
     #: not measured
     kv_capacity_tokens: int | None = None
+    #: "both" (an aggregated replica), or "prefill" / "decode": a role profile (``roles/``)
+    role: str = "both"
+
+
+#: the roles a measured profile may describe (``role`` field; absent: "both")
+PROFILE_ROLES = ("both", "prefill", "decode")
 
 
 def _num(path: Path, where: str, entry: dict[str, Any], field: str, kind: type, minimum: float):
@@ -258,10 +271,17 @@ def parse_measured(path: Path, profiles: Path | None = None) -> MeasuredProfile:
     kv_tokens = None
     if data.get("kv_capacity_tokens") is not None:
         kv_tokens = _num(path, "top level", data, "kv_capacity_tokens", int, 1)
+    role = str(data.get("role", "both"))
+    if role not in PROFILE_ROLES:
+        raise CatalogError(f"{path}: field 'role' = {role!r}: expected one of {PROFILE_ROLES}")
+    if role != "both" and pp > 1:
+        raise CatalogError(f"{path}: field 'role' = {role!r}: role profiles are of one stage, "
+                           f"not pp {pp}")
     return MeasuredProfile(
         path=str(path), arch=arch.name, gpu=gpu, tp=tp, layers=layers,
         source=str(data.get("source", "")), throughput=tuple(throughput), step_latency=tuple(steps),
         pp=pp, layer_partition=split, stage_gpus=tuple(stage_gpus), kv_capacity_tokens=kv_tokens,
+        role=role,
     )
 
 
@@ -327,14 +347,22 @@ def _pipeline(path: Path, data: dict[str, Any], model_layers: int,
 
 @functools.lru_cache(maxsize=8)
 def load_measured(measured_dirs: tuple[Path, ...], profiles: Path | None = None,
-                  pipelines: bool = False) -> dict[tuple[str, str, int], tuple[MeasuredProfile, ...]]:
+                  pipelines: bool = False, roles: bool = False
+                  ) -> dict[tuple[str, str, int], tuple[MeasuredProfile, ...]]:
     """All measured single-process profiles under ``measured_dirs`` (``*.yaml``), keyed by
-    (arch, gpu, tp); ``pipelines``: the pipeline profiles (``pipelines/*.yaml``) instead."""
+    (arch, gpu, tp); ``pipelines``: the pipeline profiles (``pipelines/*.yaml``) instead;
+    ``roles``: the prefill and decode role profiles (``roles/*.yaml``) instead."""
     found: dict[tuple[str, str, int], list[MeasuredProfile]] = {}
+    sub = "pipelines" if pipelines else "roles" if roles else ""
     for folder in measured_dirs:
         if not folder.is_dir():
             continue
-        for path in sorted((folder / "pipelines" if pipelines else folder).glob("*.yaml")):
+        for path in sorted((folder / sub if sub else folder).glob("*.yaml")):
             profile = parse_measured(path, profiles)
+            if (profile.role != "both") != roles:
+                where = "roles/ (a role profile)" if profile.role != "both" else (
+                    "the profiles folder itself, not roles/")
+                raise CatalogError(f"{path}: field 'role' = {profile.role!r}: belongs in "
+                                   f"{where}")
             found.setdefault((profile.arch, profile.gpu, profile.tp), []).append(profile)
     return {key: tuple(v) for key, v in found.items()}

@@ -27,6 +27,12 @@ devices_per_node=1, i.e. one GPU per node across InfiniBand, @ 7d47513 — 64 Mi
 A site with a faster fabric (NIXL over 400 Gb/s NDR) is faster than this; measured profiles of
 the site override the calibration as for every other figure.
 
+Measured role profiles (``coral-hpc profile --roles``, :func:`coral_solver.perf.
+measured_phase_throughput`) override these figures for one stage holding the layers measured,
+as a measured point overrides an aggregated stage: fewer layers do at least as well, more at
+most as well. A measured prefill point already counts the KV hand-off the same way (the
+profiler judges TTFT against the model's TTFT less this module's hand-off less one TPOT).
+
 Units: requests/s of the model's mix (prompt tokens/s ÷ mean input tokens for prefill, output
 tokens/s ÷ mean output tokens for decode), ARCHITECTURE "Units".
 """
@@ -39,7 +45,7 @@ from coral_solver import perf
 from coral_solver.catalog import GpuSpec, ModelArch
 from coral_solver.perf_model import step_time
 
-__all__ = ["kv_bytes_per_request", "kv_transfer_s", "phase_throughput"]
+__all__ = ["kv_bytes_per_request", "kv_transfer_s", "phase_throughput", "prefill_ttft_budget_s"]
 
 #: ln(1 / MISS): sojourn times of an M/M/1 queue beyond ``budget`` occur with exp(-x · budget)
 _LOG_MISS = math.log(1.0 / perf.MISS_PER_OBJECTIVE)
@@ -75,6 +81,7 @@ def _prefill(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_stages: int,
     c = perf._stage_coeffs(arch, gpu, tp, layers)
     service = step_time(c, 0, n_in, 0.0, n_in / 2.0, cal.step_overhead_s, n_stages,
                         cal.pp_alpha_s, cal.pp_bw)
+    # one stage: perf.prefill_ttft_budget_s, which coral-hpc profile --roles judges against
     budget = slo.ttft_s / n_stages - kv_transfer_s(arch, layers, mix) - slo.tpot_s
     if budget <= 0:
         return 0.0
@@ -149,4 +156,19 @@ def phase_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_stag
     if mix.input_tokens < 1 or mix.output_tokens < 1 or n_stages < 1:
         return 0.0
     fn = _prefill if role == "prefill" else _decode
-    return float(fn(arch, gpu, tp, layers, n_stages, slo, mix))
+    model = float(fn(arch, gpu, tp, layers, n_stages, slo, mix))
+    if n_stages == 1:
+        measured = perf.measured_phase_throughput(arch, gpu, tp, slo, mix, role)
+        if measured is not None:
+            m_layers, m_rps, exact, _path = measured
+            if layers == m_layers:
+                return m_rps if exact else max(model, m_rps)
+            return max(model, m_rps) if layers < m_layers else min(model, m_rps)
+    return model
+
+
+
+def prefill_ttft_budget_s(arch: ModelArch, layers: int, slo: perf.Slo, mix: perf.Mix) -> float:
+    """:func:`coral_solver.perf.prefill_ttft_budget_s`: the TTFT share a one-stage prefill
+    replica is rated (and ``coral-hpc profile --roles`` judged) against."""
+    return perf.prefill_ttft_budget_s(arch, layers, slo, mix)

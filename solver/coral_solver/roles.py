@@ -45,6 +45,16 @@ class _PhaseView:
     def throughput(self, model: ModelSpec, gpu_type: str, tp: int, layers: int, stages: int) -> float:
         return self._tm.phase_throughput(model, gpu_type, tp, layers, stages, self._role)
 
+    def measured(self, model: ModelSpec, gpu_type: str, tp: int) -> bool:
+        """Whether this phase's one-stage figure is a measurement (``measured_only`` keeps only
+        those): a measured role profile, never an aggregated replica's."""
+        measured_phase = getattr(self._tm, "measured_phase", None)
+        return bool(measured_phase and measured_phase(model, gpu_type, tp, self._role))
+
+    def measured_pipelines(self, model: ModelSpec, tp: int) -> list:
+        """No measured pipeline figure is a phase's: pipelines are measured aggregated."""
+        return []
+
 
 def roles_for(model: ModelSpec) -> tuple[Role, ...]:
     """The roles Stage 1 builds templates for under the model's disaggregation policy."""

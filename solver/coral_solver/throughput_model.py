@@ -146,6 +146,17 @@ class PerfThroughput:
         return self._perf.has_measured_throughput(self._arch(model), self._gpu(gpu_type), tp,
                                                   slo, mix)
 
+    def measured_phase(self, model: ModelSpec, gpu_type: str, tp: int, role: str) -> bool:
+        """Whether a measured ``role`` point (``coral-hpc profile --roles``) of (model, GPU
+        type, TP) applies to the model's mix and SLO (a one-stage ``role`` template's figure is
+        then the measurement)."""
+        if model.pooling:
+            return False
+        slo = self._perf.Slo(ttft_s=model.ttft_s, tpot_s=model.tpot_s)
+        mix = self._perf.Mix(input_tokens=model.input_tokens, output_tokens=model.output_tokens)
+        return self._perf.measured_phase_throughput(
+            self._arch(model), self._gpu(gpu_type), tp, slo, mix, role) is not None
+
     def measured_pipelines(self, model: ModelSpec, tp: int
                            ) -> list[tuple[tuple[str, ...], tuple[int, ...], float]]:
         """(GPU type per stage, layers per stage, replica requests/s) of every measured pipeline
@@ -216,7 +227,8 @@ class PerfThroughput:
         # changed measurement must invalidate the cached Stage-1 library
         for folder in getattr(self._perf, "measured_dirs", lambda: ())():
             for path in sorted(Path(folder).glob("*.yaml")) + sorted(
-                    Path(folder).glob("pipelines/*.yaml")):
+                    Path(folder).glob("pipelines/*.yaml")) + sorted(
+                    Path(folder).glob("roles/*.yaml")):
                 digest.update(str(path).encode())
                 digest.update(path.read_bytes())
         # a configured KV space (vLLM's CPU VLLM_CPU_KVCACHE_SPACE) decides which stages fit

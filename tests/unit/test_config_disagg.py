@@ -58,14 +58,14 @@ def test_shared_path_belongs_to_the_example_connector_only():
     assert "ExampleConnector only" in _problem(text, "engine.kv_connector")
 
 
-def test_measured_only_refuses_disaggregation_and_reaches_the_planner():
-    """Prefill-only and decode-only replicas are never profiled: planning from measurements
-    alone cannot price them."""
+def test_measured_only_takes_disaggregation_and_reaches_the_planner():
+    """Prefill-only and decode-only replicas are planned from role profiles (``coral-hpc
+    profile --roles``): the configuration takes both; missing role profiles are a plan problem
+    (tests/unit/test_role_profiles.py)."""
     from coral_hpc.plan.inputs import policy_of
 
-    problem = _problem(BASE + "policy: {measured_only: true, disaggregation: auto}\n",
-                       "policy.measured_only")
-    assert "disaggregation 'off', not 'auto'" in problem
+    both = parse_deployment(BASE + "policy: {measured_only: true, disaggregation: auto}\n")
+    assert both.policy.measured_only and both.policy.disaggregation == "auto"
     dep = parse_deployment(BASE + "policy: {measured_only: true}\n")
     assert policy_of(dep).measured_only and not policy_of(parse_deployment(BASE)).measured_only
     long = BASE.replace("    mix:", "    max_model_len: 4096\n    mix:", 1)
