@@ -10,10 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from coral_replica_sim.replica import Layout
-from coral_replica_sim.replica import Request
 from coral_hpc.simulate.serve import _deal, serve_replica, serve_window
 from coral_hpc.simulate.traces import ModelWorkload, load_rows, scaled_workload
+from coral_replica_sim.replica import Layout, Request
 from coral_solver.types import ModelSpec, Plan, PlanRow, Stage, Template
 
 _ROOT = Path(__file__).resolve().parents[2]
