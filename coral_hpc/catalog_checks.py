@@ -179,12 +179,29 @@ def gpu_exclusions(deployment: Deployment, model_index: int) -> tuple[dict[str, 
     return runs, excluded
 
 
+def _derived_from(deployment: Deployment, name: str, architecture: str | None,
+                  arch_name: str) -> str:
+    """Where a model's figures come from: its config.json, its ``architecture:`` (and the site
+    catalogue that defines it), or the shipped catalogue."""
+    from coral_hpc.model_archs import derivation
+    from coral_solver import catalog
+
+    found = derivation(deployment, name)
+    if found is not None and found.config_path is not None:
+        return str(found.config_path)
+    if architecture is not None:
+        site = catalog.site_catalog()
+        return f"architecture: {arch_name}" + (
+            f" (site catalogue {site.path})" if site is not None and arch_name in site.models
+            else "")
+    return f"catalogue entry {arch_name} (no config.json found)"
+
+
 def model_facts(deployment: Deployment) -> list[dict]:
     """Per model, what the performance model knows of it and where from: layers, weights, KV
     bytes per token, dtype, and which candidate GPU types run it (in which dtype) or not (why).
     ``estimate``: ``family`` (a config.json of a known family), ``generic`` (a config.json of
     an unknown model_type: a dense estimate from its standard fields) or ``catalogue``."""
-    from coral_hpc.model_archs import derivation
     from coral_solver import catalog
 
     facts = []
@@ -194,16 +211,7 @@ def model_facts(deployment: Deployment) -> list[dict]:
         except KeyError:
             continue  # reported by catalog_problems
         derived = catalog.derived_model(model.arch_key)
-        found = derivation(deployment, model.name)
-        if found is not None and found.config_path is not None:
-            origin = str(found.config_path)
-        elif model.architecture is not None:
-            site = catalog.site_catalog()
-            origin = f"architecture: {arch.name}" + (
-                f" (site catalogue {site.path})" if site is not None and arch.name in site.models
-                else "")
-        else:
-            origin = f"catalogue entry {arch.name} (no config.json found)"
+        origin = _derived_from(deployment, model.name, model.architecture, arch.name)
         runs, excluded = gpu_exclusions(deployment, index)
         context = model.mix.input_tokens + model.mix.output_tokens
         sliding = derived.sliding_layers if derived is not None else 0

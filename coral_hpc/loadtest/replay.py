@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -195,24 +195,18 @@ async def _one(session: aiohttp.ClientSession, url: str, headers: dict, model: s
     """
     loop = asyncio.get_running_loop()
     scheduled = t0 + arrival.at
-    delay = scheduled - loop.time()
-    if delay > 0:
-        await asyncio.sleep(delay)
-    lag = max(0.0, loop.time() - scheduled)
+    lag = await _sleep_until(loop, scheduled)
     base: dict[str, Any] = {"at": arrival.at, "prompt_tokens": arrival.prompt_tokens,
             "max_tokens": arrival.max_tokens, "send_lag_s": lag}
-    first: float | None = None
-    last: float | None = None
-    usage: dict | None = None
-    done = False
+    stream = _Stream()
     status = None
 
     def deadline() -> float:
         if give_up is None:
             return math.inf
-        if first is None:
+        if stream.first is None:
             return scheduled + give_up.ttft_s
-        return first + give_up.tpot_s * max(arrival.max_tokens - 1, 1)
+        return stream.first + give_up.tpot_s * max(arrival.max_tokens - 1, 1)
 
     try:
         async with session.post(url, json=_body(model, arrival.prompt_tokens, arrival.max_tokens,
@@ -221,48 +215,90 @@ async def _one(session: aiohttp.ClientSession, url: str, headers: dict, model: s
             if status != 200:
                 text = (await resp.text())[:200]
                 return RequestResult(**base, status=status, error=f"HTTP {status}: {text}")
-            while True:
-                left = deadline() - loop.time()
-                try:
-                    raw = await asyncio.wait_for(resp.content.readline(),
-                                                 None if math.isinf(left) else max(left, 0.0))
-                except asyncio.TimeoutError:
-                    return RequestResult(**base, status=status, missed=_missed(first),
-                                         ttft_s=None if first is None else first - scheduled)
-                if not raw:
-                    break
-                line = raw.strip()
-                if not line.startswith(b"data:"):
-                    continue
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    done = True
-                    break
-                chunk = json.loads(data)
-                if "error" in chunk:
-                    return RequestResult(**base, status=status,
-                                         error=f"stream error: {str(chunk['error'])[:200]}")
-                if _text_of(chunk, chat):
-                    now = loop.time()
-                    first = now if first is None else first
-                    last = now
-                if chunk.get("usage"):
-                    usage = chunk["usage"]
+            error = await _read_events(resp, loop, stream, deadline, chat)
+            if error == _GAVE_UP:
+                first = stream.first
+                return RequestResult(**base, status=status, missed=_missed(first),
+                                     ttft_s=None if first is None else first - scheduled)
+            if error is not None:
+                return RequestResult(**base, status=status, error=error)
     except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError) as exc:
         return RequestResult(**base, status=status, error=f"{type(exc).__name__}: {exc}"[:200])
     end = loop.time()
-    if not done:
+    first, last, usage = stream.first, stream.last, stream.usage
+    if not stream.done:
         return RequestResult(**base, status=status, error="stream ended without [DONE]")
     if usage is None or first is None or last is None:
         return RequestResult(**base, status=status, error="no usage chunk or no output text")
+    return _finished(base, status, usage, first - scheduled, last - first, end - scheduled,
+                     arrival.max_tokens)
+
+
+#: what :func:`_read_events` returns when the request's deadline passed
+_GAVE_UP = "gave up"
+
+
+@dataclass
+class _Stream:
+    """What one request's event stream has shown so far (loop times)."""
+
+    first: float | None = None
+    last: float | None = None
+    usage: dict | None = None
+    done: bool = False
+
+
+async def _read_events(resp: aiohttp.ClientResponse, loop: asyncio.AbstractEventLoop,
+                       stream: _Stream, deadline: Callable[[], float], chat: bool) -> str | None:
+    """Read server-sent events into ``stream`` until ``[DONE]`` or the stream's end (None),
+    :data:`_GAVE_UP` once ``deadline()`` passes, or the stream's error message."""
+    while True:
+        left = deadline() - loop.time()
+        try:
+            raw = await asyncio.wait_for(resp.content.readline(),
+                                         None if math.isinf(left) else max(left, 0.0))
+        except asyncio.TimeoutError:
+            return _GAVE_UP
+        if not raw:
+            return None
+        line = raw.strip()
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            stream.done = True
+            return None
+        chunk = json.loads(data)
+        if "error" in chunk:
+            return f"stream error: {str(chunk['error'])[:200]}"
+        if _text_of(chunk, chat):
+            now = loop.time()
+            stream.first = now if stream.first is None else stream.first
+            stream.last = now
+        if chunk.get("usage"):
+            stream.usage = chunk["usage"]
+
+
+async def _sleep_until(loop: asyncio.AbstractEventLoop, scheduled: float) -> float:
+    """Wait for the loop time ``scheduled``; return how late it is then (s, >= 0)."""
+    delay = scheduled - loop.time()
+    if delay > 0:
+        await asyncio.sleep(delay)
+    return max(0.0, loop.time() - scheduled)
+
+
+def _finished(base: dict[str, Any], status: int | None, usage: dict, ttft_s: float,
+              first_to_last_s: float, e2e_s: float, max_tokens: int) -> RequestResult:
+    """The result of a stream that ended with [DONE]: an error if it gave other than
+    ``max_tokens`` tokens."""
     tokens = int(usage.get("completion_tokens", 0))
     result = RequestResult(
-        **base, status=status, ttft_s=first - scheduled,
-        tpot_s=(last - first) / (tokens - 1) if tokens > 1 else None, e2e_s=end - scheduled,
+        **base, status=status, ttft_s=ttft_s,
+        tpot_s=first_to_last_s / (tokens - 1) if tokens > 1 else None, e2e_s=e2e_s,
         completion_tokens=tokens, usage_prompt_tokens=usage.get("prompt_tokens"),
     )
-    if tokens != arrival.max_tokens:
-        return replace(result, error=f"{tokens} tokens, asked {arrival.max_tokens}")
+    if tokens != max_tokens:
+        return replace(result, error=f"{tokens} tokens, asked {max_tokens}")
     return result
 
 

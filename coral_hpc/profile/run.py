@@ -20,7 +20,7 @@ from coral_hpc.launch.spec import replica_spec
 from coral_hpc.launch.stop import stop_replicas
 from coral_hpc.launch.submit import submit_replica
 from coral_hpc.plan.layout import layout_dtype
-from coral_hpc.profile.measure import EngineFailed, measure_engine
+from coral_hpc.profile.measure import EngineFailed, EngineMeasurements, measure_engine
 from coral_hpc.profile.roles import ROLES, RoleMeasurements, measure_roles
 from coral_hpc.profile.write import (
     profile_document,
@@ -212,6 +212,35 @@ def _measure_roles(deployment: Deployment, task: ProfileTask, url: str, api_key:
         progress=lambda m: progress(f"  {m}"))
 
 
+def _task_layout(task: ProfileTask) -> tuple[int, list[int], ReplicaLayout]:
+    """(the model's layers, vLLM's default split over the task's stages, the replica layout)."""
+    from coral_solver.catalog import model_arch
+
+    layers = model_arch(task.architecture).layers
+    split = [layers // task.pp + (1 if i < layers % task.pp else 0) for i in range(task.pp)]
+    places = task.stage_places
+    layout = ReplicaLayout(
+        task.tp, tuple(StageLayout(part, gpu, n) for (part, gpu), n in zip(places, split)),
+        layout_dtype(task.architecture, sorted({g for _, g in places})),
+    )
+    return layers, split, layout
+
+
+def _write_roles(paths: Sequence[Path], task: ProfileTask, layers: int, source: str,
+                 endpoint: Endpoint, ready_after: float, by_role: dict[str, RoleMeasurements],
+                 progress: Progress) -> list[Path]:
+    """Write the task's prefill and decode role profiles (``paths`` in :data:`ROLES` order)."""
+    out = []
+    for path, role in zip(paths, ROLES):
+        out.append(write_profile(path, role_profile_document(
+            arch=task.architecture, gpu=task.gpu_type, tp=task.tp, layers=layers,
+            source=source, model=task.model, partition=task.partition,
+            startup_s=endpoint.ready_at - endpoint.started_at,
+            submit_to_ready_s=ready_after, measured=by_role[role])))
+        progress(f"  wrote {path}")
+    return out
+
+
 def run_profiles(deployment: Deployment, tasks: Sequence[ProfileTask], client: ProfileClient, *,
                  force: bool = False, ready_timeout_s: float = 900.0,
                  progress: Progress = print, roles: bool = False) -> list[Path]:
@@ -233,15 +262,7 @@ def run_profiles(deployment: Deployment, tasks: Sequence[ProfileTask], client: P
             written += paths
             continue
         progress(f"[{index}/{len(tasks)}] {task.name}: starting the engine in a Slurm job")
-        from coral_solver.catalog import model_arch
-
-        layers = model_arch(task.architecture).layers
-        split = [layers // task.pp + (1 if i < layers % task.pp else 0) for i in range(task.pp)]
-        places = task.stage_places
-        layout = ReplicaLayout(
-            task.tp, tuple(StageLayout(part, gpu, n) for (part, gpu), n in zip(places, split)),
-            layout_dtype(task.architecture, sorted({g for _, g in places})),
-        )
+        layers, split, layout = _task_layout(task)
         spec = replica_spec(deployment, task.model, f"profile-{secrets.token_hex(3)}", "profile",
                             layout, api_key_file=key_file)
         submitted = time.time()
@@ -268,27 +289,30 @@ def run_profiles(deployment: Deployment, tasks: Sequence[ProfileTask], client: P
         source = (f"coral-hpc profile on {endpoint.node} ({task.partition}), vLLM {version}, "
                   f"{day}")
         if roles:
-            for path, role in zip(paths, ROLES):
-                written.append(write_profile(path, role_profile_document(
-                    arch=task.architecture, gpu=task.gpu_type, tp=task.tp, layers=split[0],
-                    source=source, model=task.model, partition=task.partition,
-                    startup_s=endpoint.ready_at - endpoint.started_at,
-                    submit_to_ready_s=ready_after, measured=by_role[role])))
-                progress(f"  wrote {path}")
+            written += _write_roles(paths, task, split[0], source, endpoint, ready_after,
+                                    by_role, progress)
             continue
-        path = paths[0]
-        document = profile_document(
-            arch=task.architecture, gpu=task.gpu_type, tp=task.tp, layers=split[0] if task.pp == 1
-            else layers, pp=task.pp, layer_partition=",".join(map(str, split)),
-            source=source,
-            model=task.model, partition="+".join(dict.fromkeys(p for p, _ in places)),
-            stage_gpus=[g for _, g in places] if task.gpu_label != task.gpu_type else None,
-            startup_s=endpoint.ready_at - endpoint.started_at, submit_to_ready_s=ready_after,
-            measured=measured,
-        )
-        written.append(write_profile(path, document))
-        progress(f"  wrote {path}")
+        written.append(_write_aggregated(paths[0], task, layers, split, source, endpoint,
+                                         ready_after, measured))
+        progress(f"  wrote {paths[0]}")
     return written
+
+
+def _write_aggregated(path: Path, task: ProfileTask, layers: int, split: list[int], source: str,
+                      endpoint: Endpoint, ready_after: float,
+                      measured: EngineMeasurements) -> Path:
+    """Write the task's (aggregated) measured profile to ``path``."""
+    places = task.stage_places
+    document = profile_document(
+        arch=task.architecture, gpu=task.gpu_type, tp=task.tp, layers=split[0] if task.pp == 1
+        else layers, pp=task.pp, layer_partition=",".join(map(str, split)),
+        source=source,
+        model=task.model, partition="+".join(dict.fromkeys(p for p, _ in places)),
+        stage_gpus=[g for _, g in places] if task.gpu_label != task.gpu_type else None,
+        startup_s=endpoint.ready_at - endpoint.started_at, submit_to_ready_s=ready_after,
+        measured=measured,
+    )
+    return write_profile(path, document)
 
 
 __all__ = ["CoralError", "EngineFailed", "ProfileError", "ProfileTask", "pipeline_task", "profile_tasks",
