@@ -59,8 +59,8 @@ def _disaggregated_copy(tmp_path: Path, venv: Path, models: Path) -> Path:
     text = text.replace("engine:\n  kind: vllm\n",
                         "engine:\n  kind: vllm\n  kv_connector: {name: ExampleConnector}\n", 1)
     text = text.replace("policy:\n", "policy:\n  disaggregation: on\n", 1)
-    # prefill-only and decode-only replicas are never profiled: the phases' figures are the
-    # model's, which measured_only would refuse
+    # this test measures no role profiles (`coral-hpc profile --roles` would take minutes):
+    # the phases' figures are the model's, which measured_only would refuse
     text, count = re.subn(r"(?m)^  measured_only: true$", "  measured_only: false", text)
     assert count == 1, "examples/vllm-cpu.yaml no longer sets policy.measured_only"
     # one model of our own (two engine jobs at a time), whatever the example's models ask for
