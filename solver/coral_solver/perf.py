@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -399,17 +399,25 @@ def _measured_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, slo: Slo, mix: 
 
     A point applies to the same mix when its SLO is at least as strict as the one asked for
     (what met a stricter SLO meets a looser one)."""
-    best: tuple[int, float, bool] | None = None
-    for profile in _measured().get((arch.name, gpu.name, tp), ()):
+    best = _best_point(_measured().get((arch.name, gpu.name, tp), ()), slo, mix)
+    return None if best is None else (best[0].layers, best[1], best[2])
+
+
+def _best_point(profiles: Iterable[MeasuredProfile], slo: Slo, mix: Mix
+                ) -> tuple[MeasuredProfile, float, bool] | None:
+    """(profile, req/s, exact SLO match) of the applicable throughput point of ``profiles``
+    that matches the SLO exactly before any other, then serves the most; None if none applies.
+    A point applies to the same mix when its SLO is at least as strict as the one asked for."""
+    best: tuple[MeasuredProfile, float, bool] | None = None
+    for profile in profiles:
         for p in profile.throughput:
             if (p.input_tokens, p.output_tokens) != (mix.input_tokens, mix.output_tokens):
                 continue
             if p.ttft_s > slo.ttft_s or p.tpot_s > slo.tpot_s:
                 continue
             exact = math.isclose(p.ttft_s, slo.ttft_s) and math.isclose(p.tpot_s, slo.tpot_s)
-            candidate = (profile.layers, p.requests_per_s, exact)
-            if best is None or (candidate[2], candidate[1]) > (best[2], best[1]):
-                best = candidate
+            if best is None or (exact, p.requests_per_s) > (best[2], best[1]):
+                best = (profile, p.requests_per_s, exact)
     return best
 
 
@@ -418,19 +426,9 @@ def measured_phase_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, slo: Slo, 
     """(layers, req/s, exact SLO match, file) of the best measured ``role`` point of (arch,
     gpu, tp) that applies to ``mix`` and ``slo`` (same mix, an SLO at least as strict, as
     :func:`has_measured_throughput`), or None. ``role``: "prefill" or "decode"."""
-    best: tuple[int, float, bool, str] | None = None
-    for profile in measured_roles().get((arch.name, gpu.name, tp), ()):
-        if profile.role != role:
-            continue
-        for p in profile.throughput:
-            if (p.input_tokens, p.output_tokens) != (mix.input_tokens, mix.output_tokens):
-                continue
-            if p.ttft_s > slo.ttft_s or p.tpot_s > slo.tpot_s:
-                continue
-            exact = math.isclose(p.ttft_s, slo.ttft_s) and math.isclose(p.tpot_s, slo.tpot_s)
-            if best is None or (exact, p.requests_per_s) > (best[2], best[1]):
-                best = (profile.layers, p.requests_per_s, exact, profile.path)
-    return best
+    profiles = measured_roles().get((arch.name, gpu.name, tp), ())
+    best = _best_point((p for p in profiles if p.role == role), slo, mix)
+    return None if best is None else (best[0].layers, best[1], best[2], best[0].path)
 
 
 def has_measured_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, slo: Slo, mix: Mix) -> bool:
