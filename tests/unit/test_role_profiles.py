@@ -18,6 +18,7 @@ from coral_solver.catalog import CatalogError
 from coral_solver.perf_profiles import load_measured, parse_measured
 from coral_solver.templates import PerfThroughput, library_templates
 from coral_solver.types import ModelSpec, Policy
+from tests.support.vllm_example import disaggregated_example, plan_json
 
 REPO = Path(__file__).resolve().parents[2]
 RECORDED_PP2 = REPO / "tests/data/profiles/pipelines/coral-tiny-llama__v100__tp1__pp2.yaml"
@@ -176,22 +177,9 @@ def test_plan_refuses_the_cpu_example_disaggregated_until_its_roles_are_profiled
         tmp_path, monkeypatch):
     """examples/vllm-cpu.yaml (measured_only) with ``disaggregation: on``: the configuration is
     taken, and ``plan`` exits 2 naming the role profiles each model lacks."""
-    from click.testing import CliRunner
-
-    from coral_hpc.cli.plan import plan
-
-    text = (REPO / "examples" / "vllm-cpu.yaml").read_text()
-    assert "  measured_only: true" in text
-    text = text.replace("profiles_dir: vllm-cpu.profiles",
-                        f"profiles_dir: {REPO / 'examples' / 'vllm-cpu.profiles'}")
-    text = text.replace("  measured_only: true", '  measured_only: true\n  disaggregation: "on"')
-    text = text.replace("engine:\n  kind: vllm\n",
-                        "engine:\n  kind: vllm\n  kv_connector: {name: NixlConnector}\n")
-    path = tmp_path / "vllm-cpu.yaml"
-    path.write_text(text)
+    path = disaggregated_example(tmp_path, measured_only=True)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    out = CliRunner().invoke(plan, [str(path), "--json", "--snapshot",
-                                    str(REPO / "tests/data/plan/devcluster-snapshot.json")])
+    out = plan_json(path)
     assert out.exit_code == 2, out.output
     assert "`coral-hpc profile --roles --model tiny-llama`" in out.output
     assert "holds no prefill or decode profile" in out.output

@@ -16,6 +16,7 @@ from coral_hpc.plan.inputs import model_specs, policy_of
 from coral_solver import catalog, perf
 from coral_solver.templates import PerfThroughput, build_library
 from coral_solver.types import Stage
+from tests.support.vllm_example import disaggregated_example, plan_json
 
 REPO = Path(__file__).resolve().parents[2]
 #: the local cluster's node shapes (scripts/dev-cluster: 4 GPUs a node; catalogue memory)
@@ -107,21 +108,9 @@ def test_plan_names_the_layouts_the_kv_check_refuses(tmp_path, monkeypatch):
     context replica is a pipeline, and its warnings say why per model."""
     import json
 
-    from click.testing import CliRunner
-
-    from coral_hpc.cli.plan import plan
-
-    text = (REPO / "examples" / "vllm-cpu.yaml").read_text()
-    text = text.replace("profiles_dir: vllm-cpu.profiles",
-                        f"profiles_dir: {REPO / 'examples' / 'vllm-cpu.profiles'}")
-    text = text.replace("  measured_only: true", '  measured_only: false\n  disaggregation: "on"')
-    text = text.replace("engine:\n  kind: vllm\n",
-                        "engine:\n  kind: vllm\n  kv_connector: {name: NixlConnector}\n")
-    path = tmp_path / "vllm-cpu.yaml"
-    path.write_text(text)
+    path = disaggregated_example(tmp_path, measured_only=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    out = CliRunner().invoke(plan, [str(path), "--json", "--snapshot",
-                                    str(REPO / "tests/data/plan/devcluster-snapshot.json")])
+    out = plan_json(path)
     assert out.exit_code == 0, out.output
     data = json.loads(out.stdout)
     long = [r for r in data["replicas"] if r["model"] in ("tiny-llama", "tiny-qwen2")]
