@@ -18,7 +18,9 @@ def measured_profile_dirs(deployment: Deployment) -> tuple[Path, ...]:
     return ((profiles_dir() / "measured").resolve(), deployment.measured_profiles_path.resolve())
 
 
-def _signature(dirs: tuple[Path, ...]) -> tuple:
+def profiles_signature(dirs: tuple[Path, ...]) -> tuple:
+    """Every measured-profile file under ``dirs`` (and their ``pipelines/``, ``roles/``) with
+    its modification time: changes when a profile is added, removed or rewritten."""
     return tuple((str(p), p.stat().st_mtime_ns) for d in dirs if d.is_dir()
                  for p in sorted(d.glob("*.yaml")) + sorted(d.glob("pipelines/*.yaml"))
                  + sorted(d.glob("roles/*.yaml")))
@@ -61,7 +63,7 @@ def use_measured_profiles(deployment: Deployment) -> None:
     global _configured
     dirs = measured_profile_dirs(deployment)
     space = kv_space(deployment)
-    key = (dirs, _signature(dirs), tuple(sorted(space.items())))
+    key = (dirs, profiles_signature(dirs), tuple(sorted(space.items())))
     if key != _configured:
         perf.configure(measured=dirs, kv_space=space)
         _configured = key

@@ -39,6 +39,7 @@ from pathlib import Path
 
 import yaml
 
+from coral_hpc.plan.figures import profiles_signature
 from coral_hpc.records import ReplicaRecord
 from coral_solver import catalog
 from coral_solver.types import Cluster, ModelSpec, QueueOption, Template
@@ -96,11 +97,27 @@ def _canonical_gpu(name: str) -> str | None:
 ProfileKey = tuple[str, tuple[str, ...], int]
 
 
+#: (folders, their files' signature) -> what :func:`profile_startups` read from them: the daemon
+#: asks every cycle, and the files change only when someone profiles
+_read: dict[tuple, dict[ProfileKey, LayoutStartup]] = {}
+
+
 def profile_startups(folders: Iterable[Path]) -> dict[ProfileKey, LayoutStartup]:
     """The ``startup_s`` of every measured profile in ``folders`` (and their ``pipelines/``),
     by layout; a later folder's figure replaces an earlier one's (the site's own beat the
     shipped). Files without ``startup_s`` (shipped profiles measured before it was recorded) or
-    that do not parse are skipped: the planner reads them for throughput and says so there."""
+    that do not parse are skipped: the planner reads them for throughput and says so there.
+    Read again only when a file was added, removed or rewritten."""
+    dirs = tuple(folders)
+    key = (dirs, profiles_signature(dirs))
+    if key not in _read:
+        _read.clear()
+        _read[key] = _read_profile_startups(dirs)
+    return dict(_read[key])
+
+
+def _read_profile_startups(folders: tuple[Path, ...]) -> dict[ProfileKey, LayoutStartup]:
+    """:func:`profile_startups`, read from the files."""
     out: dict[ProfileKey, LayoutStartup] = {}
     for folder in folders:
         if not folder.is_dir():
