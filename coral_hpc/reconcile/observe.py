@@ -281,6 +281,8 @@ class Observer:
         if nodes:
             changes["nodes"] = ",".join(nodes)
         if job.time_limit_s:
+            # every cycle, not once: an admin shortens running jobs before maintenance
+            # (scontrol update TimeLimit=), and the walltime successor follows the new end
             changes["time_limit_s"] = float(job.time_limit_s)
         if job.start_time and state not in ("PENDING", None) and record.started_at is None:
             changes["started_at"] = job.start_time
