@@ -19,7 +19,10 @@ requests have missed than the goal allows.
 
 How the rate is found (:func:`capacity`): from a saturation estimate, halve until a rate meets
 the goal (or none above ``MIN_RATE`` does: capacity 0), double while it does, then bisect
-geometrically to ``REL_TOL``; the highest rate that met the goal is returned.
+geometrically to ``REL_TOL``; the highest rate that met the goal is returned. No rate above
+what the replica finishes with every request waiting (:func:`backlog_rate`) counts as met:
+there the queue grows without end, which a finite sample under a loose SLO may not show (700
+requests of a tiny model fit a 4 s TTFT however fast they come, and the doubling never ended).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -136,42 +139,59 @@ def attainment(layout: Layout, slo: perf.Slo, lengths: Lengths, rate: float, goa
     """Serve ``lengths`` (in order) arriving as a Poisson process of ``rate`` requests/s on one
     replica of ``layout``; count the requests after the first ``warmup`` that meet TTFT and
     TPOT. Stops once the misses make ``goal`` unreachable."""
+    at = arrivals(lengths, rate, warmup)
+    requests = [Request(float(at[i]), lengths.prompt[i], lengths.output[i])
+                for i in range(len(at))]
+    return judge(layout, requests, lambda i, first_s: first_s - requests[i].at <= slo.ttft_s,
+                 tpot_s=slo.tpot_s, goal=goal, rate=rate, warmup=warmup)
+
+
+def arrivals(lengths: Lengths, rate: float, warmup: int = WARMUP) -> np.ndarray:
+    """Arrival times (s) of ``lengths``' requests as a Poisson process of ``rate`` requests/s:
+    the fixed unit-rate gaps, scaled (common random numbers, module docstring)."""
     if rate <= 0:
         raise ValueError(f"rate must be > 0, got {rate}")
     n = len(lengths.prompt)
     if n <= warmup:
         raise ValueError(f"lengths: {n} requests, need more than the {warmup} warm-up ones")
-    gaps = _unit_gaps(n, SEED)
-    at = np.cumsum(np.asarray(gaps)) / rate
-    requests = [Request(float(at[i]), lengths.prompt[i], lengths.output[i]) for i in range(n)]
-    counted = n - warmup
+    return np.cumsum(np.asarray(_unit_gaps(n, SEED))) / rate
+
+
+#: first_ok(request index, first token s) -> the first token came in time; asked once per
+#: request, warm-up ones included, in the order the first tokens come
+FirstOk = Callable[[int, float], bool]
+
+
+def judge(layout: Layout, requests: list[Request], first_ok: FirstOk, *, tpot_s: float,
+          goal: float, rate: float, warmup: int = WARMUP) -> Judged:
+    """Serve ``requests`` on one replica of ``layout`` and count those after the first
+    ``warmup`` whose first token ``first_ok`` accepts and whose mean time per output token after
+    the first is within ``tpot_s`` (a one-token answer has none); a request the KV cache could
+    never hold misses. Stops once the misses make ``goal`` unreachable. ``rate``: the arrival
+    rate the requests were drawn at (reported)."""
+    counted = len(requests) - warmup
     allowed = math.floor((1.0 - goal) * counted + 1e-9)  # misses the goal allows
     missed = 0
-    seen_first: dict[int, bool] = {}  # counted request -> its TTFT was met
+    seen_first: dict[int, bool] = {}  # request -> its first token was in time
 
     def watch(i: int, first_s: float, last_s: float, tokens: int, finished: bool) -> bool:
         nonlocal missed
-        if i < warmup:
-            return False
         if tokens == 0:  # refused: it could never fit the KV cache
+            missed += int(i >= warmup)
+            return missed > allowed
+        if i not in seen_first:
+            seen_first[i] = first_ok(i, first_s)
+            if not seen_first[i] and i >= warmup:
+                missed += 1
+                return missed > allowed
+        if (i >= warmup and finished and seen_first[i] and tokens > 1
+                and (last_s - first_s) / (tokens - 1) > tpot_s):
             missed += 1
             return missed > allowed
-        if tokens == 1 and i not in seen_first:
-            ok = first_s - requests[i].at <= slo.ttft_s
-            seen_first[i] = ok
-            if not ok:
-                missed += 1
-                return missed > allowed
-        if finished and seen_first.get(i, False) and tokens > 1:
-            if (last_s - first_s) / (tokens - 1) > slo.tpot_s:
-                missed += 1
-                return missed > allowed
         return False
 
     _first, _last, _produced, stopped = serve_watched(layout, requests, limits(), watch)
-    if stopped:
-        return Judged(rate, counted, counted - missed, True)
-    return Judged(rate, counted, counted - missed, False)
+    return Judged(rate, counted, counted - missed, stopped)
 
 
 def saturation_guess(layout: Layout, lengths: Lengths) -> float:
@@ -191,17 +211,38 @@ def saturation_guess(layout: Layout, lengths: Lengths) -> float:
     return per_engine * layout.stages / (n_out * round_s)
 
 
+def backlog_rate(layout: Layout, requests: list[Request]) -> float:
+    """Requests/s one replica of ``layout`` takes in when every one of ``requests`` is waiting
+    from the start: ``len(requests)`` over the time the last of them produced its first token.
+    Until then a queue waits, so the replica runs full and takes in a request as one leaves
+    (it finishes about as many as it takes in, Little's law): the most it sustains, a Poisson
+    rate above it only queues more and more. The makespan would not do: the last long
+    requests of the burst finish alone, in steps far from full."""
+    burst = [replace(r, at=0.0) for r in requests]
+    first, _last, _produced, _ = serve_watched(layout, burst, limits(), None)
+    end = max(first.values(), default=0.0)
+    return len(requests) / end if end > 0 else math.inf
+
+
 def capacity(layout: Layout, slo: perf.Slo, lengths: Lengths, goal: float = 0.95,
              start: float | None = None,
-             judge: Callable[[float], Judged] | None = None) -> float:
+             judge: Callable[[float], Judged] | None = None,
+             ceiling: float | None = None) -> float:
     """The highest rate (requests/s, within ``REL_TOL``) at which at least ``goal`` of the
     requests meet TTFT and TPOT on one replica of ``layout``; 0.0 when even ``MIN_RATE`` does
     not (or a request could never fit). ``start``: where the search starts (default
-    :func:`saturation_guess`); ``judge``: rate -> :class:`Judged` (default :func:`attainment`)."""
+    :func:`saturation_guess`); ``judge``: rate -> :class:`Judged` (default :func:`attainment`);
+    ``ceiling``: rates above it fail unjudged (default, with the default judge: the
+    :func:`backlog_rate` of ``lengths``; none with another judge)."""
     if not 0.0 < goal <= 1.0:
         raise ValueError(f"goal (slo_attainment) must be in (0, 1], got {goal}")
+    if ceiling is None and judge is None:
+        ceiling = backlog_rate(layout, [Request(0.0, p, o)
+                                        for p, o in zip(lengths.prompt, lengths.output)])
 
     def ok(rate: float) -> bool:
+        if ceiling is not None and rate > ceiling:
+            return False  # not sustained, though the sample may not show it
         judged = judge(rate) if judge is not None else attainment(layout, slo, lengths, rate,
                                                                    goal)
         return not judged.stopped and judged.attainment >= goal
