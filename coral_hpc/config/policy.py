@@ -176,7 +176,9 @@ class PolicyConfig(_Frozen):
         default="analytic",
         description="Stage 1: a template's throughput from the analytic per-stage model, or "
                     "simulated: the highest Poisson rate at which slo_attainment of the "
-                    "model's requests meet TTFT and TPOT, the whole replica simulated",
+                    "model's requests meet TTFT and TPOT, the whole replica simulated "
+                    "(a prefill-only or decode-only replica: its share of them, KV hand-off "
+                    "included)",
     )
     # 0.95: the attainment issue 24 and the paper (§5) judge plans by.
     slo_attainment: float = Field(

@@ -261,7 +261,7 @@ def _check_template(t: Template, model: ModelSpec, tm, rel_tol: float,
     if t.role != "both":
         from coral_solver.roles import check_phase_template
 
-        return out + check_phase_template(t, model, tm, rel_tol)
+        return out + check_phase_template(t, model, tm, rel_tol, policy)
     simulated = (policy is not None and policy.capacity == "simulated"
                  and hasattr(tm, "simulated_throughput"))
     measured = getattr(tm, "measured", None)

@@ -43,9 +43,10 @@ import math
 
 from coral_solver import perf
 from coral_solver.catalog import GpuSpec, ModelArch
-from coral_solver.perf_model import step_time
+from coral_solver.perf_model import StageCoeffs, step_time
 
-__all__ = ["kv_bytes_per_request", "kv_transfer_s", "phase_throughput", "prefill_ttft_budget_s"]
+__all__ = ["kv_bytes_per_request", "kv_transfer_s", "mean_phase_throughput", "phase_throughput",
+           "prefill_ttft_budget_s"]
 
 #: ln(1 / MISS): sojourn times of an M/M/1 queue beyond ``budget`` occur with exp(-x · budget)
 _LOG_MISS = math.log(1.0 / perf.MISS_PER_OBJECTIVE)
@@ -71,7 +72,7 @@ def _link_cap(arch: ModelArch, layers: int, mix: perf.Mix) -> float:
 
 
 def _prefill(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_stages: int,
-             slo: perf.Slo, mix: perf.Mix) -> float:
+             slo: perf.Slo, mix: perf.Mix, tail: bool = True) -> float:
     cal = perf._calibration()
     cap = perf.kv_capacity_tokens(arch, gpu, tp, layers, cal.gpu_memory_utilization)
     n_in = mix.input_tokens
@@ -85,8 +86,23 @@ def _prefill(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_stages: int,
     budget = slo.ttft_s / n_stages - kv_transfer_s(arch, layers, mix) - slo.tpot_s
     if budget <= 0:
         return 0.0
+    if not tail:  # means only: the mean prompt's step fits its budget, the stage stays busy
+        return _busy_prefill(c, service, n_stages, n_in, _link_cap(arch, layers, mix)) if (
+            service <= budget) else 0.0
     rate = 1.0 / service - _LOG_MISS / budget
     return max(0.0, min(rate, _link_cap(arch, layers, mix)))
+
+
+def _busy_prefill(c: StageCoeffs, service: float, n_stages: int, n_in: int,
+                  link: float) -> float:
+    """Prompts/s a stage busy with prompts finishes: one mean prompt a step, or a full step's
+    token budget of them (chunked prefill batches prompts; the simulated replica does, so this
+    mean figure must count it to stay above what the simulation rates), capped by the link."""
+    cal = perf._calibration()
+    full = cal.max_num_batched_tokens
+    batched = step_time(c, 0, full, 0.0, n_in / 2.0, cal.step_overhead_s, n_stages,
+                        cal.pp_alpha_s, cal.pp_bw)
+    return min(max(1.0 / service, full / n_in / batched), link)
 
 
 def _decode(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_stages: int,
@@ -138,6 +154,37 @@ def _decode(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_stages: int,
     return b / (n_out * t_b)
 
 
+def _decode_mean(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_stages: int,
+                 slo: perf.Slo, mix: perf.Mix) -> float:
+    """:func:`_decode` on means alone: as many sequences as ``max_num_seqs`` and the KV cache
+    hold at their mean length (prompt + half the output, what the simulated replica holds on
+    average), each reading that mean context, the step within TPOT/S; no batch surge, no wait
+    for a slot; the link caps the arrivals."""
+    cal = perf._calibration()
+    cap = perf.kv_capacity_tokens(arch, gpu, tp, layers, cal.gpu_memory_utilization)
+    n_in, n_out = mix.input_tokens, mix.output_tokens
+    cap = perf.kv_tokens_at(arch, cap, n_in + n_out)
+    if cap <= 0 or n_in + n_out > cap:
+        return 0.0
+    held = n_in + n_out / 2.0
+    b_max = min(cal.max_num_seqs, int(cap // held)) // n_stages
+    c = perf._stage_coeffs(arch, gpu, tp, layers)
+
+    def step(b: float) -> float:
+        return step_time(c, b, 0.0, b * held, 0.0, cal.step_overhead_s, n_stages, cal.pp_alpha_s,
+                         cal.pp_bw)
+
+    def feasible(b: int) -> tuple[bool, float]:
+        t = step(b)
+        return t <= slo.tpot_s / n_stages, t
+
+    ok, t_lo = feasible(1)
+    if b_max < 1 or not ok:
+        return 0.0
+    b, t_b = perf._largest_feasible_batch(feasible, 1, t_lo, b_max)
+    return min(b / (n_out * t_b), _link_cap(arch, layers, mix))
+
+
 def phase_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_stages: int,
                      slo: perf.Slo, mix: perf.Mix, role: str) -> float:
     """Requests/s of ``mix`` one stage of a ``role`` replica sustains within its SLO share.
@@ -166,6 +213,25 @@ def phase_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_stag
             return max(model, m_rps) if layers < m_layers else min(model, m_rps)
     return model
 
+
+def mean_phase_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_stages: int,
+                          slo: perf.Slo, mix: perf.Mix, role: str) -> float:
+    """:func:`phase_throughput` on means alone, as :func:`coral_solver.perf.
+    mean_stage_throughput` is to the aggregated figure: prefill, the mean prompt's step within
+    its TTFT budget and the stage busy with prompts (no M/M/1 tail); decode, the mean step
+    within TPOT/S with the batch the KV cache holds at mean lengths (no batch surge, no Erlang
+    C wait, no slots kept for long requests). Optimistic:
+    Stage 1's simulated capacity (``Policy.capacity``) chooses a ``role`` template's layer split
+    and ranks its candidates by it before simulating them; no measured override."""
+    if role not in ("prefill", "decode"):
+        raise ValueError(f"role {role!r}: expected 'prefill' or 'decode'")
+    if perf.engine_dtype(arch, gpu) is None or tp < 1 or not 1 <= layers <= arch.layers:
+        return 0.0
+    if mix.input_tokens < 1 or mix.output_tokens < 1 or n_stages < 1:
+        return 0.0
+    if role == "prefill":
+        return float(_prefill(arch, gpu, tp, layers, n_stages, slo, mix, tail=False))
+    return float(_decode_mean(arch, gpu, tp, layers, n_stages, slo, mix))
 
 
 def prefill_ttft_budget_s(arch: ModelArch, layers: int, slo: perf.Slo, mix: perf.Mix) -> float:

@@ -46,8 +46,10 @@ Progress = Callable[[str, int, int], None]
 
 #: 2: the key no longer holds the model's name (entries are shared between models);
 #: 3: prefill-only and decode-only stages must hold one ``max_model_len`` request's KV too;
-#: 4: a template may always use one GPU (:func:`memory_budget`), so small models' libraries grew
-CACHE_VERSION = 4
+#: 4: a template may always use one GPU (:func:`memory_budget`), so small models' libraries grew;
+#: 5: under ``capacity: simulated`` prefill-only and decode-only templates are simulated too
+#: (:mod:`coral_solver.simcap_roles`), no longer rated analytically
+CACHE_VERSION = 5
 
 
 def default_cache_dir() -> Path:

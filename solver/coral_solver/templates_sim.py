@@ -20,6 +20,11 @@ search of :func:`coral_solver.templates.searched_templates` and changes what it 
    whose figure is a measurement (``coral-hpc profile``) keeps the measurement. Templates the
    simulation rates 0 are dropped and dominance is applied once more on the simulated figures
    (:func:`coral_solver.templates.model_templates`).
+
+Prefill-only and decode-only templates go through the same search: :mod:`coral_solver.roles`
+hands it a view of the throughput model answering for the role (its mean-only figure,
+:func:`coral_solver.perf_roles.mean_phase_throughput`, its simulation,
+:mod:`coral_solver.simcap_roles`, and its measured role profile).
 """
 
 from __future__ import annotations

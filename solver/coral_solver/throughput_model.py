@@ -193,6 +193,34 @@ class PerfThroughput:
         return perf_roles.phase_throughput(self._arch(model), self._gpu(gpu_type), tp, layers,
                                            stages, slo, mix, role)
 
+    def mean_phase_throughput(self, model: ModelSpec, gpu_type: str, tp: int, layers: int,
+                              stages: int, role: str) -> float:
+        """:meth:`phase_throughput` on means alone (:func:`coral_solver.perf_roles.
+        mean_phase_throughput`): what the simulated capacity's search chooses a ``role``
+        template's layer split and candidates by."""
+        from coral_solver import perf_roles
+
+        if not self.kv_fits(model, gpu_type, tp, layers):
+            return 0.0
+        slo = self._perf.Slo(ttft_s=model.ttft_s, tpot_s=model.tpot_s)
+        mix = self._perf.Mix(input_tokens=model.input_tokens, output_tokens=model.output_tokens)
+        return float(perf_roles.mean_phase_throughput(self._arch(model), self._gpu(gpu_type), tp,
+                                                      layers, stages, slo, mix, role))
+
+    def simulated_phase_throughput(self, model: ModelSpec, template: Template, goal: float,
+                                   role: str) -> float:
+        """Requests/s one ``role`` replica of ``template`` serves with ``goal`` of the model's
+        requests within that role's SLO share, the whole replica simulated
+        (:mod:`coral_solver.simcap_roles`), lengths as :meth:`simulated_throughput` draws them."""
+        from coral_solver import simcap, simcap_roles
+
+        slo = self._perf.Slo(ttft_s=model.ttft_s, tpot_s=model.tpot_s)
+        lengths = simcap.Lengths.exponential(model.input_tokens, model.output_tokens,
+                                             max_model_len=model.max_model_len)
+        return float(simcap_roles.role_template_capacity(
+            model.arch, template.tp, tuple(s.gpu_type for s in template.stages),
+            tuple(s.layers for s in template.stages), slo, lengths, goal, role))
+
     def kv_bytes_per_request(self, model: ModelSpec) -> float:
         """KV bytes one request moves from its prefill to its decode replica."""
         from coral_solver import perf_roles
@@ -202,15 +230,15 @@ class PerfThroughput:
 
     def fingerprint(self) -> str:
         import coral_replica_sim
-        from coral_solver import perf_pooling, perf_queue, perf_roles, simcap
+        from coral_solver import perf_pooling, perf_queue, perf_roles, simcap, simcap_roles
         from coral_solver.resources import profiles_dir
 
         digest = hashlib.sha256()
         digest.update(Path(perf_roles.__file__).read_bytes())
         digest.update(Path(perf_pooling.__file__).read_bytes())
         # the analytic model's queueing side, and the simulated capacity's search (Policy.capacity
-        # "simulated")
-        for module in (perf_queue, simcap):
+        # "simulated") of aggregated and of prefill-only and decode-only templates
+        for module in (perf_queue, simcap, simcap_roles):
             assert module.__file__ is not None  # plain source modules of this package
             digest.update(Path(module.__file__).read_bytes())
         # and the replica simulator it runs, every module of its package (a package's __file__

@@ -135,6 +135,27 @@ def test_a_measured_role_point_overrides_the_analytic_role_figure(folder):
     assert perf.measured_phase_throughput(arch, v100, 1, strict, mix, "decode") is None
 
 
+def test_a_measured_role_point_overrides_the_simulated_role_figure(folder):
+    """Under ``capacity: simulated`` a one-stage role template with a measured role profile
+    keeps the measurement, as an aggregated one keeps its measured point; the other role, not
+    measured, is simulated."""
+    from coral_solver import simcap, simcap_roles
+
+    policy = Policy(n_max=1, rho=1e5, max_tp=1, capacity="simulated")
+    gpus = {"v100": (4, 32.0)}
+    tm = PerfThroughput()
+    before = {t.role: t for t in library_templates(tm, _model("on"), gpus, policy)}
+    _write_roles(folder, {"decode": 0.123})
+    perf.configure(measured=[folder])
+    after = {t.role: t for t in library_templates(tm, _model("on"), gpus, policy)}
+    assert before["decode"].throughput != 0.123
+    assert after["decode"].throughput == 0.123
+    prefill = after["prefill"]
+    assert prefill.throughput == simcap_roles.role_template_capacity(
+        "coral-tiny-llama", 1, ("v100",), (4,), perf.Slo(*SLO),
+        simcap.Lengths.exponential(*MIX), 0.95, "prefill")
+
+
 DEPLOYMENT = """\
 deployment: d
 state_dir: /tmp/coral-state

@@ -166,23 +166,6 @@ def test_the_configuration_reaches_the_solver_policy():
     assert (policy.capacity, policy.slo_attainment) == ("simulated", 0.9)
 
 
-def test_prefill_and_decode_templates_stay_analytic_under_simulated_capacity():
-    """Simulated capacity rates aggregated replicas; a disaggregated model's phase templates
-    keep their analytic figures (the simulated search must not rate a phase as a whole)."""
-    from dataclasses import replace
-
-    from coral_solver.roles import phase_templates
-
-    model = replace(PIPE_MODEL, disaggregation="on")
-    gpus = {"a10g": (1, 24.0)}
-    tm = PerfThroughput()
-    for role in ("prefill", "decode"):
-        analytic = phase_templates(tm, model, gpus, Policy(max_tp=1, n_max=2), role)
-        simulated = phase_templates(tm, model, gpus,
-                                    Policy(max_tp=1, n_max=2, capacity="simulated"), role)
-        assert simulated == analytic
-
-
 class _Simulating:
     """A synthetic throughput model that 'simulates': a template serves a fixed, hashed share
     (30-100 %) of its mean-only figure, so the mean figure bounds it as the search assumes and
