@@ -24,8 +24,8 @@ why the model has two replicas: ``min_replicas: 2``.
 One session carries all three checks, so the lane pays for one set of engine start-ups. The
 deployment's own time limit is long (1 h), so nothing rotates by itself and each check has one
 engine loading beside the serving ones. (With the short deployment limit the test had before,
-every replica rotated about five minutes into its life, so engines kept loading beside each
-other on the 2-core host; four at once took over 4 min each: issue 11's failure.)
+every replica rotated 4-5 minutes into its life and up to four engines loaded at once on the
+2-core host, over 4 min each: issue 11's failure.)
 """
 
 from __future__ import annotations
