@@ -6,12 +6,10 @@ that one session, one after the other:
    there gets a successor elsewhere and keeps serving until that successor is READY, then drains
    and its job ends by itself, never requeued;
 2. **scancel** of a READY replica: the daemon replaces it;
-3. **walltime rotation**: the test shortens the oldest READY replica's job with ``scontrol update
-   JobId=N TimeLimit=M`` (what an admin does before maintenance) to the shortest whole-minute
-   limit under which its successor falls due soon and still a whole lead ahead of Slurm's
-   warning at the *new* end — ``walltime_lead_s``, or the slowest start-up the daemon has seen
-   if longer. The daemon follows the new limit: it starts the successor then, and the old one
-   drains once it is READY — before the new limit, so its job ends COMPLETED, not TIMEOUT.
+3. **walltime rotation**: the deployment's time limit is short (11 min), so a replica's successor
+   is started ``walltime_lead_s`` (or the slowest start-up the daemon has seen) ahead of Slurm's
+   warning, and the old one drains once it is READY — before the time limit, so its job ends
+   COMPLETED, not TIMEOUT.
 
 After them, the daemon's engine gauges (``coral_engine_*`` on its /metrics) show both replicas'
 load, read from the real engine's /metrics names (coral_hpc.engine.vllm_metrics).
@@ -21,11 +19,11 @@ every half second is answered by vLLM: never a 503 (no replica) at any point. A 
 model's *only* replica cannot avoid a gap (nothing serves until a successor has started), which is
 why the model has two replicas: ``min_replicas: 2``.
 
-One session carries all three checks, so the lane pays for one set of engine start-ups. The
-deployment's own time limit is long (1 h), so nothing rotates by itself and each check has one
-engine loading beside the serving ones. (With the short deployment limit the test had before,
-every replica rotated 4-5 minutes into its life and up to four engines loaded at once on the
-2-core host, over 4 min each: issue 11's failure.)
+One session carries all three checks, so the lane pays for one set of engine start-ups (about
+four engine processes at the peak). With a short time limit every replica rotates 5-6.5 min
+into its life (11 min − 90 s − the lead), so the checks overlap in time; each is told apart
+by its cause: a drained node's replica gets its successor *before* its walltime is due, and the
+rotation is a replica on another node drained for its walltime.
 """
 
 from __future__ import annotations
@@ -34,7 +32,6 @@ import os
 import subprocess
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -46,8 +43,7 @@ from coral_hpc.daemon.process import info_path, read_info
 from coral_hpc.engine import vllm_metrics
 from coral_hpc.reconcile.settings import ReconcileSettings
 from coral_hpc.reconcile.startup import lead_startup_s
-from coral_hpc.reconcile.status import successor_due, walltime_lead
-from coral_hpc.records import ReplicaRecord
+from coral_hpc.reconcile.status import walltime_lead
 from coral_hpc.slurm import make_client
 from tests.conftest import wait_until
 from tests.support import serve_harness as harness
@@ -58,22 +54,19 @@ from tests.vllm import example
 pytestmark = [pytest.mark.slurm, pytest.mark.vllm, pytest.mark.replacement]
 
 MODEL = "tiny-llama"
-#: the deployment's time limit (long: no replica rotates unless the test shortens its job) and
-#: the walltime lead: a successor is due the lead before Slurm's USR2 warning (90 s before the
-#: limit, up to a minute earlier still): 180 s, or the slowest recent start-up the daemon learnt
-#: if longer. Measured here: two engines loading at once took 135 s beside other work; the CI
-#: run that failed had four loading at once, over 4 min each.
-TIME_LIMIT, TIME_LIMIT_S, WALLTIME_LEAD_S = "01:00:00", 3600, 180
+#: the deployment's time limit and the walltime lead. A replica's successor is due the lead
+#: before Slurm's USR2 warning (90 s before the limit): 180 s, or the slowest recent start-up the
+#: daemon learnt if longer, but at most half the 570 s a replica may serve (the daemon's cap),
+#: so a start-up of up to 285 s is covered. Measured here: two engines loading at once took
+#: 135 s beside other work; the CI run that failed had four loading at once, over 4 min each.
+TIME_LIMIT, TIME_LIMIT_S, WALLTIME_LEAD_S = "00:11:00", 660, 180
 SIGNAL_LEAD_S = 90  # coral_hpc.launch.submit: --signal=USR2@90
-#: the rotation's successor falls due at least this long after the scontrol update: the daemon
-#: (polling every second) has read the new limit by then
-DUE_AFTER_S = 10
 READY_S = 360  # one replacement, submit → READY, on a loaded 2-core machine
 STARTUP_TIME_S = 90  # policy.startup_time_s: the guess until the daemon has learnt its own
 
 
 def write_config(tmp_path: Path, venv: Path, models: Path) -> Path:
-    """Two replicas of one tiny Llama on the v100 and a100 partitions, a long time limit."""
+    """Two replicas of one tiny Llama on the v100 and a100 partitions, a short time limit."""
     return example.write_config(
         tmp_path, venv, "vllmrep", time_limit=TIME_LIMIT, partitions=("v100", "a100"),
         policy={"replan_interval_s": 120, "walltime_lead_s": WALLTIME_LEAD_S,
@@ -149,23 +142,6 @@ def ended(env: dict, job_ids: list[str]) -> list[tuple[str, str]] | None:
     return runs if done else None
 
 
-def shortened_limit(record: ReplicaRecord, settings: ReconcileSettings,
-                    not_before: float) -> tuple[int, float]:
-    """The shortest whole-minute time limit (``scontrol update TimeLimit=`` takes minutes)
-    under which the daemon's successor of ``record`` falls due at ``not_before`` or later, a
-    whole lead (not one capped at half the job's usable time) before Slurm's warning at the
-    new end; and when that successor falls due."""
-    lead = max(settings.walltime_lead_s, settings.startup_s)
-    current = int(record.time_limit_s or 0)
-    for minutes in range(1, current // 60):  # shorter only: only an admin may lengthen a job
-        shorter = replace(record, time_limit_s=60.0 * minutes)
-        due = successor_due(shorter, settings)
-        if due is not None and due >= not_before and walltime_lead(shorter, settings) >= lead:
-            return minutes, due
-    raise AssertionError(f"no limit shorter than {current}s gives {record.id}'s successor a "
-                         f"whole {lead:.0f}s lead from {not_before:.0f}")
-
-
 def test_drain_scancel_and_walltime_replace_with_no_ready_gap(
         tmp_path, vllm_env, vllm_venv, test_models, node_restorer):
     env = {**os.environ, **vllm_env}
@@ -223,34 +199,15 @@ def test_drain_scancel_and_walltime_replace_with_no_ready_gap(
                    READY_S + 30, "a READY successor of the scancelled replica")
         assert [e for e in session.events("failed") if e.replica_id == victim["id"]]
 
-        # 3. walltime rotation: the oldest READY replica's job shortened (an admin before
-        #    maintenance); the daemon follows the new limit: its successor starts a whole lead
-        #    before Slurm's warning at the new end, and the old one drains once that successor
-        #    is READY, its job ending by itself before the new limit (COMPLETED, not TIMEOUT)
-        target = min(session.ready(), key=lambda r: r["time_left_s"] or TIME_LIMIT_S)
-        record = session.records()[target["id"]]
-        # the lead the daemon uses now: the slowest recent start-up it has seen, or the policy's
-        settings = ReconcileSettings(walltime_lead_s=WALLTIME_LEAD_S, startup_s=lead_startup_s(
-            session.startups(), STARTUP_TIME_S))
-        shortened_at = time.time()
-        minutes, due = shortened_limit(record, settings, shortened_at + DUE_AFTER_S)
-        subprocess.run(["scontrol", "update", f"JobId={record.job_id}", f"TimeLimit={minutes}"],
-                       check=True, env=env, timeout=30)
-
+        # 3. walltime rotation: a replica not on the drained node drained for its walltime once
+        #    its successor was READY, its job ending by itself before the time limit (COMPLETED,
+        #    not TIMEOUT)
         def rotated() -> set[str] | None:
             done = {e.replica_id for e in session.events("drain")
                     if "walltime" in e.message and e.replica_id not in on_node_ids}
             return done or None
 
-        rotated_ids = wait_until(rotated, max(0.0, due - time.time()) + READY_S,
-                                 f"replica {record.id} drained for its shortened walltime")
-        assert rotated_ids == {record.id}, "the rotation is the shortened job's, no other's"
-        submitted = [e.time for e in session.events("submit")
-                     if f"successor of {record.id}" in e.message]
-        # the daemon read the new limit: the successor came after the update (under the hour's
-        # limit none was due) and when due under the new one (a cycle late at most)
-        assert submitted and shortened_at <= min(submitted) <= due + 60, (
-            record.id, shortened_at, submitted, due)
+        rotated_ids = wait_until(rotated, TIME_LIMIT_S, "a replica drained for its walltime")
         wait_until(lambda: (r := session.ready()) and len(r) == 2
                    and not rotated_ids & {x["id"] for x in session.replicas()} and r,
                    READY_S, "the rotated replica gone and two READY")
