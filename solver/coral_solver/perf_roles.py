@@ -185,6 +185,15 @@ def _decode_mean(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_stages: 
     return min(b / (n_out * t_b), _link_cap(arch, layers, mix))
 
 
+def _stage_can_run(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_stages: int,
+                   mix: perf.Mix) -> bool:
+    """Whether a role stage is worth rating at all: the engine runs the model on the GPU, the
+    stage holds 1..all of its layers, and the mix and the pipeline are non-empty."""
+    return (perf.engine_dtype(arch, gpu) is not None and tp >= 1
+            and 1 <= layers <= arch.layers
+            and mix.input_tokens >= 1 and mix.output_tokens >= 1 and n_stages >= 1)
+
+
 def phase_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_stages: int,
                      slo: perf.Slo, mix: perf.Mix, role: str) -> float:
     """Requests/s of ``mix`` one stage of a ``role`` replica sustains within its SLO share.
@@ -198,9 +207,7 @@ def phase_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_stag
         return perf.stage_throughput(arch, gpu, tp, layers, n_stages, slo, mix)
     if role not in ("prefill", "decode"):
         raise ValueError(f"role {role!r}: expected 'both', 'prefill' or 'decode'")
-    if perf.engine_dtype(arch, gpu) is None or tp < 1 or not 1 <= layers <= arch.layers:
-        return 0.0
-    if mix.input_tokens < 1 or mix.output_tokens < 1 or n_stages < 1:
+    if not _stage_can_run(arch, gpu, tp, layers, n_stages, mix):
         return 0.0
     fn = _prefill if role == "prefill" else _decode
     model = float(fn(arch, gpu, tp, layers, n_stages, slo, mix))
@@ -225,9 +232,7 @@ def mean_phase_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n
     and ranks its candidates by it before simulating them; no measured override."""
     if role not in ("prefill", "decode"):
         raise ValueError(f"role {role!r}: expected 'prefill' or 'decode'")
-    if perf.engine_dtype(arch, gpu) is None or tp < 1 or not 1 <= layers <= arch.layers:
-        return 0.0
-    if mix.input_tokens < 1 or mix.output_tokens < 1 or n_stages < 1:
+    if not _stage_can_run(arch, gpu, tp, layers, n_stages, mix):
         return 0.0
     if role == "prefill":
         return float(_prefill(arch, gpu, tp, layers, n_stages, slo, mix, tail=False))
