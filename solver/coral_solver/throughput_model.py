@@ -64,6 +64,22 @@ class PerfThroughput:
     def _gpu(self, gpu_type: str):
         return self._catalog.gpu_spec(gpu_type)
 
+    def _slo(self, model: ModelSpec):
+        return self._perf.Slo(ttft_s=model.ttft_s, tpot_s=model.tpot_s)
+
+    def _mix(self, model: ModelSpec):
+        return self._perf.Mix(input_tokens=model.input_tokens, output_tokens=model.output_tokens)
+
+    @staticmethod
+    def _lengths(model: ModelSpec):
+        """The length distribution a simulated capacity draws for the model: its declared
+        means, exponential (the stated distribution), one place for aggregated and role
+        replicas alike."""
+        from coral_solver import simcap
+
+        return simcap.Lengths.exponential(model.input_tokens, model.output_tokens,
+                                          max_model_len=model.max_model_len)
+
     def layers(self, model: ModelSpec) -> int:
         return self._arch(model).layers
 
@@ -90,8 +106,8 @@ class PerfThroughput:
             return float(perf_pooling.pooling_throughput(
                 self._arch(model), self._gpu(gpu_type), tp, layers, stages, model.ttft_s,
                 model.input_tokens))
-        slo = self._perf.Slo(ttft_s=model.ttft_s, tpot_s=model.tpot_s)
-        mix = self._perf.Mix(input_tokens=model.input_tokens, output_tokens=model.output_tokens)
+        slo = self._slo(model)
+        mix = self._mix(model)
         return float(
             self._perf.stage_throughput(
                 self._arch(model), self._gpu(gpu_type), tp, layers, stages, slo, mix
@@ -108,8 +124,8 @@ class PerfThroughput:
         chooses layer splits and candidates by."""
         if not self.kv_fits(model, gpu_type, tp, layers):
             return 0.0
-        slo = self._perf.Slo(ttft_s=model.ttft_s, tpot_s=model.tpot_s)
-        mix = self._perf.Mix(input_tokens=model.input_tokens, output_tokens=model.output_tokens)
+        slo = self._slo(model)
+        mix = self._mix(model)
         return float(self._perf.mean_stage_throughput(
             self._arch(model), self._gpu(gpu_type), tp, layers, stages, slo, mix))
 
@@ -119,9 +135,8 @@ class PerfThroughput:
         model's declared means, lengths drawn exponential (the stated distribution)."""
         from coral_solver import simcap
 
-        slo = self._perf.Slo(ttft_s=model.ttft_s, tpot_s=model.tpot_s)
-        lengths = simcap.Lengths.exponential(model.input_tokens, model.output_tokens,
-                                             max_model_len=model.max_model_len)
+        slo = self._slo(model)
+        lengths = self._lengths(model)
         return float(simcap.template_capacity(
             model.arch, template.tp, tuple(s.gpu_type for s in template.stages),
             tuple(s.layers for s in template.stages), slo, lengths, goal))
@@ -141,8 +156,8 @@ class PerfThroughput:
         mix and SLO (so a one-stage template's figure is the measurement)."""
         if model.pooling:
             return False  # `coral-hpc profile` measures generation; embeddings are modelled
-        slo = self._perf.Slo(ttft_s=model.ttft_s, tpot_s=model.tpot_s)
-        mix = self._perf.Mix(input_tokens=model.input_tokens, output_tokens=model.output_tokens)
+        slo = self._slo(model)
+        mix = self._mix(model)
         return self._perf.has_measured_throughput(self._arch(model), self._gpu(gpu_type), tp,
                                                   slo, mix)
 
@@ -152,8 +167,8 @@ class PerfThroughput:
         then the measurement)."""
         if model.pooling:
             return False
-        slo = self._perf.Slo(ttft_s=model.ttft_s, tpot_s=model.tpot_s)
-        mix = self._perf.Mix(input_tokens=model.input_tokens, output_tokens=model.output_tokens)
+        slo = self._slo(model)
+        mix = self._mix(model)
         return self._perf.measured_phase_throughput(
             self._arch(model), self._gpu(gpu_type), tp, slo, mix, role) is not None
 
@@ -164,8 +179,8 @@ class PerfThroughput:
         if model.pooling:
             return []
         arch = self._arch(model)
-        slo = self._perf.Slo(ttft_s=model.ttft_s, tpot_s=model.tpot_s)
-        mix = self._perf.Mix(input_tokens=model.input_tokens, output_tokens=model.output_tokens)
+        slo = self._slo(model)
+        mix = self._mix(model)
         out = []
         for (name, gpu, ptp), profiles in self._perf.measured_pipelines().items():
             if name != arch.name or ptp != tp:
@@ -188,8 +203,8 @@ class PerfThroughput:
 
         if not self.kv_fits(model, gpu_type, tp, layers):
             return 0.0
-        slo = self._perf.Slo(ttft_s=model.ttft_s, tpot_s=model.tpot_s)
-        mix = self._perf.Mix(input_tokens=model.input_tokens, output_tokens=model.output_tokens)
+        slo = self._slo(model)
+        mix = self._mix(model)
         return perf_roles.phase_throughput(self._arch(model), self._gpu(gpu_type), tp, layers,
                                            stages, slo, mix, role)
 
@@ -202,8 +217,8 @@ class PerfThroughput:
 
         if not self.kv_fits(model, gpu_type, tp, layers):
             return 0.0
-        slo = self._perf.Slo(ttft_s=model.ttft_s, tpot_s=model.tpot_s)
-        mix = self._perf.Mix(input_tokens=model.input_tokens, output_tokens=model.output_tokens)
+        slo = self._slo(model)
+        mix = self._mix(model)
         return float(perf_roles.mean_phase_throughput(self._arch(model), self._gpu(gpu_type), tp,
                                                       layers, stages, slo, mix, role))
 
@@ -212,11 +227,10 @@ class PerfThroughput:
         """Requests/s one ``role`` replica of ``template`` serves with ``goal`` of the model's
         requests within that role's SLO share, the whole replica simulated
         (:mod:`coral_solver.simcap_roles`), lengths as :meth:`simulated_throughput` draws them."""
-        from coral_solver import simcap, simcap_roles
+        from coral_solver import simcap_roles
 
-        slo = self._perf.Slo(ttft_s=model.ttft_s, tpot_s=model.tpot_s)
-        lengths = simcap.Lengths.exponential(model.input_tokens, model.output_tokens,
-                                             max_model_len=model.max_model_len)
+        slo = self._slo(model)
+        lengths = self._lengths(model)
         return float(simcap_roles.role_template_capacity(
             model.arch, template.tp, tuple(s.gpu_type for s in template.stages),
             tuple(s.layers for s in template.stages), slo, lengths, goal, role))
@@ -225,7 +239,7 @@ class PerfThroughput:
         """KV bytes one request moves from its prefill to its decode replica."""
         from coral_solver import perf_roles
 
-        mix = self._perf.Mix(input_tokens=model.input_tokens, output_tokens=model.output_tokens)
+        mix = self._mix(model)
         return perf_roles.kv_bytes_per_request(self._arch(model), mix)
 
     def fingerprint(self) -> str:
