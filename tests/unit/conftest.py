@@ -8,6 +8,7 @@ tests that need a real cluster live in tests/integration."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -25,3 +26,18 @@ def _no_slurm_on_path(tmp_path_factory):
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
+
+
+@pytest.fixture
+def files_read(monkeypatch) -> set[Path]:
+    """Every file read with ``Path.read_bytes`` from now on in the test, resolved (e.g. the
+    modules a cache key hashes)."""
+    read: set[Path] = set()
+    read_bytes = Path.read_bytes
+
+    def recording(path: Path) -> bytes:
+        read.add(path.resolve())
+        return read_bytes(path)
+
+    monkeypatch.setattr(Path, "read_bytes", recording)
+    return read

@@ -124,20 +124,13 @@ def test_policy_capacity_is_checked_and_keys_the_cache():
                                                            slo_attainment=0.9))
 
 
-def test_the_cache_key_reads_every_module_of_the_replica_simulator(monkeypatch):
+def test_the_cache_key_reads_every_module_of_the_replica_simulator(files_read):
     """A simulated capacity is the replica simulator's answer, so an edit anywhere in its package
     (coral_replica_sim, beside the solver) must key a new Stage-1 library, not reuse a stale one."""
     import coral_replica_sim
 
-    read: set[Path] = set()
-    read_bytes = Path.read_bytes
-
-    def recording(path: Path) -> bytes:
-        read.add(path.resolve())
-        return read_bytes(path)
-
-    monkeypatch.setattr(Path, "read_bytes", recording)
     PerfThroughput().fingerprint()
+    read = files_read
     assert coral_replica_sim.__file__ is not None
     package = {p.resolve() for p in Path(coral_replica_sim.__file__).parent.glob("*.py")}
     assert {"__init__.py", "batching.py", "replica.py"} <= {p.name for p in package}

@@ -141,7 +141,7 @@ def test_a_throughput_model_that_cannot_simulate_roles_is_refused():
                         Policy(capacity="simulated"), "prefill")
 
 
-def test_the_role_simulation_keys_the_library_cache(monkeypatch):
+def test_the_role_simulation_keys_the_library_cache(monkeypatch, files_read):
     """Role templates simulated: a library cached when they were analytic must not be reused,
     and an edit of the role simulation must key a new one."""
     from pathlib import Path
@@ -154,15 +154,9 @@ def test_the_role_simulation_keys_the_library_cache(monkeypatch):
     key = _cache_key(tm, model, gpus, policy)
     monkeypatch.setattr(templates, "CACHE_VERSION", 4)  # the version before role simulation
     assert _cache_key(tm, model, gpus, policy) != key
-    read: set[Path] = set()
-    read_bytes = Path.read_bytes
-
-    def recording(path: Path) -> bytes:
-        read.add(path.resolve())
-        return read_bytes(path)
-
-    monkeypatch.setattr(Path, "read_bytes", recording)
+    files_read.clear()  # only what the fingerprint reads
     tm.fingerprint()
+    read = files_read
     assert simcap_roles.__file__ is not None
     assert Path(simcap_roles.__file__).resolve() in read
 
