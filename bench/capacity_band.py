@@ -13,9 +13,10 @@ Predicted, for each layout, two ways:
   :func:`coral_solver.perf.stage_throughput`, TTFT and TPOT split over the stages), from the
   single node's **step times only** (its throughput points removed, so nothing measured end to
   end enters: what the planner knows of a layout it never ran, which ``plan`` calls "analytic
-  pipeline, steps scaled to measured"). The catalogue's GPU type of the partition (here a V100,
-  as the local cluster names its nodes) gives the step's shape; one measured correction, the
-  median measured ÷ model step time, scales it.
+  pipeline, steps scaled to measured"). The measured steps set the step model
+  (:mod:`coral_solver.perf_fit`): one factor, the median measured ÷ model step time, on the
+  roofline of the partition's catalogue GPU (here a V100, as the local cluster names its nodes)
+  where that describes them, else a step model fitted to them, as the next column's.
 - **the capacity model on the engine's own steps**: the same capacity search
   (:func:`coral_solver.perf.throughput_from_coeffs`, the Poisson tail and KV-slot queue Stage 1
   charges, at most ``--max-num-seqs`` 32 in flight) on step coefficients fitted to the

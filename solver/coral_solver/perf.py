@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from coral_solver import catalog
+from coral_solver import catalog, perf_fit
 from coral_solver.catalog import GpuSpec, ModelArch
 from coral_solver.perf_model import (
     StageCoeffs,
@@ -118,7 +118,7 @@ def configure(profiles: Path | None = None, measured: list[Path] | tuple[Path, .
     _kv_space = dict(kv_space or {})
     for clear in _CLEAR_ON_CONFIGURE:
         clear()
-    for cached in (_base_coeffs, _stage_coeffs, _stage_throughput, _kv_capacity, _step_correction,
+    for cached in (_base_coeffs, _stage_coeffs, _stage_throughput, _kv_capacity, _step_model,
                    mean_stage_throughput, load_calibration, load_measured):
         cached.cache_clear()
 
@@ -325,10 +325,14 @@ def _base_coeffs(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int) -> StageCo
 
 @functools.lru_cache(maxsize=65536)
 def _stage_coeffs(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int) -> StageCoeffs:
-    """Coefficients with the measured step-latency correction of (arch, gpu, tp) applied."""
+    """Coefficients with the measured steps of (arch, gpu, tp) applied: their fitted step model
+    or the roofline's correction, whichever describes them better
+    (:mod:`coral_solver.perf_fit`)."""
+    model = _step_model(arch, gpu, tp)
+    if isinstance(model, perf_fit.StepFit):
+        return perf_fit.stage_coeffs(model, layers, arch.hidden)
     coeffs = _base_coeffs(arch, gpu, tp, layers)
-    correction = _step_correction(arch, gpu, tp)
-    return coeffs if correction == 1.0 else with_correction(coeffs, correction)
+    return coeffs if model == 1.0 else with_correction(coeffs, model)
 
 
 def step_latency_s(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, decode_seqs: int,
@@ -374,23 +378,12 @@ def step_function(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_stages:
 # --- measured overrides ---------------------------------------------------------------------
 
 @functools.lru_cache(maxsize=4096)
-def _step_correction(arch: ModelArch, gpu: GpuSpec, tp: int) -> float:
-    """Median measured/model step-latency ratio over measured steps of (arch, gpu, tp)."""
-    ratios = []
-    cal = _calibration()
-    for profile in _measured().get((arch.name, gpu.name, tp), ()):
-        if not profile.step_latency:
-            continue
-        c = _base_coeffs(arch, gpu, tp, profile.layers)
-        for point in profile.step_latency:
-            model = step_time(c, point.decode_seqs, point.prefill_tokens, point.context_tokens,
-                          point.prefill_tokens / 2.0, cal.step_overhead_s, 1, 0.0, 1.0)
-            ratios.append(point.seconds / model)
-    if not ratios:
-        return 1.0
-    ratios.sort()
-    mid = len(ratios) // 2
-    return ratios[mid] if len(ratios) % 2 else 0.5 * (ratios[mid - 1] + ratios[mid])
+def _step_model(arch: ModelArch, gpu: GpuSpec, tp: int) -> perf_fit.StepFit | float:
+    """The measured steps' model of (arch, gpu, tp): a fitted step model or the roofline's
+    correction (1.0 without measured steps)."""
+    return perf_fit.measured_step_model(_measured().get((arch.name, gpu.name, tp), ()),
+                                        lambda layers: _base_coeffs(arch, gpu, tp, layers),
+                                        _calibration().step_overhead_s)
 
 
 def _measured_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, slo: Slo, mix: Mix

@@ -53,6 +53,9 @@ class StageCoeffs:
     comm_s_per_token: float  # per step per token: 2 x layers x ring factor x hidden x 2 B / bus BW
     hidden_bytes: float  # activation bytes per token handed to the next stage
     correction: float = 1.0  # measured/model ratio from measured step latencies
+    #: engine overhead per step of a step model fitted to measured steps, in place of the
+    #: calibration's (coral_solver.perf_fit); None: the calibration's
+    overhead_s: float | None = None
 
 
 def build_coeffs(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, f: Factors,
@@ -120,8 +123,10 @@ def compute_time(c: StageCoeffs, decode: float, prefill: float, context: float,
 def step_time(c: StageCoeffs, decode: float, prefill: float, context: float, prefill_ctx: float,
               overhead_s: float, n_stages: int, pp_alpha_s: float, pp_bw: float) -> float:
     """One engine step of one stage: busy time + its share of the engine overhead (TPOT is split
-    evenly over stages), scaled by any measured correction, + the hand-off to the next stage."""
-    t = (compute_time(c, decode, prefill, context, prefill_ctx) + overhead_s / n_stages)
+    evenly over stages; ``c.overhead_s`` where a fitted step model has its own), scaled by any
+    measured correction, + the hand-off to the next stage."""
+    over = overhead_s if c.overhead_s is None else c.overhead_s
+    t = (compute_time(c, decode, prefill, context, prefill_ctx) + over / n_stages)
     t *= c.correction
     if n_stages > 1:
         t += pp_alpha_s + (decode + prefill) * c.hidden_bytes / pp_bw

@@ -13,7 +13,7 @@ Measured profile schema (one file per (arch, gpu, tp); every list optional)::
     source: "coral-hpc profile on a100-01, vLLM 0.11.0, 2026-05-01"
     throughput:               # Melange-style: most req/s that met the SLO, per mix bucket
       - {input_tokens: 512, output_tokens: 128, ttft_s: 2.0, tpot_s: 0.05, requests_per_s: 10.5}
-    step_latency:             # measured engine steps; they rescale the model's step latency
+    step_latency:             # measured engine steps: the model's steps (coral_solver.perf_fit)
       - {decode_seqs: 16, prefill_tokens: 0, context_tokens: 8192, seconds: 0.0132}
 
 Role profiles (``roles/<arch>__<gpu>__tp<N>__<role>.yaml``, ``coral-hpc profile --roles``) take
@@ -21,7 +21,7 @@ the same schema with ``role: prefill`` or ``role: decode``; their ``throughput``
 one replica of that role sustains (:mod:`coral_solver.perf_roles`): for ``prefill`` the most
 prompts/s of the mix's input length whose TTFT met the prefill side's share of the SLO, for
 ``decode`` the most requests/s of the mix whose TPOT met the SLO with the prompt's KV already in
-place. Their ``step_latency`` is not used to rescale the aggregated model's steps.
+place. Their ``step_latency`` is not used for the aggregated model's steps.
 """
 
 from __future__ import annotations
