@@ -244,15 +244,24 @@ class PerfThroughput:
 
     def fingerprint(self) -> str:
         import coral_replica_sim
-        from coral_solver import perf_pooling, perf_queue, perf_roles, simcap, simcap_roles
+        from coral_solver import (
+            perf_fit,
+            perf_model,
+            perf_pooling,
+            perf_queue,
+            perf_roles,
+            simcap,
+            simcap_roles,
+        )
         from coral_solver.resources import profiles_dir
 
         digest = hashlib.sha256()
         digest.update(Path(perf_roles.__file__).read_bytes())
         digest.update(Path(perf_pooling.__file__).read_bytes())
-        # the analytic model's queueing side, and the simulated capacity's search (Policy.capacity
-        # "simulated") of aggregated and of prefill-only and decode-only templates
-        for module in (perf_queue, simcap, simcap_roles):
+        # the analytic model's queueing side, the simulated capacity's search (Policy.capacity
+        # "simulated") of aggregated and of prefill-only and decode-only templates, and the step
+        # times they all price: the roofline's and the step model fitted to measured steps
+        for module in (perf_queue, simcap, simcap_roles, perf_model, perf_fit):
             assert module.__file__ is not None  # plain source modules of this package
             digest.update(Path(module.__file__).read_bytes())
         # and the replica simulator it runs, every module of its package (a package's __file__

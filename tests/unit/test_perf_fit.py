@@ -3,6 +3,8 @@ where one factor on the catalogue's roofline cannot describe them, the factor wh
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from coral_solver import perf, perf_fit
@@ -91,3 +93,13 @@ def test_steps_of_the_roofline_s_shape_keep_the_roofline_scaled(tmp_path):
     assert perf._step_model(arch, gpu, 1) == pytest.approx(2.0)
     assert perf.step_latency_s(arch, gpu, 1, 32, 16, 0, 9000) == pytest.approx(2 * unmeasured)
 
+
+def test_the_cache_key_reads_the_step_model(files_read):
+    """Where measured steps are fitted, perf_fit prices every step, and perf_model's step time
+    prices all of them: an edit to either must key a new Stage-1 library, not reuse a stale one."""
+    from coral_solver import perf_model
+    from coral_solver.throughput_model import PerfThroughput
+
+    PerfThroughput().fingerprint()
+    for module in (perf_fit, perf_model):
+        assert module.__file__ is not None and Path(module.__file__).resolve() in files_read
