@@ -46,7 +46,7 @@ from coral_solver.templates import (
     drop_dominated,
     model_templates,
 )
-from coral_solver.types import ModelSpec, Policy, Template
+from coral_solver.types import ModelSpec, ObservedLengths, Policy, Template
 
 SHARD_VERSION = 1
 
@@ -100,8 +100,12 @@ class Spec:
                 for key in ("gpu_types", "partitions"):
                     if key in item:
                         item[key] = tuple(item[key])
+                if isinstance(item.get("lengths"), dict):  # as to_json wrote it
+                    item["lengths"] = ObservedLengths(
+                        str(item["lengths"]["source"]),
+                        tuple((int(p), int(o)) for p, o in item["lengths"]["pairs"]))
                 models.append(ModelSpec(**item))
-            except TypeError as exc:
+            except (TypeError, KeyError, ValueError) as exc:
                 raise SpecError(f"{source}: models[{i}]: {exc}") from None
         if not models:
             raise SpecError(f"{source}: models: at least one model is needed")

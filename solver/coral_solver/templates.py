@@ -333,8 +333,9 @@ def _cache_key(
     model answers by architecture (``answers_by_architecture``): two models of one
     architecture, mix, SLO and allowed GPU types then get the same templates (only
     :attr:`Template.model` differs, which :func:`_named` sets on reading). Partitions are Stage 2's
-    business and not part of it. ``fingerprint``: ``tm.fingerprint()`` when already computed (it
-    hashes every profile file)."""
+    business and not part of it; so are the model's observed lengths under analytic capacity
+    (only a simulated capacity reads them). ``fingerprint``: ``tm.fingerprint()`` when already
+    computed (it hashes every profile file)."""
     named = [] if getattr(tm, "answers_by_architecture", False) else [model.name]
     # an architecture read from a config.json is named by its path or id, whose file may change:
     # its derived figures are part of the key, so an edited config.json is planned afresh
@@ -351,6 +352,9 @@ def _cache_key(
         "policy": [policy.n_max, policy.rho, policy.heterogeneous, policy.max_tp,
                    policy.measured_only]
         + ([policy.capacity, policy.slo_attainment] if policy.capacity != "analytic" else []),
+        # observed lengths only move simulated figures: analytic libraries stay shared
+        **({"lengths": model.lengths.digest()}
+           if model.lengths is not None and policy.capacity != "analytic" else {}),
         "throughput": tm.fingerprint() if fingerprint is None else fingerprint,
     }
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:32]

@@ -6,12 +6,13 @@ cached template libraries.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from pathlib import Path
 from typing import Protocol
 
-from coral_solver.types import ModelSpec, Template
+from coral_solver.types import ModelSpec, ObservedLengths, Template
 
 
 class ThroughputModel(Protocol):
@@ -72,13 +73,19 @@ class PerfThroughput:
 
     @staticmethod
     def _lengths(model: ModelSpec):
-        """The length distribution a simulated capacity draws for the model: its declared
-        means, exponential (the stated distribution), one place for aggregated and role
-        replicas alike."""
+        """The length distribution a simulated capacity draws for the model, one place for
+        aggregated and role replicas alike: a fixed-seed sample of its observed (prompt,
+        output) pairs (:attr:`ModelSpec.lengths`, a trace's) when it has them, else its
+        declared means, exponential (the stated distribution). Either way cut at
+        ``max_model_len`` as the engine cuts them. The analytic figures never read this: they
+        rest on the means (:meth:`_mix`)."""
         from coral_solver import simcap
 
-        return simcap.Lengths.exponential(model.input_tokens, model.output_tokens,
-                                          max_model_len=model.max_model_len)
+        observed = model.lengths
+        if observed is None:
+            return simcap.Lengths.exponential(model.input_tokens, model.output_tokens,
+                                              max_model_len=model.max_model_len)
+        return _observed_lengths(observed, model.max_model_len)
 
     def layers(self, model: ModelSpec) -> int:
         return self._arch(model).layers
@@ -132,7 +139,8 @@ class PerfThroughput:
     def simulated_throughput(self, model: ModelSpec, template: Template, goal: float) -> float:
         """Requests/s one replica of ``template`` serves with ``goal`` of the model's requests
         within TTFT and TPOT, the whole replica simulated (:mod:`coral_solver.simcap`) for the
-        model's declared means, lengths drawn exponential (the stated distribution)."""
+        model's length distribution (:meth:`_lengths`: its observed lengths, else its declared
+        means drawn exponential)."""
         from coral_solver import simcap
 
         slo = self._slo(model)
@@ -292,3 +300,20 @@ class PerfThroughput:
         # this class's own reading of them (KV fit, which figure each question gets)
         digest.update(Path(__file__).read_bytes())
         return digest.hexdigest()
+
+
+@functools.lru_cache(maxsize=64)
+def _observed_lengths(observed: ObservedLengths, max_model_len: int | None):
+    """:meth:`coral_solver.simcap.Lengths.sample` of the observed pairs, each cut at
+    ``max_model_len`` as :meth:`~coral_solver.simcap.Lengths.exponential` cuts its draws (a
+    prompt leaves one output token, an output what the prompt leaves), the source saying so.
+    Memoised: Stage 1 asks it once per candidate template."""
+    from coral_solver import simcap
+
+    pairs = list(observed.pairs)
+    source = observed.source
+    if max_model_len is not None:
+        prompts = [min(p, max_model_len - 1) for p, _ in pairs]
+        pairs = [(p, min(o, max_model_len - p)) for p, (_, o) in zip(prompts, pairs)]
+        source += f", cut at {max_model_len}"
+    return simcap.Lengths.sample(pairs, f"observed({source})")

@@ -4,7 +4,7 @@ Units (../shared/ARCHITECTURE.md): demand and throughput are requests per second
 own request mix; cost is per hour in the deployment's one unit (currency per GPU-hour prices, or
 Slurm billing units); GPU memory in GB.
 
-Inputs: :class:`ModelSpec`, :class:`NodeGroup`, :class:`Partition` (with :class:`Billing`),
+Inputs: :class:`ModelSpec` (with :class:`ObservedLengths`), :class:`NodeGroup`, :class:`Partition` (with :class:`Billing`),
 :class:`Quota`, :class:`RunningReplica`, :class:`Policy`, bundled in :class:`Cluster`.
 Outputs: :class:`Template` (Stage 1) and :class:`Plan` of :class:`PlanRow` (Stage 2).
 """
@@ -12,7 +12,9 @@ Outputs: :class:`Template` (Stage 1) and :class:`Plan` of :class:`PlanRow` (Stag
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+import hashlib
+import random
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -27,6 +29,63 @@ ROLES: tuple[Role, ...] = ("both", "prefill", "decode")
 #: Whether Stage 1/2 may split a model's phases: ``off`` aggregated only, ``on`` prefill and
 #: decode replicas only, ``auto`` both kinds, Stage 2 picks the cheaper mix.
 Disaggregation = Literal["auto", "on", "off"]
+
+
+#: Observed (prompt, output) pairs a model carries at most (:class:`ObservedLengths`). Stage 1's
+#: simulated capacity draws 700 pairs from them (``coral_solver.simcap``: WARMUP + COUNTED); the
+#: 95 % Kolmogorov-Smirnov band of 2000 pairs around the trace's own distribution,
+#: 1.36 / sqrt(2000) = 3 %, is narrower than that of those 700 draws (5 %): a larger sample
+#: would change no figure much, and keeps cache keys and Stage-1 specs small (a statistical
+#: choice, not a fitted one).
+OBSERVED_PAIRS = 2000
+#: Seed of the subsample of a longer trace: fixed, so the same trace gives the same sample, and
+#: so the same Stage-1 cache key, on every read.
+OBSERVED_SEED = 20261203
+
+
+@dataclass(frozen=True)
+class ObservedLengths:
+    """A model's observed request lengths: (prompt tokens, output tokens) pairs of its requests
+    as served (a trace's, or the lengths ``coral-hpc simulate`` replays), at most
+    :data:`OBSERVED_PAIRS` of them, and where they came from (``source``, named in reports).
+
+    Only Stage 1's simulated capacity reads them (``Policy.capacity`` ``simulated``:
+    :meth:`coral_solver.throughput_model.PerfThroughput._lengths`); the analytic model reads
+    the model's mean mix."""
+
+    source: str
+    pairs: tuple[tuple[int, int], ...]
+
+    def __post_init__(self) -> None:
+        if not self.pairs:
+            raise ValueError(f"observed lengths ({self.source}): no requests")
+        if len(self.pairs) > OBSERVED_PAIRS:
+            raise ValueError(f"observed lengths ({self.source}): {len(self.pairs)} pairs, at "
+                             f"most {OBSERVED_PAIRS} (ObservedLengths.bounded subsamples)")
+        if min(min(p, o) for p, o in self.pairs) < 1:
+            raise ValueError(f"observed lengths ({self.source}): every prompt and output must "
+                             "be >= 1 token")
+
+    @classmethod
+    def bounded(cls, prompts: Sequence[int], outputs: Sequence[int],
+                source: str) -> ObservedLengths:
+        """The requests' (prompt, output) pairs, each at least 1 token: all of them when at
+        most :data:`OBSERVED_PAIRS`, else that many drawn without replacement (fixed seed) and
+        kept in the requests' order."""
+        if len(prompts) != len(outputs):
+            raise ValueError(f"observed lengths ({source}): {len(prompts)} prompts, "
+                             f"{len(outputs)} outputs")
+        n = len(prompts)
+        picks: Sequence[int] = range(n)
+        if n > OBSERVED_PAIRS:
+            picks = sorted(random.Random(OBSERVED_SEED).sample(range(n), OBSERVED_PAIRS))
+        return cls(source, tuple((max(1, int(prompts[i])), max(1, int(outputs[i])))
+                                 for i in picks))
+
+    def digest(self) -> str:
+        """A hash of the pairs (not of ``source``: where a sample came from changes no figure):
+        what the Stage-1 cache key holds of them."""
+        return hashlib.sha256(repr(self.pairs).encode()).hexdigest()[:32]
 
 
 @dataclass(frozen=True)
@@ -53,6 +112,9 @@ class ModelSpec:
     #: decode. Its latency per request is ``ttft_s`` (the time to its only answer); ``tpot_s``
     #: and ``output_tokens`` are not read (coral_solver.perf_pooling)
     pooling: bool = False
+    #: observed request lengths (a trace's): what Stage 1's simulated capacity draws lengths
+    #: from; None: the mean mix with a stated distribution. The analytic model never reads them
+    lengths: ObservedLengths | None = None
 
     def allows_gpu(self, gpu_type: str) -> bool:
         return not self.gpu_types or gpu_type in self.gpu_types
