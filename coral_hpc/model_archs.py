@@ -27,6 +27,7 @@ from coral_hpc.config.weights import (
     read_config_json,
 )
 from coral_hpc.errors import ConfigError
+from coral_hpc.model_lengths import read_lengths
 from coral_solver import catalog
 
 if TYPE_CHECKING:
@@ -103,11 +104,13 @@ def apply_site_catalog(deployment: Deployment) -> list[str]:
 
 def derive_models(deployment: Deployment) -> list[str]:
     """Put the deployment's site catalogue in force (:func:`apply_site_catalog`), then derive
-    and register the architecture of every model of ``deployment`` without ``architecture:``;
-    one problem line (file, line, field) per model that cannot be derived."""
+    and register the architecture of every model of ``deployment`` without ``architecture:``
+    and read every model's observed lengths (:func:`coral_hpc.model_lengths.read_lengths`);
+    one problem line (file, line, field) per model that cannot be derived or read."""
     problems = apply_site_catalog(deployment)
     if problems:
         return problems  # the catalogue may hold the very entries the models name
+    problems = read_lengths(deployment)
     hubs = hub_caches(hf_home_of(deployment))
     # relative folders mean "beside this models.yaml", as every other path in it
     base_dir = (Path(os.path.abspath(deployment._source)).parent

@@ -63,7 +63,7 @@ from coral_hpc.config.host import (
 )
 from coral_hpc.config.load import load_deployment, parse_deployment
 from coral_hpc.config.locate import field_line
-from coral_hpc.config.models import SLO, Demand, ModelConfig, RequestMix
+from coral_hpc.config.models import SLO, Demand, ModelConfig, RequestLengths, RequestMix
 from coral_hpc.config.policy import SOLVER_FORM, PolicyConfig, RetentionConfig
 from coral_hpc.config.scale import ScaleToZero, parse_duration, scale_to_zero
 from coral_hpc.config.secret_files import check_private_file, stat_private_file
@@ -94,6 +94,7 @@ __all__ = [
     "ModuleEnvironment",
     "PartitionConfig",
     "PolicyConfig",
+    "RequestLengths",
     "RequestMix",
     "RetentionConfig",
     "ScaleToZero",

@@ -120,6 +120,10 @@ class Deployment(_Frozen):
     #: model name -> where its architecture came from (coral_hpc.model_archs.Derivation); filled
     #: by coral_hpc.model_archs.derive_models, which the configuration does not import
     _derived: dict[str, object] = PrivateAttr(default_factory=dict)
+    #: model name -> its observed request lengths (coral_solver.types.ObservedLengths), which
+    #: Stage 1's simulated capacity draws from: read from models[].lengths.trace by
+    #: coral_hpc.model_lengths.read_lengths, or the lengths `coral-hpc simulate` replays
+    _lengths: dict[str, object] = PrivateAttr(default_factory=dict)
 
     def problem(self, loc: FieldPath, message: str) -> str:
         """A problem line in the format of every config error: ``file:line: field: message``;

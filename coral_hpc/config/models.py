@@ -96,6 +96,37 @@ class SLO(_Frozen):
         return value
 
 
+#: Trace formats ``models[].lengths.trace`` reads, by suffix (the readers ``coral-hpc
+#: simulate`` uses, :func:`coral_hpc.trace_files.load_rows`).
+TRACE_SUFFIXES = {".csv": "an Azure LLM inference trace CSV (TIMESTAMP, ContextTokens, "
+                          "GeneratedTokens)",
+                  ".jsonl": "a Mooncake JSONL (timestamp, input_length, output_length)",
+                  ".json": "a Mooncake JSONL (timestamp, input_length, output_length)"}
+
+
+class RequestLengths(_Frozen):
+    """Where the model's request lengths were observed: Stage 1's simulated capacity
+    (policy.capacity: simulated) draws prompt and output lengths from them instead of
+    exponential lengths with the mix's means."""
+
+    trace: str = Field(
+        min_length=1,
+        description="a trace of the model's requests: an Azure LLM .csv or a Mooncake .jsonl "
+                    "(a relative path is taken beside this file); its (prompt, output) pairs, "
+                    "at most 2000 of them sampled with a fixed seed, are the lengths a "
+                    "simulated capacity is judged on. The analytic capacity reads mix only")
+
+    @field_validator("trace")
+    @classmethod
+    def _trace_file(cls, value: str, info: ValidationInfo) -> str:
+        suffix = "." + value.rsplit(".", 1)[-1].lower() if "." in value else ""
+        if suffix not in TRACE_SUFFIXES:
+            raise ValueError(f"{value!r} is not a trace this reads: expected "
+                             + " or ".join(sorted(set(TRACE_SUFFIXES.values())))
+                             + ", named .csv or .jsonl")
+        return _against_file(value, info) or value
+
+
 class ModelConfig(_Frozen):
     """One served model."""
 
@@ -145,6 +176,11 @@ class ModelConfig(_Frozen):
         description="context length in tokens (vLLM --max-model-len); only layouts whose KV "
                     "cache holds one such request are planned; unset = the model's own",
     )
+    lengths: RequestLengths | None = Field(
+        default=None,
+        description="{trace: PATH}: the model's observed request lengths, which a simulated "
+                    "capacity (policy.capacity: simulated) is judged on; unset = exponential "
+                    "lengths with the mix's means. Not for an embedding model")
     # scale to zero (coral_hpc.config.scale): unset = the policy's default
     idle_after: float | None = Field(
         default=None,
@@ -234,6 +270,9 @@ class ModelConfig(_Frozen):
         if self.task == "generate" and embedding:
             raise _FieldError(("slo", "latency_ms"), f"model {self.name!r} generates (task: "
                               "generate): its SLO is {ttft_s: N, tpot_s: N}")
+        if embedding and self.lengths is not None:
+            raise _FieldError(("lengths",), f"model {self.name!r} is an embedding model: its "
+                              "capacity does not depend on output lengths; drop lengths")
         if embedding and self.mix.output_tokens:
             raise _FieldError(("mix", "output_tokens"), f"model {self.name!r} is an embedding "
                               "model (slo: latency_ms): it generates no tokens; drop "

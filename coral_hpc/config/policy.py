@@ -178,7 +178,8 @@ class PolicyConfig(_Frozen):
                     "simulated: the highest Poisson rate at which slo_attainment of the "
                     "model's requests meet TTFT and TPOT, the whole replica simulated "
                     "(a prefill-only or decode-only replica: its share of them, KV hand-off "
-                    "included)",
+                    "included), lengths drawn from the model's lengths.trace when given, else "
+                    "exponential with its mix's means",
     )
     # 0.95: the attainment issue 24 and the paper (§5) judge plans by.
     slo_attainment: float = Field(

@@ -32,6 +32,7 @@ from coral_solver.types import (
     Cluster,
     ModelSpec,
     NodeGroup,
+    ObservedLengths,
     Policy,
     Quota,
     RunningReplica,
@@ -43,7 +44,8 @@ from coral_solver.types import Partition as SolverPartition
 def model_specs(deployment: Deployment, demand_rps: Mapping[str, float] | None = None,
                 mix: Mapping[str, tuple[int, int]] | None = None) -> list[ModelSpec]:
     """One :class:`ModelSpec` per configured model. Demand: ``demand_rps[name]`` when given, else
-    the declared demand (0 for ``demand: auto`` until it is measured); mix likewise."""
+    the declared demand (0 for ``demand: auto`` until it is measured); mix likewise; observed
+    lengths when the model has them (:func:`observed_lengths`)."""
     out = []
     for m in deployment.models:
         rps = (demand_rps or {}).get(m.name, m.demand_rps)
@@ -57,8 +59,17 @@ def model_specs(deployment: Deployment, demand_rps: Mapping[str, float] | None =
             # one forward pass per request: no phases to split
             disaggregation="off" if m.embedding else deployment.policy.disaggregation,
             max_model_len=m.max_model_len, pooling=m.embedding,
+            lengths=observed_lengths(deployment, m.name),
         ))
     return out
+
+
+def observed_lengths(deployment: Deployment, name: str) -> ObservedLengths | None:
+    """Model ``name``'s observed request lengths (``models[].lengths``, or what ``coral-hpc
+    simulate`` replays), put on the deployment by :mod:`coral_hpc.model_lengths`; None
+    without."""
+    found = deployment._lengths.get(name)
+    return found if isinstance(found, ObservedLengths) else None
 
 
 def billing_of(weights: Mapping[str, float], cpus_per_gpu: int, mem_per_gpu_gb: float) -> Billing:

@@ -1,0 +1,69 @@
+"""Each model's observed request lengths, which Stage 1's simulated capacity
+(``policy.capacity: simulated``) draws prompt and output lengths from instead of exponential
+lengths with the mix's means (issue 24: capacity for the model's request-length distribution).
+
+:func:`read_lengths` reads the trace each model's ``lengths.trace`` names, with the readers
+``coral-hpc simulate`` uses (:func:`coral_hpc.trace_files.load_rows`: an Azure LLM CSV or
+a Mooncake JSONL), keeps a bounded fixed-seed sample of its (prompt, output) pairs
+(:meth:`coral_solver.types.ObservedLengths.bounded`) on the deployment, and reports a trace
+that cannot be read at the model's field. :func:`coral_hpc.model_archs.derive_models` calls it,
+so every command that plans (validate, plan, simulate, profile, serve and its reloads) has them;
+the planner puts them on each model's :class:`~coral_solver.types.ModelSpec`
+(:func:`coral_hpc.plan.inputs.model_specs`). ``coral-hpc simulate`` puts the lengths it
+replays there instead (:func:`coral_hpc.simulate.run.replayed_lengths`).
+
+The gateway's meter keeps token totals per interval, not each request's lengths, so a measured
+distribution is not read here (yet).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+
+from coral_hpc.config import Deployment
+from coral_hpc.trace_files import TraceError, load_rows
+from coral_solver.types import ObservedLengths
+
+#: samples already read, by (path, modification time, size): a daemon reloading its
+#: models.yaml reads an unchanged trace once; an edited one is read afresh
+_READ: OrderedDict[tuple[str, int, int], ObservedLengths] = OrderedDict()
+_READ_MAX = 64
+
+
+def trace_lengths(path: str) -> ObservedLengths:
+    """The observed lengths of the trace at ``path`` (every row's prompt and output tokens, at
+    most :data:`coral_solver.types.OBSERVED_PAIRS` of them). Raises :class:`TraceError` naming
+    the file and what is expected when it is absent, of another format or malformed."""
+    try:
+        stat = os.stat(path)
+    except OSError:
+        stat = None
+    key = (path, stat.st_mtime_ns, stat.st_size) if stat is not None else None
+    if key is not None and key in _READ:
+        _READ.move_to_end(key)
+        return _READ[key]
+    rows = load_rows(path)  # raises TraceError for an absent file too
+    found = ObservedLengths.bounded(rows.prompt.tolist(), rows.output.tolist(), f"trace {path}")
+    if key is not None:
+        _READ[key] = found
+        while len(_READ) > _READ_MAX:
+            _READ.popitem(last=False)
+    return found
+
+
+def read_lengths(deployment: Deployment) -> list[str]:
+    """Put every model's observed lengths (``lengths.trace``) on ``deployment``; one problem
+    line (file, line, field) per model whose trace cannot be read."""
+    problems = []
+    found: dict[str, object] = {}
+    for index, model in enumerate(deployment.models):
+        if model.lengths is None:
+            continue
+        try:
+            found[model.name] = trace_lengths(model.lengths.trace)
+        except TraceError as exc:
+            problems.append(deployment.problem(("models", index, "lengths", "trace"), str(exc)))
+    # a new dict, not the old one changed: a copy of the deployment (model_copy) shares it
+    deployment._lengths = found
+    return problems
