@@ -17,7 +17,9 @@ Every ``step_s`` (a minute, or the re-plan interval when that is shorter) of vir
   checker; Slurm is never asked: the snapshot's saved start estimates count) with the plan in
   force as the replicas that go on serving; a plan the planner refuses
   (:class:`~coral_hpc.plan.planner.PlanningError`) leaves the old one, as in the daemon. The
-  cluster stays as the snapshot saw it: no node fails, no other job comes or goes.
+  cluster stays as the snapshot saw it: no node fails, no other job comes or goes. Under
+  ``policy.capacity: simulated`` Stage 1 rates templates on the lengths the replay serves
+  (:func:`replayed_lengths`), not on exponential lengths with the mix's means.
 * **Cost** is the plan in force's ``cost_per_hour`` over the time it is in force (the
   provisioning cost; in the snapshot's unit: Slurm billing units or the partitions' prices);
   each replica a plan adds also pays ``startup_s`` of its price (submit to READY), reported
@@ -57,7 +59,7 @@ from coral_hpc.simulate.traces import ModelWorkload, TraceRows, scaled_workload
 from coral_hpc.simulate.zero import ScaleToZero
 from coral_hpc.slurm.snapshot import ClusterSnapshot
 from coral_solver import catalog
-from coral_solver.types import ModelSpec, Plan
+from coral_solver.types import ModelSpec, ObservedLengths, Plan
 
 #: The gateway's metering interval in virtual time, seconds (at most; the re-plan interval when
 #: that is shorter). The daemon scrapes every poll; a minute keeps a day at 1,440 steps.
@@ -240,7 +242,8 @@ def model_workloads(deployment: Deployment, traces: Mapping[str, TraceRows], spa
                     seed: int = 0) -> dict[str, ModelWorkload]:
     """Every model's requests over ``span_s`` seconds from its trace (``traces`` by model
     name): the trace's rate curve scaled to the model's declared demand (``demand: auto``: the
-    trace's own rate), its lengths kept, clipped to the architecture's context length."""
+    trace's own rate), its lengths kept, clipped to the architecture's context length (and so
+    the window's lengths a simulated capacity is judged on, :func:`replayed_lengths`)."""
     loads = {}
     for index, model in enumerate(deployment.models):
         rows = traces[model.name]
@@ -248,9 +251,28 @@ def model_workloads(deployment: Deployment, traces: Mapping[str, TraceRows], spa
         max_context = catalog.model_arch(model.arch_key).max_context
         prompt = np.minimum(load.prompt, max_context - 1)
         output = np.minimum(load.output, max_context - prompt)
+        lengths = load.lengths
+        if lengths is not None:  # the window's pairs as served, cut as the requests are
+            cut = [min(p, max_context - 1) for p, _ in lengths.pairs]
+            lengths = ObservedLengths(lengths.source, tuple(
+                (p, min(o, max_context - p)) for p, (_, o) in zip(cut, lengths.pairs)))
         loads[model.name] = ModelWorkload(load.model, load.at, prompt, output, load.source,
-                                          load.mix)
+                                          load.mix, lengths=lengths)
     return loads
+
+
+def replayed_lengths(deployment: Deployment, loads: Mapping[str, ModelWorkload]) -> Deployment:
+    """``deployment`` with each replayed model's observed lengths those its replay draws from
+    (:attr:`ModelWorkload.lengths`, clipped to the architecture's context as served), so Stage
+    1's simulated capacity (``policy.capacity: simulated``) is judged on the lengths the
+    replay serves; they stand in for a ``models[].lengths`` trace. ``deployment`` is left as
+    it was."""
+    replayed = {name: load.lengths for name, load in loads.items() if load.lengths is not None}
+    if not replayed:
+        return deployment
+    copy = deployment.model_copy()
+    copy._lengths = {**deployment._lengths, **replayed}
+    return copy
 
 
 def _intervals(loads: Mapping[str, ModelWorkload], start: float,
@@ -277,6 +299,7 @@ def simulate(deployment: Deployment, snapshot: ClusterSnapshot,
              warmup_s: float = WARMUP_S) -> SimulationResult:
     """Replay ``loads`` for ``span_s`` seconds (see the module doc)."""
     began = time.perf_counter()
+    deployment = replayed_lengths(deployment, loads)
     step = min(STEP_S, deployment.policy.replan_interval_s)
     replanner = Replanner(deployment, step)
     run = _Replay(deployment, snapshot, loads, span_s, planner, log, warmup_s)

@@ -18,7 +18,9 @@ How a model's requests are drawn from a trace (:func:`scaled_workload`; every ch
   with that piecewise-constant intensity (the trace's minute-scale bursts and lulls are kept;
   within a bin arrivals are Poisson). With no rate given, the trace's own rate is kept.
 * **Lengths**: each arrival's prompt and output token counts are those of a row drawn uniformly
-  from the window's rows (the trace's length distribution and prompt/output pairing are kept).
+  from the window's rows (the trace's length distribution and prompt/output pairing are kept);
+  those rows (a bounded sample of them) are also the lengths the planner's simulated capacity is
+  judged on (:attr:`ModelWorkload.lengths`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from coral_hpc.trace_files import TraceRow as TraceRow
 from coral_hpc.trace_files import TraceRows as TraceRows
 from coral_hpc.trace_files import load_azure as load_azure
 from coral_hpc.trace_files import load_rows as load_rows
+from coral_solver.types import ObservedLengths
 
 #: Width of the bins of the rate curve, seconds.
 BIN_S = 10.0
@@ -51,6 +54,11 @@ class ModelWorkload:
     #: seconds each request already waited before ``at`` (held while its model woke from zero,
     #: ``coral_hpc.simulate.zero``): counted in its time to first token; None: none waited
     waited: np.ndarray | None = None
+    #: the (prompt, output) pairs of the trace window the requests are drawn from, at most
+    #: OBSERVED_PAIRS of them: what Stage 1's simulated capacity is judged on
+    #: (:func:`coral_hpc.simulate.run.replayed_lengths`); fixed by the trace and offset as
+    #: ``mix`` is, so every rate and seed keys the same Stage-1 library. None: not known
+    lengths: ObservedLengths | None = None
 
     def window(self, start: float, end: float) -> slice:
         """Index range of the requests arriving in [start, end)."""
@@ -98,5 +106,8 @@ def scaled_workload(model: str, rows: TraceRows, offset_s: float, rate_rps: floa
     pick = rng.integers(0, len(prompts), len(at))
     mix = (max(1, round(float(prompts.mean()))), max(1, round(float(outputs.mean()))))
     label = source or rows.name
+    lengths = ObservedLengths.bounded(prompts.tolist(), outputs.tolist(),
+                                      f"{label} from {offset_s:.0f} s")
     return ModelWorkload(model, at, np.maximum(prompts[pick], 1), np.maximum(outputs[pick], 1),
-                         f"{label} from {offset_s:.0f} s, rate curve x{rate / own_rps:.2f}", mix)
+                         f"{label} from {offset_s:.0f} s, rate curve x{rate / own_rps:.2f}", mix,
+                         lengths=lengths)
