@@ -8,15 +8,16 @@ when the roofline has the step's shape and is only off in level. Where it has no
 build on a node the catalogue calls a V100: prompts cost ~0.7 ms a token, the roofline's a few
 microseconds, so one factor fitted to the decode steps leaves prompts 10-100x too cheap;
 bench/results/capacity_band.md, the planner 50-85x the measured capacity), the steps fitted
-as overhead + s per token (decode and prompt) + s per KV token read, as bench/paper_pp.py fits
-them, describe them. Of the two, the one with the smaller median |log(model / measured)| over
-the measured steps is used: no threshold, no tuned constant.
+as overhead + s per token (decode and prompt) + s per KV token read (non-negative least
+squares, as bench/paper_pp.py fits them) describe them. Of the two, the one with the smaller
+median |log(model / measured)| over the measured steps is used: no threshold, no tuned
+constant.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,18 +42,46 @@ class StepFit:
                 + self.per_kv_token_s * (p.context_tokens + p.prefill_tokens))
 
 
+def nonnegative_least_squares(rows: Sequence[Sequence[float]], y: Sequence[float]
+                              ) -> tuple[float, ...]:
+    """The x >= 0 that minimises ||rows x - y||: exact, by enumerating the active sets.
+
+    Clipping an unconstrained fit's negative coefficients to 0 is not this: the others keep
+    values fitted beside the clipped one (on the CPU profile of bench/capacity_band.py the KV
+    term came out negative and the overhead stayed 13.0 ms, where a refit without the term
+    gives ~8.9 ms). By the KKT conditions the optimum is the unconstrained least-squares fit on
+    its own support (its free coefficients' gradient is 0), so among every subset of columns
+    left free (the rest at 0) whose least-squares fit is non-negative, the least residual is
+    the optimum. Where a subset's columns are dependent, a non-negative fit of equal residual
+    exists on a smaller subset, which the enumeration also tries. 2^columns fits: for the few
+    coefficients of a step model, not a general solver (scipy, which has one, is not a
+    dependency)."""
+    a, b = np.asarray(rows, dtype=float), np.asarray(y, dtype=float)
+    columns = a.shape[1]
+    best, best_residual = np.zeros(columns), float(b @ b)  # every coefficient 0
+    for support in range(1, 1 << columns):
+        free = [j for j in range(columns) if support >> j & 1]
+        sol, *_ = np.linalg.lstsq(a[:, free], b, rcond=None)
+        if (sol < 0).any():
+            continue
+        x = np.zeros(columns)
+        x[free] = sol
+        r = a @ x - b
+        if float(r @ r) < best_residual:
+            best, best_residual = x, float(r @ r)
+    return tuple(float(c) for c in best)
+
+
 def fit_steps(points: tuple[StepPoint, ...], layers: int) -> StepFit | None:
-    """Least-squares fit of the steps (coefficients below 0 taken as 0), or None where the
-    points cannot pin three coefficients: fewer than three, or no prompt step, or no decode
-    step."""
+    """Non-negative least-squares fit of the steps (:func:`nonnegative_least_squares`), or None
+    where the points cannot pin three coefficients: fewer than three, or no prompt step, or no
+    decode step, or no per-token cost left."""
     if len(points) < 3 or not any(p.prefill_tokens for p in points) or not any(
             p.decode_seqs and not p.prefill_tokens for p in points):
         return None
     rows = [[1.0, p.decode_seqs + p.prefill_tokens, p.context_tokens + p.prefill_tokens]
             for p in points]
-    coef, *_ = np.linalg.lstsq(np.array(rows), np.array([p.seconds for p in points]),
-                               rcond=None)
-    over, per_token, per_kv = (max(float(c), 0.0) for c in coef)
+    over, per_token, per_kv = nonnegative_least_squares(rows, [p.seconds for p in points])
     return StepFit(over, per_token, per_kv, layers) if per_token > 0 else None
 
 
