@@ -113,7 +113,9 @@ def load_profiles(folders: list[Path]) -> list[dict]:
     for folder in folders:
         for path in sorted(list(folder.glob("*.yaml")) + list(folder.glob("pipelines/*.yaml"))):
             doc = yaml.safe_load(path.read_text())
-            doc["_path"] = str(path)
+            # the repository's own profiles by a path that reads the same on every checkout
+            doc["_path"] = str(path.resolve().relative_to(ROOT) if path.resolve().is_relative_to(
+                ROOT) else path)
             doc.setdefault("pp", 1)
             out.append(doc)
     return out

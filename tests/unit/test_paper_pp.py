@@ -129,3 +129,15 @@ def test_the_report_states_the_penalty_direction_over_every_layout(alone, alone_
     above = sum(p["measured"] > 1 for p in penalties)
     listed = ", ".join(f"{p['measured']:.2f}" for p in penalties)
     assert f"in {above} of {n} layouts measured ({listed})" in md
+
+
+def test_without_profiles_named_it_reads_the_committed_ones(tmp_path):
+    """The configs' profiles_dir (relative to the config's folder, as every models.yaml path)
+    names the committed profiles: ``python bench/paper_pp.py`` alone regenerates its report."""
+    done = subprocess.run([sys.executable, str(REPO / "bench/paper_pp.py"), "--out",
+                           str(tmp_path / "pp")], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads((tmp_path / "pp.json").read_text())["rows"]
+    assert {r["profile"].split("/")[3] for r in rows} == set(MIXES)
+    assert all(r["profile"].startswith("bench/results/paper_pp_profiles/") for r in rows)
