@@ -26,10 +26,11 @@ configs' ``profiles_dir``, committed), and ``python bench/paper_pp.py`` reads th
 deployment's ``measured_profiles_path``, examples/vllm-cpu.yaml's too; ``--profiles DIR`` to name
 others) and, per model:
 
-1. fits the per-step time of the whole model to the PP-1 ``step_latency`` points (least squares,
-   non-negative): t = overhead + a x (decode seqs + prompt tokens) + k x (KV context + prompt
-   tokens); a stage of l of L layers takes l/L of the a and k terms (the layer-proportional work)
-   and its share of the overhead, as ``coral_solver.perf_model.step_time`` splits it;
+1. fits the per-step time of the whole model to the PP-1 ``step_latency`` points (exact
+   non-negative least squares, the planner's ``coral_solver.perf_fit``): t = overhead + a x
+   (decode seqs + prompt tokens) + k x (KV context + prompt tokens); a stage of l of L layers
+   takes l/L of the a and k terms (the layer-proportional work) and its share of the overhead,
+   as ``coral_solver.perf_model.step_time`` splits it;
 2. for every measured throughput point (PP 1, 2, 3; its mix, TTFT and TPOT), predicts the
    requests/s of the layout with ``coral_solver.perf.throughput_from_coeffs`` under both accountings
    (slowest stage; KV capacity from the profile);
@@ -50,7 +51,6 @@ import statistics
 import sys
 from pathlib import Path
 
-import numpy as np
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,6 +58,7 @@ sys.path.insert(0, str(ROOT))
 
 from coral_hpc.profile.measure import CONCURRENCY_LEVELS
 from coral_solver import catalog, perf
+from coral_solver.perf_fit import nonnegative_least_squares
 from coral_solver.perf_model import StageCoeffs
 
 #: The most requests a measured throughput point ever had in flight: `coral-hpc profile`'s sweep
@@ -122,14 +123,16 @@ def load_profiles(folders: list[Path]) -> list[dict]:
 
 
 def fit_steps(points: list[dict]) -> tuple[float, float, float]:
-    """(overhead s, s per token of decode + prompt, s per KV token read) of the whole model."""
+    """(overhead s, s per token of decode + prompt, s per KV token read) of the whole model:
+    the non-negative least-squares fit, the product's
+    (:func:`coral_solver.perf_fit.nonnegative_least_squares`, as the planner fits a measured
+    profile's steps)."""
     rows = [
         [1.0, p["decode_seqs"] + p["prefill_tokens"], p["context_tokens"] + p["prefill_tokens"]]
         for p in points
     ]
-    y = [p["seconds"] for p in points]
-    coef, *_ = np.linalg.lstsq(np.array(rows), np.array(y), rcond=None)
-    return tuple(max(float(c), 0.0) for c in coef)  # type: ignore[return-value]
+    over, per_token, per_kv = nonnegative_least_squares(rows, [p["seconds"] for p in points])
+    return over, per_token, per_kv
 
 
 def stage_coeffs(
