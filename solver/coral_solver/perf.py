@@ -443,11 +443,12 @@ def has_measured_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, slo: Slo, mi
 #: Measured on the real engine (bench/results/paper_pp.md, written by bench/paper_pp.py: vLLM
 #: 0.32.0's CPU build, coral-tiny-llama and coral-tiny-qwen2, PP 2 and PP 3 with even and
 #: uneven splits, each stage's engine unbound, at 438/6 and 32/64 tokens, 2026-12-01 22:45-23:10
-#: UTC), with the host's measured hand-off of 2.1-5.7 ms per stage step, the ring fits better
-#: on both measures: median |log(predicted / measured)| of PP / PP 1 0.135 (own micro-batch
-#: only 0.480), of the prompt penalty 0.265 (0.498). What it does not capture there: the
+#: UTC), with the host's measured hand-off of 2.1-5.7 ms per stage step and the steps fitted
+#: by exact non-negative least squares (coral_solver.perf_fit), the ring fits better on both
+#: measures: median |log(predicted / measured)| of PP / PP 1 0.129 (own micro-batch only
+#: 0.478), of the prompt penalty 0.245 (0.499). What it does not capture there: the
 #: penalty's direction (measured 1.02-1.20, the pipelines lose a little more at the
-#: decode-heavy mix; the ring predicts 0.82-0.97), under a closed loop of at most 32 clients
+#: decode-heavy mix; the ring predicts 0.83-0.99), under a closed loop of at most 32 clients
 #: on stages sharing the host's 2 cores. (The earlier profiles, every stage bound to core 0,
 #: could not tell the two apart.)
 PROMPTS_STALL_RING = True
