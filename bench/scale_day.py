@@ -27,7 +27,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
 sys.path.insert(0, str(ROOT))
 
-from bench.paper_eval.setups import PRICE_SOURCE
 from bench.scale_eval import run as R
 from bench.scale_eval import site as S
 from coral_hpc.simulate import day as D
@@ -106,11 +105,11 @@ def markdown(doc: dict) -> str:
         f"- **Site**: {doc['site']['nodes']:,} nodes, {doc['site']['gpus']:,} GPUs: "
         + ", ".join(f"{c['count']} {c['gpu_type']}x{c['gpus_per_node']} in "
                     f"{'/'.join(c['partitions'])}" for c in doc["site"]["classes"])
-        + f". Prices per GPU-hour: {doc['site']['prices']} ({PRICE_SOURCE}). Every node is free "
+        + f". Prices per GPU-hour: {doc['site']['prices']} ({S.PRICE_SOURCE}). Every node is free "
         "to the deployment; nothing fails, no other jobs.",
         f"- **Models**: {cfg['models']} drawn from the catalogue's real architectures "
         f"({doc['models_by_size']}), Zipf popularity, mean rates summing to "
-        f"{cfg['total_rps']:g} req/s; SLOs per size class as in bench/paper_eval "
+        f"{cfg['total_rps']:g} req/s; SLOs per size class (bench/scale_eval/site.py SLO_BY_SIZE) "
         "(small 1 s / 50 ms, medium 2 s / 80 ms, large 3 s / 100 ms TTFT / TPOT); "
         f"traces {doc['models_by_trace']}.",
         "- **The day**: each model's hour-long trace stretched to 24 h from its own starting "

@@ -1,9 +1,9 @@
 """Stage 1 and Stage 2 at the paper's scale (issue 15 items 2 and 3), side by side in one run.
 
-Instance: the paper's extended setup as rebuilt in bench/paper_eval/setups.py — 6 models with
-their trace mixes and SLOs, 5 GPU types × node shapes {1, 2, 4, 8} (20 configurations) in two
-regions (no template spans two), every model ``disaggregation: auto`` (aggregated, prefill-only
-and decode-only templates), N_max 6, ρ 12.
+Instance: the paper's extended setup, bench/paper_eval/setups.py (PAPER.md §5: Table 3's 6 models
+with their trace mixes and SLOs, 5 GPU types × node shapes {1, 2, 4, 8} = 20 configurations in
+three regions, the GCP one without L40S and A10G; no template spans two regions), every model
+``disaggregation: auto`` (aggregated, prefill-only and decode-only templates), N_max 6, ρ 12.
 
 Stage 1 (``coral_solver.stage1``, each run a fresh process so no memo table is shared):
 serial (1 worker), parallel (``--workers``), and a parallel run SIGKILLed part-way and resumed;
@@ -77,7 +77,8 @@ def paper_spec(seed: int) -> stage1.Spec:
     loads = E.workloads(setup, seed, trace_folder())
     models = E.model_specs(setup, loads, {m: 1.0 for m in loads}, "auto")
     return stage1.Spec(tuple(models),
-                       {region: E.regional_gpu_types(setup, region) for region in S.REGIONS},
+                       {region: E.regional_gpu_types(setup, region)
+                        for region in setup.setting.regions},
                        Policy(), "bench.paper_eval.evaluate:RegionalThroughput")
 
 
@@ -126,13 +127,13 @@ def _killed_and_resumed(spec_file: Path, work: Path, workers: int, total: int,
 
 
 def count_space(spec: stage1.Spec) -> dict:
-    """The space per (model, role), summed over both regions: node multisets as the paper
+    """The space per (model, role), summed over the regions: node multisets as the paper
     counts them, as vLLM can run them (one TP per template), those with a layout that meets
     the SLO, the (TP, GPU-type count) classes Stage 1 evaluates, and the templates kept."""
     tm = E.RegionalThroughput()
     policy = spec.policy
     shapes = S.NODE_SHAPES
-    configs = len(S.PRICES) * len(shapes)
+    configs = S.SETTINGS["extended"].configurations()
     paper_sets = math.comb(configs + policy.n_max, policy.n_max) - 1  # ≤ N_max nodes, ≥ 1
     out = {}
     for model in spec.models:
@@ -338,8 +339,8 @@ def markdown(results: dict) -> str:
         "# Stage 1 and Stage 2 at the paper's scale", "",
         f"Machine: {results['machine']}; load average {results['load_before']} before, "
         f"{results['load_after']} after (other engineers' jobs share these 2 cores). "
-        "Instance: the paper's extended setup as rebuilt in `bench/paper_eval/setups.py` — 6 "
-        "models, 5 GPU types × node shapes {1, 2, 4, 8} = 20 configurations, two regions, "
+        "Instance: the paper's extended setup, `bench/paper_eval/setups.py` (PAPER.md §5) — 6 "
+        "models, 5 GPU types × node shapes {1, 2, 4, 8} = 20 configurations, three regions, "
         "every model `disaggregation: auto`, N_max 6, ρ 12.", "",
         "## Stage 1", "",
         *(["Stage 1 was not rerun here (`--stage1-from`): its figures are the earlier run's; "

@@ -15,8 +15,10 @@ epoch is served in virtual time by the replica it is routed to:
   statistically identical shares, so one per row is simulated and its figures count ``count``
   times. Each epoch's replicas start empty (the 6-minute epochs dwarf the warm-up).
 * **Goodput**: output tokens per second of the requests that met both SLOs (TTFT and mean TPOT).
-* **Cost per hour**: provisioning (Σ replicas x price over each epoch) + amortised start-up: each
-  replica that was not running in the previous epoch pays its price for ``STARTUP_S`` more.
+* **Cost per hour** (in the unit of :data:`.setups.PRICES`): provisioning (Σ replicas x price over
+  each epoch) + amortised start-up: each replica that was not running in the previous epoch pays
+  its price for ``STARTUP_S`` more, amortised over ``AMORTISE_S`` (the paper's 60 minutes: a
+  tenth of it falls in the 6-minute epoch).
 
 Because replica latencies come from the planner's own performance model, the SLO figures show
 that plans keep their promises under the trace's burstiness (self-consistency), not that vLLM
@@ -32,14 +34,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from bench.paper_eval.setups import (
-    AVAILABILITY,
     MODELS,
     PRICES,
-    REGIONS,
     Setup,
     base_gpu,
     nodes_for,
     regional,
+    regional_types,
 )
 from bench.paper_eval.workload import RUN_S, ModelWorkload, model_workload
 from coral_hpc.simulate.serve import _SERVED, Served
@@ -64,8 +65,12 @@ from coral_solver.types import (
 EPOCH_S = 360.0
 #: Submit -> ready of a new replica, seconds: coral-hpc's configured default until it has learnt
 #: its own (coral_hpc/config/policy.py ``startup_time_s``); the paper's start-up times are not
-#: known here.
+#: known here ("several minutes", PAPER.md §1).
 STARTUP_S = 180.0
+#: The interval the paper amortises initialization cost over, seconds (PAPER.md §5.3: 60
+#: minutes, "i.e. divided by 10"): K = STARTUP_S / AMORTISE_S in Stage 2, and a replica's start
+#: adds STARTUP_S x its price x EPOCH_S / AMORTISE_S to the run's cost.
+AMORTISE_S = 3600.0
 #: Nodes per (GPU type, region) of the "unlimited" cluster that prices C* (never binding).
 UNLIMITED_NODES = 24
 #: GPUs of every type offered in every region whatever the reference plan uses (one 8-GPU node).
@@ -133,9 +138,10 @@ def model_specs(
 
 
 def regional_gpu_types(setup: Setup, region: str) -> dict[str, tuple[int, float]]:
-    """Stage 1's GPU types of one region: (largest node, GPU memory GB)."""
+    """Stage 1's GPU types of one region (those it offers): (largest node, GPU memory GB)."""
     return {
-        regional(g, region): (max(8, 1), gpu_memory_gb(g) or 16.0) for g in setup.setting.gpu_types
+        regional(g, region): (max(8, 1), gpu_memory_gb(g) or 16.0)
+        for g in setup.setting.region_gpus(region)
     }
 
 
@@ -148,7 +154,7 @@ def library_for(
 ) -> dict[str, list[Template]]:
     """Stage 1 per region (no template spans two), united."""
     library: dict[str, list[Template]] = {m.name: [] for m in models}
-    for region in REGIONS:
+    for region in setup.setting.regions:
         part = build_library(
             models, regional_gpu_types(setup, region), policy, tm, use_cache=use_cache
         )
@@ -189,20 +195,41 @@ def cluster_for(
     return Cluster(tuple(groups), tuple(partitions), (), running)
 
 
-def availability(setup: Setup, reference: Plan) -> dict[str, int]:
-    """GPUs per regional type: (1 + margin) x what the reference plan (the cheapest plan for the
-    run's peak demand on unlimited GPUs) uses of that GPU type, split evenly over the regions,
-    plus one 8-GPU node per type and region so every configuration is offered."""
-    margin = AVAILABILITY[setup.availability]
-    used = Counter()
-    for row in reference.rows:
+def unlimited_cluster(setup: Setup) -> Cluster:
+    """Every regional GPU type of the setting with ``UNLIMITED_NODES`` 8-GPU nodes (never
+    binding): what prices the plans that size the availability."""
+    return cluster_for(setup, {t: UNLIMITED_NODES * 8 for t in regional_types(setup.setting)})
+
+
+def gpus_used(plan: Plan) -> Counter:
+    """GPUs of each regional type in ``plan`` (each stage is one node of TP GPUs)."""
+    used: Counter = Counter()
+    for row in plan.rows:
         for stage in row.template.stages:
-            used[base_gpu(stage.gpu_type)] += row.count * row.template.tp
-    return {
-        regional(g, r): FLOOR_GPUS + math.ceil((1.0 + margin) * used[g] / len(REGIONS) - 1e-9)
-        for g in setup.setting.gpu_types
-        for r in REGIONS
-    }
+            used[stage.gpu_type] += row.count * row.template.tp
+    return used
+
+
+def availability(setup: Setup, reference: Plan, plans: dict[str, Plan] | None = None
+                 ) -> dict[str, int]:
+    """GPUs per regional type (the module doc of :mod:`.setups`). Default: the most any plan of
+    ``plans`` (each method's plan for the run's peak demand on unlimited GPUs; ``reference``
+    alone when None) uses of that regional type, plus one 8-GPU node. Scarce: (1 + the setting's
+    margin) x what ``reference`` (the cheapest plan for the peak demand) uses of each GPU type,
+    split evenly over the regions offering it."""
+    types = regional_types(setup.setting)
+    if setup.availability == "default":
+        most: Counter = Counter()
+        for plan in (plans or {"reference": reference}).values():
+            most |= gpus_used(plan)
+        return {t: FLOOR_GPUS + most[t] for t in types}
+    per_gpu: Counter = Counter()
+    for gpu_type, n in gpus_used(reference).items():
+        per_gpu[base_gpu(gpu_type)] += n
+    regions = Counter(base_gpu(t) for t in types)
+    return {t: math.ceil((1.0 + setup.scarce_margin) * per_gpu[base_gpu(t)]
+                         / regions[base_gpu(t)] - 1e-9)
+            for t in types}
 
 
 # --------------------------------------------------------------------------- methods
@@ -285,8 +312,8 @@ class MethodRun:
     """One method's run over a setup: per-epoch plans and what they served."""
 
     method: str
-    cost_usd: float = 0.0  # provisioning + start-up over the run
-    startup_usd: float = 0.0
+    cost_units: float = 0.0  # provisioning + start-up over the run (PRICES' unit x hours)
+    startup_units: float = 0.0
     requests: Counter = field(default_factory=Counter)
     good: Counter = field(default_factory=Counter)
     good_tokens: Counter = field(default_factory=Counter)
@@ -301,9 +328,11 @@ class MethodRun:
     cost_disaggregated: float = 0.0
     plan_cost: float = 0.0
     templates: Counter = field(default_factory=Counter)  # template id -> replica-epochs
+    #: provisioning per model over the run (PRICES' unit x hours): the per-model ratios
+    model_cost: Counter = field(default_factory=Counter)
 
     def hourly_cost(self, run_s: float) -> float:
-        return self.cost_usd * 3600.0 / run_s
+        return self.cost_units * 3600.0 / run_s
 
 
 def _count(load: ModelWorkload, start: float) -> int:
@@ -312,18 +341,31 @@ def _count(load: ModelWorkload, start: float) -> int:
     return window.stop - window.start
 
 
-def reference_plan(setup: Setup, loads, library, policy) -> Plan:
-    """The cheapest plan (Coral's) for the run's peak epoch demand on unlimited GPUs."""
-    peak = {
+def peak_demand(loads: dict[str, ModelWorkload]) -> dict[str, float]:
+    """Each model's highest epoch demand over the run, requests/s."""
+    return {
         name: max(_count(load, e * EPOCH_S) for e in range(int(RUN_S // EPOCH_S))) / EPOCH_S
         for name, load in loads.items()
     }
-    models = model_specs(setup, loads, peak)
-    unlimited = cluster_for(
-        setup,
-        {regional(g, r): UNLIMITED_NODES * 8 for g in setup.setting.gpu_types for r in REGIONS},
-    )
-    return allocate(models, library, unlimited, policy)
+
+
+def reference_plan(setup: Setup, loads, library, policy, disaggregation: str = "off") -> Plan:
+    """The cheapest plan (Coral's, on ``library`` built for ``disaggregation``) for the run's
+    peak epoch demand on unlimited GPUs."""
+    models = model_specs(setup, loads, peak_demand(loads), disaggregation)
+    return allocate(models, library, unlimited_cluster(setup), policy)
+
+
+def peak_plans(setup: Setup, methods: list[str], loads, libraries: dict[tuple[str, bool], dict],
+               policy: Policy) -> dict[str, Plan]:
+    """Each method's plan for the run's peak demand on unlimited GPUs (what sizes the default
+    availability: every method must have a feasible plan)."""
+    out = {}
+    for method in methods:
+        spec = METHODS[method]
+        models = model_specs(setup, loads, peak_demand(loads), spec.disaggregation)
+        out[method] = spec.plan(models, libraries[spec.library], unlimited_cluster(setup), policy)
+    return out
 
 
 def run_setup(
@@ -370,8 +412,8 @@ def run_setup(
                 max(0, row.count - previous[(row.template.id, row.partitions)]) * row.cost_per_hour
                 for row in plan.rows
             )
-            run.startup_usd += new_cost * STARTUP_S / 3600.0
-            run.cost_usd += plan.cost_per_hour * EPOCH_S / 3600.0
+            run.startup_units += new_cost * STARTUP_S / 3600.0 * EPOCH_S / AMORTISE_S
+            run.cost_units += plan.cost_per_hour * EPOCH_S / 3600.0
             for row in plan.rows:
                 c = row.count * row.cost_per_hour
                 run.plan_cost += c
@@ -380,6 +422,7 @@ def run_setup(
                 run.cost_uncalibrated += c * (not row.template.calibrated)
                 run.cost_disaggregated += c * (row.role != "both")
                 run.templates[row.template.id] += row.count
+                run.model_cost[row.template.model] += c * EPOCH_S / 3600.0
             previous = now
             running = tuple(RunningReplica(tid, parts, n) for (tid, parts), n in now.items())
             for model in models:
@@ -401,7 +444,7 @@ def run_setup(
                 f"    {method:12s} epoch {e}: {plan.status:8s} ${plan.cost_per_hour:8.2f}/h "
                 f"plan {run.plan_seconds[-1]:.2f}s"
             )
-        run.cost_usd += run.startup_usd
+        run.cost_units += run.startup_units
         runs[method] = run
     _SERVED.clear()
     return runs
@@ -448,13 +491,16 @@ def summary(setup: Setup, runs: dict[str, MethodRun], run_s: float) -> dict:
     for name, run in runs.items():
         requests = sum(run.requests.values())
         out[name] = {
-            "cost_per_hour": round(run.hourly_cost(run_s), 2),
-            "startup_per_hour": round(run.startup_usd * 3600.0 / run_s, 2),
+            "cost_per_hour": round(run.hourly_cost(run_s), 3),
+            "startup_per_hour": round(run.startup_units * 3600.0 / run_s, 3),
             "goodput_tok_s": round(sum(run.good_tokens.values()) / run_s, 1),
             "slo_attainment": round(sum(run.good.values()) / requests, 4) if requests else 0.0,
             "refused_share": round(sum(run.refused.values()) / requests, 4) if requests else 0.0,
             "per_model": {
                 m: {
+                    "cost_per_hour": round(run.model_cost[m] * 3600.0 / run_s, 3),
+                    "refused_share": round(run.refused[m] / run.requests[m], 4)
+                    if run.requests[m] else 0.0,
                     "goodput_tok_s": round(run.good_tokens[m] / run_s, 1),
                     "slo_attainment": round(run.good[m] / run.requests[m], 4)
                     if run.requests[m]

@@ -1,55 +1,75 @@
-"""The Coral paper's evaluation setups (arXiv 2605.04357, §6) as data, rebuilt for this solver.
+"""The Coral paper's evaluation setups (arXiv 2605.04357v1, §6) as data: ../shared/PAPER.md §5.
 
-What could be checked here and what is a reconstruction (every choice is printed with the results):
+What is the paper's own (PAPER.md §5.1-§5.3, [P]) and what is still a reconstruction (every
+choice is printed with the results):
 
-* **Paper figures** quoted by issue 13 (read from the paper by the issue's author): cost ratios
-  core default 1.62x vs Homo / 1.60x vs Cauchy, extended default 3.14x / 2.66x, Large-Heavy
-  extended 2.79x, Small-Heavy core ~1.1x; 6 models, 20 GPU configurations; 10 req/s per model in
-  the core setting, 25 in the extended one; 30-minute runs, re-plans every 6 minutes; default and
-  scarce availability (25 % / 75 % above demand); traces Azure code, Azure conversation, BurstGPT.
-* **Not obtainable here**: the paper's Table 1 (GPU types, relative prices) and Table 3 (models,
-  SLOs, trace per model) — only the paper's abstract is in the stored corpus. So: the GPU types
-  are five the catalogue has and the issue names (H100, A100-80GB, L40S, A10G, L4), x node shapes
-  {1, 2, 4, 8} = 20 configurations; prices are per-GPU on-demand list prices (see ``PRICES``);
-  the six models are the catalogue's paper models (Qwen3-8B/32B/235B-A22B, gpt-oss-20b/120b,
-  Llama-3.1-70B); SLOs scale with model size (``MODELS``); BurstGPT is not obtainable
-  (../shared/data/traces/burstgpt/README.md), so its models replay the Azure conversation trace
-  from another offset (its request lengths are chat-like, like BurstGPT's).
-* **Availability** "m above demand": of every GPU type, (1 + m) x what the cheapest plan for the
-  run's peak 6-minute demand uses on unlimited GPUs, split evenly over the two regions, plus one
-  8-GPU node per type and region (so all 20 configurations are offered); m = 75 % (default) or
-  25 % (scarce). Reading: the issue writes "default and scarce availability (25 % / 75 % above
-  demand)"; we take the larger margin as the default (the scarce setting must be the tighter).
-* **Regions** are separate locality domains: GPU types carry a region suffix (``h100@east``) and
-  Stage 1 runs per region, so no template spans two regions.
+* **Models and SLOs** (Table 3): Phi-4 14B (1200 ms prefill / 60 ms decode, Azure Conversation),
+  GPT-OSS 20B (900 / 30, Azure Code), Qwen3 32B (1600 / 100, BurstGPT) in the core setup; the
+  extended one adds Llama3 70B (1500 / 80, BurstGPT), GPT-OSS 120B (1000 / 40, Azure
+  Conversation) and Qwen3 235B (1800 / 120, Azure Code). The prefill SLO is read as TTFT and the
+  decode SLO as TPOT (PAPER.md marks this reading [I]). Llama3 70B is the catalogue's
+  ``llama-3.1-70b``: the same layer shapes as Llama-3-70B (80 layers, hidden 8192, 64/8 heads,
+  FFN 28672, vocab 128256; Hugging Face config.json of both), only a longer context.
+* **BurstGPT is not obtainable** (../shared/data/traces/burstgpt/README.md): its models replay
+  the Azure LLM 2023 conversation trace from another offset (chat-like lengths, as BurstGPT's).
+  The 30-minute slice of each trace (``offset_s``) is ours: the paper does not say which.
+* **GPUs and prices** (Table 1): core = {L40S, L4, A10G} x {1, 2, 4, 8} GPUs per node (12
+  configurations); extended adds {H100, A100} x {1, 2, 4, 8} (20). Table 1's A100 is the 80 GB
+  one (catalogue ``a100-80g``). Prices are Table 1's **relative costs** (L4 = 1.0, the mean hourly
+  price over AWS, GCP and RunPod): the paper prices nodes at real regional rates but tabulates
+  only these, so every cost here is in L4-GPU-hours per hour and the same in every region.
+  Cost ratios are unaffected by the unit; absolute costs are not comparable with the paper's.
+* **Regions** (§5.2): core = AWS US-East-2 and AP-Northeast-2; extended adds GCP US-Central-1.
+  Each is a separate locality domain (GPU types carry a region suffix, ``l40s@us-east-2``, and
+  Stage 1 runs per region). GCP offers no L40S or A10G (Table 1's A/G/R columns), so the GCP
+  region offers H100, A100 and L4 only (our reading of Table 1, not a sentence of the paper).
+* **Load** (§5.3): every model 10 req/s (core) or 25 req/s (extended) on average. Large-Heavy:
+  the top third of the models by size gets 80 % of the requests (core: Qwen3 32B; extended:
+  Qwen3 235B + GPT-OSS 120B, split equally); Small-Heavy: the bottom third gets 80 % (core:
+  Phi-4; extended: Phi-4 + GPT-OSS 20B). Ours: the total rate stays the default's and the other
+  20 % is split equally over the other models (the paper gives only the 80 %).
+* **Availability** follows Alibaba's GPU-cluster trace in the paper; its per-type availability
+  over time is not obtainable here (../shared/data/traces/alibaba-derived/README.md: only static
+  capacities). So: **default** = the GPUs of each regional type that the most demanding method
+  uses when it plans the run's peak demand on unlimited GPUs, plus one 8-GPU node per type and
+  region (every configuration offered): every method has a feasible plan, as the paper's default
+  is defined. **Scarce** = (1 + m) x what the cheapest plan (Coral's) for the peak demand uses of
+  each GPU type, split evenly over the regions offering it, with m = 25 % (core) and 75 %
+  (extended), the paper's margins above estimated demand (the paper: "tight but feasible").
+* **Run** (§5.3): 30 minutes, a re-plan every 6 minutes; the initialization cost is amortised
+  over 60 minutes (K = start-up time / 60 min, and a start pays a tenth of its start-up cost).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-#: Per-GPU on-demand prices, USD per GPU-hour (AWS us-east-1 list prices, per GPU of the instance
-#: named). g5.xlarge $1.006/h is confirmed by a stored page (factualminds.com, "Amazon EC2
-#: On-Demand Pricing ... 2026"); the others are AWS list prices as published by AWS in 2025
-#: [not re-checked here: the price pages are not in the stored corpus].
+#: Table 1 relative cost per GPU (mean hourly price on AWS/GCP/RunPod, normalized to L4 = 1.0).
 PRICES: dict[str, float] = {
-    "h100": 55.04 / 8,  # p5.48xlarge, 8x H100-SXM (after AWS's June 2025 price cut)
-    "a100-80g": 40.966 / 8,  # p4de.24xlarge, 8x A100-80GB
-    "l40s": 1.861,  # g6e.xlarge, 1x L40S
-    "a10g": 1.006,  # g5.xlarge, 1x A10G
-    "l4": 0.805,  # g6.xlarge, 1x L4
+    "h100": 7.6,
+    "a100-80g": 3.5,
+    "l40s": 2.2,
+    "l4": 1.0,
+    "a10g": 1.2,
 }
+PRICE_UNIT = "L4-hours/h"
 PRICE_SOURCE = (
-    "AWS on-demand us-east-1 list prices per GPU (p5.48xlarge/8, p4de.24xlarge/8, "
-    "g6e.xlarge, g5.xlarge, g6.xlarge); only g5.xlarge re-checked here"
+    "Table 1 relative costs (mean hourly price over AWS, GCP and RunPod, L4 = 1.0), per GPU; "
+    "the paper does not tabulate its regional $/h rates, so costs here are in L4-GPU-hours per "
+    "hour, the same in every region"
 )
 
-#: Node shapes the paper offers: GPUs per node (instance).
+#: Node shapes the paper offers: GPUs per node.
 NODE_SHAPES = (1, 2, 4, 8)
-#: Two regions; each is its own locality domain.
-REGIONS = ("east", "west")
+CORE_GPUS = ("l40s", "l4", "a10g")
+EXTENDED_GPUS = ("h100", "a100-80g", "l40s", "l4", "a10g")
+#: GPU types each region offers (Table 1's A/G/R columns: GCP has no L40S or A10G).
+REGION_GPUS: dict[str, tuple[str, ...]] = {
+    "us-east-2": EXTENDED_GPUS,  # AWS
+    "ap-northeast-2": EXTENDED_GPUS,  # AWS
+    "us-central-1": ("h100", "a100-80g", "l4"),  # GCP
+}
 
-#: Trace of each model: (trace, row offset). "burstgpt->conv" marks BurstGPT's stand-in.
 TRACES = {
     "azure-code": "Azure LLM 2023 code",
     "azure-conv": "Azure LLM 2023 conversation",
@@ -59,62 +79,71 @@ TRACES = {
 
 @dataclass(frozen=True)
 class PaperModel:
-    """One served model: catalogue arch, trace, SLOs, and its size class for the demand skews."""
+    """One served model of Table 3: catalogue arch, trace, SLOs, its parameters (for the
+    demand skews, which rank the models by size)."""
 
     name: str
     arch: str
     trace: str  #: key of TRACES
-    offset_s: float  #: where in the trace its 30-minute slice starts (seconds from the first row)
-    ttft_s: float
-    tpot_s: float
-    size: str  #: "small" | "medium" | "large"
+    offset_s: float  #: where in the trace its 30-minute slice starts (ours, not the paper's)
+    ttft_s: float  #: Table 3 prefill SLO
+    tpot_s: float  #: Table 3 decode SLO
+    params_b: float  #: the size in the model's name (Table 3)
 
 
-#: TTFT / TPOT by size (reconstruction): small 1.0 s / 50 ms, medium 2.0 s / 80 ms,
-#: large 3.0 s / 100 ms.
+#: Table 3.
 MODELS = {
-    "qwen3-8b": PaperModel("qwen3-8b", "qwen3-8b", "azure-conv", 0.0, 1.0, 0.05, "small"),
-    "qwen3-32b": PaperModel("qwen3-32b", "qwen3-32b", "azure-code", 0.0, 2.0, 0.08, "medium"),
-    "llama-3.1-70b": PaperModel(
-        "llama-3.1-70b", "llama-3.1-70b", "burstgpt->conv", 1500.0, 3.0, 0.10, "large"
-    ),
-    "gpt-oss-20b": PaperModel(
-        "gpt-oss-20b", "gpt-oss-20b", "azure-code", 1200.0, 1.0, 0.05, "small"
-    ),
-    "gpt-oss-120b": PaperModel(
-        "gpt-oss-120b", "gpt-oss-120b", "burstgpt->conv", 600.0, 2.0, 0.08, "medium"
-    ),
-    "qwen3-235b": PaperModel(
-        "qwen3-235b", "qwen3-235b-a22b", "azure-conv", 1800.0, 3.0, 0.10, "large"
-    ),
+    "phi-4-14b": PaperModel("phi-4-14b", "phi-4", "azure-conv", 0.0, 1.2, 0.060, 14),
+    "gpt-oss-20b": PaperModel("gpt-oss-20b", "gpt-oss-20b", "azure-code", 0.0, 0.9, 0.030, 20),
+    "qwen3-32b": PaperModel("qwen3-32b", "qwen3-32b", "burstgpt->conv", 1500.0, 1.6, 0.100, 32),
+    "llama3-70b": PaperModel("llama3-70b", "llama-3.1-70b", "burstgpt->conv", 600.0, 1.5, 0.080,
+                             70),
+    "gpt-oss-120b": PaperModel("gpt-oss-120b", "gpt-oss-120b", "azure-conv", 1200.0, 1.0, 0.040,
+                               120),
+    "qwen3-235b": PaperModel("qwen3-235b", "qwen3-235b-a22b", "azure-code", 1800.0, 1.8, 0.120,
+                             235),
 }
 
-#: Demand skews: multiplier per size class (total over a setup's models stays about the same).
-DEMAND_SKEWS = {
-    "default": {"small": 1.0, "medium": 1.0, "large": 1.0},
-    "large-heavy": {"small": 0.5, "medium": 1.0, "large": 1.5},
-    "small-heavy": {"small": 1.5, "medium": 1.0, "large": 0.5},
-}
-
-#: Availability margins above demand (see the module doc).
-AVAILABILITY = {"default": 0.75, "scarce": 0.25}
+#: Share of all requests the heavy third of the models gets (§5.3, Large-/Small-Heavy).
+HEAVY_SHARE = 0.8
+DEMANDS = ("default", "large-heavy", "small-heavy")
+#: Scarce availability: margin above estimated demand per setting (§5.3).
+SCARCE_MARGIN = {"core": 0.25, "extended": 0.75}
+AVAILABILITIES = ("default", "scarce")
 
 
 @dataclass(frozen=True)
 class Setting:
-    """Core or extended: which models, which GPU types, the mean rate per model."""
+    """Core or extended: models, GPU types, regions, the mean rate per model."""
 
     name: str
     models: tuple[str, ...]
     gpu_types: tuple[str, ...]
+    regions: tuple[str, ...]
     rate_rps: float
+
+    def region_gpus(self, region: str) -> tuple[str, ...]:
+        """The setting's GPU types that ``region`` offers."""
+        return tuple(g for g in self.gpu_types if g in REGION_GPUS[region])
+
+    def configurations(self) -> int:
+        """Distinct (GPU type, GPUs per node) configurations over the setting's regions."""
+        types = {g for r in self.regions for g in self.region_gpus(r)}
+        return len(types) * len(NODE_SHAPES)
+
+    def heavy(self, demand: str) -> tuple[str, ...]:
+        """The third of the models that gets ``HEAVY_SHARE`` of the requests: the largest
+        (``large-heavy``) or the smallest (``small-heavy``) by parameters."""
+        ranked = sorted(self.models, key=lambda m: MODELS[m].params_b)
+        third = len(ranked) // 3
+        return tuple(ranked[-third:] if demand == "large-heavy" else ranked[:third])
 
 
 SETTINGS = {
-    "core": Setting(
-        "core", ("qwen3-8b", "qwen3-32b", "llama-3.1-70b"), ("h100", "a100-80g", "l40s"), 10.0
-    ),
-    "extended": Setting("extended", tuple(MODELS), tuple(PRICES), 25.0),
+    "core": Setting("core", ("phi-4-14b", "gpt-oss-20b", "qwen3-32b"), CORE_GPUS,
+                    ("us-east-2", "ap-northeast-2"), 10.0),
+    "extended": Setting("extended", tuple(MODELS), EXTENDED_GPUS,
+                        ("us-east-2", "ap-northeast-2", "us-central-1"), 25.0),
 }
 
 
@@ -123,20 +152,31 @@ class Setup:
     """One table of the results: setting x demand skew x availability."""
 
     setting: Setting
-    demand: str  #: key of DEMAND_SKEWS
-    availability: str  #: key of AVAILABILITY
+    demand: str  #: one of DEMANDS
+    availability: str  #: one of AVAILABILITIES
 
     @property
     def name(self) -> str:
         return f"{self.setting.name} / {self.demand} / {self.availability}"
 
     def rate_of(self, model: str) -> float:
-        """Mean requests/s of ``model`` over the run."""
-        return self.setting.rate_rps * DEMAND_SKEWS[self.demand][MODELS[model].size]
+        """Mean requests/s of ``model`` over the run (§5.3; the total is the default's)."""
+        rate = self.setting.rate_rps
+        if self.demand == "default":
+            return rate
+        total = rate * len(self.setting.models)
+        heavy = self.setting.heavy(self.demand)
+        if model in heavy:
+            return HEAVY_SHARE * total / len(heavy)
+        return (1.0 - HEAVY_SHARE) * total / (len(self.setting.models) - len(heavy))
+
+    @property
+    def scarce_margin(self) -> float:
+        return SCARCE_MARGIN[self.setting.name]
 
 
-#: The setups the paper reports (and the issue lists): both settings at default demand with
-#: both availabilities, Large-Heavy and Small-Heavy with default availability.
+#: The setups the paper reports (§5.5): both settings at default demand with both
+#: availabilities, Large-Heavy and Small-Heavy with default availability.
 SETUPS = tuple(
     Setup(SETTINGS[s], d, a)
     for s, d, a in (
@@ -151,12 +191,23 @@ SETUPS = tuple(
     )
 )
 
-#: The paper's cost ratios (Coral's cost advantage) as quoted in issue 13; None = not quoted.
+#: The paper's cost ratios, baseline hourly cost / Coral's (§5.5 table). Scarce rows compare at
+#: unequal goodput: core scarce Homo is "same cost, 1.24x goodput" (ratio 1.0), extended scarce
+#: Homo is 1.52x *more expensive* for Coral (ratio 1 / 1.52) at 7.64x goodput.
 PAPER_RATIOS: dict[tuple[str, str, str], dict[str, float]] = {
     ("core", "default", "default"): {"homo": 1.62, "cauchy": 1.60},
+    ("core", "default", "scarce"): {"homo": 1.0, "cauchy": 1.51},
+    ("core", "large-heavy", "default"): {"homo": 1.82, "cauchy": 1.78},
+    ("core", "small-heavy", "default"): {"homo": 1.1},
     ("extended", "default", "default"): {"homo": 3.14, "cauchy": 2.66},
-    ("extended", "large-heavy", "default"): {"best baseline": 2.79},
-    ("core", "small-heavy", "default"): {"best baseline": 1.1},
+    ("extended", "default", "scarce"): {"homo": round(1 / 1.52, 2), "cauchy": 1.25},
+    ("extended", "large-heavy", "default"): {"homo": 2.79, "cauchy": 3.47},
+    ("extended", "small-heavy", "default"): {"homo": 2.34, "cauchy": 1.64},
+}
+#: The paper's per-model ratios (§5.5): Qwen3 32B in core default, Qwen3 235B in extended default.
+PAPER_MODEL_RATIOS: dict[tuple[str, str, str], dict[str, dict[str, float]]] = {
+    ("core", "default", "default"): {"qwen3-32b": {"homo": 2.02, "cauchy": 1.88}},
+    ("extended", "default", "default"): {"qwen3-235b": {"homo": 4.93, "cauchy": 4.08}},
 }
 
 
@@ -166,8 +217,13 @@ def regional(gpu: str, region: str) -> str:
 
 
 def base_gpu(gpu_type: str) -> str:
-    """The catalogue GPU name of a regional GPU type (``h100@east`` -> ``h100``)."""
+    """The catalogue GPU name of a regional GPU type (``l4@us-east-2`` -> ``l4``)."""
     return gpu_type.split("@", 1)[0]
+
+
+def regional_types(setting: Setting) -> list[str]:
+    """Every regional GPU type of the setting (a GPU type in a region that offers it)."""
+    return [regional(g, r) for r in setting.regions for g in setting.region_gpus(r)]
 
 
 def nodes_for(gpus: int) -> list[int]:

@@ -9,13 +9,13 @@ Every choice is data here, printed with the results:
   many small-GPU nodes. Each node has 16 CPUs and 128 GB per GPU, so the replica job shape
   (4 CPUs, 32 GB per GPU, the config default) never binds before the GPUs do.
 * **Partitions** overlap as on real sites: one per big GPU type (``h100``, ``a100``, ``l40s``),
-  ``small`` for A10G + L4, and ``gpu`` over every H100, A100 and L40S node. Prices are the
-  paper evaluation's per-GPU on-demand list prices (:data:`bench.paper_eval.setups.PRICES`),
-  the same in every partition holding a type.
+  ``small`` for A10G + L4, and ``gpu`` over every H100, A100 and L40S node. Prices are per-GPU
+  on-demand list prices in USD (:data:`PRICES`, those the paper evaluation used before it took
+  the paper's relative costs), the same in every partition holding a type.
 * **Models** (:func:`draw_models`): 50 names ``<arch>-t<NN>`` (tenants' fine-tunes), their
   architectures drawn (seeded) from the catalogue's nine real ones by size class — half small
-  (≤ 21 B), 30 % medium (32-120 B), 20 % large (70 B dense, 235 B MoE) — with the paper
-  evaluation's SLOs per size class. Popularity is Zipf (exponent 1) over a seeded shuffle: the
+  (≤ 21 B), 30 % medium (32-120 B), 20 % large (70 B dense, 235 B MoE) — with an SLO per size
+  class (:data:`SLO_BY_SIZE`). Popularity is Zipf (exponent 1) over a seeded shuffle: the
   busiest model has ~8x the mean rate, the quietest ~0.2x.
 * **Traces** per model (:func:`draw_models`): Azure LLM 2023 conversation or code, or Mooncake
   conversation (long prompts) — Mooncake only for the 128k-context architectures, since its
@@ -32,8 +32,6 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from bench.paper_eval.setups import MODELS as PAPER_MODELS
-from bench.paper_eval.setups import PRICES
 from coral_hpc.config import Deployment, parse_deployment
 from coral_hpc.demand import deployment_demand
 from coral_hpc.plan.planner import Planner, PlanRequest
@@ -72,10 +70,28 @@ ARCHS_BY_SIZE: dict[str, tuple[str, ...]] = {
     "large": ("llama-3.1-70b", "qwen3-235b-a22b"),
 }
 SIZE_SHARES = {"small": 0.5, "medium": 0.3, "large": 0.2}
-#: TTFT / TPOT per size class: the paper evaluation's (bench/paper_eval/setups.py MODELS).
+#: TTFT / TPOT per size class, s: the scale run's own choice (the values the paper evaluation
+#: used before it had the paper's Table 3, kept so the scale run's site stays the one reported).
 SLO_BY_SIZE: dict[str, tuple[float, float]] = {
-    pm.size: (pm.ttft_s, pm.tpot_s) for pm in PAPER_MODELS.values()
+    "small": (1.0, 0.05),
+    "medium": (2.0, 0.08),
+    "large": (3.0, 0.10),
 }
+#: Per-GPU on-demand prices, USD per GPU-hour (AWS us-east-1 list prices, per GPU of the instance
+#: named). g5.xlarge $1.006/h is confirmed by a stored page (factualminds.com, "Amazon EC2
+#: On-Demand Pricing ... 2026"); the others are AWS list prices as published by AWS in 2025
+#: [not re-checked here: the price pages are not in the stored corpus].
+PRICES: dict[str, float] = {
+    "h100": 55.04 / 8,  # p5.48xlarge, 8x H100-SXM (after AWS's June 2025 price cut)
+    "a100-80g": 40.966 / 8,  # p4de.24xlarge, 8x A100-80GB
+    "l40s": 1.861,  # g6e.xlarge, 1x L40S
+    "a10g": 1.006,  # g5.xlarge, 1x A10G
+    "l4": 0.805,  # g6.xlarge, 1x L4
+}
+PRICE_SOURCE = (
+    "AWS on-demand us-east-1 list prices per GPU (p5.48xlarge/8, p4de.24xlarge/8, "
+    "g6e.xlarge, g5.xlarge, g6.xlarge); only g5.xlarge re-checked here"
+)
 TRACES = ("azure-conv", "azure-code", "mooncake")
 #: Mooncake's prompts reach 126k tokens: only architectures that take 128k contexts serve it.
 LONG_CONTEXT = 131072
