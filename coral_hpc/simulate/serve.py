@@ -81,6 +81,10 @@ class Served:
     good: float = 0.0
     good_output_tokens: float = 0.0
     refused: int = 0
+    #: served requests over their TTFT / over their TPOT (a request may miss both): which
+    #: objective a plan misses
+    missed_ttft: float = 0.0
+    missed_tpot: float = 0.0
 
     def count(
         self, ttft: float, tpot: float | None, tokens: int, model: ModelSpec, weight: float
@@ -89,6 +93,10 @@ class Served:
         if tokens > 0 and ttft <= model.ttft_s and (tpot is None or tpot <= model.tpot_s):
             self.good += weight
             self.good_output_tokens += weight * tokens
+        if tokens > 0 and ttft > model.ttft_s:
+            self.missed_ttft += weight
+        if tokens > 0 and tpot is not None and tpot > model.tpot_s:
+            self.missed_tpot += weight
 
 
 #: Served windows already simulated: (layout, requests) -> outcomes. Methods often plan the same

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from coral_hpc.simulate.serve import _deal, serve_replica, serve_window
+from coral_hpc.simulate.serve import Served, _deal, serve_replica, serve_window
 from coral_hpc.simulate.traces import ModelWorkload, load_rows, scaled_workload
 from coral_replica_sim.replica import Layout, Request
 from coral_solver.types import ModelSpec, Plan, PlanRow, Stage, Template
@@ -83,3 +83,15 @@ def test_warm_up_requests_load_the_replica_but_are_not_booked():
     assert alone.output_tokens == loaded.output_tokens == 20 * 50
     assert alone.good == pytest.approx(20)
     assert loaded.good < alone.good  # the burst still queues ahead of the window's requests
+
+
+def test_served_books_which_objective_a_request_missed():
+    model = ModelSpec("m", "coral-tiny-llama", 100, 10, 1.0, 0.05, demand_rps=1.0)
+    out = Served(requests=4)
+    out.count(0.5, 0.04, 10, model, 1.0)  # within both
+    out.count(2.0, 0.04, 10, model, 1.0)  # over the TTFT only
+    out.count(0.5, 0.09, 10, model, 1.0)  # over the TPOT only
+    out.count(2.0, 0.09, 10, model, 2.0)  # over both, standing for two requests
+    assert out.good == 1.0
+    assert out.missed_ttft == 3.0
+    assert out.missed_tpot == 3.0
