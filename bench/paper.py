@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 from bench.paper_eval import setups as S
 from bench.paper_eval.evaluate import (
     AMORTISE_S,
+    BURST_S,
     EPOCH_S,
     ILP_BASELINES,
     METHODS,
@@ -42,6 +43,7 @@ from bench.paper_eval.evaluate import (
     WHAT_IF_TEXT,
     RegionalThroughput,
     availability,
+    burstiness,
     cost_per_goodput,
     library_classes,
     library_for,
@@ -171,6 +173,7 @@ def evaluate_setup(setup: S.Setup, args, policy: Policy, tm, folder: Path) -> di
                 "workload": loads[m.name].source,
                 "mean_rps": setup.rate_of(m.name),
                 "requests": len(loads[m.name].at),
+                "burst": round(burstiness(loads[m.name], args.epochs), 2),
             }
             for m in models
         },
@@ -189,6 +192,11 @@ def evaluate_setup(setup: S.Setup, args, policy: Policy, tm, folder: Path) -> di
         "library_best_rps_per_cost": {
             m: {k: round(v, 5) for k, v in d.items()}
             for m, d in library_classes(library, models).items()
+        },
+        "library_best_rps_per_cost_disagg": {
+            role: {m: {k: round(v, 5) for k, v in d.items()}
+                   for m, d in library_classes(libraries[("auto", True)], models, role).items()}
+            for role in ("prefill", "decode") if ("auto", True) in libraries
         },
         "library_best_rps_per_cost_other_pp": {
             m: {k: round(v, 5) for k, v in d.items()}
@@ -352,6 +360,15 @@ def findings(results: list[dict]) -> list[str]:
 EQUAL_SLO = 0.95
 
 
+def _templates(r: dict, method: str, model: str) -> int | None:
+    """Templates of ``model`` in the Stage-1 library ``method`` plans on (None: not recorded)."""
+    spec = METHODS.get(method)
+    if spec is None:
+        return None
+    key = spec.disaggregation + ("" if not spec.other_pp else " " + WHAT_IF.removeprefix("coral-"))
+    return r.get("templates", {}).get(key, {}).get(model)
+
+
 def _attainment(results: list[dict]) -> str:
     """Which methods stay below ``EQUAL_SLO`` within SLO, per setup, and the models that pull
     them down (SLO attainment, refused share): where a cost ratio is not at equal attainment."""
@@ -361,7 +378,15 @@ def _attainment(results: list[dict]) -> str:
             if m["slo_attainment"] >= EQUAL_SLO:
                 continue
             models = ", ".join(
-                f"{model} {pm['slo_attainment']:.0%} (refused {pm.get('refused_share', 0):.0%})"
+                f"{model} {pm['slo_attainment']:.0%} ("
+                + ("no template of its library meets its SLO, all refused"
+                   if _templates(r, name, model) == 0 else
+                   f"refused {pm.get('refused_share', 0):.0%}, "
+                   f"over TTFT {pm.get('ttft_missed_share', 0):.0%}, "
+                   f"over TPOT {pm.get('tpot_missed_share', 0):.0%}; its "
+                   f"{BURST_S:g}-s peak is {r['models'][model].get('burst', '?')}x the epoch "
+                   "mean the plan is sized to")
+                + ")"
                 for model, pm in m["per_model"].items() if pm["slo_attainment"] < EQUAL_SLO)
             below.append(f"{r['setup']}: {name} {m['slo_attainment']:.0%} — {models}")
     if not below:
@@ -436,7 +461,44 @@ def summary_table(results: list[dict]) -> list[str]:
         ),
         "",
     ]
-    return lines
+    return lines + equal_attainment_table(results)
+
+
+#: (baseline, Coral variant) pairs compared at equal attainment: the paper's runtime first.
+EQUAL_PAIRS = (("cauchy+disagg", "coral+disagg"), ("homo", "coral"), ("cauchy", "coral"))
+
+
+def _equal_ratio(r: dict, base: str, coral: str) -> tuple[float | None, list[str]]:
+    """``base``'s provisioning ÷ ``coral``'s over the models both keep ≥ ``EQUAL_SLO`` within SLO
+    (start-up is not split per model: under 2 % of either's cost here), and the models left out."""
+    b, c = r["methods"].get(base), r["methods"].get(coral)
+    if not b or not c or "cost_per_hour" not in next(iter(c["per_model"].values()), {}):
+        return None, []
+    kept = [m for m in r["models"]
+            if min(b["per_model"][m]["slo_attainment"], c["per_model"][m]["slo_attainment"])
+            >= EQUAL_SLO]
+    cost_c = sum(c["per_model"][m]["cost_per_hour"] for m in kept)
+    cost_b = sum(b["per_model"][m]["cost_per_hour"] for m in kept)
+    out = [m for m in r["models"] if m not in kept]
+    return (cost_b / cost_c if cost_c > 0 else None), out
+
+
+def equal_attainment_table(results: list[dict]) -> list[str]:
+    """The ratios at equal attainment (the paper's condition): over the models both methods keep
+    ≥ ``EQUAL_SLO`` within SLO; the models left out are named (the findings say why)."""
+    lines = [f"At equal attainment (provisioning over the models both methods keep ≥ "
+             f"{EQUAL_SLO:.0%} within SLO; left-out models in brackets):", "",
+             "| setup | paper | " + " | ".join(f"{b} ÷ {c}" for b, c in EQUAL_PAIRS) + " |",
+             "|---|---|" + "---|" * len(EQUAL_PAIRS)]
+    for r in results:
+        paper = ", ".join(f"{k} {v:g}" for k, v in r["paper"].items()) or "—"
+        cells = []
+        for b, c in EQUAL_PAIRS:
+            ratio, out = _equal_ratio(r, b, c)
+            cells.append("—" if ratio is None else
+                         f"{ratio:.2f}" + (f" [{', '.join(out)}]" if out else ""))
+        lines.append(f"| {r['setup']} | {paper} | " + " | ".join(cells) + " |")
+    return lines + [""]
 
 
 def markdown(
@@ -593,7 +655,12 @@ def markdown(
             "replica (every one simulated), moved after `perf_roles.kv_transfer_s` (the "
             "calibration's inter-node link, 7.77 GB/s), then served by a decode replica admitting "
             "it with its prompt's KV loaded; its first token comes from the decode replica, as in "
-            "vLLM. The other methods are aggregated."
+            "vLLM. The other methods are aggregated. The paper's runtime is PD-disaggregated "
+            "(PAPER.md §1), so `cauchy+disagg ÷ coral+disagg` is the comparison closest to its "
+            "own; there the paper's Homo (per model and phase, the homogeneous strategy with the "
+            "best goodput per cost, greedily) is the same plan as `cauchy+disagg` here, because "
+            "each phase is sized to its own demand (Cauchy's widened prefill-to-decode combos "
+            "change nothing then)."
         ),
         "",
     ]
@@ -643,8 +710,9 @@ def markdown(
             "",
             "Per model (goodput tok/s, SLO attainment):",
             "",
-            "| model | mix in/out | SLO s | " + " | ".join(methods) + " |",
-            "|---|---|---|" + "---|" * len(methods),
+            f"| model | mix in/out | SLO s | {BURST_S:g}-s peak ÷ epoch mean | "
+            + " | ".join(methods) + " |",
+            "|---|---|---|---|" + "---|" * len(methods),
         ]
         for model, info in r["models"].items():
             cells = [
@@ -654,7 +722,8 @@ def markdown(
             ]
             lines.append(
                 f"| {model} | {info['mix'][0]}/{info['mix'][1]} | "
-                f"{info['slo'][0]:g}/{info['slo'][1]:g} | " + " | ".join(cells) + " |"
+                f"{info['slo'][0]:g}/{info['slo'][1]:g} | {info.get('burst', '—')} | "
+                + " | ".join(cells) + " |"
             )
         lines += _per_model_ratios(r)
         if coral:
@@ -685,23 +754,46 @@ def markdown(
                 for k in ("multi-node", "heterogeneous")
             ]
             lines.append(f"| {model} | {single:.4f} | {rel[0]} | {rel[1]} | {rel[2]} | {rel[3]} |")
+        lines += _disagg_classes(r)
         lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def _disagg_classes(r: dict) -> list[str]:
+    """The disaggregated library's best prefill and decode templates per class, relative to the
+    best single-node one of the same role (the paper's runtime is PD-disaggregated)."""
+    by_role = r.get("library_best_rps_per_cost_disagg") or {}
+    if not by_role:
+        return []
+    lines = ["", "The same for the disaggregated library's prefill-only and decode-only templates "
+             "(relative to the best single-node template of the role):", "",
+             "| model | role | single-node req/s per cost unit | multi-node homogeneous | "
+             "heterogeneous |", "|---|---|---|---|---|"]
+    for role, models in by_role.items():
+        for model, best in models.items():
+            single = best["single-node"]
+            rel = [f"{best[k] / single:.2f}" if single else ("—" if not best[k] else "only")
+                   for k in ("multi-node", "heterogeneous")]
+            lines.append(f"| {model} | {role} | {single:.4f} | {rel[0]} | {rel[1]} |")
+    return lines
 
 
 def _per_model_ratios(r: dict) -> list[str]:
     """Each model's hourly cost under Homo and Cauchy ÷ Coral's, beside the paper's where it
     gives one (PAPER.md §5.5: Qwen3 32B core, Qwen3 235B extended)."""
     methods = r["methods"]
-    coral = methods.get("coral")
-    if not coral or "cost_per_hour" not in next(iter(coral["per_model"].values()), {}):
+    pairs = [(b, c) for b, c in (("homo", "coral"), ("cauchy", "coral"),
+                                 ("cauchy+disagg", "coral+disagg"))
+             if b in methods and c in methods
+             and "cost_per_hour" in next(iter(methods[c]["per_model"].values()), {})]
+    if not pairs:
         return []
     cells = []
     for model in r["models"]:
-        base = coral["per_model"][model]["cost_per_hour"]
         ours = ", ".join(
-            f"{b} {methods[b]['per_model'][model]['cost_per_hour'] / base:.2f}"
-            for b in ("homo", "cauchy") if b in methods and base > 0)
+            f"{b} ÷ {c} {methods[b]['per_model'][model]['cost_per_hour'] / base:.2f}"
+            for b, c in pairs
+            for base in [methods[c]["per_model"][model]["cost_per_hour"]] if base > 0)
         paper = r.get("paper_per_model", {}).get(model)
         cells.append(f"{model}: {ours or '—'}"
                      + (" (paper: " + ", ".join(f"{k} {v:g}" for k, v in paper.items()) + ")"

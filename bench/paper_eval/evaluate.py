@@ -33,6 +33,8 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
 from bench.paper_eval.setups import (
     MODELS,
     PRICES,
@@ -318,6 +320,8 @@ class MethodRun:
     good: Counter = field(default_factory=Counter)
     good_tokens: Counter = field(default_factory=Counter)
     refused: Counter = field(default_factory=Counter)
+    missed_ttft: Counter = field(default_factory=Counter)  # served, over the TTFT
+    missed_tpot: Counter = field(default_factory=Counter)  # served, over the TPOT
     plan_seconds: list[float] = field(default_factory=list)
     checker_problems: int = 0
     statuses: Counter = field(default_factory=Counter)
@@ -339,6 +343,25 @@ def _count(load: ModelWorkload, start: float) -> int:
     """Requests of ``load`` arriving in the epoch starting at ``start``."""
     window = load.window(start, start + EPOCH_S)
     return window.stop - window.start
+
+
+#: The window of the burst figure, seconds: well under a TTFT-scale queue's drain time.
+BURST_S = 10.0
+
+
+def burstiness(load: ModelWorkload, epochs: int) -> float:
+    """The highest ``BURST_S``-second arrival rate in an epoch ÷ that epoch's mean rate, over
+    the run's epochs: how far above the planned (epoch-mean) demand the trace's bursts go."""
+    worst = 0.0
+    for e in range(epochs):
+        start = e * EPOCH_S
+        window = load.window(start, start + EPOCH_S)
+        if window.stop == window.start:
+            continue
+        bins = np.histogram(load.at[window], bins=np.arange(start, start + EPOCH_S + 1e-9,
+                                                            BURST_S))[0]
+        worst = max(worst, bins.max() / BURST_S / ((window.stop - window.start) / EPOCH_S))
+    return worst
 
 
 def peak_demand(loads: dict[str, ModelWorkload]) -> dict[str, float]:
@@ -436,12 +459,14 @@ def run_setup(
                 if sample.requests:
                     run.good[model.name] += n * sample.good / sample.requests
                     run.refused[model.name] += n * sample.refused / sample.requests
+                    run.missed_ttft[model.name] += n * sample.missed_ttft / sample.requests
+                    run.missed_tpot[model.name] += n * sample.missed_tpot / sample.requests
                 if sample.output_tokens:
                     run.good_tokens[model.name] += (
                         tokens * sample.good_output_tokens / sample.output_tokens
                     )
             log(
-                f"    {method:12s} epoch {e}: {plan.status:8s} ${plan.cost_per_hour:8.2f}/h "
+                f"    {method:12s} epoch {e}: {plan.status:8s} {plan.cost_per_hour:8.2f}/h "
                 f"plan {run.plan_seconds[-1]:.2f}s"
             )
         run.cost_units += run.startup_units
@@ -451,14 +476,17 @@ def run_setup(
 
 
 def library_classes(
-    library: dict[str, list[Template]], models: list[ModelSpec]
+    library: dict[str, list[Template]], models: list[ModelSpec], role: str | None = None
 ) -> dict[str, dict[str, float]]:
-    """Per model, the best requests/s per $/h of its templates by class (single-node homogeneous,
-    multi-node homogeneous, heterogeneous), over the library: why Coral picks what it picks."""
+    """Per model, the best requests/s per unit of cost of its templates by class (single-node
+    homogeneous, multi-node homogeneous, heterogeneous), over the library (``role``: only the
+    templates of that role, "both", "prefill" or "decode"): why Coral picks what it picks."""
     out = {}
     for model in models:
         best = {"single-node": 0.0, "multi-node": 0.0, "heterogeneous": 0.0}
         for t in library.get(model.name, []):
+            if role is not None and t.role != role:
+                continue
             cost = sum(PRICES[base_gpu(s.gpu_type)] * t.tp for s in t.stages)
             key = (
                 "heterogeneous"
@@ -499,8 +527,10 @@ def summary(setup: Setup, runs: dict[str, MethodRun], run_s: float) -> dict:
             "per_model": {
                 m: {
                     "cost_per_hour": round(run.model_cost[m] * 3600.0 / run_s, 3),
-                    "refused_share": round(run.refused[m] / run.requests[m], 4)
-                    if run.requests[m] else 0.0,
+                    **{key: round(c[m] / run.requests[m], 4) if run.requests[m] else 0.0
+                       for key, c in (("refused_share", run.refused),
+                                      ("ttft_missed_share", run.missed_ttft),
+                                      ("tpot_missed_share", run.missed_tpot))},
                     "goodput_tok_s": round(run.good_tokens[m] / run_s, 1),
                     "slo_attainment": round(run.good[m] / run.requests[m], 4)
                     if run.requests[m]
