@@ -28,8 +28,9 @@ requests of a tiny model fit a 4 s TTFT however fast they come, and the doubling
 from __future__ import annotations
 
 import functools
+import heapq
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -142,8 +143,12 @@ def attainment(layout: Layout, slo: perf.Slo, lengths: Lengths, rate: float, goa
     at = arrivals(lengths, rate, warmup)
     requests = [Request(float(at[i]), lengths.prompt[i], lengths.output[i])
                 for i in range(len(at))]
-    return judge(layout, requests, lambda i, first_s: first_s - requests[i].at <= slo.ttft_s,
-                 tpot_s=slo.tpot_s, goal=goal, rate=rate, warmup=warmup)
+    ttft = slo.ttft_s
+    # a first token at now or later is at least now - at after its arrival (exact: a float
+    # difference is monotone in its first term)
+    late = Deadline(at + ttft, lambda i, now: now - requests[i].at > ttft)
+    return judge(layout, requests, lambda i, first_s: first_s - requests[i].at <= ttft,
+                 tpot_s=slo.tpot_s, goal=goal, rate=rate, warmup=warmup, deadline=late)
 
 
 def arrivals(lengths: Lengths, rate: float, warmup: int = WARMUP) -> np.ndarray:
@@ -162,36 +167,106 @@ def arrivals(lengths: Lengths, rate: float, warmup: int = WARMUP) -> np.ndarray:
 FirstOk = Callable[[int, float], bool]
 
 
+@dataclass(frozen=True)
+class Deadline:
+    """When a request's first token is late whatever else happens, so a run can count the miss
+    then instead of when the token comes (a judge's early stop, exact): ``late(i, now)`` is True
+    only if ``first_ok`` fails every first token at ``now`` or later (it must stay True as
+    ``now`` grows); ``by[i]`` is about when it turns True (it only orders the checks)."""
+
+    by: Sequence[float]
+    late: Callable[[int, float], bool]
+
+
+class _Tally:
+    """The counted requests' misses as a run goes (:func:`judge`): each request's miss is
+    counted once, when it is certain — a refusal, a first token ``first_ok`` rejects, a first
+    token not come by its :class:`Deadline`, a finish over TPOT, or a request still running
+    whose mean time per output token is over TPOT already (its last token comes later still)."""
+
+    def __init__(self, requests: list[Request], first_ok: FirstOk, tpot_s: float,
+                 warmup: int, deadline: Deadline | None) -> None:
+        self._first_ok = first_ok
+        self._tpot_s = tpot_s
+        self._warmup = warmup
+        self._max_tokens = [r.max_tokens for r in requests]
+        self._first_s: dict[int, float] = {}  # request -> its first token's time
+        self._missed: set[int] = set()  # counted requests certain to miss
+        self._done: set[int] = set()  # finished or refused
+        self._deadline = deadline
+        self._order = (sorted(range(warmup, len(requests)), key=deadline.by.__getitem__)
+                       if deadline is not None else [])
+        self._next = 0  # the next of _order whose first token has not been checked late
+        self._slow: list[tuple[float, int]] = []  # (about when over TPOT, request) running
+
+    @property
+    def missed(self) -> int:
+        return len(self._missed)
+
+    def _miss(self, i: int) -> None:
+        if i >= self._warmup:
+            self._missed.add(i)
+
+    def token(self, i: int, first_s: float, last_s: float, tokens: int, finished: bool) -> None:
+        """A watch call of :func:`coral_replica_sim.replica.serve_watched`, then the checks of
+        what is late at ``last_s`` (the event's time)."""
+        if finished:
+            self._done.add(i)
+        if tokens == 0:  # refused: it could never fit the KV cache
+            self._miss(i)
+        elif i not in self._first_s:
+            self._first_s[i] = first_s
+            if not self._first_ok(i, first_s):  # asked even if late: it may keep state
+                self._miss(i)
+            elif not finished and self._max_tokens[i] > 1 and i >= self._warmup:
+                heapq.heappush(self._slow, (first_s + self._tpot_s * (self._max_tokens[i] - 1),
+                                            i))
+        if (finished and tokens > 1 and i not in self._missed
+                and (last_s - first_s) / (tokens - 1) > self._tpot_s):
+            self._miss(i)
+        self._late(last_s)
+
+    def _late(self, now: float) -> None:
+        """Count the misses certain at ``now``: first tokens past their deadline, and running
+        requests whose mean time per output token, were they to finish now, is over TPOT
+        (both checked exactly, ``by`` and the heap's keys only order them)."""
+        order, deadline = self._order, self._deadline
+        while deadline is not None and self._next < len(order):
+            j = order[self._next]
+            if j not in self._first_s and j not in self._done:
+                if deadline.by[j] >= now or not deadline.late(j, now):
+                    break
+                self._miss(j)
+            self._next += 1
+        while self._slow and self._slow[0][0] < now:
+            j = self._slow[0][1]
+            if j not in self._done and j not in self._missed:
+                if (now - self._first_s[j]) / (self._max_tokens[j] - 1) <= self._tpot_s:
+                    break
+                self._miss(j)
+            heapq.heappop(self._slow)
+
+
 def judge(layout: Layout, requests: list[Request], first_ok: FirstOk, *, tpot_s: float,
-          goal: float, rate: float, warmup: int = WARMUP) -> Judged:
+          goal: float, rate: float, warmup: int = WARMUP,
+          deadline: Deadline | None = None) -> Judged:
     """Serve ``requests`` on one replica of ``layout`` and count those after the first
     ``warmup`` whose first token ``first_ok`` accepts and whose mean time per output token after
     the first is within ``tpot_s`` (a one-token answer has none); a request the KV cache could
-    never hold misses. Stops once the misses make ``goal`` unreachable. ``rate``: the arrival
-    rate the requests were drawn at (reported)."""
+    never hold misses. Stops once the misses make ``goal`` unreachable, counting each miss as
+    soon as it is certain (:class:`_Tally`; ``deadline``: when a first token is late), so a
+    rate that fails stops early; the verdict is the full run's. ``rate``: the arrival rate the
+    requests were drawn at (reported)."""
     counted = len(requests) - warmup
     allowed = math.floor((1.0 - goal) * counted + 1e-9)  # misses the goal allows
-    missed = 0
-    seen_first: dict[int, bool] = {}  # request -> its first token was in time
+    tally = _Tally(requests, first_ok, tpot_s, warmup, deadline)
 
     def watch(i: int, first_s: float, last_s: float, tokens: int, finished: bool) -> bool:
-        nonlocal missed
-        if tokens == 0:  # refused: it could never fit the KV cache
-            missed += int(i >= warmup)
-            return missed > allowed
-        if i not in seen_first:
-            seen_first[i] = first_ok(i, first_s)
-            if not seen_first[i] and i >= warmup:
-                missed += 1
-                return missed > allowed
-        if (i >= warmup and finished and seen_first[i] and tokens > 1
-                and (last_s - first_s) / (tokens - 1) > tpot_s):
-            missed += 1
-            return missed > allowed
-        return False
+        tally.token(i, first_s, last_s, tokens, finished)
+        return tally.missed > allowed
 
     _first, _last, _produced, stopped = serve_watched(layout, requests, limits(), watch)
-    return Judged(rate, counted, counted - missed, stopped)
+    return Judged(rate, counted, counted - tally.missed, stopped)
 
 
 def saturation_guess(layout: Layout, lengths: Lengths) -> float:
