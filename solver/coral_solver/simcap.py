@@ -294,7 +294,13 @@ def backlog_rate(layout: Layout, requests: list[Request]) -> float:
     rate above it only queues more and more. The makespan would not do: the last long
     requests of the burst finish alone, in steps far from full."""
     burst = [replace(r, at=0.0) for r in requests]
-    first, _last, _produced, _ = serve_watched(layout, burst, limits(), None)
+    started: set[int] = set()
+
+    def watch(i: int, _first_s: float, _last_s: float, _tokens: int, _finished: bool) -> bool:
+        started.add(i)  # a first token or a refusal: nothing later moves this one's first
+        return len(started) == len(burst)  # the rest of the run cannot move ``end``
+
+    first, _last, _produced, _ = serve_watched(layout, burst, limits(), watch)
     end = max(first.values(), default=0.0)
     return len(requests) / end if end > 0 else math.inf
 
@@ -302,25 +308,32 @@ def backlog_rate(layout: Layout, requests: list[Request]) -> float:
 def capacity(layout: Layout, slo: perf.Slo, lengths: Lengths, goal: float = 0.95,
              start: float | None = None,
              judge: Callable[[float], Judged] | None = None,
-             ceiling: float | None = None) -> float:
+             ceiling: float | Callable[[], float] | None = None) -> float:
     """The highest rate (requests/s, within ``REL_TOL``) at which at least ``goal`` of the
     requests meet TTFT and TPOT on one replica of ``layout``; 0.0 when even ``MIN_RATE`` does
     not (or a request could never fit). ``start``: where the search starts (default
     :func:`saturation_guess`); ``judge``: rate -> :class:`Judged` (default :func:`attainment`);
-    ``ceiling``: rates above it fail unjudged (default, with the default judge: the
-    :func:`backlog_rate` of ``lengths``; none with another judge)."""
+    ``ceiling``: rates above it fail unjudged, or what simulates it (default, with the default
+    judge: the :func:`backlog_rate` of ``lengths``; none with another judge)."""
     if not 0.0 < goal <= 1.0:
         raise ValueError(f"goal (slo_attainment) must be in (0, 1], got {goal}")
     if ceiling is None and judge is None:
-        ceiling = backlog_rate(layout, [Request(0.0, p, o)
-                                        for p, o in zip(lengths.prompt, lengths.output)])
+        ceiling = functools.partial(backlog_rate, layout, [
+            Request(0.0, p, o) for p, o in zip(lengths.prompt, lengths.output)])
+    # a ceiling to simulate is simulated once, and only when a rate would pass (a template no
+    # rate passes never needs it); the verdicts are those of checking it first
+    known: list[float] = [ceiling] if isinstance(ceiling, (int, float)) else []
 
     def ok(rate: float) -> bool:
-        if ceiling is not None and rate > ceiling:
+        if known and rate > known[0]:
             return False  # not sustained, though the sample may not show it
         judged = judge(rate) if judge is not None else attainment(layout, slo, lengths, rate,
                                                                    goal)
-        return not judged.stopped and judged.attainment >= goal
+        if judged.stopped or judged.attainment < goal:
+            return False
+        if not known and callable(ceiling):
+            known.append(ceiling())
+        return not known or rate <= known[0]
 
     rate = start if start is not None and start > 0 else saturation_guess(layout, lengths)
     if ok(rate):

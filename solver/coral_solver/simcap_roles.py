@@ -136,7 +136,7 @@ def role_capacity(layout: Layout, slo: perf.Slo, lengths: Lengths, goal: float,
              else simcap.saturation_guess(layout, lengths))
     return simcap.capacity(layout, slo, lengths, goal, start=start,
                            judge=lambda rate: attain(layout, slo, lengths, rate, goal),
-                           ceiling=ceiling(layout, lengths, role))
+                           ceiling=lambda: ceiling(layout, lengths, role))
 
 
 def ceiling(layout: Layout, lengths: Lengths, role: str) -> float:
