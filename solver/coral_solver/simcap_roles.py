@@ -81,16 +81,19 @@ def prefill_attainment(layout: Layout, slo: perf.Slo, lengths: Lengths, rate: fl
     requests = [Request(float(at[i]), lengths.prompt[i], 1) for i in range(len(at))]
     arch, link = _link(layout)
     layers = max(layout.layers)
+    budget = [perf.prefill_ttft_budget_s(arch, layers, slo, perf.Mix(r.prompt_tokens, out))
+              for r, out in zip(requests, lengths.output)]
 
     def first_ok(i: int, first_s: float) -> bool:
-        prompt = requests[i].prompt_tokens
-        wait = link.send(first_s, prompt)
-        budget = perf.prefill_ttft_budget_s(arch, layers, slo,
-                                            perf.Mix(prompt, lengths.output[i]))
-        return first_s - requests[i].at + wait <= budget
+        wait = link.send(first_s, requests[i].prompt_tokens)
+        return first_s - requests[i].at + wait <= budget[i]
 
+    # the link's wait is >= 0: a prompt done at now or later is late once now - at is over
+    # its budget (exact, a float sum and difference are monotone in each term)
+    late = simcap.Deadline([r.at + b for r, b in zip(requests, budget)],
+                           lambda i, now: now - requests[i].at > budget[i])
     return simcap.judge(layout, requests, first_ok, tpot_s=slo.tpot_s, goal=goal, rate=rate,
-                        warmup=warmup)
+                        warmup=warmup, deadline=late)
 
 
 def decode_attainment(layout: Layout, slo: perf.Slo, lengths: Lengths, rate: float,
@@ -108,8 +111,9 @@ def decode_attainment(layout: Layout, slo: perf.Slo, lengths: Lengths, rate: flo
         landed = float(start) + link.send(float(start), prompt) + alone
         requests.append(Request(landed, prompt, lengths.output[i], external=prompt - 1))
         due.append(float(start) + alone + slo.tpot_s)
+    late = simcap.Deadline(due, lambda i, now: now > due[i])
     return simcap.judge(layout, requests, lambda i, first_s: first_s <= due[i],
-                        tpot_s=slo.tpot_s, goal=goal, rate=rate, warmup=warmup)
+                        tpot_s=slo.tpot_s, goal=goal, rate=rate, warmup=warmup, deadline=late)
 
 
 def prefill_guess(layout: Layout, lengths: Lengths) -> float:
