@@ -255,28 +255,7 @@ class Scheduler:
     def schedule(self, engine: int = 0) -> Batch | None:
         """Form the next batch of virtual engine ``engine``; None when it has nothing to do."""
         running = self._running[engine]
-        budget = self.max_num_batched_tokens
-        decode: list[Sequence] = []
-        prefill: list[tuple[Sequence, int]] = []
-        scheduled: set[int] = set()
-        # decodes first (they hold the TPOT), then prompt chunks, each in admission order
-        for want_decode in (True, False):
-            for seq in list(running):
-                if budget == 0:
-                    break
-                if seq.finished or id(seq) in scheduled or seq.decoding != want_decode:
-                    continue
-                if seq.engine != engine:
-                    continue  # preempted by an earlier pass of this loop
-                chunk = min(seq.pending, budget)
-                if not self._make_room(running, seq, seq.computed + chunk, scheduled):
-                    continue  # it was the one preempted
-                scheduled.add(id(seq))
-                if want_decode:
-                    decode.append(seq)
-                else:
-                    prefill.append((seq, chunk))
-                budget -= chunk
+        decode, prefill, budget = self._step_running(engine, running)
         admitted: list[Sequence] = []
         # fair share: an engine admits up to 1/S of the unfinished requests, so a burst is split
         # across the virtual engines and every pipeline stage stays busy
@@ -306,6 +285,42 @@ class Scheduler:
         context = sum(s.computed + 1 for s in decode) + sum(s.computed + c for s, c in prefill)
         return Batch(engine, tuple(decode), tuple(prefill), tuple(admitted), context)
 
+    def _step_running(self, engine: int, running: list[Sequence]
+                      ) -> tuple[list[Sequence], list[tuple[Sequence, int]], int]:
+        """The running sequences' share of the next batch: decodes first (they hold the TPOT),
+        then prompt chunks, each in admission order, within the token budget; returns the
+        decodes, the chunks and the budget left. (Run once per step for every running sequence:
+        ``pending`` and ``decoding`` are spelled out, and a sequence whose blocks already hold
+        its next tokens skips :meth:`_make_room`, which would change nothing for it.)"""
+        budget = self.max_num_batched_tokens
+        block = self.block_size
+        decode: list[Sequence] = []
+        prefill: list[tuple[Sequence, int]] = []
+        scheduled: set[int] = set()
+        for want_decode in (True, False):
+            for seq in list(running):
+                if budget == 0:
+                    break
+                if seq.finished or id(seq) in scheduled:
+                    continue
+                pending = seq.prompt_tokens + seq.generated - seq.computed
+                if (seq.generated >= 1 and pending == 1) != want_decode:
+                    continue
+                if seq.engine != engine:
+                    continue  # preempted by an earlier pass of this loop
+                chunk = min(pending, budget)
+                tokens = seq.computed + chunk
+                if -(-tokens // block) > seq.blocks and not self._make_room(
+                        running, seq, tokens, scheduled):
+                    continue  # it was the one preempted
+                scheduled.add(id(seq))
+                if want_decode:
+                    decode.append(seq)
+                else:
+                    prefill.append((seq, chunk))
+                budget -= chunk
+        return decode, prefill, budget
+
     def _make_room(
         self, running: list[Sequence], seq: Sequence, tokens: int, scheduled: set[int]
     ) -> bool:
@@ -323,13 +338,14 @@ class Scheduler:
         """Apply a finished step: advance the processed tokens, emit one token per sequence that
         caught up, free the finished ones. Sequences aborted while the step ran are skipped."""
         events: list[TokenEvent] = []
-        work = [(s, 1) for s in batch.decode] + list(batch.prefill)
+        work = [(s, 1) for s in batch.decode]
+        work.extend(batch.prefill)
         for seq, chunk in work:
             if seq.finished:
                 continue
             seq.computed += chunk
-            if seq.pending:
-                continue  # more of the prompt to go
+            if seq.prompt_tokens + seq.generated != seq.computed:
+                continue  # more of the prompt to go (``pending``, spelled out: once a token)
             seq.generated += 1
             done = seq.generated >= seq.max_tokens
             events.append(TokenEvent(seq=seq, index=seq.generated - 1, finished=done))
