@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 #: vLLM's default paged-attention block size (tokens per KV block).
 DEFAULT_BLOCK_SIZE = 16
@@ -99,9 +100,9 @@ class Sequence:
         return self.generated >= 1 and self.pending == 1
 
 
-@dataclass(frozen=True)
-class Batch:
-    """What one engine step processes."""
+class Batch(NamedTuple):
+    """What one engine step processes. (A named tuple, as :class:`TokenEvent`: one is made
+    every step, and a frozen dataclass's construction cost several times a tuple's.)"""
 
     engine: int
     decode: tuple[Sequence, ...]
@@ -121,8 +122,7 @@ class Batch:
         return sum(chunk for _, chunk in self.prefill)
 
 
-@dataclass(frozen=True)
-class TokenEvent:
+class TokenEvent(NamedTuple):
     """A sequence produced output token number ``index`` (0-based) in a step."""
 
     seq: Sequence
@@ -290,18 +290,20 @@ class Scheduler:
         """The running sequences' share of the next batch: decodes first (they hold the TPOT),
         then prompt chunks, each in admission order, within the token budget; returns the
         decodes, the chunks and the budget left. (Run once per step for every running sequence:
-        ``pending`` and ``decoding`` are spelled out, and a sequence whose blocks already hold
-        its next tokens skips :meth:`_make_room`, which would change nothing for it.)"""
+        ``pending`` and ``decoding`` are spelled out, a sequence whose blocks already hold its
+        next tokens skips :meth:`_make_room`, which would change nothing for it, and the set of
+        scheduled sequences is built only when a preemption needs it: each pass visits a
+        sequence once, and one the decode pass took is still decoding, so the chunk pass skips
+        it.)"""
         budget = self.max_num_batched_tokens
         block = self.block_size
         decode: list[Sequence] = []
         prefill: list[tuple[Sequence, int]] = []
-        scheduled: set[int] = set()
         for want_decode in (True, False):
             for seq in list(running):
                 if budget == 0:
                     break
-                if seq.finished or id(seq) in scheduled:
+                if seq.finished:
                     continue
                 pending = seq.prompt_tokens + seq.generated - seq.computed
                 if (seq.generated >= 1 and pending == 1) != want_decode:
@@ -311,9 +313,9 @@ class Scheduler:
                 chunk = min(pending, budget)
                 tokens = seq.computed + chunk
                 if -(-tokens // block) > seq.blocks and not self._make_room(
-                        running, seq, tokens, scheduled):
+                        running, seq, tokens,
+                        {id(s) for s in decode} | {id(s) for s, _ in prefill}):
                     continue  # it was the one preempted
-                scheduled.add(id(seq))
                 if want_decode:
                     decode.append(seq)
                 else:
@@ -348,7 +350,7 @@ class Scheduler:
                 continue  # more of the prompt to go (``pending``, spelled out: once a token)
             seq.generated += 1
             done = seq.generated >= seq.max_tokens
-            events.append(TokenEvent(seq=seq, index=seq.generated - 1, finished=done))
+            events.append(TokenEvent(seq, seq.generated - 1, done))
             if done:
                 seq.finished = True
                 self._release(seq)
