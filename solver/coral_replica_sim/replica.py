@@ -124,8 +124,11 @@ class StepModel:
         prefill = batch.prefill_tokens
         pairs = sum(chunk * (seq.computed + chunk * self._self_share)
                     for seq, chunk in batch.prefill)
-        context = sum(s.computed + 1 for s in batch.decode) + sum(
-            s.computed for s, _ in batch.prefill)
+        # the scheduler counted the context with this step's chunks (Batch.context_tokens):
+        # taking them off spares a pass over every decode each step; a batch made without it
+        # (context_tokens 0) is counted here
+        context = batch.context_tokens - prefill if batch.context_tokens else sum(
+            s.computed + 1 for s in batch.decode) + sum(s.computed for s, _ in batch.prefill)
         return self.stage_times(batch.decode_seqs, prefill, context,
                                 prefill_ctx=pairs / prefill if prefill else 0.0)
 

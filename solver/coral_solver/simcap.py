@@ -305,21 +305,55 @@ def backlog_rate(layout: Layout, requests: list[Request]) -> float:
     return len(requests) / end if end > 0 else math.inf
 
 
+def hopeless(layout: Layout, lengths: Lengths, slack: Sequence[float], goal: float,
+             warmup: int = WARMUP, loaded: bool = False) -> bool:
+    """Whether more of the counted requests than ``goal`` allows miss their first token even
+    served alone on the idle replica: request ``i``'s prompt alone (``loaded``: with all but its
+    last prompt token's KV already in the cache, a decode replica's hand-off) must bring its
+    first token within ``slack[i]`` s. A request's first token comes no sooner with others in
+    the replica than alone (they only add to its steps and queue it; an assumption of the
+    scheduler and step model, checked by tests/unit/test_simcap_speed.py, not proven), so then
+    no rate meets the goal and the search may rate the template 0 without probing rates."""
+    counted = len(lengths.prompt) - warmup
+    allowed = math.floor((1.0 - goal) * counted + 1e-9)
+    alone: dict[int, float] = {}  # prompt tokens -> first token s, alone
+    missed = 0
+    for i in range(warmup, len(lengths.prompt)):
+        prompt = lengths.prompt[i]
+        if prompt not in alone:
+            request = Request(0.0, prompt, 1, external=prompt - 1 if loaded else 0)
+            first, _last, produced, _ = serve_watched(layout, [request], limits(), None)
+            alone[prompt] = first[0] if produced[0] else math.inf  # refused: never in time
+        missed += alone[prompt] > slack[i]
+        if missed > allowed:
+            return True
+    return False
+
+
 def capacity(layout: Layout, slo: perf.Slo, lengths: Lengths, goal: float = 0.95,
              start: float | None = None,
              judge: Callable[[float], Judged] | None = None,
-             ceiling: float | Callable[[], float] | None = None) -> float:
+             ceiling: float | Callable[[], float] | None = None,
+             rated_zero: Callable[[], bool] | None = None) -> float:
     """The highest rate (requests/s, within ``REL_TOL``) at which at least ``goal`` of the
     requests meet TTFT and TPOT on one replica of ``layout``; 0.0 when even ``MIN_RATE`` does
     not (or a request could never fit). ``start``: where the search starts (default
     :func:`saturation_guess`); ``judge``: rate -> :class:`Judged` (default :func:`attainment`);
     ``ceiling``: rates above it fail unjudged, or what simulates it (default, with the default
-    judge: the :func:`backlog_rate` of ``lengths``; none with another judge)."""
+    judge: the :func:`backlog_rate` of ``lengths``; none with another judge); ``rated_zero``:
+    True when no rate can pass, e.g. :func:`hopeless` (default, with the default judge: each
+    prompt's TTFT alone), so the search returns 0.0 at once."""
     if not 0.0 < goal <= 1.0:
         raise ValueError(f"goal (slo_attainment) must be in (0, 1], got {goal}")
-    if ceiling is None and judge is None:
-        ceiling = functools.partial(backlog_rate, layout, [
-            Request(0.0, p, o) for p, o in zip(lengths.prompt, lengths.output)])
+    if judge is None:
+        if ceiling is None:
+            ceiling = functools.partial(backlog_rate, layout, [
+                Request(0.0, p, o) for p, o in zip(lengths.prompt, lengths.output)])
+        if rated_zero is None:
+            rated_zero = functools.partial(hopeless, layout, lengths,
+                                           [slo.ttft_s] * len(lengths.prompt), goal)
+    if rated_zero is not None and rated_zero():
+        return 0.0
     # a ceiling to simulate is simulated once, and only when a rate would pass (a template no
     # rate passes never needs it); the verdicts are those of checking it first
     known: list[float] = [ceiling] if isinstance(ceiling, (int, float)) else []

@@ -140,7 +140,21 @@ def role_capacity(layout: Layout, slo: perf.Slo, lengths: Lengths, goal: float,
              else simcap.saturation_guess(layout, lengths))
     return simcap.capacity(layout, slo, lengths, goal, start=start,
                            judge=lambda rate: attain(layout, slo, lengths, rate, goal),
-                           ceiling=lambda: ceiling(layout, lengths, role))
+                           ceiling=lambda: ceiling(layout, lengths, role),
+                           rated_zero=lambda: simcap.hopeless(
+                               layout, lengths, _slack(layout, slo, lengths, role), goal,
+                               loaded=role == "decode"))
+
+
+def _slack(layout: Layout, slo: perf.Slo, lengths: Lengths, role: str) -> list[float]:
+    """Seconds each request's first token may take alone, from its arrival (prefill: its
+    budget, the link's wait being 0 alone) or from landing on the decode replica (one TPOT: its
+    due time less its transfer alone)."""
+    if role == "decode":
+        return [slo.tpot_s] * len(lengths.prompt)
+    arch = catalog.model_arch(layout.arch)
+    return [perf.prefill_ttft_budget_s(arch, max(layout.layers), slo, perf.Mix(p, o))
+            for p, o in zip(lengths.prompt, lengths.output)]
 
 
 def ceiling(layout: Layout, lengths: Lengths, role: str) -> float:

@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from coral_replica_sim.replica import Layout, Request
+from coral_replica_sim.replica import Layout, Request, serve
 from coral_solver import perf, simcap, simcap_roles
 
 LAYOUT = Layout("phi-4", 1, ("l40s",), (40,))
@@ -101,3 +101,61 @@ def test_role_deadlines_keep_the_full_runs_attainment(role):
         full = judge(LAYOUT, SLO, LENGTHS, rate, goal=0.0)
         judged = judge(LAYOUT, SLO, LENGTHS, rate, goal=0.95)
         assert judged.stopped == (full.attainment < 0.95)
+
+
+def test_a_scheduled_batchs_step_times_use_its_counted_context():
+    from coral_replica_sim.batching import Scheduler, Sequence
+    from coral_replica_sim.replica import StepModel
+
+    model = StepModel(LAYOUT)
+    s = Scheduler(kv_capacity_tokens=model.kv_capacity_tokens(), max_num_batched_tokens=2048)
+    for i, (p, o) in enumerate(zip(LENGTHS.prompt[:40], LENGTHS.output[:40])):
+        s.add(Sequence(str(i), p, o))
+    seen = 0
+    while (batch := s.schedule()) is not None and seen < 300:
+        # a batch made without its context (0) has it counted from its sequences
+        assert model.batch_times(batch) == model.batch_times(batch._replace(context_tokens=0))
+        seen += bool(batch.decode and batch.prefill)
+        s.complete(batch)
+    assert seen > 0  # some batches mixed decodes and prompt chunks
+
+
+def _alone(layout: Layout, prompt: int, external: int = 0) -> float:
+    first, _l, produced, _ = simcap.serve_watched(
+        layout, [Request(0.0, prompt, 1, external=external)], simcap.limits(), None)
+    return first[0] if produced[0] else math.inf
+
+
+@pytest.mark.parametrize("layout,rate", [
+    (LAYOUT, 0.7), (LAYOUT, 2.0),
+    (Layout("phi-4", 2, ("a10g", "a10g", "l4"), (15, 16, 9)), 0.5),
+    (Layout("gpt-oss-20b", 1, ("a10g", "l40s"), (5, 19)), 3.0)])
+@pytest.mark.parametrize("decode", [False, True])
+def test_no_first_token_comes_sooner_than_alone(layout, rate, decode):
+    """The assumption simcap.hopeless rests on: others in the replica only delay a request's
+    first token (prompts chunked with others', pipelines busy, a queue, preemption)."""
+    at = simcap.arrivals(LENGTHS, rate)
+    requests = [Request(float(at[i]), p, o, external=p - 1 if decode else 0)
+                for i, (p, o) in enumerate(zip(LENGTHS.prompt, LENGTHS.output))]
+    outcomes = serve(layout, requests, simcap.limits())
+    alone: dict[int, float] = {}
+    for r, out in zip(requests, outcomes):
+        if out.refused:
+            continue
+        if r.prompt_tokens not in alone:
+            alone[r.prompt_tokens] = _alone(layout, r.prompt_tokens, r.external)
+        assert out.first_s - r.at >= alone[r.prompt_tokens] - 1e-9
+
+
+def test_a_template_no_rate_serves_is_rated_zero_without_probing(monkeypatch):
+    layout = Layout("gpt-oss-20b", 1, ("a10g",), (24,))
+    slo, lengths = perf.Slo(0.9, 0.03), simcap.Lengths.exponential(2027, 27)
+    assert simcap.hopeless(layout, lengths, [slo.ttft_s] * len(lengths.prompt), 0.95)
+    searched = simcap.capacity(layout, slo, lengths, 0.95, rated_zero=lambda: False)
+    assert searched == 0.0  # the full search agrees
+    probed = []
+    monkeypatch.setattr(simcap, "attainment", lambda *a, **k: probed.append(a) or None)
+    assert simcap.capacity(layout, slo, lengths, 0.95) == 0.0
+    assert probed == []
+    # a template that serves some rate is not hopeless
+    assert not simcap.hopeless(LAYOUT, LENGTHS, [SLO.ttft_s] * len(LENGTHS.prompt), 0.95)
