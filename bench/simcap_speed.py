@@ -91,6 +91,8 @@ def main() -> int:
     parser.add_argument("--before", type=Path, help="the checkout to compare with (e.g. main)")
     parser.add_argument("--before-python", default=None,
                         help="its Python (default: <before>/.venv/bin/python)")
+    parser.add_argument("--before-label", default=None,
+                        help="what the before checkout is (default: its git commit)")
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
     args = parser.parse_args()
     if args.side:
@@ -101,15 +103,18 @@ def main() -> int:
     sides = {"before": (args.before_python or str(args.before / ".venv/bin/python"),
                         args.before.resolve()),
              "after": (sys.executable, ROOT)}
+    load_start = [round(x, 2) for x in os.getloadavg()]
     results: dict[str, dict] = {}
     for part in args.parts:
         results[part] = {label: _run(py, root, part) for label, (py, root) in sides.items()}
         r = results[part]
         print(part, {k: (v["seconds"], v["simulated"]) for k, v in r.items()}, flush=True)
     meta = {"host": platform.node(), "python": platform.python_version(),
-            "cpus": os.cpu_count(), "load_avg_end": [round(x, 2) for x in os.getloadavg()],
+            "cpus": os.cpu_count(), "load_avg_start": load_start,
+            "load_avg_end": [round(x, 2) for x in os.getloadavg()],
             "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "nice": 19,
-            "commits": {"before": _git(args.before), "after": _git(ROOT)}}
+            "commits": {"before": args.before_label or _git(args.before),
+                        "after": _git(ROOT)}}
     out = ROOT / "bench" / "results"
     (out / "simcap_speed.json").write_text(json.dumps({"meta": meta, "parts": results},
                                                       indent=1))
@@ -121,7 +126,8 @@ def main() -> int:
 def _markdown(meta: dict, results: dict) -> str:
     lines = ["# Simulated capacity: Stage 1 before and after", "",
              f"Written by `bench/simcap_speed.py` on {meta['when']} ({meta['cpus']} CPUs, shared; "
-             f"load average at the end {', '.join(str(x) for x in meta['load_avg_end'])}), "
+             f"load average {', '.join(str(x) for x in meta['load_avg_start'])} at the start, "
+             f"{', '.join(str(x) for x in meta['load_avg_end'])} at the end), "
              f"every side under nice 19 in a fresh process, no disk cache. Before: "
              f"{meta['commits']['before']}; after: {meta['commits']['after']} (or its "
              "descendant that committed this file).", "",
