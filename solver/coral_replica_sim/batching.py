@@ -101,8 +101,8 @@ class Sequence:
 
 
 class Batch(NamedTuple):
-    """What one engine step processes. (A named tuple, as :class:`TokenEvent`: one is made
-    every step, and a frozen dataclass's construction cost several times a tuple's.)"""
+    """What one engine step processes. (A named tuple: one is made every step, and a frozen
+    dataclass's construction costs several times a tuple's.)"""
 
     engine: int
     decode: tuple[Sequence, ...]
@@ -122,8 +122,11 @@ class Batch(NamedTuple):
         return sum(chunk for _, chunk in self.prefill)
 
 
-class TokenEvent(NamedTuple):
-    """A sequence produced output token number ``index`` (0-based) in a step."""
+@dataclass(slots=True)
+class TokenEvent:
+    """A sequence produced output token number ``index`` (0-based) in a step. (Not frozen: one
+    is made for every token simulated, and a frozen dataclass's construction costs several
+    times a plain one's; nobody changes it.)"""
 
     seq: Sequence
     index: int

@@ -15,7 +15,9 @@ attainment moves with the rate only). The first ``WARMUP`` fill the replica from
 not counted. A request meets its SLO when its first token comes within TTFT of its arrival and
 its mean time per output token after the first is within TPOT (a one-token answer has no TPOT);
 a request the KV cache could never hold misses. The run stops as soon as more of the counted
-requests have missed than the goal allows.
+requests have missed than the goal allows, each miss counted as soon as it is certain (a first
+token not come by its deadline, a running request already over TPOT: :class:`_Tally`), so a
+rate that fails stops early with the verdict of the full run.
 
 How the rate is found (:func:`capacity`): from a saturation estimate, halve until a rate meets
 the goal (or none above ``MIN_RATE`` does: capacity 0), double while it does, then bisect
@@ -23,6 +25,10 @@ geometrically to ``REL_TOL``; the highest rate that met the goal is returned. No
 what the replica finishes with every request waiting (:func:`backlog_rate`) counts as met:
 there the queue grows without end, which a finite sample under a loose SLO may not show (700
 requests of a tiny model fit a 4 s TTFT however fast they come, and the doubling never ended).
+That ceiling is simulated only once a rate would pass, and a template whose requests miss their
+first token more often than the goal allows even served alone (:func:`hopeless`) is rated 0
+without probing rates. Neither changes a figure (bench/results/simcap_speed.md: Stage 1's
+figures before and after, and its time).
 """
 
 from __future__ import annotations
@@ -146,7 +152,7 @@ def attainment(layout: Layout, slo: perf.Slo, lengths: Lengths, rate: float, goa
     ttft = slo.ttft_s
     # a first token at now or later is at least now - at after its arrival (exact: a float
     # difference is monotone in its first term)
-    late = Deadline(at + ttft, lambda i, now: now - requests[i].at > ttft)
+    late = Deadline((at + ttft).tolist(), lambda i, now: now - requests[i].at > ttft)
     return judge(layout, requests, lambda i, first_s: first_s - requests[i].at <= ttft,
                  tpot_s=slo.tpot_s, goal=goal, rate=rate, warmup=warmup, deadline=late)
 
@@ -312,7 +318,8 @@ def hopeless(layout: Layout, lengths: Lengths, slack: Sequence[float], goal: flo
     last prompt token's KV already in the cache, a decode replica's hand-off) must bring its
     first token within ``slack[i]`` s. A request's first token comes no sooner with others in
     the replica than alone (they only add to its steps and queue it; an assumption of the
-    scheduler and step model, checked by tests/unit/test_simcap_speed.py, not proven), so then
+    scheduler and step model, checked to 1e-9 s by tests/unit/test_simcap_speed.py, not
+    proven), so then
     no rate meets the goal and the search may rate the template 0 without probing rates."""
     counted = len(lengths.prompt) - warmup
     allowed = math.floor((1.0 - goal) * counted + 1e-9)
