@@ -18,17 +18,12 @@ distribution is not read here (yet).
 
 from __future__ import annotations
 
+import functools
 import os
-from collections import OrderedDict
 
 from coral_hpc.config import Deployment
 from coral_hpc.trace_files import TraceError, load_rows
 from coral_solver.types import ObservedLengths
-
-#: samples already read, by (path, modification time, size): a daemon reloading its
-#: models.yaml reads an unchanged trace once; an edited one is read afresh
-_READ: OrderedDict[tuple[str, int, int], ObservedLengths] = OrderedDict()
-_READ_MAX = 64
 
 
 def trace_lengths(path: str) -> ObservedLengths:
@@ -38,18 +33,16 @@ def trace_lengths(path: str) -> ObservedLengths:
     try:
         stat = os.stat(path)
     except OSError:
-        stat = None
-    key = (path, stat.st_mtime_ns, stat.st_size) if stat is not None else None
-    if key is not None and key in _READ:
-        _READ.move_to_end(key)
-        return _READ[key]
-    rows = load_rows(path)  # raises TraceError for an absent file too
-    found = ObservedLengths.bounded(rows.prompt.tolist(), rows.output.tolist(), f"trace {path}")
-    if key is not None:
-        _READ[key] = found
-        while len(_READ) > _READ_MAX:
-            _READ.popitem(last=False)
-    return found
+        return _read_trace(path, -1, -1)  # load_rows raises TraceError for an absent file
+    return _read_trace(path, stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _read_trace(path: str, mtime_ns: int, size: int) -> ObservedLengths:
+    """Keyed by modification time and size as well as the path: a daemon reloading its
+    models.yaml reads an unchanged trace once, an edited one afresh (an error is not kept)."""
+    rows = load_rows(path)
+    return ObservedLengths.bounded(rows.prompt.tolist(), rows.output.tolist(), f"trace {path}")
 
 
 def read_lengths(deployment: Deployment) -> list[str]:
