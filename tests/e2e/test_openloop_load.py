@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import statistics
 import threading
 
 import pytest
@@ -88,8 +89,13 @@ def test_well_below_capacity_every_request_is_within(server_url):
     assert len(phase.timings) >= 3 and phase.failed == 0
     assert phase.within(TTFT_S, TPOT_S) == 1.0
     assert phase.met(TTFT_S, TPOT_S)
-    # TPOT is the gap between the server's tokens
-    assert all(t and t.tpot_s == pytest.approx(TOKEN_S, abs=0.015) for t in phase.timings)
+    # TPOT is the gap between the server's tokens, not the first token's wait nor the usage
+    # chunk after the last one (either would move it by 5 ms or more). The typical request
+    # shows that to the millisecond. One request's mean over its 3 gaps can also carry a pause
+    # of this process (a garbage collection, the host's scheduler) that server and client
+    # share, so each request on its own is held to the SLO above, not to the server's sleep.
+    tpots = [t.tpot_s for t in phase.timings]
+    assert statistics.median(tpots) == pytest.approx(TOKEN_S, abs=0.003)
 
 
 def test_far_above_capacity_the_phase_is_missed_and_ends_near_its_last_arrival(server_url):
