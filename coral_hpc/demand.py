@@ -317,12 +317,12 @@ def changed_models(
             continue
         base = max(old.planned_rps, floor_rps)
         if abs(new.planned_rps - old.planned_rps) / base > threshold or (
-                old.mix != new.mix and _mix_moved(old.mix, new.measured_mix or new.mix, threshold)):
+                old.mix != new.mix and mix_moved(old.mix, new.measured_mix or new.mix, threshold)):
             changed.append(name)
     return changed
 
 
-def _mix_moved(planned: Mix, now: Mix, threshold: float) -> bool:
+def mix_moved(planned: Mix, now: Mix, threshold: float) -> bool:
     """True when either token count of ``now`` is more than ``threshold`` away from ``planned``."""
     return any(abs(n - p) / p > threshold
                for p, n in ((planned.input_tokens, now.input_tokens),

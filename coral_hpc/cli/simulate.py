@@ -211,6 +211,7 @@ def _print_tables(data: dict, wide: bool) -> None:
     if plan_for != "mean":
         for name, m in data["models"].items():
             console.print(f"  {name}: sized for {m.get('planned_for') or '-'}", highlight=False)
+    _print_mix_notes(data["models"])
     print_table([Column("partition", "id"), Column("GPU-h", "num")],
                 [[p, f"{v:.2f}"] for p, v in data["gpu_hours_by_partition"].items()],
                 title="GPU-hours by partition", wide=wide)
@@ -230,6 +231,25 @@ def _print_tables(data: dict, wide: bool) -> None:
         _print_scale_to_zero(data["scale_to_zero"], wide)
     if attained is not None and attained < 0.95:
         err_console.print("note: fewer than 95 % of requests met their SLO", highlight=False)
+
+
+def _print_mix_notes(models: dict) -> None:
+    """A note for each model whose last plan's mix is not the replayed requests' (further apart
+    than policy.demand_change_threshold): its capacity was rated for other requests than it
+    served, which the attainment above then shows."""
+    for index, (name, model) in enumerate(models.items()):
+        mix = model.get("mix") or {}
+        if not mix.get("differs"):
+            continue
+        planned, replayed = mix["planned"], mix["replayed"]
+        console.print(
+            f"note: {name} was planned for its {mix['planned_from']} mix, "
+            f"{planned['input_tokens']:,} in / {planned['output_tokens']:,} out tokens a "
+            f"request; the requests replayed average {replayed['input_tokens']:,} in / "
+            f"{replayed['output_tokens']:,} out", highlight=False)
+        if mix["planned_from"] == "declared":
+            console.print(f"  set models[{index}].mix to that to plan for what it serves",
+                          highlight=False)
 
 
 def _print_scale_to_zero(zero: dict, wide: bool) -> None:

@@ -50,7 +50,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from coral_hpc.config import Deployment
-from coral_hpc.demand import ArrivalWindows, ModelDemand, changed_models, deployment_demand
+from coral_hpc.demand import (
+    ArrivalWindows,
+    Mix,
+    ModelDemand,
+    changed_models,
+    deployment_demand,
+    mix_moved,
+)
 from coral_hpc.plan.planner import Planner, PlanningError, PlanOutcome, PlanRequest
 from coral_hpc.reconcile import ReconcileSettings, Trigger, replan_triggers
 from coral_hpc.records import DemandInterval
@@ -119,10 +126,29 @@ class SimulationResult:
     #: per model scaled to zero: wakes, wake waits, held / refused (coral_hpc.simulate.zero)
     scale_to_zero: dict[str, dict] = field(default_factory=dict)
     wake_waits: dict[str, list[float]] = field(default_factory=dict)  #: each held request's
+    #: mean (prompt, output) tokens of the requests replayed, as served (cut to the context)
+    replayed_mix: dict[str, Mix] = field(default_factory=dict)
+    #: the mix the last plan was made for, and whether it was declared or measured
+    planned_mix: dict[str, Mix] = field(default_factory=dict)
+    mix_source: dict[str, str] = field(default_factory=dict)
+    #: whether the two mixes are further apart than policy.demand_change_threshold (the
+    #: daemon's own rule for a mix that moved, :func:`coral_hpc.demand.mix_moved`)
+    mix_differs: dict[str, bool] = field(default_factory=dict)
 
     @property
     def cost(self) -> float:
         return self.provisioning_cost + self.startup_cost
+
+    def _mix_json(self, name: str) -> dict:
+        """The model's planned mix (and where it came from) beside the replayed one."""
+        def tokens(mix: Mix | None) -> dict | None:
+            return None if mix is None else {"input_tokens": mix.input_tokens,
+                                             "output_tokens": mix.output_tokens}
+
+        return {"planned": tokens(self.planned_mix.get(name)),
+                "planned_from": self.mix_source.get(name),
+                "replayed": tokens(self.replayed_mix.get(name)),
+                "differs": self.mix_differs.get(name, False)}
 
     def to_json(self) -> dict:
         """JSON-ready figures (``coral-hpc simulate --json``)."""
@@ -157,6 +183,7 @@ class SimulationResult:
                     "cost": round(m.cost, 4),
                     "gpu_hours": round(m.gpu_hours, 4),
                     "mean_replicas": round(m.replica_hours / hours, 3) if hours else 0.0,
+                    "mix": self._mix_json(name),
                 }
                 for name, m in self.models.items()
             },
@@ -332,6 +359,9 @@ def _empty_result(deployment: Deployment, loads: Mapping[str, ModelWorkload],
     result = SimulationResult(span_s, "gpu_hour", {n: w.source for n, w in loads.items()})
     result.models = {m.name: ModelFigures() for m in deployment.models}
     result.demand_rps = {n: len(w.at) / span_s for n, w in loads.items()}
+    result.replayed_mix = {n: Mix(max(1, round(float(w.prompt.mean()))),
+                                  max(1, round(float(w.output.mean()))))
+                           for n, w in loads.items() if len(w.at)}
     result.plan_for = (policy.plan_for if policy.plan_percentile is None
                        else f"{policy.plan_for} of the {policy.demand_window_s:g} s rate")
     return result
@@ -424,6 +454,11 @@ class _Replay:
         result.planned_rps = {n: d.planned_rps for n, d in demand.items()}
         result.sized_rps = {n: d.sized for n, d in demand.items()}
         result.basis = {n: d.basis for n, d in demand.items()}
+        result.planned_mix = {n: d.mix for n, d in demand.items()}
+        result.mix_source = {n: d.source for n, d in demand.items()}
+        threshold = self.deployment.policy.demand_change_threshold
+        result.mix_differs = {n: mix_moved(d.mix, result.replayed_mix[n], threshold)
+                              for n, d in demand.items() if n in result.replayed_mix}
         self.running = tuple((tid, parts) for (tid, parts, _), n in sorted(after.items())
                              for _ in range(n))
         result.timeline.append(PlanPoint(now, triggers[0].kind.value, True,

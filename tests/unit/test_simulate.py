@@ -189,3 +189,45 @@ def test_the_re_plan_rule_is_the_daemons_own_function():
     assert simulate_run.replan_triggers is core.replan_triggers
     assert simulate_run.changed_models is core.changed_models
     assert simulate_run.deployment_demand is core.deployment_demand
+
+
+def _jsonl_trace(path: Path, prompt: int, output: int, rows: int = 400) -> Path:
+    """``rows`` requests 250 ms apart (timestamps in ms), each ``prompt`` tokens in and
+    ``output`` out."""
+    path.write_text("".join(
+        json.dumps({"timestamp": 250 * i, "input_length": prompt, "output_length": output})
+        + "\n" for i in range(rows)))
+    return path
+
+
+def test_a_declared_mix_the_replay_does_not_match_is_named_with_both_mixes(cache, tmp_path):
+    """examples/models.yaml declares qwen3-8b's mix as 512 in / 128 out: a replay of 2,000-token
+    prompts and 20-token answers is planned for the declared mix (as the daemon would) and the
+    report says so, with the field to set; a replay of the declared mix is not flagged."""
+    long = _jsonl_trace(tmp_path / "long.jsonl", 2000, 20)
+    same = _jsonl_trace(tmp_path / "same.jsonl", 512, 128)
+    run = _simulate(MODELS, cache, "--trace", str(same), "--trace", f"qwen3-8b={long}")
+    assert run.exit_code == 0, run.output
+    models = json.loads(run.stdout)["models"]
+    mix = models["qwen3-8b"]["mix"]
+    assert mix["planned"] == {"input_tokens": 512, "output_tokens": 128}
+    assert mix["planned_from"] == "declared"
+    assert mix["replayed"] == {"input_tokens": 2000, "output_tokens": 20}
+    assert mix["differs"] is True
+    # phi-4 declares 1,024 / 256: the 512 / 128 replay differs too; llama-70b the same
+    assert models["phi-4"]["mix"]["differs"] is True
+    text = CliRunner().invoke(simulate_command, [
+        str(MODELS), "--snapshot", str(SNAPSHOT), "--hours", HOURS, "--cache-dir", str(cache),
+        "--trace", str(long)])
+    assert text.exit_code == 0, text.output
+    words = " ".join(text.stdout.split())  # the console folds long lines
+    assert ("note: qwen3-8b was planned for its declared mix, 512 in / 128 out tokens a "
+            "request; the requests replayed average 2,000 in / 20 out") in words
+    assert "set models[0].mix to that" in words
+    matching = tmp_path / "models.yaml"
+    matching.write_text(MODELS.read_text().replace(
+        "mix: {input_tokens: 1024, output_tokens: 256}",
+        "mix: {input_tokens: 512, output_tokens: 128}"))
+    run = _simulate(matching, cache, "--trace", str(same))
+    assert run.exit_code == 0, run.output
+    assert not any(m["mix"]["differs"] for m in json.loads(run.stdout)["models"].values())
