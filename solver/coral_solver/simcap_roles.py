@@ -68,9 +68,8 @@ class _Link:
         return start - ready_s
 
 
-def _link(layout: Layout) -> tuple[catalog.ModelArch, _Link]:
-    arch = catalog.model_arch(layout.arch)
-    return arch, _Link(arch, max(layout.layers))
+def _link(layout: Layout) -> _Link:
+    return _Link(catalog.model_arch(layout.arch), max(layout.layers))
 
 
 def prefill_attainment(layout: Layout, slo: perf.Slo, lengths: Lengths, rate: float,
@@ -79,10 +78,8 @@ def prefill_attainment(layout: Layout, slo: perf.Slo, lengths: Lengths, rate: fl
     counted ones whose prefill and wait for the link fit their prefill budget (module doc)."""
     at = simcap.arrivals(lengths, rate, warmup)
     requests = [Request(float(at[i]), lengths.prompt[i], 1) for i in range(len(at))]
-    arch, link = _link(layout)
-    layers = max(layout.layers)
-    budget = [perf.prefill_ttft_budget_s(arch, layers, slo, perf.Mix(r.prompt_tokens, out))
-              for r, out in zip(requests, lengths.output)]
+    link = _link(layout)
+    budget = _prefill_budgets(layout, slo, lengths)
 
     def first_ok(i: int, first_s: float) -> bool:
         wait = link.send(first_s, requests[i].prompt_tokens)
@@ -102,7 +99,7 @@ def decode_attainment(layout: Layout, slo: perf.Slo, lengths: Lengths, rate: flo
     ``layout``: the counted ones within TPOT whose first token comes within one TPOT of the
     hand-off the prefill side was charged for (module doc)."""
     at = simcap.arrivals(lengths, rate, warmup)
-    _arch, link = _link(layout)
+    link = _link(layout)
     requests: list[Request] = []
     due: list[float] = []
     for i, start in enumerate(at):
@@ -152,6 +149,13 @@ def _slack(layout: Layout, slo: perf.Slo, lengths: Lengths, role: str) -> list[f
     due time less its transfer alone)."""
     if role == "decode":
         return [slo.tpot_s] * len(lengths.prompt)
+    return _prefill_budgets(layout, slo, lengths)
+
+
+def _prefill_budgets(layout: Layout, slo: perf.Slo, lengths: Lengths) -> list[float]:
+    """Each request's share of TTFT on a prefill replica of ``layout``
+    (:func:`coral_solver.perf.prefill_ttft_budget_s`: the TTFT less its prompt's KV hand-off
+    and the decode replica's first token)."""
     arch = catalog.model_arch(layout.arch)
     return [perf.prefill_ttft_budget_s(arch, max(layout.layers), slo, perf.Mix(p, o))
             for p, o in zip(lengths.prompt, lengths.output)]
@@ -166,7 +170,7 @@ def ceiling(layout: Layout, lengths: Lengths, role: str) -> float:
     else:
         requests = [Request(0.0, p, o, external=p - 1)
                     for p, o in zip(lengths.prompt, lengths.output)]
-    _arch, link = _link(layout)
+    link = _link(layout)
     wire = sum(link.transfer_s(p) - link.alpha_s for p in lengths.prompt)
     moved = len(lengths.prompt) / wire if wire > 0 else math.inf
     return min(simcap.backlog_rate(layout, requests), moved)
