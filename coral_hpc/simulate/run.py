@@ -131,9 +131,9 @@ class SimulationResult:
     #: the mix the last plan was made for, and whether it was declared or measured
     planned_mix: dict[str, Mix] = field(default_factory=dict)
     mix_source: dict[str, str] = field(default_factory=dict)
-    #: whether the two mixes are further apart than policy.demand_change_threshold (the
-    #: daemon's own rule for a mix that moved, :func:`coral_hpc.demand.mix_moved`)
-    mix_differs: dict[str, bool] = field(default_factory=dict)
+    #: policy.demand_change_threshold: the two mixes differ when further apart (the daemon's
+    #: own rule for a mix that moved, :func:`coral_hpc.demand.mix_moved`)
+    mix_threshold: float = 0.0
 
     @property
     def cost(self) -> float:
@@ -145,10 +145,12 @@ class SimulationResult:
             return None if mix is None else {"input_tokens": mix.input_tokens,
                                              "output_tokens": mix.output_tokens}
 
-        return {"planned": tokens(self.planned_mix.get(name)),
+        planned, replayed = self.planned_mix.get(name), self.replayed_mix.get(name)
+        return {"planned": tokens(planned),
                 "planned_from": self.mix_source.get(name),
-                "replayed": tokens(self.replayed_mix.get(name)),
-                "differs": self.mix_differs.get(name, False)}
+                "replayed": tokens(replayed),
+                "differs": (planned is not None and replayed is not None
+                            and mix_moved(planned, replayed, self.mix_threshold))}
 
     def to_json(self) -> dict:
         """JSON-ready figures (``coral-hpc simulate --json``)."""
@@ -362,6 +364,7 @@ def _empty_result(deployment: Deployment, loads: Mapping[str, ModelWorkload],
     result.replayed_mix = {n: Mix(max(1, round(float(w.prompt.mean()))),
                                   max(1, round(float(w.output.mean()))))
                            for n, w in loads.items() if len(w.at)}
+    result.mix_threshold = policy.demand_change_threshold
     result.plan_for = (policy.plan_for if policy.plan_percentile is None
                        else f"{policy.plan_for} of the {policy.demand_window_s:g} s rate")
     return result
@@ -456,9 +459,6 @@ class _Replay:
         result.basis = {n: d.basis for n, d in demand.items()}
         result.planned_mix = {n: d.mix for n, d in demand.items()}
         result.mix_source = {n: d.source for n, d in demand.items()}
-        threshold = self.deployment.policy.demand_change_threshold
-        result.mix_differs = {n: mix_moved(d.mix, result.replayed_mix[n], threshold)
-                              for n, d in demand.items() if n in result.replayed_mix}
         self.running = tuple((tid, parts) for (tid, parts, _), n in sorted(after.items())
                              for _ in range(n))
         result.timeline.append(PlanPoint(now, triggers[0].kind.value, True,
