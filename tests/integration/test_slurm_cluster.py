@@ -140,18 +140,26 @@ def _tagged_script(tmp_path: Path, tag: JobTag, body: str, extra: str = "") -> P
     return script
 
 
+def _wait_trap_set(client, job_id: str, ready: Path) -> None:
+    """Wait until the job's script has set its TERM trap. RUNNING in squeue only says the
+    controller allocated the job; slurmd may not have started the script yet, and a TERM that
+    lands before the ``trap`` line kills the shell with no trap run."""
+    wait_until(lambda: client.job_states([job_id])[job_id].state == "RUNNING", 30, f"job {job_id} RUNNING")
+    wait_until(ready.exists, 30, f"job {job_id}'s script to set its TERM trap")
+
+
 def test_submit_cancel_with_grace_sends_term_first(slurm, tmp_path):
     dep = f"itest{os.getpid()}"
-    marker = tmp_path / "got-term"
+    marker, ready = tmp_path / "got-term", tmp_path / "trap-set"
     tag = JobTag(dep, "m", "grace1", "v100x1")
     script = _tagged_script(
         tmp_path, tag,
-        f'trap \'echo "$CORAL_ITEST_WORD" > {marker}; exit 0\' TERM\nsleep 300 &\nwait\n',
+        f'trap \'echo "$CORAL_ITEST_WORD" > {marker}; exit 0\' TERM\ntouch {ready}\nsleep 300 &\nwait\n',
     )
     client = _client(slurm.env)
     job_id = client.submit_script(script, extra_env={"CORAL_ITEST_WORD": "drained"})
     slurm.track(job_id)
-    wait_until(lambda: client.job_states([job_id])[job_id].state == "RUNNING", 30, f"job {job_id} RUNNING")
+    _wait_trap_set(client, job_id, ready)
     outcome = client.cancel_with_grace([job_id], grace_s=20, poll_s=0.5)
     assert outcome == {job_id: "exited"}
     wait_until(marker.exists, 10, "the job's TERM trap to write its marker")
@@ -160,11 +168,12 @@ def test_submit_cancel_with_grace_sends_term_first(slurm, tmp_path):
 
 def test_cancel_with_grace_kills_what_ignores_term(slurm, tmp_path):
     tag = JobTag(f"itest{os.getpid()}", "m", "stubborn", "v100x1")
-    script = _tagged_script(tmp_path, tag, "trap '' TERM\nwhile true; do sleep 1; done\n")
+    ready = tmp_path / "trap-set"
+    script = _tagged_script(tmp_path, tag, f"trap '' TERM\ntouch {ready}\nwhile true; do sleep 1; done\n")
     client = _client(slurm.env)
     job_id = client.submit_script(script)
     slurm.track(job_id)
-    wait_until(lambda: client.job_states([job_id])[job_id].state == "RUNNING", 30, f"job {job_id} RUNNING")
+    _wait_trap_set(client, job_id, ready)
     started = time.monotonic()
     assert client.cancel_with_grace([job_id], grace_s=3, poll_s=0.5) == {job_id: "cancelled"}
     assert time.monotonic() - started >= 3
