@@ -174,7 +174,8 @@ def open_loop_capacity(url: str, model: str, n_in: int, n_out: int, ttft: float,
                        fresh_prompts: bool = False) -> float:
     """The highest Poisson arrival rate at which the goal share of requests met both SLOs
     (:mod:`coral_hpc.profile.openloop`), searched from ``start`` (0: nothing to search, the
-    engine missed the SLO even one request at a time). Every phase is appended to ``record``;
+    engine missed the SLO even one request at a time) and met twice (its repeat draws other
+    arrival times: ``repeat`` in the record). Every phase is appended to ``record``;
     ``before_phase(rate)`` runs before each (e.g. to put the phase's prompts in the cache);
     ``fresh_prompts``: each phase's prompts follow the last phase's instead of starting again
     at salt 0, so a prefix-caching engine does not answer a later phase's prompts from its
@@ -182,30 +183,41 @@ def open_loop_capacity(url: str, model: str, n_in: int, n_out: int, ttft: float,
     if start <= 0:
         return 0.0
     sent = 0
+    seen: dict[float, int] = {}
 
     def met_at(rate: float) -> bool:
         if before_phase is not None:
             before_phase(rate)
         nonlocal sent
+        # a repeat of a rate (the search confirming what it found) draws other arrival times
+        repeat = seen[rate] = seen.get(rate, -1) + 1
+        seed = f"profile-{rate:.4f}" + (f"-repeat{repeat}" if repeat else "")
         phase = openloop.poisson_phase(url, model, rate, input_tokens=n_in,
                                        output_tokens=n_out, ttft_s=ttft, tpot_s=tpot,
-                                       seed=f"profile-{rate:.4f}", api_key=api_key,
+                                       seed=seed, api_key=api_key,
                                        first_salt=sent if fresh_prompts else 0)
         sent += len(phase.timings)
         met = phase.met(ttft, tpot)
-        record.append({"requests_per_s": round(rate, 4), "requests": len(phase.timings),
+        record.append({"requests_per_s": round(rate, 4), "repeat": repeat,
+                       "requests": len(phase.timings),
                        "within_slo": round(phase.within(ttft, tpot), 4), "met": met,
                        "client_late_p99_s": round(phase.late_p99_s, 4),
                        "client_behind_at_end_s": round(phase.behind_at_end_s, 4),
                        "client_cores": round(phase.client_cores(), 3)})
         progress(f"open loop, SLO {ttft:g}s/{tpot:g}s, mix {n_in}/{n_out}, Poisson {rate:.2f} "
-                 f"req/s: {phase.within(ttft, tpot):.0%} within of {len(phase.timings)}, "
+                 f"req/s{' (repeated)' if repeat else ''}: "
+                 f"{phase.within(ttft, tpot):.0%} within of {len(phase.timings)}, "
                  f"client late p99 {phase.late_p99_s * 1e3:.0f} ms "
                  f"(at the end {phase.behind_at_end_s * 1e3:.0f} ms), "
                  f"{phase.client_cores():.2f} cores -> {'met' if met else 'missed'}")
         return met
 
-    return openloop.search_capacity(met_at, start).capacity
+    search = openloop.search_capacity(met_at, start)
+    if search.capacity > 0:
+        progress(f"open loop, SLO {ttft:g}s/{tpot:g}s, mix {n_in}/{n_out}: capacity "
+                 f"{search.capacity:.2f} req/s, "
+                 + ("met twice" if search.confirmed else "met once (its repeats missed)"))
+    return search.capacity
 
 
 def measure_engine(

@@ -53,6 +53,11 @@ MAX_BEHIND_SHARE = 0.05
 SEARCH_FACTOR = 1.5
 #: no search below this rate: a phase there would last minutes (MIN_REQUESTS)
 MIN_RATE = 0.05
+#: phases at most that repeat the rate the search found before it is claimed: one phase met is
+#: one draw of the host's and the engine's noise (a shared login node, a busy 2-core test host),
+#: and a capacity should hold more than once. A repeat that misses drops the claim to the next
+#: rate met below it, which the second repeat checks in turn.
+CONFIRMATIONS = 2
 
 
 def phase_seconds(rate: float, seconds: float = PHASE_S, min_requests: int = MIN_REQUESTS) -> float:
@@ -202,7 +207,8 @@ def poisson_phase(url: str, model: str, rate: float, *, input_tokens: int, outpu
 @dataclass
 class CapacitySearch:
     """The phases a search ran, in order: (rate, met), and the capacity it found: the highest
-    rate met below the lowest rate missed (0 when no rate was met)."""
+    rate met below the lowest rate missed (0 when no rate was met). A rate met once and missed
+    when repeated counts as missed."""
 
     tried: list[tuple[float, bool]] = field(default_factory=list)
 
@@ -211,13 +217,23 @@ class CapacitySearch:
         missed = min((r for r, ok in self.tried if not ok), default=math.inf)
         return max((r for r, ok in self.tried if ok and r < missed), default=0.0)
 
+    @property
+    def confirmed(self) -> bool:
+        """Whether the capacity was met in two phases (always false when it is 0)."""
+        found = self.capacity
+        return found > 0 and sum(1 for r, ok in self.tried if ok and r == found) >= 2
+
 
 def search_capacity(met_at: Callable[[float], bool], start: float, *,
                     factor: float = SEARCH_FACTOR, bisections: int = 1,
-                    max_phases: int = 8, min_rate: float = MIN_RATE) -> CapacitySearch:
+                    max_phases: int = 8, min_rate: float = MIN_RATE,
+                    confirmations: int = CONFIRMATIONS) -> CapacitySearch:
     """The highest rate ``met_at`` holds: from ``start``, multiply by ``factor`` while it
     holds (divide while it does not) until one rate holds and the next does not, then bisect
-    that bracket geometrically ``bisections`` times. At most ``max_phases`` calls."""
+    that bracket geometrically ``bisections`` times (at most ``max_phases`` calls in all);
+    then repeat the rate found, up to ``confirmations`` more calls, until one is met twice
+    (:data:`CONFIRMATIONS`). ``met_at`` is called with a rate it has seen before only for a
+    repeat."""
     search = CapacitySearch()
     rate = start
     while len(search.tried) < max_phases and rate >= min_rate:
@@ -232,5 +248,10 @@ def search_capacity(met_at: Callable[[float], bool], start: float, *,
         if missed is None or best <= 0 or len(search.tried) >= max_phases:
             break
         rate = math.sqrt(best * missed)
+        search.tried.append((rate, met_at(rate)))
+    for _ in range(confirmations):
+        if search.capacity <= 0 or search.confirmed:
+            break
+        rate = search.capacity
         search.tried.append((rate, met_at(rate)))
     return search

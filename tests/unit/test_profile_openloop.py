@@ -19,20 +19,43 @@ def _threshold(capacity: float):
     return met_at, calls
 
 
-def test_the_search_climbs_until_a_miss_then_bisects_once():
+def test_the_search_climbs_until_a_miss_then_bisects_once_then_repeats_what_it_found():
     met_at, calls = _threshold(10.0)
     search = search_capacity(met_at, 4.0, factor=1.5, bisections=1)
-    # 4, 6, 9 met; 13.5 missed; then sqrt(9 * 13.5) = 11.02 missed
-    assert calls == pytest.approx([4.0, 6.0, 9.0, 13.5, (9.0 * 13.5) ** 0.5])
-    assert search.capacity == 9.0
+    # 4, 6, 9 met; 13.5 missed; then sqrt(9 * 13.5) = 11.02 missed; 9 met again
+    assert calls == pytest.approx([4.0, 6.0, 9.0, 13.5, (9.0 * 13.5) ** 0.5, 9.0])
+    assert search.capacity == 9.0 and search.confirmed
 
 
 def test_the_search_descends_from_a_start_above_capacity():
     met_at, calls = _threshold(3.0)
-    search = search_capacity(met_at, 10.0, factor=2.0, bisections=1)
+    search = search_capacity(met_at, 10.0, factor=2.0, bisections=1, confirmations=0)
     # 10, 5 missed; 2.5 met; sqrt(2.5 * 5) = 3.54 missed
     assert calls == pytest.approx([10.0, 5.0, 2.5, (2.5 * 5.0) ** 0.5])
     assert search.capacity == 2.5
+    assert not search.confirmed  # met once: no repeat was asked for
+
+
+def test_a_rate_met_once_and_missed_when_repeated_is_not_claimed():
+    # 4 met, 6 missed, sqrt(24) met by luck; its repeat misses, so the claim drops to 4,
+    # whose repeat holds
+    outcomes = iter([True, False, True, False, True])
+    calls: list[float] = []
+    search = search_capacity(lambda rate: calls.append(rate) or next(outcomes), 4.0,
+                             factor=1.5, bisections=1)
+    assert calls == pytest.approx([4.0, 6.0, 24 ** 0.5, 24 ** 0.5, 4.0])
+    assert search.capacity == 4.0 and search.confirmed
+
+
+def test_repeats_are_bounded_and_an_unconfirmed_claim_says_so():
+    # every repeat misses: two repeats, then the search stops with the rate met once below
+    outcomes = iter([True, True, False, True, False, False])
+    calls: list[float] = []
+    search = search_capacity(lambda rate: calls.append(rate) or next(outcomes), 4.0,
+                             factor=1.5, bisections=1, confirmations=2)
+    # 4, 6 met; 9 missed; sqrt(54) met; its repeat missed; 6's repeat missed: 4 is left
+    assert calls == pytest.approx([4.0, 6.0, 9.0, 54 ** 0.5, 54 ** 0.5, 6.0])
+    assert search.capacity == 4.0 and not search.confirmed
 
 
 @pytest.mark.parametrize("capacity", [0.7, 3.3, 12.0, 55.0])
@@ -46,7 +69,8 @@ def test_the_capacity_found_is_met_and_within_one_bisection_step(capacity):
 def test_noise_never_raises_the_capacity_above_a_missed_rate():
     outcomes = iter([True, False, True])  # 4 met, 6 missed, then sqrt(24) met
 
-    search = search_capacity(lambda rate: next(outcomes), 4.0, factor=1.5, bisections=1)
+    search = search_capacity(lambda rate: next(outcomes), 4.0, factor=1.5, bisections=1,
+                             confirmations=0)
     assert search.capacity == pytest.approx(24 ** 0.5)
     search.tried.append((3.0, False))  # a lower rate missed too: nothing above it counts
     assert search.capacity == 0.0
@@ -82,3 +106,29 @@ def test_a_generator_that_fell_behind_did_not_offer_its_rate():
     assert behind.within(2.0, 0.1) == 1.0 and not behind.met(2.0, 0.1)
     # a moment's delay mid-phase (a late request or two) leaves the rate offered
     assert _phase([Timing(0.1, 0.01)] * 40, behind_s=0.0, late_p99_s=0.8).met(2.0, 0.1)
+
+
+def test_the_profile_repeats_its_capacity_with_other_arrival_times(monkeypatch):
+    """``coral-hpc profile``'s search: the repeat of the rate found draws another seed (a
+    replay of the same arrival times would repeat the same luck), and both phases are recorded
+    with which one is the repeat."""
+    from coral_hpc.profile import measure, openloop
+
+    seeds: list[tuple[float, str]] = []
+
+    def phase(url, model, rate, *, seed, **_kw):
+        seeds.append((rate, seed))
+        timing = openloop.Timing(0.1, 0.01) if rate <= 3.0 else openloop.Timing(9.0, 0.01)
+        return openloop.Phase(rate, 1.0, (timing,) * 40, 0.0, 0.0, 0.0, 1.0)
+
+    monkeypatch.setattr(openloop, "poisson_phase", phase)
+    record: list = []
+    lines: list[str] = []
+    found = measure.open_loop_capacity("http://x", "m", 64, 8, 1.0, 0.2, 2.0, None, record,
+                                       lines.append)
+    assert found == 3.0  # 2, 3 met; 4.5 and sqrt(13.5) missed; 3 met again
+    assert [r for r, _ in seeds].count(found) == 2
+    first, repeat = [s for r, s in seeds if r == found]
+    assert first != repeat
+    assert [p["repeat"] for p in record if p["requests_per_s"] == found] == [0, 1]
+    assert "met twice" in lines[-1]
