@@ -35,9 +35,9 @@ from coral_solver.perf_profiles import Calibration, MeasuredProfile, load_calibr
 from coral_solver.perf_queue import _Z as _Z
 from coral_solver.perf_queue import MISS_PER_OBJECTIVE as MISS_PER_OBJECTIVE
 from coral_solver.perf_queue import (
+    MIN_RATE,
     _concurrent_slots,
     _Feasibility,
-    _first_feasible_batch,
     _largest_feasible_batch,
     _StageSteps,
 )
@@ -507,16 +507,17 @@ def throughput_from_coeffs(c: StageCoeffs, cap: int, n_stages: int, slo: Slo, mi
 
 
 def _best_throughput(feasible: _Feasibility, b_max: int, n_out: int) -> float:
-    """Requests/s at the largest batch in [1, ``b_max``] that ``feasible`` passes; 0.0 if none."""
-    lo, t_lo = _first_feasible_batch(feasible, b_max)
-    if lo == 0:
-        return 0.0
-    # Above the first feasible batch, feasibility is monotone: the mean step, the prompts per
-    # step and the KV wait all grow with b, and the surge factor keeps falling.
-    b, t_b = _largest_feasible_batch(feasible, lo, t_lo, b_max)
-    # b / step(b) grows with b (step time has a positive intercept and grows at most linearly),
-    # so the largest feasible batch gives the most requests per second.
-    return b / (n_out * t_b)
+    """Requests/s at the largest mean batch in (0, ``b_max``] that ``feasible`` passes; 0.0 if
+    none passes or the rate is below :data:`~coral_solver.perf_queue.MIN_RATE`.
+
+    Every test is monotone in the step costs at a given rate (a slower step lengthens the mean
+    and tail steps, the KV slots' service and the prompt steps; the tail's surge depends on the
+    rate, the SLO and the spare share only), so a slower step is never rated higher. The rate
+    b / step(b) grows with b (a positive intercept, growth at most linear): the largest feasible
+    batch serves the most."""
+    b, t_b = _largest_feasible_batch(feasible, b_max, n_out)
+    rate = b / (n_out * t_b) if b > 0 else 0.0
+    return rate if rate >= MIN_RATE else 0.0
 
 
 @functools.lru_cache(maxsize=262144)
@@ -569,9 +570,10 @@ def stage_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_stag
     prompt arrivals meets the TPOT share; the wait for one of the KV cache's concurrent slots
     (M/M/c, Erlang C, slots sized for exponential token counts) exceeds what the TTFT leaves
     after the prompt steps for at most MISS_PER_OBJECTIVE of requests. Returns
-    B / (output_tokens x mean step). 0.0 when the stage cannot run, does not fit, or misses the
-    SLO. Non-increasing in ``layers``; non-decreasing as the SLO loosens. Measured profiles
-    override.
+    B / (output_tokens x mean step), B a mean, so any real number (found to 0.1 %). 0.0 when the
+    stage cannot run, does not fit, misses the SLO or serves under one request a minute.
+    Non-increasing in ``layers`` and in every step cost; non-decreasing as the SLO loosens.
+    Measured profiles override.
     """
     return _stage_throughput(arch, gpu, tp, layers, n_stages, slo, mix)
 

@@ -4,8 +4,8 @@ searches with.
 How many sequences the KV cache holds at once (:func:`_concurrent_slots`), the Erlang-C wait for
 one of them (:func:`_erlang_c_wait_tail`), the tail TPOT's fixed point (:func:`_tail_step`), the
 SLO test of one decode batch (:class:`_Feasibility`, on a stage's mean steps :class:`_StageSteps`)
-and the search for the largest batch that passes it (:func:`_first_feasible_batch`,
-:func:`_largest_feasible_batch`). Units: seconds, tokens, requests per second.
+and the search for the largest batch that passes it (:func:`_largest_feasible_batch`). Units:
+seconds, tokens, requests per second.
 """
 
 from __future__ import annotations
@@ -93,39 +93,46 @@ def _concurrent_slots(cap: int, n_in: int, n_out: int, max_seqs: int) -> int:
     return min(max_seqs, int(root * root))
 
 
-#: Growth factor of the batches probed for the first feasible one (see _first_feasible_batch).
-_PROBE_GROWTH = 1.25
+#: Relative resolution of the batch search: the largest feasible mean batch is found to 0.1 %,
+#: so the capacity is too (it grows at most in proportion to the batch). A numerical choice, not
+#: a fitted one: finer than the integer batches the search took before (1 % at b = 100, 25 % at
+#: b = 4), and the bound on how far capacity may rise when a step gets slower (none, up to this).
+BATCH_RESOLUTION = 1e-3
+#: Below this rate (requests/s) a stage is rated 0: it serves less than one request a minute
+#: (no planner would use it; the search must end somewhere). :mod:`coral_solver.simcap` rates a
+#: simulated template by the same floor.
+MIN_RATE = 1.0 / 60.0
+#: Halvings of the batch the search tries at most before rating the stage 0 (a guard: with a
+#: positive empty step the rate falls below MIN_RATE long before).
+_MAX_HALVINGS = 64
 
 
-def _first_feasible_batch(feasible: Callable[[int], tuple[bool, float]], b_max: int
-                          ) -> tuple[int, float]:
-    """(smallest probed feasible batch, its mean step) or (0, 0.0) when none is.
+def _largest_feasible_batch(feasible: Callable[[float], tuple[bool, float]], b_max: float,
+                            n_out: int) -> tuple[float, float]:
+    """(largest feasible mean decode batch in (0, ``b_max``] to :data:`BATCH_RESOLUTION`, its
+    mean step), or (0.0, 0.0) when none serving at least :data:`MIN_RATE` requests/s is.
 
-    Feasibility is not monotone at the small end: the tail-TPOT surge factor
-    1 + z / sqrt(spare x S x b) is largest at b = 1, so with prompt-heavy mixes (e.g. Azure code,
-    2,048 in / 28 out) a lone sequence fails where larger batches pass. Batches 1, 2, 3, ... are
-    probed growing by at most ``_PROBE_GROWTH`` per step (about 25 probes up to 256), and the
-    first that passes starts the search for the largest one.
+    Feasibility must be monotone in the batch (the caller's claim). The batch is a mean, so a
+    real number: searching whole batches made capacity jump by a whole sequence's share, which
+    a slower step could turn into a gain (a batch one larger passing at the slower step, at a
+    rate above the faster step's last passing one). Halves from ``b_max`` until a batch passes,
+    then bisects between it and the last failing one.
     """
-    b = 1
-    while b <= b_max:
-        ok, t = feasible(b)
-        if ok:
-            return b, t
-        b = max(b + 1, int(b * _PROBE_GROWTH))
-    return 0, 0.0
-
-
-def _largest_feasible_batch(feasible: Callable[[int], tuple[bool, float]], lo: int,
-                            t_lo: float, b_max: int) -> tuple[int, float]:
-    """(largest feasible batch in [lo, b_max], its mean step), by bisection: ``lo`` is feasible
-    with mean step ``t_lo``, and feasibility is monotone from ``lo`` up (the caller's claim)."""
-    hi = b_max
-    ok, t_hi = feasible(hi)
+    ok, t = feasible(b_max)
     if ok:
-        return hi, t_hi
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
+        return b_max, t
+    hi, lo = b_max, b_max / 2.0
+    for _ in range(_MAX_HALVINGS):
+        ok, t_lo = feasible(lo)
+        if ok:
+            break
+        if lo / (n_out * t_lo) < MIN_RATE:  # the rate only falls with the batch
+            return 0.0, 0.0
+        hi, lo = lo, lo / 2.0
+    else:
+        return 0.0, 0.0
+    while hi - lo > BATCH_RESOLUTION * lo:
+        mid = 0.5 * (lo + hi)
         ok, t_mid = feasible(mid)
         if ok:
             lo, t_lo = mid, t_mid
@@ -197,7 +204,7 @@ class _Feasibility:
     prompt_step: float
     step_empty: float
 
-    def __call__(self, b: int) -> tuple[bool, float]:
+    def __call__(self, b: float) -> tuple[bool, float]:
         # A sequence advances one token per round of all S micro-batches; the S x b sequences
         # in flight see about S x b prompts arrive during one request's n_out rounds (Little),
         # and a prompt stalls the whole pipeline ring (every micro-batch follows the long step
@@ -213,26 +220,37 @@ class _Feasibility:
             return False, t
         return self._kv_wait_ok(b, t), t
 
-    def _tail_tpot_ok(self, b: int, t: float) -> bool:
+    def _tail_tpot_ok(self, b: float, t: float) -> bool:
         """The TPOT of a request that sees the 1 - MISS quantile of arrivals meets the share."""
-        # TPOT is per request. The S x b requests arriving during one request's lifetime are
-        # Poisson; one that sees the 1 - MISS quantile of them sees the stage as if the rate
-        # were lam' = lam (1 + z / sqrt(n)). Its batch and its prompts per step both grow,
-        # which lengthens the step, which grows the batch (Little): solve that fixed point;
-        # near saturation it runs away, which the mean alone would not show. And near
-        # saturation the load stays high for long (a queue's fluctuations relax over
-        # ~1/(1 - rho)^2 of the time they take at light load), so a lifetime samples fewer
-        # independent arrivals: sqrt(n) = sqrt(S b) x (1 - rho), where 1 - rho = (empty step) /
-        # (mean step) is the share of a step not spent on per-request work. Checked against
-        # the engine in virtual time (bench/slo.py): >= 95 % at the capacity this returns.
+        # TPOT is per request. A request misses the share exactly when it lives longer than
+        # n_out rounds of S steps of the share, and whether it does is decided by the requests
+        # arriving within that window: lam x n_out x S x share = S b x share / t of them on
+        # average (Little: lam = b / (n_out t)). They are Poisson; one that sees the 1 - MISS
+        # quantile of them sees the stage as if the rate were lam' = lam (1 + z / sqrt(n)).
+        # (Not the mean lifetime n_out S t: at a given rate that window grows with every fixed
+        # cost of a step, overhead and hand-off, so a slower step drew a smaller surge and was
+        # rated higher; bench/results/capacity_band.md. The window at the limit depends on the
+        # rate and the SLO only.) Its batch and its prompts per step both grow, which lengthens
+        # the step, which grows the batch (Little): solve that fixed point; near saturation it
+        # runs away, which the mean alone would not show. And near saturation the load stays
+        # high for long (a queue's fluctuations relax over ~1/(1 - rho)^2 of the time they take
+        # at light load), so a lifetime samples fewer independent arrivals: n counts spare x
+        # the arrivals, spare = 1 - rho = (empty step) / (mean step), the share of a step not
+        # spent on per-request work (it falls as the rate or a cost every step pays alike
+        # rises; a weight read hidden under compute, overlap < 1, raises it a little:
+        # tests/unit/test_perf_monotone.py). Checked against the replica simulator in virtual
+        # time (coral_solver.simcap, exponential lengths): below its capacity at the example
+        # mixes (512 / 128, 1,024 / 256); not where one prompt step outlasts the TPOT share
+        # (2,048 in / 28 out: up to 2x above), whose misses are short outputs meeting a long
+        # prompt, which the mean lengths here do not show.
         S, R, n_out, step = self.steps.n_stages, self.ring, self.n_out, self.steps.at
         spare = self.step_empty / t
-        surge = 1.0 + _Z / math.sqrt(spare * S * b)
+        surge = 1.0 + _Z / math.sqrt(spare * S * b * self.tpot_s / t)
         tail = _tail_step(lambda x: step(b * surge * x / t, R * b * surge * x / (t * n_out)),
                           t, self.tpot_s)
         return not tail > self.tpot_s
 
-    def _kv_wait_ok(self, b: int, t: float) -> bool:
+    def _kv_wait_ok(self, b: float, t: float) -> bool:
         """At most MISS_PER_OBJECTIVE of requests wait for a KV slot longer than TTFT leaves."""
         # TTFT: queue for a KV slot (M/M/c with the slots above; a request holds one for
         # n_out rounds of S steps), then its prompt step on each of the S stages.

@@ -17,7 +17,8 @@ roles compare like with like:
 - **decode**: b sequences decode one token per step, each holding the KV of its prompt and its
   output (slots sized as for an aggregated replica, exponential token counts); no prompt steps.
   The largest b whose step stays within TPOT/S, also for the 1 − MISS quantile of the batch
-  (b × (1 + z / sqrt(spare · S · b)), the same surge as the aggregated model), and whose arrivals
+  (b × (1 + z / sqrt(n)), n the arrivals within a lifetime at the TPOT limit times the
+  spare share of a step, the same surge as the aggregated model), and whose arrivals
   find a free KV slot with probability ≥ 1 − MISS (Erlang C: the TTFT belongs to prefill). The
   stage's link caps the arrivals the same way as prefill's.
 
@@ -129,11 +130,14 @@ def _decode(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_stages: int,
 
     step_empty = step(0.0)
 
-    def feasible(b: int) -> tuple[bool, float]:
+    def feasible(b: float) -> tuple[bool, float]:
         t = step(b)
         if t > tpot:
             return False, t
-        surge = 1.0 + perf._Z / math.sqrt(step_empty / t * S * b)
+        # the arrivals within the lifetime at the TPOT limit, as the aggregated model counts
+        # them (coral_solver.perf_queue._Feasibility._tail_tpot_ok): not the mean lifetime,
+        # which would give a slower step a smaller surge
+        surge = 1.0 + perf._Z / math.sqrt(step_empty / t * S * b * tpot / t)
         if step(b * surge) > tpot:
             return False, t
         lam = b / (n_out * t)
@@ -146,12 +150,10 @@ def _decode(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_stages: int,
         waits = perf._erlang_c_wait_tail(slots, a, slots / service - lam, 0.0)
         return waits <= perf.MISS_PER_OBJECTIVE, t
 
-    ok, t_lo = feasible(1)
-    if not ok:
-        return 0.0
     # feasibility is monotone in b: every term grows with the batch
-    b, t_b = perf._largest_feasible_batch(feasible, 1, t_lo, b_max)
-    return b / (n_out * t_b)
+    b, t_b = perf._largest_feasible_batch(feasible, b_max, n_out)
+    rate = b / (n_out * t_b) if b > 0 else 0.0
+    return rate if rate >= perf.MIN_RATE else 0.0
 
 
 def _decode_mean(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_stages: int,

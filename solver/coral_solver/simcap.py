@@ -42,7 +42,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from coral_replica_sim.replica import EngineLimits, Layout, Request, StepModel, serve_watched
-from coral_solver import perf
+from coral_solver import perf, perf_queue
 
 #: Requests whose outcome is counted per judged rate. The binomial standard error of an
 #: attainment of 0.95 over 500 requests is sqrt(0.95 x 0.05 / 500) = 0.97 percentage points:
@@ -58,8 +58,9 @@ SEED = 20261203
 #: the passing one (finer than what the ~1-point attainment error above moves the rate by).
 REL_TOL = 0.02
 #: Below this rate (requests/s) a template is rated 0: it serves less than one request a
-#: minute within SLO (no planner would use it; the halving must end somewhere).
-MIN_RATE = 1.0 / 60.0
+#: minute within SLO (no planner would use it; the halving must end somewhere). The analytic
+#: capacity's floor too (coral_solver.perf_queue), so both rate a template alike.
+MIN_RATE = perf_queue.MIN_RATE
 
 
 @dataclass(frozen=True)

@@ -278,6 +278,12 @@ def test_a_closed_loop_has_no_poisson_surge_so_it_serves_at_least_as_much():
         closed = perf.throughput_from_coeffs(*args, overhead_s=0.0127, poisson_tail=False)
         assert closed >= open_loop
     assert open_loop > 0
+    # the surge binds for a prompt-heavy mix: 6 output tokens, each a 218 ms prompt step away
+    # from missing; the replica simulator (coral_solver.simcap, these steps, exponential
+    # lengths) meets the SLO for 95 % up to 2.35 req/s, the open-loop figure stays below it
     prompt_heavy = (coeffs, 1 << 20, 1, perf.Slo(4.0, 0.4), perf.Mix(438, 6))
-    assert perf.throughput_from_coeffs(*prompt_heavy, overhead_s=0.0127) == 0.0
-    assert perf.throughput_from_coeffs(*prompt_heavy, overhead_s=0.0127, poisson_tail=False) > 4
+    open_heavy = perf.throughput_from_coeffs(*prompt_heavy, overhead_s=0.0127)
+    closed_heavy = perf.throughput_from_coeffs(*prompt_heavy, overhead_s=0.0127,
+                                               poisson_tail=False)
+    assert closed_heavy > 4
+    assert 0 < open_heavy < min(2.35, closed_heavy / 2)
