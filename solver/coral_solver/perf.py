@@ -33,7 +33,6 @@ from coral_solver.perf_profiles import Calibration, MeasuredProfile, load_calibr
 
 # ``X as X``: re-exported where they lived before (perf_roles, perf_pooling and tests read them)
 from coral_solver.perf_queue import _Z as _Z
-from coral_solver.perf_queue import MISS_PER_OBJECTIVE as MISS_PER_OBJECTIVE
 from coral_solver.perf_queue import (
     MIN_RATE,
     _concurrent_slots,
@@ -41,6 +40,7 @@ from coral_solver.perf_queue import (
     _largest_feasible_batch,
     _StageSteps,
 )
+from coral_solver.perf_queue import MISS_PER_OBJECTIVE as MISS_PER_OBJECTIVE
 from coral_solver.perf_queue import _erlang_c_wait_tail as _erlang_c_wait_tail
 from coral_solver.perf_queue import _tail_step as _tail_step
 from coral_solver.resources import profiles_dir
@@ -566,8 +566,8 @@ def stage_throughput(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_stag
     stages, so it gets TTFT/n_stages and TPOT/n_stages. Finds the largest decode batch B per
     micro-batch such that, with prompts processed whole in one step (as vLLM schedules them) and
     each stage paying the prompts of the whole ring (S x B / output per step; PROMPTS_STALL_RING):
-    the TPOT of a request whose lifetime sees the 1 - MISS_PER_OBJECTIVE quantile of (Poisson)
-    prompt arrivals meets the TPOT share; the wait for one of the KV cache's concurrent slots
+    at least 1 - MISS_PER_OBJECTIVE of requests (geometric output lengths: perf_tail) meet the
+    TPOT share given the arrivals in their window at the limit; the wait for one of the KV cache's concurrent slots
     (M/M/c, Erlang C, slots sized for exponential token counts) exceeds what the TTFT leaves
     after the prompt steps for at most MISS_PER_OBJECTIVE of requests. Returns
     B / (output_tokens x mean step), B a mean, so any real number (found to 0.1 %). 0.0 when the

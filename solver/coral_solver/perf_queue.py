@@ -2,7 +2,8 @@
 searches with.
 
 How many sequences the KV cache holds at once (:func:`_concurrent_slots`), the Erlang-C wait for
-one of them (:func:`_erlang_c_wait_tail`), the tail TPOT's fixed point (:func:`_tail_step`), the
+one of them (:func:`_erlang_c_wait_tail`), the tail TPOT's fixed point (:func:`_tail_step`; the
+share of requests over output lengths that meets it is :mod:`coral_solver.perf_tail`'s), the
 SLO test of one decode batch (:class:`_Feasibility`, on a stage's mean steps :class:`_StageSteps`)
 and the search for the largest batch that passes it (:func:`_largest_feasible_batch`). Units:
 seconds, tokens, requests per second.
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from coral_solver import perf_tail
 from coral_solver.perf_model import StageCoeffs, step_time
 
 #: Share of requests a stage may let miss each objective (TTFT and TPOT): together they stay
@@ -105,6 +107,9 @@ MIN_RATE = 1.0 / 60.0
 #: Halvings of the batch the search tries at most before rating the stage 0 (a guard: with a
 #: positive empty step the rate falls below MIN_RATE long before).
 _MAX_HALVINGS = 64
+#: Relative resolution of the tolerated surge (perf_tail's allowed count is its floor x the
+#: window's mean count): a numerical choice, as BATCH_RESOLUTION.
+SURGE_RESOLUTION = 1e-3
 
 
 def _largest_feasible_batch(feasible: Callable[[float], tuple[bool, float]], b_max: float,
@@ -221,34 +226,47 @@ class _Feasibility:
         return self._kv_wait_ok(b, t), t
 
     def _tail_tpot_ok(self, b: float, t: float) -> bool:
-        """The TPOT of a request that sees the 1 - MISS quantile of arrivals meets the share."""
-        # TPOT is per request. A request misses the share exactly when it lives longer than
-        # n_out rounds of S steps of the share, and whether it does is decided by the requests
-        # arriving within that window: lam x n_out x S x share = S b x share / t of them on
-        # average (Little: lam = b / (n_out t)). They are Poisson; one that sees the 1 - MISS
-        # quantile of them sees the stage as if the rate were lam' = lam (1 + z / sqrt(n)).
-        # (Not the mean lifetime n_out S t: at a given rate that window grows with every fixed
-        # cost of a step, overhead and hand-off, so a slower step drew a smaller surge and was
-        # rated higher; bench/results/capacity_band.md. The window at the limit depends on the
-        # rate and the SLO only.) Its batch and its prompts per step both grow, which lengthens
-        # the step, which grows the batch (Little): solve that fixed point; near saturation it
-        # runs away, which the mean alone would not show. And near saturation the load stays
-        # high for long (a queue's fluctuations relax over ~1/(1 - rho)^2 of the time they take
-        # at light load), so a lifetime samples fewer independent arrivals: n counts spare x
-        # the arrivals, spare = 1 - rho = (empty step) / (mean step), the share of a step not
-        # spent on per-request work (it falls as the rate or a cost every step pays alike
-        # rises; a weight read hidden under compute, overlap < 1, raises it a little:
-        # tests/unit/test_perf_monotone.py). Checked against the replica simulator in virtual
-        # time (coral_solver.simcap, exponential lengths): below its capacity at the example
-        # mixes (512 / 128, 1,024 / 256); not where one prompt step outlasts the TPOT share
-        # (2,048 in / 28 out: up to 2x above), whose misses are short outputs meeting a long
-        # prompt, which the mean lengths here do not show.
-        S, R, n_out, step = self.steps.n_stages, self.ring, self.n_out, self.steps.at
-        spare = self.step_empty / t
-        surge = 1.0 + _Z / math.sqrt(spare * S * b * self.tpot_s / t)
-        tail = _tail_step(lambda x: step(b * surge * x / t, R * b * surge * x / (t * n_out)),
-                          t, self.tpot_s)
-        return not tail > self.tpot_s
+        """At least 1 - MISS of requests, over their output lengths, meet the TPOT share."""
+        # TPOT is per request. A request of n tokens misses the share exactly when it lives
+        # longer than n - 1 rounds of S steps of the share, and whether it does is decided by
+        # the requests arriving within that window: lam x TPOT per interval on average (not
+        # the mean lifetime's, which grows with every fixed cost of a step, so a slower step
+        # would draw a smaller surge and be rated higher; bench/results/capacity_band.md).
+        # One that sees x times the mean arrivals sees the stage as if the rate were lam x:
+        # its batch and its prompts per step both grow, which lengthens the step, which grows
+        # the batch (Little): the largest x whose fixed point stays within the share is what
+        # the stage tolerates (near saturation it runs away, which the mean alone would not
+        # show). Over geometric output lengths, the share of requests whose window's count
+        # stays within x times its mean (perf_tail: the count's variance mean / spare, spare
+        # = (empty step) / (mean step), the share of a step not spent on per-request work).
+        lam = b / (self.n_out * t)
+        tolerated = self._tolerated_surge(b, t)
+        met = perf_tail.tpot_attainment(lam * self.steps.n_stages * self.tpot_s,
+                                        self.step_empty / t, tolerated, self.n_out)
+        return met >= 1.0 - MISS_PER_OBJECTIVE
+
+    def _tolerated_surge(self, b: float, t: float) -> float:
+        """The largest surge x of the arrival rate (>= 1: the mean passes) whose tail step's
+        fixed point stays within the TPOT share, to :data:`SURGE_RESOLUTION`; inf when the step
+        never reaches the share (no per-request cost)."""
+        R, n_out, step, share = self.ring, self.n_out, self.steps.at, self.tpot_s
+
+        def ok(x: float) -> bool:
+            tail = _tail_step(lambda y: step(b * x * y / t, R * b * x * y / (t * n_out)),
+                              t, share)
+            return not tail > share
+
+        lo, hi = 1.0, 2.0
+        for _ in range(_MAX_HALVINGS):
+            if not ok(hi):
+                break
+            lo, hi = hi, 2.0 * hi
+        else:
+            return math.inf
+        while hi - lo > SURGE_RESOLUTION * lo:
+            mid = 0.5 * (lo + hi)
+            lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+        return lo
 
     def _kv_wait_ok(self, b: float, t: float) -> bool:
         """At most MISS_PER_OBJECTIVE of requests wait for a KV slot longer than TTFT leaves."""

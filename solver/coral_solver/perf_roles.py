@@ -176,15 +176,15 @@ def _decode_mean(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_stages: 
         return step_time(c, b, 0.0, b * held, 0.0, cal.step_overhead_s, n_stages, cal.pp_alpha_s,
                          cal.pp_bw)
 
-    def feasible(b: int) -> tuple[bool, float]:
+    def feasible(b: float) -> tuple[bool, float]:
         t = step(b)
         return t <= slo.tpot_s / n_stages, t
 
-    ok, t_lo = feasible(1)
-    if b_max < 1 or not ok:
+    if b_max < 1:
         return 0.0
-    b, t_b = perf._largest_feasible_batch(feasible, 1, t_lo, b_max)
-    return min(b / (n_out * t_b), _link_cap(arch, layers, mix))
+    # the mean batch is a real number, as in the aggregated search (never below the whole one)
+    b, t_b = perf._largest_feasible_batch(feasible, b_max, n_out)
+    return min(b / (n_out * t_b), _link_cap(arch, layers, mix)) if b > 0 else 0.0
 
 
 def _stage_can_run(arch: ModelArch, gpu: GpuSpec, tp: int, layers: int, n_stages: int,

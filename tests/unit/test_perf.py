@@ -238,8 +238,9 @@ def test_tail_step_runs_away_near_saturation():
 
 
 def test_prompt_heavy_mix_where_only_batches_above_one_pass_gets_its_throughput():
-    # gpt-oss-120b on one H100 with 1,024 in / 16 out: a lone sequence fails the tail-TPOT test
-    # (the surge factor 1 + z/sqrt(spare S b) is largest at b = 1), larger batches pass
+    # gpt-oss-120b on one H100 with 1,024 in / 16 out: a prompt-heavy mix, where the old
+    # tail-TPOT test failed a lone sequence (its surge was largest at b = 1) and larger batches
+    # passed; the capacity is still more than a batch of one's
     arch, gpu = model_arch("gpt-oss-120b"), gpu_spec("h100")
     slo, mix = perf.Slo(ttft_s=4.0, tpot_s=0.2), perf.Mix(input_tokens=1024, output_tokens=16)
     rps = perf.stage_throughput(arch, gpu, 1, arch.layers, 1, slo, mix)
@@ -281,6 +282,7 @@ def test_a_closed_loop_has_no_poisson_surge_so_it_serves_at_least_as_much():
     # the surge binds for a prompt-heavy mix: 6 output tokens, each a 218 ms prompt step away
     # from missing; the replica simulator (coral_solver.simcap, these steps, exponential
     # lengths) meets the SLO for 95 % up to 2.35 req/s, the open-loop figure stays below it
+    # (1.33 with the tail over output lengths, coral_solver.perf_tail)
     prompt_heavy = (coeffs, 1 << 20, 1, perf.Slo(4.0, 0.4), perf.Mix(438, 6))
     open_heavy = perf.throughput_from_coeffs(*prompt_heavy, overhead_s=0.0127)
     closed_heavy = perf.throughput_from_coeffs(*prompt_heavy, overhead_s=0.0127,

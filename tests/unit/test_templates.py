@@ -269,15 +269,17 @@ def ring_stall():
 
 
 def test_qwen3_235b_on_two_4xh100_stages_gets_a_template_with_the_azure_code_mix(ring_stall):
-    """Under the ring accounting a stage of few layers is infeasible with this mix, more layers
-    feasible: the stage table must keep the feasible tail."""
+    """Under the ring accounting, with this prompt-heavy mix, the two-stage split is found and
+    rated by its bottleneck stage. (It asserted a stage of few layers infeasible and 47 layers
+    feasible: the old tail surge failed the lone sequence a small stage's search started from, a
+    figure that rose with the step's cost; now fewer layers never serve less.)"""
     from coral_solver.templates import PerfThroughput, _stage_tables
 
     model = ModelSpec("q235", "qwen3-235b-a22b", 2048, 28, 4.0, 0.2)
     tm = PerfThroughput()
     table = _stage_tables(tm, model, ["h100"], 4, 2, 94)
-    # the perf model calls a stage of few layers infeasible under this mix, 47 layers feasible
-    assert table[0, 0] == 0 and table[0, 46] > 0
+    # fewer layers never serve less (tests/unit/test_perf_monotone.py: monotone in step cost)
+    assert all(a >= b for a, b in zip(table[0, :-1], table[0, 1:])) and table[0, 46] > 0
     templates = model_templates(tm, model, {"h100": (8, 80.0)}, Policy(n_max=2))
     two = [t for t in templates if t.tp == 4 and t.pp == 2]
     assert two and [s.layers for s in two[0].stages] == [47, 47]
