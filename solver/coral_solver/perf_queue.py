@@ -178,10 +178,14 @@ class _StageSteps:
                                  alpha, bw)
         return (1.0 - p) * decode_only + p * with_prompts
 
-    def prompt(self) -> float:
-        """The step that runs one sequence's whole prompt."""
-        return step_time(self.c, 1, self.n_in, self.ctx, self.prefill_ctx, self.over,
-                         self.n_stages, self.alpha, self.bw)
+    def prompt(self, n_in: float | None = None) -> float:
+        """The step that runs one sequence's whole prompt (of ``n_in`` tokens, else the mix's
+        mean, attending to half of itself on average)."""
+        if n_in is None:
+            return step_time(self.c, 1, self.n_in, self.ctx, self.prefill_ctx, self.over,
+                             self.n_stages, self.alpha, self.bw)
+        return step_time(self.c, 1, n_in, self.ctx, n_in / 2.0, self.over, self.n_stages,
+                         self.alpha, self.bw)
 
     def empty(self) -> float:
         """A step with nothing to do: the overhead and the hand-off alone."""
@@ -236,9 +240,10 @@ class _Feasibility:
         # its batch and its prompts per step both grow, which lengthens the step, which grows
         # the batch (Little): the largest x whose fixed point stays within the share is what
         # the stage tolerates (near saturation it runs away, which the mean alone would not
-        # show). Over geometric output lengths, the share of requests whose window's count
-        # stays within x times its mean (perf_tail: the count's variance mean / spare, spare
-        # = (empty step) / (mean step), the share of a step not spent on per-request work).
+        # show). Over geometric output lengths, the share of requests whose window's prompt
+        # tokens stay within x times their mean (perf_tail: exponential prompts, a count of
+        # variance mean / spare, spare = (empty step) / (mean step), the share of a step not
+        # spent on per-request work).
         lam = b / (self.n_out * t)
         tolerated = self._tolerated_surge(b, t)
         met = perf_tail.tpot_attainment(lam * self.steps.n_stages * self.tpot_s,
@@ -269,15 +274,29 @@ class _Feasibility:
         return lo
 
     def _kv_wait_ok(self, b: float, t: float) -> bool:
-        """At most MISS_PER_OBJECTIVE of requests wait for a KV slot longer than TTFT leaves."""
+        """At most MISS_PER_OBJECTIVE of requests, over their prompt lengths, wait for a KV slot
+        longer than TTFT leaves after their own prompt."""
         # TTFT: queue for a KV slot (M/M/c with the slots above; a request holds one for
-        # n_out rounds of S steps), then its prompt step on each of the S stages.
+        # n_out rounds of S steps), then its prompt step on each of the S stages. Prompt
+        # lengths are geometric with the mix's mean (simcap.Lengths.exponential's): a long
+        # prompt leaves less of the TTFT, or none (a 2,048-token mean has 5 % of prompts
+        # above 6,100 tokens), which the mean prompt alone does not show.
         S, slots = self.steps.n_stages, self.slots
         lam = b / (self.n_out * t)
         service = self.n_out * S * t + S * self.prompt_step
         a = lam * service
-        budget = self.ttft_s - S * (t + self.prompt_step)
-        if budget <= 0 or a >= slots:
+        if a >= slots:
             return False
-        tail = _erlang_c_wait_tail(slots, a, slots / service - lam, budget)
-        return tail <= MISS_PER_OBJECTIVE
+        waits = _erlang_c_wait_tail(slots, a, slots / service - lam, 0.0)
+        steps, mass = self._prompt_steps
+        budget = self.ttft_s - S * (t + steps)
+        late = np.where(budget > 0.0, waits * np.exp(-(slots / service - lam)
+                                                       * np.maximum(budget, 0.0)), 1.0)
+        return float(mass @ late) + perf_tail.TRUNCATED_MASS <= MISS_PER_OBJECTIVE
+
+    @functools.cached_property
+    def _prompt_steps(self) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+        """(the prompt step of each bin of geometric prompt lengths, at its longer end; the
+        bins' probabilities): perf_tail's bins, with the mix's mean prompt."""
+        _, last, mass = perf_tail.output_lengths(self.steps.n_in)
+        return np.array([self.steps.prompt(n) for n in last]), mass

@@ -10,11 +10,14 @@ P(a request of n tokens meets its TPOT) over the output lengths n, geometric wit
 mean (the discrete exponential :class:`coral_solver.simcap.Lengths.exponential` draws and
 :func:`coral_solver.perf_queue._concurrent_slots` assumes).
 
-The count of arrivals in a window is Poisson given the load's level, and the level persists near
-saturation (a queue's fluctuations relax over ~1/(1 - rho)^2 of the time they take at light
-load): the count's variance is its mean / spare, spare = 1 - rho. A Poisson count whose mean is
-gamma distributed has exactly that variance (the negative binomial); at long windows its normal
-quantile is the surge 1 + z / sqrt(spare x mean) the mean-length test drew.
+What a window brings is its arrivals' prompt tokens: a count of arrivals, each prompt
+exponential (geometric) with the mix's mean, so one long prompt can break a short request
+where the mean prompt would not. The count is Poisson given the load's level, and the level
+persists near saturation (a queue's fluctuations relax over ~1/(1 - rho)^2 of the time they
+take at light load): its variance is mean / spare, spare = 1 - rho, which a Poisson count of
+gamma-distributed mean has exactly (the negative binomial; at long windows its normal quantile
+is the surge 1 + z / sqrt(spare x mean) the mean-length test drew). A request must meet both
+the plain Poisson count (at a few counts: no arrival at all is e^-mean) and the persistent one.
 """
 
 from __future__ import annotations
@@ -34,10 +37,9 @@ TRUNCATED_MASS = 2.5e-4
 #: the lesser end's: numerical choices, not fitted ones).
 EXACT_LENGTHS = 128
 BIN_GROWTH = 1.0625
-#: Counts up to this are summed exactly; above it a gamma with the count's mean and variance is
-#: used (Wilson-Hilferty): at a count of 40 and above its CDF is within 5e-3 of the exact sum,
-#: mostly below it (a numerical choice, not a fitted one).
-_EXACT_COUNTS = 40
+#: Counts below this are summed exactly; beyond, _within_large's approximations (a numerical
+#: choice, not a fitted one; tests/unit/test_perf_tail.py holds the sum to the exact one).
+_EXACT_COUNTS = 60
 
 
 @functools.lru_cache(maxsize=1024)
@@ -72,36 +74,61 @@ def tpot_attainment(per_interval: float, spare: float, tolerated: float, n_out: 
     first, last, mass = output_lengths(n_out)
     ends = np.concatenate([first, last])
     mean = per_interval * (ends - 1.0)
-    allowed = np.floor(tolerated * mean + 1e-9)
-    met = _count_cdf(allowed, mean, min(max(spare, 1e-9), 1.0))
+    # the arrivals are Poisson whatever the load's level (at a few counts: no arrival at all
+    # is e^-mean, which the gamma mix of levels would raise); the level persists (at many
+    # counts: the wider negative binomial): a request must meet both, the lesser share
+    met = np.minimum(_within(mean, tolerated, min(max(spare, 1e-9), 1.0)),
+                     _within(mean, tolerated, 1.0))
     return float(mass @ np.minimum(met[:first.size], met[first.size:]))
 
 
-def _count_cdf(k: npt.NDArray[np.float64], mean: npt.NDArray[np.float64], spare: float
-               ) -> npt.NDArray[np.float64]:
-    """P(count <= k) of a count with ``mean`` and variance mean / ``spare``: negative binomial
-    (success probability spare, r = mean x spare / (1 - spare)); Poisson when spare is 1."""
+def _within(mean: npt.NDArray[np.float64], tolerated: float, spare: float
+            ) -> npt.NDArray[np.float64]:
+    """P(the prompt tokens of a window's arrivals <= ``tolerated`` x their mean): K arrivals
+    (mean ``mean``, variance mean / ``spare``), each prompt exponential (the mix's lengths are).
+
+    The sum of k exponential prompts stays within u mean prompts exactly when a Poisson count of
+    mean u reaches k (the k-th event of a unit-rate process comes by time u), so the share is
+    P(K <= U), U Poisson with mean ``tolerated`` x ``mean``, independent of K: summed exactly
+    while U stays within :data:`_EXACT_COUNTS` (8 of its standard deviations), else
+    :func:`_within_large`."""
     out = np.ones_like(mean)
-    small = (k < _EXACT_COUNTS) & (mean > 0)
+    u = tolerated * mean
+    small = (mean > 0) & (u + 8.0 * np.sqrt(u) + 1.0 < _EXACT_COUNTS)
     if small.any():
-        out[small] = _exact_cdf(k[small], mean[small], spare)
-    large = (k >= _EXACT_COUNTS) & (mean > 0)
+        k_cdf = _cdf_table(mean[small], spare)
+        u_pmf = _cdf_table(u[small], 1.0, pmf=True)
+        out[small] = np.minimum((k_cdf * u_pmf).sum(axis=1), 1.0)
+    large = (mean > 0) & ~small
     if large.any():
-        # the gamma with the count's mean and variance (shape mean x spare, scale 1 / spare;
-        # its skew 2 / sqrt(mean x spare) at least the count's (2 - spare) / sqrt(...)), its
-        # CDF by Wilson-Hilferty's cube root, at k + 1/2 (continuity)
-        shape = mean[large] * spare
-        ratio = (k[large] + 0.5) * spare / shape
-        w = (np.cbrt(ratio) - (1.0 - 1.0 / (9.0 * shape))) * 3.0 * np.sqrt(shape)
-        out[large] = _normal_cdf(w)
+        out[large] = _within_large(mean[large], u[large], spare)
     return out
 
 
-def _exact_cdf(k: npt.NDArray[np.float64], mean: npt.NDArray[np.float64], spare: float
+#: Gauss-Hermite nodes and weights (probabilists', 16 points) for an expectation over a normal.
+_NODES, _WEIGHTS = np.polynomial.hermite_e.hermegauss(16)
+
+
+def _within_large(mean: npt.NDArray[np.float64], u: npt.NDArray[np.float64], spare: float
+                  ) -> npt.NDArray[np.float64]:
+    """P(K <= U) where U's mean ``u`` is large: U taken normal (its skew 1 / sqrt(u) is small),
+    the expectation over it by Gauss-Hermite; K, skewed when overdispersed, as the gamma of its
+    mean and variance (shape mean x spare, scale 1 / spare), its CDF by Wilson-Hilferty's cube
+    root at U + 1/2 (continuity)."""
+    shape = (mean * spare)[:, None]
+    at = np.maximum(u[:, None] + np.sqrt(u)[:, None] * _NODES[None, :] + 0.5, 0.0)
+    w = (np.cbrt(at * spare / shape) - (1.0 - 1.0 / (9.0 * shape))) * 3.0 * np.sqrt(shape)
+    cdf: npt.NDArray[np.float64] = _normal_cdf(w) @ (_WEIGHTS / _WEIGHTS.sum())
+    return cdf
+
+
+def _cdf_table(mean: npt.NDArray[np.float64], spare: float, pmf: bool = False
                ) -> npt.NDArray[np.float64]:
-    """P(count <= k) summed term by term (every k below :data:`_EXACT_COUNTS`), all at once: the
-    terms' ratios, their running products (the probabilities), their running sums."""
-    j = np.arange(int(k.max()) + 1, dtype=float)
+    """P(count <= j) (or P(count = j) with ``pmf``) for j = 0 .. :data:`_EXACT_COUNTS` - 1 of a
+    count with ``mean`` and variance mean / ``spare``: the negative binomial (success chance
+    spare, r = mean x spare / (1 - spare)), Poisson when spare is 1: the terms' ratios, their
+    running products (the probabilities), their running sums."""
+    j = np.arange(_EXACT_COUNTS, dtype=float)
     if spare >= 1.0 - 1e-9:
         first = np.exp(-mean)
         ratio = mean[:, None] / (j[None, 1:])
@@ -110,9 +137,8 @@ def _exact_cdf(k: npt.NDArray[np.float64], mean: npt.NDArray[np.float64], spare:
         first = np.exp(r * math.log(spare))
         ratio = (r[:, None] + j[None, :-1]) * ((1.0 - spare) / j[None, 1:])
     terms = np.cumprod(np.concatenate([np.ones((mean.size, 1)), ratio], axis=1), axis=1)
-    cdf: npt.NDArray[np.float64] = np.cumsum(terms, axis=1) * first[:, None]
-    at_k: npt.NDArray[np.float64] = np.take_along_axis(cdf, k.astype(int)[:, None], axis=1)[:, 0]
-    return np.minimum(at_k, 1.0)
+    table: npt.NDArray[np.float64] = (terms if pmf else np.cumsum(terms, axis=1)) * first[:, None]
+    return table
 
 
 #: Abramowitz & Stegun, Handbook of Mathematical Functions, 7.1.26: erf(x) = 1 - t (a1 + t (a2

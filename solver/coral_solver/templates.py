@@ -48,8 +48,10 @@ Progress = Callable[[str, int, int], None]
 #: 3: prefill-only and decode-only stages must hold one ``max_model_len`` request's KV too;
 #: 4: a template may always use one GPU (:func:`memory_budget`), so small models' libraries grew;
 #: 5: under ``capacity: simulated`` prefill-only and decode-only templates are simulated too
-#: (:mod:`coral_solver.simcap_roles`), no longer rated analytically
-CACHE_VERSION = 5
+#: (:mod:`coral_solver.simcap_roles`), no longer rated analytically;
+#: 6: the analytic capacity is monotone in step cost and its tail TPOT sums over output lengths
+#: (:mod:`coral_solver.perf_tail`, issue 24 item 3): every analytic figure moved
+CACHE_VERSION = 6
 
 
 def default_cache_dir() -> Path:
