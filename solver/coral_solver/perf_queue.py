@@ -225,9 +225,8 @@ class _Feasibility:
             return False, t
         if not self.poisson_tail:
             return self.ttft_s - self.steps.n_stages * (t + self.prompt_step) > 0, t
-        if not self._tail_tpot_ok(b, t):
-            return False, t
-        return self._kv_wait_ok(b, t), t
+        # both must pass; the KV wait is the cheaper test, so it goes first
+        return self._kv_wait_ok(b, t) and self._tail_tpot_ok(b, t), t
 
     def _tail_tpot_ok(self, b: float, t: float) -> bool:
         """At least 1 - MISS of requests, over their output lengths, meet the TPOT share."""

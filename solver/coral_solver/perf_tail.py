@@ -71,37 +71,54 @@ def tpot_attainment(per_interval: float, spare: float, tolerated: float, n_out: 
     largest surge of the mean load the stage's step keeps within the share). One-token requests
     have no TPOT and always meet it. A bin of lengths counts the lesser of its two ends' shares.
     Non-decreasing in ``tolerated``."""
-    first, last, mass = output_lengths(n_out)
-    ends = np.concatenate([first, last])
+    ends, first_at, last_at, mass = _bin_ends(n_out)
     mean = per_interval * (ends - 1.0)
     # the arrivals are Poisson whatever the load's level (at a few counts: no arrival at all
     # is e^-mean, which the gamma mix of levels would raise); the level persists (at many
     # counts: the wider negative binomial): a request must meet both, the lesser share
-    met = np.minimum(_within(mean, tolerated, min(max(spare, 1e-9), 1.0)),
-                     _within(mean, tolerated, 1.0))
-    return float(mass @ np.minimum(met[:first.size], met[first.size:]))
+    met = _within_both(mean, tolerated, min(max(spare, 1e-9), 1.0))
+    return float(mass @ np.minimum(met[first_at], met[last_at]))
 
 
-def _within(mean: npt.NDArray[np.float64], tolerated: float, spare: float
-            ) -> npt.NDArray[np.float64]:
-    """P(the prompt tokens of a window's arrivals <= ``tolerated`` x their mean): K arrivals
-    (mean ``mean``, variance mean / ``spare``), each prompt exponential (the mix's lengths are).
+@functools.lru_cache(maxsize=1024)
+def _bin_ends(n_out: int) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.intp],
+                                   npt.NDArray[np.intp], npt.NDArray[np.float64]]:
+    """(every distinct end of :func:`output_lengths`' bins, ascending; where each bin's first and
+    last length lie in it; the bins' probabilities): a length up to :data:`EXACT_LENGTHS` is
+    both ends of its bin, and is judged once."""
+    first, last, mass = output_lengths(n_out)
+    ends, where = np.unique(np.concatenate([first, last]), return_inverse=True)
+    return ends, where[:first.size], where[first.size:], mass
+
+
+def _within_both(mean: npt.NDArray[np.float64], tolerated: float, spare: float
+                 ) -> npt.NDArray[np.float64]:
+    """The lesser, for the count's variance mean / ``spare`` and for Poisson (spare 1), of
+    P(the prompt tokens of a window's arrivals <= ``tolerated`` x their mean): K arrivals
+    (mean ``mean``), each prompt exponential (the mix's lengths are).
 
     The sum of k exponential prompts stays within u mean prompts exactly when a Poisson count of
     mean u reaches k (the k-th event of a unit-rate process comes by time u), so the share is
     P(K <= U), U Poisson with mean ``tolerated`` x ``mean``, independent of K: summed exactly
     while U stays within :data:`_EXACT_COUNTS` (8 of its standard deviations), else
-    :func:`_within_large`."""
+    :func:`_within_large`. The two variances share which counts are summed exactly and U's
+    table."""
     out = np.ones_like(mean)
     u = tolerated * mean
     small = (mean > 0) & (u + 8.0 * np.sqrt(u) + 1.0 < _EXACT_COUNTS)
     if small.any():
-        k_cdf = _cdf_table(mean[small], spare)
+        m_small = mean[small]
         u_pmf = _cdf_table(u[small], 1.0, pmf=True)
-        out[small] = np.minimum((k_cdf * u_pmf).sum(axis=1), 1.0)
+        within = np.minimum((_cdf_table(m_small, spare) * u_pmf).sum(axis=1), 1.0)
+        if spare < 1.0 - 1e-9:  # else the two counts are the same Poisson one
+            within = np.minimum(within,
+                                np.minimum((_cdf_table(m_small, 1.0) * u_pmf).sum(axis=1), 1.0))
+        out[small] = within
     large = (mean > 0) & ~small
     if large.any():
-        out[large] = _within_large(mean[large], u[large], spare)
+        m_large, u_large = mean[large], u[large]
+        out[large] = np.minimum(_within_large(m_large, u_large, spare),
+                                _within_large(m_large, u_large, 1.0))
     return out
 
 
