@@ -108,17 +108,27 @@ def _within_both(mean: npt.NDArray[np.float64], tolerated: float, spare: float
     small = (mean > 0) & (u + 8.0 * np.sqrt(u) + 1.0 < _EXACT_COUNTS)
     if small.any():
         m_small = mean[small]
-        u_pmf = _cdf_table(u[small], 1.0, pmf=True)
-        within = np.minimum((_cdf_table(m_small, spare) * u_pmf).sum(axis=1), 1.0)
-        if spare < 1.0 - 1e-9:  # else the two counts are the same Poisson one
-            within = np.minimum(within,
-                                np.minimum((_cdf_table(m_small, 1.0) * u_pmf).sum(axis=1), 1.0))
+        # U's probabilities and K's Poisson CDF from one table of both means
+        n = m_small.size
+        terms, first = _poisson_terms(np.concatenate([u[small], m_small]))
+        u_pmf = terms[:n] * first[:n, None]
+        poisson_cdf = np.cumsum(terms[n:], axis=1) * first[n:, None]
+        if spare < 1.0 - 1e-9:
+            within = np.minimum((_negative_binomial_cdf(m_small, spare) * u_pmf).sum(axis=1),
+                                1.0)
+            within = np.minimum(within, np.minimum((poisson_cdf * u_pmf).sum(axis=1), 1.0))
+        else:  # the two counts are the same Poisson one
+            within = np.minimum((poisson_cdf * u_pmf).sum(axis=1), 1.0)
         out[small] = within
     large = (mean > 0) & ~small
     if large.any():
         m_large, u_large = mean[large], u[large]
-        out[large] = np.minimum(_within_large(m_large, u_large, spare),
-                                _within_large(m_large, u_large, 1.0))
+        n = m_large.size
+        # both variances in one call: the persistent count's, then Poisson's
+        both = _within_large(np.concatenate([m_large, m_large]),
+                             np.concatenate([u_large, u_large]),
+                             np.concatenate([np.full(n, spare), np.ones(n)]))
+        out[large] = np.minimum(both[:n], both[n:])
     return out
 
 
@@ -126,35 +136,43 @@ def _within_both(mean: npt.NDArray[np.float64], tolerated: float, spare: float
 _NODES, _WEIGHTS = np.polynomial.hermite_e.hermegauss(16)
 
 
-def _within_large(mean: npt.NDArray[np.float64], u: npt.NDArray[np.float64], spare: float
-                  ) -> npt.NDArray[np.float64]:
+def _within_large(mean: npt.NDArray[np.float64], u: npt.NDArray[np.float64],
+                  spare: float | npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
     """P(K <= U) where U's mean ``u`` is large: U taken normal (its skew 1 / sqrt(u) is small),
     the expectation over it by Gauss-Hermite; K, skewed when overdispersed, as the gamma of its
     mean and variance (shape mean x spare, scale 1 / spare), its CDF by Wilson-Hilferty's cube
-    root at U + 1/2 (continuity)."""
+    root at U + 1/2 (continuity). ``spare``: one for all, or one per mean."""
+    spare_col = np.asarray(spare, dtype=float).reshape(-1, 1) if np.ndim(spare) else spare
     shape = (mean * spare)[:, None]
     at = np.maximum(u[:, None] + np.sqrt(u)[:, None] * _NODES[None, :] + 0.5, 0.0)
-    w = (np.cbrt(at * spare / shape) - (1.0 - 1.0 / (9.0 * shape))) * 3.0 * np.sqrt(shape)
+    w = (np.cbrt(at * spare_col / shape) - (1.0 - 1.0 / (9.0 * shape))) * 3.0 * np.sqrt(shape)
     cdf: npt.NDArray[np.float64] = _normal_cdf(w) @ (_WEIGHTS / _WEIGHTS.sum())
     return cdf
 
 
-def _cdf_table(mean: npt.NDArray[np.float64], spare: float, pmf: bool = False
-               ) -> npt.NDArray[np.float64]:
-    """P(count <= j) (or P(count = j) with ``pmf``) for j = 0 .. :data:`_EXACT_COUNTS` - 1 of a
-    count with ``mean`` and variance mean / ``spare``: the negative binomial (success chance
-    spare, r = mean x spare / (1 - spare)), Poisson when spare is 1: the terms' ratios, their
-    running products (the probabilities), their running sums."""
-    j = np.arange(_EXACT_COUNTS, dtype=float)
-    if spare >= 1.0 - 1e-9:
-        first = np.exp(-mean)
-        ratio = mean[:, None] / (j[None, 1:])
-    else:
-        r = mean * spare / (1.0 - spare)
-        first = np.exp(r * math.log(spare))
-        ratio = (r[:, None] + j[None, :-1]) * ((1.0 - spare) / j[None, 1:])
+def _poisson_terms(mean: npt.NDArray[np.float64]
+                   ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """(P(count = j) / P(count = 0) for j = 0 .. :data:`_EXACT_COUNTS` - 1, P(count = 0)) of
+    Poisson counts of ``mean``: the terms' ratios mean / j, their running products. A caller
+    takes the probabilities (x P(count = 0)) or their running sums, the CDF."""
+    j = np.arange(1, _EXACT_COUNTS, dtype=float)
+    ratio = mean[:, None] / j[None, :]
     terms = np.cumprod(np.concatenate([np.ones((mean.size, 1)), ratio], axis=1), axis=1)
-    table: npt.NDArray[np.float64] = (terms if pmf else np.cumsum(terms, axis=1)) * first[:, None]
+    return terms, np.exp(-mean)
+
+
+def _negative_binomial_cdf(mean: npt.NDArray[np.float64], spare: float
+                           ) -> npt.NDArray[np.float64]:
+    """P(count <= j) for j = 0 .. :data:`_EXACT_COUNTS` - 1 of a count with ``mean`` and
+    variance mean / ``spare`` (< 1): the negative binomial (success chance spare, r = mean x
+    spare / (1 - spare)): the terms' ratios, their running products (the probabilities), their
+    running sums."""
+    j = np.arange(_EXACT_COUNTS, dtype=float)
+    r = mean * spare / (1.0 - spare)
+    first = np.exp(r * math.log(spare))
+    ratio = (r[:, None] + j[None, :-1]) * ((1.0 - spare) / j[None, 1:])
+    terms = np.cumprod(np.concatenate([np.ones((mean.size, 1)), ratio], axis=1), axis=1)
+    table: npt.NDArray[np.float64] = np.cumsum(terms, axis=1) * first[:, None]
     return table
 
 

@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from coral_solver.catalog import derived_model
+from coral_solver.lazy_layouts import LazyStageTable
 from coral_solver.roles import phase_templates, roles_for, supports_phases
 from coral_solver.throughput_model import PerfThroughput, ThroughputModel
 from coral_solver.types import ModelSpec, Policy, Stage, Template
@@ -215,16 +216,16 @@ def searched_templates(
             continue
         memory = np.array([tp * gpu_types[g][1] for g in types])
         for stages in range(1, min(policy.n_max, layers) + 1):
-            table = _stage_tables(tm, model, types, tp, stages, layers)
             counts = _multisets(len(types), stages, policy.heterogeneous)
             counts = counts[counts @ memory <= budget + 1e-9]
             if counts.size == 0:
                 continue
-            throughput, per_type = best_layouts(table, counts, layers)
+            value, least, throughput, per_type = _layouts(tm, model, types, tp, stages, layers,
+                                                          counts)
             for row in np.nonzero(throughput > 0)[0]:
-                split = _split(per_type[row], counts[row], layers, _least_layers(table))
+                split = _split(per_type[row], counts[row], layers, least)
                 stage_list = tuple(Stage(types[gi], l) for gi, l in split)
-                actual = min(table[gi, l - 1] for gi, l in split)
+                actual = min(value(gi, l) for gi, l in split)
                 out.append(
                     Template(
                         model=model.name,
@@ -235,6 +236,24 @@ def searched_templates(
                     )
                 )
     return out
+
+
+def _layouts(tm: ThroughputModel, model: ModelSpec, types: list[str], tp: int, stages: int,
+             layers: int, counts: np.ndarray
+             ) -> tuple[Callable[[int, int], float], np.ndarray | None, np.ndarray, np.ndarray]:
+    """The best layout of every multiset row of ``counts`` (:func:`best_layouts`): (the stage
+    figure of type index g at l layers, the fewest layers per type (None: one), throughput per
+    row, most layers per type per row). A throughput model that is ``monotone_in_layers``
+    is asked only the figures the search needs (:mod:`coral_solver.lazy_layouts`), any other
+    for its whole table."""
+    if getattr(tm, "monotone_in_layers", False):
+        lazy = LazyStageTable(lambda g, l: tm.throughput(model, types[g], tp, l, stages),
+                              len(types), layers - stages + 1)
+        throughput, per_type = lazy.best_layouts(counts, layers)
+        return lazy.value, None, throughput, per_type
+    table = _stage_tables(tm, model, types, tp, stages, layers)
+    throughput, per_type = best_layouts(table, counts, layers)
+    return (lambda g, l: float(table[g, l - 1])), _least_layers(table), throughput, per_type
 
 
 def _with_measured_pipelines(tm: ThroughputModel, model: ModelSpec,

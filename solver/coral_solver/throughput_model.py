@@ -49,6 +49,10 @@ class PerfThroughput:
     #: throughput model without this attribute (a table keyed by model name) keeps one library
     #: per name.
     answers_by_architecture = True
+    #: a stage never serves more for holding more layers: its step is dearer in every term and
+    #: the capacity search never rates a dearer step higher (tests/unit/test_perf_monotone.py),
+    #: so Stage 1 asks only the figures its search needs (:mod:`coral_solver.lazy_layouts`)
+    monotone_in_layers = True
 
     def __init__(self) -> None:
         from coral_solver import (  # imported here: Stage 1 can run on a synthetic model
