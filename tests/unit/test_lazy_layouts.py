@@ -77,3 +77,18 @@ def test_the_real_model_gives_the_same_templates_asking_fewer_figures(monkeypatc
     whole = templates.searched_templates(Counting(), model, gpus, policy)
     assert lazy == whole and lazy
     assert asked_lazy < Counting.asked
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_prefill_and_decode_templates_are_the_same_asked_lazily(monkeypatch, role):
+    """The phase figures (coral_solver.perf_roles) are monotone in layers too: a role's
+    templates found lazily are the whole table's."""
+    from coral_solver.roles import phase_templates
+
+    gpus = {"a100": (8, 80.0), "l4": (4, 24.0)}
+    policy = Policy(n_max=3, max_tp=2)
+    model = ModelSpec("q", "qwen3-8b", 1024, 256, 2.0, 0.08, disaggregation="on")
+    lazy = phase_templates(PerfThroughput(), model, gpus, policy, role)
+    monkeypatch.setattr(PerfThroughput, "monotone_in_layers", False)
+    whole = phase_templates(PerfThroughput(), model, gpus, policy, role)
+    assert lazy == whole and lazy
