@@ -168,8 +168,9 @@ class PolicyConfig(_Frozen):
     def _wake_timeout(cls, value: Any) -> float | None:
         return wake_timeout_value(value)
 
-    # Analytic by default: it is instant, where simulating a template costs seconds (a model's
-    # library minutes, once; it is cached). "simulated" rates each template by its whole
+    # Analytic by default: a model's library takes seconds (bench/results/stage1_speed.md),
+    # where simulating a template costs seconds (a model's library minutes); either is built
+    # once and cached. "simulated" rates each template by its whole
     # replica, all stages end to end, and rates pipelines that the analytic per-stage split
     # undervalues (docs/how-it-works.md, "What a template serves").
     capacity: Literal["analytic", "simulated"] = Field(
