@@ -53,13 +53,16 @@ def side(part: str, whole_table: bool) -> dict:
     if whole_table:
         T.PerfThroughput.monotone_in_layers = False  # type: ignore[attr-defined]
     asked = [0]
-    figure = T.PerfThroughput.throughput
 
-    def counted(self, *args):  # type: ignore[no-untyped-def]
-        asked[0] += 1
-        return figure(self, *args)
+    def counting(figure):  # type: ignore[no-untyped-def]
+        def counted(self, *args):  # type: ignore[no-untyped-def]
+            asked[0] += 1
+            return figure(self, *args)
+        return counted
 
-    T.PerfThroughput.throughput = counted  # type: ignore[method-assign]
+    # aggregated figures and, with disaggregation, the prefill-only and decode-only ones
+    for method in ("throughput", "phase_throughput"):
+        setattr(T.PerfThroughput, method, counting(getattr(T.PerfThroughput, method)))
     if part == "paper":
         from bench.paper_eval import evaluate as E
         from bench.stage_scale import paper_spec
@@ -68,7 +71,7 @@ def side(part: str, whole_table: bool) -> dict:
         tm = E.RegionalThroughput()
         began = time.perf_counter()
         library = {region: T.build_library(spec.models, gpus, spec.policy, tm, use_cache=False)
-                   for region, gpus in spec.gpu_types.items()}
+                   for region, gpus in spec.domains.items()}
     else:
         from coral_solver.catalog import gpu_memory_gb
 
@@ -90,7 +93,8 @@ def side(part: str, whole_table: bool) -> dict:
 
 def _run(python: str, root: Path, part: str, whole_table: bool) -> dict:
     env = dict(os.environ, PYTHONPATH=f"{root}{os.pathsep}{root / 'solver'}")
-    command = ["nice", "-n", "19", python, str(Path(__file__).resolve()), "--side", part]
+    # -P: bench/ itself is not put on sys.path (its queue.py would hide the standard library's)
+    command = ["nice", "-n", "19", python, "-P", str(Path(__file__).resolve()), "--side", part]
     out = subprocess.run(command + (["--whole-table"] if whole_table else []), cwd=root,
                          env=env, check=True, capture_output=True, text=True).stdout
     return dict(json.loads(out.strip().splitlines()[-1]))
@@ -161,7 +165,11 @@ def _markdown(meta: dict, results: dict) -> str:
                      f"{a['seconds'] / b['seconds']:.2f} | {b['asked']}, {a['asked']}, "
                      f"{w['asked']} | {b['templates']}, {a['templates']} | {w['seconds']} | "
                      f"{w['seconds'] / a['seconds']:.2f} | {same} |")
-    lines.append("")
+    lines += ["", "Stage figures asked counts aggregated, prefill-only and decode-only figures. A "
+              "library is cached per model (its architecture, SLO and mix, the GPU types, the "
+              "policy and the throughput model's fingerprint: coral_solver.templates."
+              "build_library), so a fresh cache pays this once per model, not once per plan.",
+              ""]
     return "\n".join(lines)
 
 
