@@ -63,7 +63,10 @@ def use_measured_profiles(deployment: Deployment) -> None:
     global _configured
     dirs = measured_profile_dirs(deployment)
     space = kv_space(deployment)
-    key = (dirs, profiles_signature(dirs), tuple(sorted(space.items())))
+    # Keyed by the profile files found, not the folders: deployments whose folders hold the
+    # same files (e.g. none) get the same figures, so the solver's memo of them is kept
+    # (configure clears it) rather than recomputed for a folder of another name.
+    key = (profiles_signature(dirs), tuple(sorted(space.items())))
     if key != _configured:
         perf.configure(measured=dirs, kv_space=space)
         _configured = key

@@ -37,12 +37,13 @@ def planner(tmp_path_factory):
     return Planner(cache_dir=tmp_path_factory.mktemp("templates"))
 
 
-def wake_request(own=None, waking=True):
+def wake_request(own=None, waking=True, alone=False):
     """The example with qwen3-8b woken from zero: no demand measured yet, one replica asked
-    (what the idle rule plans for a woken model), nothing running."""
+    (what the idle rule plans for a woken model), nothing running. ``alone``: the example's
+    other models left out, so every layout of qwen3-8b has GPUs free."""
     base = load_deployment(EXAMPLE)
     models = tuple(m.model_copy(update={"min_replicas": 1}) if m.name == MODEL else m
-                   for m in base.models)
+                   for m in base.models if m.name == MODEL or not alone)
     deployment = base.model_copy(update={"models": models})
     demand = deployment_demand(deployment, [])
     demand[MODEL] = replace(demand[MODEL], requests_per_s=0.0, planned_rps=0.0, sized_rps=0.0)
@@ -65,17 +66,19 @@ def test_a_wake_takes_the_cheapest_layout_when_start_ups_are_alike(planner):
 
 
 def test_a_wake_takes_a_dearer_layout_that_loads_in_40_s_over_a_cheap_one_of_6_min(planner):
-    cheap = chosen(planner(wake_request()))
-    library = planner(wake_request()).solved.library[MODEL]
+    # qwen3-8b alone: the other models' replicas would decide which GPU types have room
+    cheap = chosen(planner(wake_request(alone=True)))
+    library = planner(wake_request(alone=True)).solved.library[MODEL]
     dearer = next(t for t in library if t.id != cheap.template_id and t.pp == 1)
     own = {cheap.template_id: LayoutStartup(360.0, "replicas"),
            dearer.id: LayoutStartup(40.0, "replicas")}
-    woken = planner(wake_request(own))
+    woken = planner(wake_request(own, alone=True))
     assert woken.status == "optimal" and not woken.problems
     slot = chosen(woken)
     assert slot.template_id == dearer.id and slot.cost_per_hour > cheap.cost_per_hour
     # not a wake (the model has a replica, or does not scale to zero): cost decides, as before
-    assert chosen(planner(wake_request(own, waking=False))).template_id == cheap.template_id
+    assert chosen(planner(wake_request(own, waking=False, alone=True))).template_id == (
+        cheap.template_id)
 
 
 def test_start_up_per_layout_comes_from_own_replicas_then_a_measured_profile_then_default(
