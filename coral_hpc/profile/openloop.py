@@ -231,9 +231,9 @@ def search_capacity(met_at: Callable[[float], bool], start: float, *,
     """The highest rate ``met_at`` holds: from ``start``, multiply by ``factor`` while it
     holds (divide while it does not) until one rate holds and the next does not, then bisect
     that bracket geometrically ``bisections`` times (at most ``max_phases`` calls in all);
-    then repeat the rate found, up to ``confirmations`` more calls, until one is met twice
-    (:data:`CONFIRMATIONS`). ``met_at`` is called with a rate it has seen before only for a
-    repeat."""
+    then repeat the rate found until one is met twice (:data:`CONFIRMATIONS`: at most that
+    many repeats may miss; :func:`_confirm`). ``met_at`` is called with a rate it has seen
+    before only for a repeat."""
     search = CapacitySearch()
     rate = start
     while len(search.tried) < max_phases and rate >= min_rate:
@@ -249,9 +249,27 @@ def search_capacity(met_at: Callable[[float], bool], start: float, *,
             break
         rate = math.sqrt(best * missed)
         search.tried.append((rate, met_at(rate)))
-    for _ in range(confirmations):
-        if search.capacity <= 0 or search.confirmed:
-            break
-        rate = search.capacity
-        search.tried.append((rate, met_at(rate)))
+    _confirm(search, met_at, factor, min_rate, confirmations)
     return search
+
+
+def _confirm(search: CapacitySearch, met_at: Callable[[float], bool], factor: float,
+             min_rate: float, misses_allowed: int) -> None:
+    """Repeat the claimed rate until it is met twice or ``misses_allowed`` phases have missed.
+    A repeat that misses drops the claim to the next rate met below it; where no rate below was
+    tried, the search steps down from the lowest rate missed (÷ ``factor``), so one unlucky
+    repeat of the lowest rate met does not leave a layout with no capacity at all. Nothing is
+    repeated when no rate was ever met."""
+    misses = 0
+    while misses < misses_allowed and not search.confirmed:
+        if search.capacity > 0:
+            rate = search.capacity
+        elif any(ok for _, ok in search.tried):
+            rate = min(r for r, ok in search.tried if not ok) / factor
+        else:
+            return
+        if rate < min_rate:
+            return
+        ok = met_at(rate)
+        search.tried.append((rate, ok))
+        misses += not ok

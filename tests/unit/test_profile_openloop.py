@@ -58,6 +58,29 @@ def test_repeats_are_bounded_and_an_unconfirmed_claim_says_so():
     assert search.capacity == 4.0 and not search.confirmed
 
 
+def test_when_the_lowest_rate_met_misses_its_repeat_the_search_steps_below_it():
+    # the real engine on a busy 2-core host: 161 met, 242 and 198 missed, 161's repeat
+    # missed (79 % within). Nothing below 161 was tried, so the claim would be 0 and the
+    # layout left with no capacity: the search steps down to 161 / 1.5 and repeats that.
+    outcomes = iter([True, False, False, False, True, True])
+    calls: list[float] = []
+    search = search_capacity(lambda rate: calls.append(rate) or next(outcomes), 161.0,
+                             factor=1.5, bisections=1, confirmations=2)
+    low = 161.0 / 1.5
+    assert calls == pytest.approx([161.0, 241.5, (161.0 * 241.5) ** 0.5, 161.0, low, low])
+    assert search.capacity == pytest.approx(low) and search.confirmed
+
+
+def test_stepping_down_is_bounded_by_the_misses_allowed():
+    # 161 met once, then every later phase misses: two misses after the search, then stop
+    outcomes = iter([True, False, False, False, False])
+    calls: list[float] = []
+    search = search_capacity(lambda rate: calls.append(rate) or next(outcomes), 161.0,
+                             factor=1.5, bisections=1, confirmations=2)
+    assert calls == pytest.approx([161.0, 241.5, (161.0 * 241.5) ** 0.5, 161.0, 161.0 / 1.5])
+    assert search.capacity == 0.0 and not search.confirmed
+
+
 @pytest.mark.parametrize("capacity", [0.7, 3.3, 12.0, 55.0])
 def test_the_capacity_found_is_met_and_within_one_bisection_step(capacity):
     met_at, _ = _threshold(capacity)
