@@ -67,8 +67,8 @@ def test_a_wake_takes_the_cheapest_layout_when_start_ups_are_alike(planner):
 
 def test_a_wake_takes_a_dearer_layout_that_loads_in_40_s_over_a_cheap_one_of_6_min(planner):
     # qwen3-8b alone: the other models' replicas would decide which GPU types have room
-    cheap = chosen(planner(wake_request(alone=True)))
-    library = planner(wake_request(alone=True)).solved.library[MODEL]
+    plain = planner(wake_request(alone=True))
+    cheap, library = chosen(plain), plain.solved.library[MODEL]
     dearer = next(t for t in library if t.id != cheap.template_id and t.pp == 1)
     own = {cheap.template_id: LayoutStartup(360.0, "replicas"),
            dearer.id: LayoutStartup(40.0, "replicas")}
