@@ -32,6 +32,14 @@ DEV_SLURM_CONF = "/var/tmp/coral-dev-cluster/etc/slurm.conf"
 LOG_DIR = Path("/tmp/coral-test-slurm-logs")
 
 
+# The commands size their tables to COLUMNS, and rich reads it once, when a console is made (at
+# import): a size inherited from the shell that runs pytest, or from pytest-xdist (which sets
+# COLUMNS in its workers), must not change what a test reads. A test that wants a width sets one
+# itself (CliRunner's env, a subprocess's env).
+os.environ.pop("COLUMNS", None)
+os.environ.pop("LINES", None)
+
+
 def _slurm_env() -> dict[str, str]:
     env = dict(os.environ)
     if "SLURM_CONF" not in env and Path(DEV_SLURM_CONF).exists():
