@@ -165,7 +165,10 @@ def test_max_jobs_and_partition_max_time_are_honoured(tmp_path, env):
         text = text.replace('time_limit: "02:00:00"', 'time_limit: "3-00:00:00"')
         text = text.replace("cluster:\n", "cluster:\n  account: coral-busy\n", 1)
         config.write_text(text)
-        out = cli(env, "plan", str(config), "--json", timeout=300)
+        # the Stage-1 cache serve reads (ServeProcess.cli: tmp_path/templates), so serve's first
+        # plan does not build the same templates again before it submits
+        out = cli(env, "plan", str(config), "--json", "--cache-dir", str(tmp_path / "templates"),
+                  timeout=300)
         assert out.returncode == 0, out.stderr
         doc = json.loads(out.stdout)
         assert sum(r["count"] for r in doc["replicas"]) == 1
