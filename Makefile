@@ -2,9 +2,10 @@
 # Slurm and start a local cluster):
 #   make demo   install what is missing, create .venv, bring up the local Slurm cluster, run coral-hpc
 #               on it: the main job on the embedded default (examples/models.yaml, the sim engine)
-#   make test   the same set-up, then the whole test suite in lanes, fastest first, each timed
-#               (scripts/test-lanes: unit, then the cluster and vLLM's CPU build and test models,
-#               cached in /var/cache/coral-hpc, then e2e, integration, the real engine)
+#   make test   the same set-up, then the whole test suite in lanes, each timed (scripts/test-lanes:
+#               unit, then the cluster, its twin, vLLM's CPU build and test models, cached in
+#               /var/cache/coral-hpc; then the real engine on the cluster in the background while
+#               e2e, slow and integration run, integration on the twin)
 #   make demo-vllm   make demo on the real engine (vLLM's CPU build, generated models)
 PYTHON ?= python3
 VENV   := .venv
@@ -30,6 +31,7 @@ cluster:
 
 cluster-down:
 	$(CLUSTER) down
+	$(CLUSTER) down --twin
 
 demo: venv cluster
 	@scripts/demo
@@ -61,7 +63,7 @@ test-vllm: venv cluster vllm-env
 	$(BIN)/python -m pytest tests/vllm -q -m vllm
 
 unit: venv
-	$(BIN)/python -m pytest tests/unit -q
+	$(BIN)/python -m pytest tests/unit -q -n auto
 
 integration: venv cluster
 	$(BIN)/python -m pytest tests/integration -q -m slurm
