@@ -35,16 +35,20 @@ from coral_hpc.cli._output import (
               help="Measure each model as a prefill-only and a decode-only replica instead "
                    "(one stage); results go under roles/, which a measured_only deployment "
                    "with disaggregation plans its prefill and decode replicas from.")
+@click.option("--phase-seconds", "phase_s", type=click.FloatRange(min=5), default=None,
+              help="How long each open-loop phase of the capacity search lasts, or long enough "
+                   "for 40 requests (default 20). Shorter measures sooner and with more noise.")
 @click.option("--force", is_flag=True, help="Measure again even where a profile exists.")
 @click.option("--json", "as_json", is_flag=True, help="Print the profile files written as JSON.")
 def profile(models_yaml: str, partitions: tuple[str, ...], models: tuple[str, ...],
-            pp_degrees: tuple[int, ...], stage_lists: tuple[str, ...], roles: bool, force: bool,
-            as_json: bool) -> None:
+            pp_degrees: tuple[int, ...], stage_lists: tuple[str, ...], roles: bool,
+            phase_s: float | None, force: bool, as_json: bool) -> None:
     """Measure the engine on each partition for MODELS_YAML's models; write measured profiles."""
     from coral_hpc.config import load_deployment
     from coral_hpc.errors import ConfigError, TransientError
     from coral_hpc.model_archs import derived_deployment
     from coral_hpc.profile import profile_tasks, run_profiles
+    from coral_hpc.profile.openloop import PHASE_S
     from coral_hpc.profile.run import EngineFailed, ProfileError, pipeline_task
     from coral_hpc.slurm import client_for_deployment
 
@@ -76,6 +80,7 @@ def profile(models_yaml: str, partitions: tuple[str, ...], models: tuple[str, ..
                       f"{deployment.measured_profiles_path}", highlight=False)
     try:
         written = run_profiles(deployment, tasks, client, force=force, roles=roles,
+                               phase_s=PHASE_S if phase_s is None else phase_s,
                                progress=lambda m: err_console.print(m, highlight=False))
     except TransientError as exc:
         fail(f"Slurm is unreachable, try again later: {exc}", status=EXIT_UNAVAILABLE)

@@ -171,7 +171,7 @@ def open_loop_capacity(url: str, model: str, n_in: int, n_out: int, ttft: float,
                        start: float, api_key: str | None, record: list[dict[str, float | bool]],
                        progress: Callable[[str], None],
                        before_phase: Callable[[float], None] | None = None,
-                       fresh_prompts: bool = False) -> float:
+                       fresh_prompts: bool = False, phase_s: float = openloop.PHASE_S) -> float:
     """The highest Poisson arrival rate at which the goal share of requests met both SLOs
     (:mod:`coral_hpc.profile.openloop`), searched from ``start`` (0: nothing to search, the
     engine missed the SLO even one request at a time) and met twice (its repeat draws other
@@ -179,7 +179,8 @@ def open_loop_capacity(url: str, model: str, n_in: int, n_out: int, ttft: float,
     ``before_phase(rate)`` runs before each (e.g. to put the phase's prompts in the cache);
     ``fresh_prompts``: each phase's prompts follow the last phase's instead of starting again
     at salt 0, so a prefix-caching engine does not answer a later phase's prompts from its
-    cache (where the prompts' salts are all used once, they repeat: ``prompts.prompt_ids``)."""
+    cache (where the prompts' salts are all used once, they repeat: ``prompts.prompt_ids``).
+    ``phase_s``: each phase's length, or longer to expect openloop.MIN_REQUESTS requests."""
     if start <= 0:
         return 0.0
     sent = 0
@@ -192,14 +193,15 @@ def open_loop_capacity(url: str, model: str, n_in: int, n_out: int, ttft: float,
         # a repeat of a rate (the search confirming what it found) draws other arrival times
         repeat = seen[rate] = seen.get(rate, -1) + 1
         seed = f"profile-{rate:.4f}" + (f"-repeat{repeat}" if repeat else "")
+        seconds = openloop.phase_seconds(rate, phase_s)
         phase = openloop.poisson_phase(url, model, rate, input_tokens=n_in,
                                        output_tokens=n_out, ttft_s=ttft, tpot_s=tpot,
-                                       seed=seed, api_key=api_key,
+                                       seconds=seconds, seed=seed, api_key=api_key,
                                        first_salt=sent if fresh_prompts else 0)
         sent += len(phase.timings)
         met = phase.met(ttft, tpot)
         record.append({"requests_per_s": round(rate, 4), "repeat": repeat,
-                       "requests": len(phase.timings),
+                       "seconds": round(seconds, 1), "requests": len(phase.timings),
                        "within_slo": round(phase.within(ttft, tpot), 4), "met": met,
                        "client_late_p99_s": round(phase.late_p99_s, 4),
                        "client_behind_at_end_s": round(phase.behind_at_end_s, 4),
@@ -224,12 +226,13 @@ def measure_engine(
     url: str, model: str, *, slos: Sequence[tuple[int, int, float, float]],
     prefill_lengths: Sequence[int] = (32, 128, 384), batch_sizes: Sequence[int] = (1, 2, 4, 8),
     decode_tokens: int = 24, api_key: str | None = None,
-    progress: Callable[[str], None] = lambda _m: None,
+    progress: Callable[[str], None] = lambda _m: None, phase_s: float = openloop.PHASE_S,
 ) -> EngineMeasurements:
     """Measure a running engine: KV capacity; prefill step (TTFT of one request) per prompt
     length; decode step (median TPOT) per batch size; per (input, output, TTFT, TPOT) in
     ``slos``, the highest Poisson arrival rate at which 95 % of requests met both
-    (:func:`open_loop_capacity`, searched from a closed-loop sweep's figure)."""
+    (:func:`open_loop_capacity`, searched from a closed-loop sweep's figure, in phases of
+    ``phase_s``)."""
     result = EngineMeasurements(kv_capacity_tokens=kv_capacity_tokens(url, api_key))
     stream_completion(url, model, prompt_ids(8), 2, api_key)  # warm-up, not recorded
     for length in prefill_lengths:
@@ -247,5 +250,5 @@ def measure_engine(
         result.closed_loop.append((n_in, n_out, ttft, tpot, closed))
         result.throughput.append((n_in, n_out, ttft, tpot, open_loop_capacity(
             url, model, n_in, n_out, ttft, tpot, closed, api_key, result.open_loop_phases,
-            progress)))
+            progress, phase_s=phase_s)))
     return result

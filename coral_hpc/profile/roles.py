@@ -77,7 +77,8 @@ class RoleMeasurements:
 def measure_prefill_role(url: str, model: str, *, input_tokens: int, output_tokens: int,
                          ttft_s: float, tpot_s: float, ttft_budget_s: float,
                          kv_transfer_s: float, api_key: str | None = None,
-                         progress: Progress = lambda _m: None) -> RoleMeasurements:
+                         progress: Progress = lambda _m: None,
+                         phase_s: float = openloop.PHASE_S) -> RoleMeasurements:
     """A prefill replica's figures (module doc): prompt steps, and the most prompts/s of
     ``input_tokens`` within ``ttft_budget_s``; the point is keyed by the model's mix
     (``input_tokens``, ``output_tokens``) and SLO (``ttft_s``, ``tpot_s``)."""
@@ -99,7 +100,8 @@ def measure_prefill_role(url: str, model: str, *, input_tokens: int, output_toke
                                   progress)
     result.search_start.append((*key, closed))
     rate = open_loop_capacity(url, model, input_tokens, 1, ttft_budget_s, tpot_s, closed,
-                              api_key, result.open_loop_phases, progress, fresh_prompts=True)
+                              api_key, result.open_loop_phases, progress, fresh_prompts=True,
+                              phase_s=phase_s)
     result.throughput.append((*key, rate))
     return result
 
@@ -115,16 +117,17 @@ def _warm(url: str, model: str, input_tokens: int, salts: Iterable[int],
     return len(done) * input_tokens
 
 
-def _phase_requests(rate: float) -> int:
+def _phase_requests(rate: float, phase_s: float) -> int:
     """Prompts a Poisson phase at ``rate`` sends, with room for its spread (mean + 4 sd)."""
-    mean = openloop.phase_seconds(rate) * rate
+    mean = openloop.phase_seconds(rate, phase_s) * rate
     return int(mean + 4 * math.sqrt(mean) + 5)
 
 
 def measure_decode_role(url: str, model: str, *, input_tokens: int, output_tokens: int,
                         ttft_s: float, tpot_s: float, batch_sizes: Sequence[int] = (1, 2, 4, 8),
                         decode_tokens: int = 24, api_key: str | None = None,
-                        progress: Progress = lambda _m: None) -> RoleMeasurements:
+                        progress: Progress = lambda _m: None,
+                        phase_s: float = openloop.PHASE_S) -> RoleMeasurements:
     """A decode replica's figures (module doc): the median TPOT per batch size at the mix's
     context with the prompts' KV in place, and the most requests/s of the mix within the
     model's TPOT and TTFT, searched from what the measured steps allow."""
@@ -154,13 +157,14 @@ def measure_decode_role(url: str, model: str, *, input_tokens: int, output_token
     def warm_phase(rate: float) -> None:
         # open-loop phases send prompts of salts 0, 1, 2, ...: each new one is prefilled once
         nonlocal warmed, warm_tokens
-        wanted = _phase_requests(rate)
+        wanted = _phase_requests(rate, phase_s)
         if wanted > warmed:
             warm_tokens += _warm(url, model, input_tokens, range(warmed, wanted), api_key)
             warmed = wanted
 
     rate = open_loop_capacity(url, model, input_tokens, output_tokens, ttft_s, tpot_s, start,
-                              api_key, result.open_loop_phases, progress, before_phase=warm_phase)
+                              api_key, result.open_loop_phases, progress, before_phase=warm_phase,
+                              phase_s=phase_s)
     result.throughput.append((*key, rate))
     result.prompt_tokens_cached = _cached_share(cache_before, _prefix_cache(url, api_key),
                                                 warm_tokens)
@@ -197,15 +201,16 @@ def _cached_share(before: dict[str, float] | None, after: dict[str, float] | Non
 
 def measure_roles(url: str, model: str, *, input_tokens: int, output_tokens: int, ttft_s: float,
                   tpot_s: float, ttft_budget_s: float, kv_transfer_s: float,
-                  api_key: str | None = None, progress: Progress = lambda _m: None
-                  ) -> dict[str, RoleMeasurements]:
-    """Both roles on one engine: prefill first (its prompts are all distinct from decode's)."""
+                  api_key: str | None = None, progress: Progress = lambda _m: None,
+                  phase_s: float = openloop.PHASE_S) -> dict[str, RoleMeasurements]:
+    """Both roles on one engine: prefill first (its prompts are all distinct from decode's);
+    open-loop phases of ``phase_s``."""
     return {
         "prefill": measure_prefill_role(
             url, model, input_tokens=input_tokens, output_tokens=output_tokens, ttft_s=ttft_s,
             tpot_s=tpot_s, ttft_budget_s=ttft_budget_s, kv_transfer_s=kv_transfer_s,
-            api_key=api_key, progress=progress),
+            api_key=api_key, progress=progress, phase_s=phase_s),
         "decode": measure_decode_role(
             url, model, input_tokens=input_tokens, output_tokens=output_tokens, ttft_s=ttft_s,
-            tpot_s=tpot_s, api_key=api_key, progress=progress),
+            tpot_s=tpot_s, api_key=api_key, progress=progress, phase_s=phase_s),
     }

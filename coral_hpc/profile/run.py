@@ -21,6 +21,7 @@ from coral_hpc.launch.stop import stop_replicas
 from coral_hpc.launch.submit import submit_replica
 from coral_hpc.plan.layout import layout_dtype
 from coral_hpc.profile.measure import EngineFailed, EngineMeasurements, measure_engine
+from coral_hpc.profile.openloop import PHASE_S
 from coral_hpc.profile.roles import ROLES, RoleMeasurements, measure_roles
 from coral_hpc.profile.write import (
     profile_document,
@@ -194,7 +195,7 @@ def _paths(folder: Path, task: ProfileTask, roles: bool) -> list[Path]:
 
 
 def _measure_roles(deployment: Deployment, task: ProfileTask, url: str, api_key: str,
-                   layers: int, progress: Progress) -> dict[str, RoleMeasurements]:
+                   layers: int, progress: Progress, phase_s: float) -> dict[str, RoleMeasurements]:
     """Both roles of ``task``'s model on the engine at ``url``, judged as the planner rates
     them (:mod:`coral_hpc.profile.roles`)."""
     from coral_solver import perf
@@ -209,7 +210,7 @@ def _measure_roles(deployment: Deployment, task: ProfileTask, url: str, api_key:
         ttft_s=slo.ttft_s, tpot_s=slo.tpot_s,
         ttft_budget_s=perf.prefill_ttft_budget_s(arch, layers, slo, mix),
         kv_transfer_s=perf.kv_transfer_s(arch, layers, mix.input_tokens), api_key=api_key,
-        progress=lambda m: progress(f"  {m}"))
+        progress=lambda m: progress(f"  {m}"), phase_s=phase_s)
 
 
 def _task_layout(task: ProfileTask) -> tuple[int, list[int], ReplicaLayout]:
@@ -243,12 +244,14 @@ def _write_roles(paths: Sequence[Path], task: ProfileTask, layers: int, source: 
 
 def run_profiles(deployment: Deployment, tasks: Sequence[ProfileTask], client: ProfileClient, *,
                  force: bool = False, ready_timeout_s: float = 900.0,
-                 progress: Progress = print, roles: bool = False) -> list[Path]:
+                 progress: Progress = print, roles: bool = False,
+                 phase_s: float = PHASE_S) -> list[Path]:
     """Measure each task in turn (one engine job at a time) and write its profile; a task whose
     profile exists is reused unless ``force``. Every job is drained and cancelled before the
     next starts, also when interrupted. Returns the profile files, measured or reused.
     ``roles``: measure each (one-stage) task as a prefill and as a decode replica instead and
-    write its two role profiles (:mod:`coral_hpc.profile.roles`)."""
+    write its two role profiles (:mod:`coral_hpc.profile.roles`). ``phase_s``: how long each
+    open-loop phase of the capacity search lasts (:mod:`coral_hpc.profile.openloop`)."""
     folder = deployment.measured_profiles_path
     key_file = _key_file(deployment.state_path)  # not beside the profiles: they may be shared
     api_key = key_file.read_text().strip()
@@ -274,13 +277,13 @@ def run_profiles(deployment: Deployment, tasks: Sequence[ProfileTask], client: P
             model = deployment.model(task.model)
             if roles:
                 by_role = _measure_roles(deployment, task, endpoint.url, api_key, split[0],
-                                         progress)
+                                         progress, phase_s)
             else:
                 measured = measure_engine(
                     endpoint.url, task.model, api_key=api_key,
                     slos=[(model.mix.input_tokens, model.mix.output_tokens,
                            model.slo.first_answer_s, model.slo.per_token_s)],
-                    progress=lambda m: progress(f"  {m}"),
+                    progress=lambda m: progress(f"  {m}"), phase_s=phase_s,
                 )
             version = _engine_version(endpoint.url, api_key)
         finally:

@@ -155,3 +155,25 @@ def test_the_profile_repeats_its_capacity_with_other_arrival_times(monkeypatch):
     assert first != repeat
     assert [p["repeat"] for p in record if p["requests_per_s"] == found] == [0, 1]
     assert "met twice" in lines[-1]
+
+
+def test_the_phase_length_asked_is_each_phase_s_unless_too_few_requests_would_come(monkeypatch):
+    """``coral-hpc profile --phase-seconds``: every phase of the search lasts that long, or
+    long enough to expect MIN_REQUESTS requests at a low rate; each record says how long."""
+    from coral_hpc.profile import measure, openloop
+
+    lengths: dict[float, float] = {}
+
+    def phase(url, model, rate, *, seconds, **_kw):
+        lengths[rate] = seconds
+        timing = openloop.Timing(0.1, 0.01) if rate <= 3.0 else openloop.Timing(9.0, 0.01)
+        return openloop.Phase(rate, seconds, (timing,) * 40, 0.0, 0.0, 0.0, 1.0)
+
+    monkeypatch.setattr(openloop, "poisson_phase", phase)
+    record: list = []
+    measure.open_loop_capacity("http://x", "m", 64, 8, 1.0, 0.2, 2.0, None, record,
+                               lambda _m: None, phase_s=12.0)
+    assert lengths == {r: max(12.0, openloop.MIN_REQUESTS / r) for r in lengths}
+    assert lengths[4.5] == 12.0 and lengths[2.0] == 20.0  # 40 requests at 2/s take 20 s
+    assert {p["requests_per_s"]: p["seconds"] for p in record} == {
+        round(r, 4): round(s, 1) for r, s in lengths.items()}
