@@ -88,15 +88,18 @@ PROFILE_ARGS = (("--model", "tiny-chat"), ("--model", "tiny-llama", "--pp", "2")
                 ("--model", "tiny-qwen2", "--stages", "v100,a100"))
 
 
-def _profile_here(config: Path, env: dict) -> list[Path]:
+def _profile_here(config: Path, env: dict) -> tuple[list[Path], str]:
     """``coral-hpc profile CONFIG ARGS --json`` for each of PROFILE_ARGS, one engine job at a
-    time on this host's cluster; the profile files written."""
+    time on this host's cluster; the profile files written, and what each run said (its
+    phases: which rates were met, how late the generator was, how busy the host)."""
     written: list[Path] = []
+    said = []
     for args in PROFILE_ARGS:
         out = cli(env, "profile", str(config), *args, "--json", timeout=1800)
         assert out.returncode == 0, f"coral-hpc profile {' '.join(args)}:\n{out.stderr[-3000:]}"
         written += [Path(p) for p in json.loads(out.stdout)["profiles"]]
-    return written
+        said.append(f"coral-hpc profile {' '.join(args)}:\n{out.stderr[-3000:]}")
+    return written, "\n".join(said)
 
 
 def _plan_layouts(plan) -> dict[str, list[tuple[tuple[str, int], ...]]]:
@@ -117,12 +120,16 @@ def _example_profiled_here(tmp_path: Path, env: dict, venv: Path,
                           config.read_text())
     assert count == 1
     config.write_text(text)
-    profiles = _profile_here(config, env)
+    profiles, said = _profile_here(config, env)
     if CAPACITY_SCALE != 1:
         _scale_capacity(profiles, CAPACITY_SCALE)
-    capacity = measured_capacity(profiles, load_deployment(config))
+    try:
+        capacity = measured_capacity(profiles, load_deployment(config))
+    except ValueError as exc:  # a profile with no point: what its search saw says why
+        pytest.fail(f"{exc}\n{said}")
     assert set(capacity) == set(EXPECTED_LAYOUTS), capacity
-    assert all(rps > 0 for rps in capacity.values()), f"a layout met the SLO at no rate: {capacity}"
+    assert all(rps > 0 for rps in capacity.values()), (
+        f"a layout met the SLO at no rate: {capacity}\n{said}")
     config.write_text(with_demand(text, {m: DEMAND_SHARE * rps for m, rps in capacity.items()}))
     return config, capacity
 
