@@ -4,9 +4,8 @@
 #               on it: the main job on the embedded default (examples/models.yaml, the sim engine)
 #   make test   the same set-up, then the whole test suite in lanes, each timed (scripts/test-lanes:
 #               unit, beside it the cluster, its twin, vLLM's CPU build and test models, cached in
-#               /var/cache/coral-hpc; then the real engine on the cluster in the background while
-#               e2e (first, at a higher priority), slow and integration run, integration on the
-#               twin)
+#               /var/cache/coral-hpc; e2e; then the real engine on the cluster in the background
+#               while slow and integration run, integration on the twin)
 #   make demo-vllm   make demo on the real engine (vLLM's CPU build, generated models)
 PYTHON ?= python3
 VENV   := .venv
