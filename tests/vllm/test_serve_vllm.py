@@ -96,9 +96,9 @@ def _profile_here(config: Path, env: dict) -> tuple[list[Path], str]:
     said = []
     for args in PROFILE_ARGS:
         out = cli(env, "profile", str(config), *args, "--json", timeout=1800)
-        assert out.returncode == 0, f"coral-hpc profile {' '.join(args)}:\n{out.stderr[-3000:]}"
-        written += [Path(p) for p in json.loads(out.stdout)["profiles"]]
         said.append(f"coral-hpc profile {' '.join(args)}:\n{out.stderr[-3000:]}")
+        assert out.returncode == 0, said[-1]
+        written += [Path(p) for p in json.loads(out.stdout)["profiles"]]
     return written, "\n".join(said)
 
 
